@@ -1,0 +1,200 @@
+"""An HF-layout Llama checkpoint folder: which tensors it must hold, checking that, loading it.
+
+A folder holds `config.json` and either one `model.safetensors` or shards listed in
+`model.safetensors.index.json` (`{"weight_map": {tensor name: shard file name}}`). Every shard
+header is read and checked against the index and the config before any weight is loaded, so a
+broken download fails in milliseconds with a message naming the file and tensor.
+
+Tied embeddings: when `tie_word_embeddings` is true the output projection is the embedding
+matrix, so `lm_head.weight` is not expected. Some exporters write it anyway; it is accepted when
+its shape is right and then dropped by `load_checkpoint` (like transformers, which re-ties it to
+`model.embed_tokens.weight`): the model always uses the embedding matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sv_weights.config import LlamaConfig
+from sv_weights.errors import WeightsError
+from sv_weights.safetensors import (
+    FLOAT_DTYPES,
+    SafetensorsHeader,
+    TensorInfo,
+    load_from_header,
+    read_header,
+)
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+LM_HEAD = "lm_head.weight"
+EMBED_TOKENS = "model.embed_tokens.weight"
+
+
+def expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, for every weight a checkpoint of `config` holds.
+
+    Linear weights are [out_features, in_features]. `lm_head.weight` is absent when tied.
+    """
+    hidden = config.hidden_size
+    q_width = config.num_attention_heads * config.head_dim
+    kv_width = config.num_key_value_heads * config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {EMBED_TOKENS: (config.vocab_size, hidden)}
+    for layer in range(config.num_hidden_layers):
+        prefix = f"model.layers.{layer}"
+        shapes[f"{prefix}.input_layernorm.weight"] = (hidden,)
+        shapes[f"{prefix}.self_attn.q_proj.weight"] = (q_width, hidden)
+        shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv_width, hidden)
+        shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv_width, hidden)
+        shapes[f"{prefix}.self_attn.o_proj.weight"] = (hidden, q_width)
+        shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
+        shapes[f"{prefix}.mlp.gate_proj.weight"] = (config.intermediate_size, hidden)
+        shapes[f"{prefix}.mlp.up_proj.weight"] = (config.intermediate_size, hidden)
+        shapes[f"{prefix}.mlp.down_proj.weight"] = (hidden, config.intermediate_size)
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes[LM_HEAD] = (config.vocab_size, hidden)
+    return shapes
+
+
+def validate_checkpoint(config: LlamaConfig, infos: dict[str, TensorInfo], source: str) -> None:
+    """Check that `infos` holds exactly the tensors of `config`, with its shapes, in float dtypes.
+
+    `source` (a file or folder) starts every message. A tied config also accepts an
+    `lm_head.weight` of the embedding's shape (see the module doc).
+    """
+    expected = expected_tensors(config)
+    if config.tie_word_embeddings and LM_HEAD in infos:
+        expected[LM_HEAD] = expected[EMBED_TOKENS]
+    missing = [name for name in expected if name not in infos]
+    if missing:
+        raise WeightsError(
+            f"{source}: {len(missing)} tensor(s) the config needs are missing, e.g. "
+            f"{_first(missing)} (config: {config.num_hidden_layers} layers, "
+            f"tie_word_embeddings={str(config.tie_word_embeddings).lower()})"
+        )
+    unexpected = sorted(name for name in infos if name not in expected)
+    if unexpected:
+        raise WeightsError(
+            f"{source}: {len(unexpected)} tensor(s) not in a Llama checkpoint of this config, e.g. "
+            f"{_first(unexpected)} (config: {config.num_hidden_layers} layers)"
+        )
+    for name, shape in expected.items():
+        info = infos[name]
+        if info.shape != shape:
+            raise WeightsError(
+                f"{source}: tensor {name!r} has shape {list(info.shape)}, expected {list(shape)} "
+                "from config.json"
+            )
+        if info.dtype not in FLOAT_DTYPES:
+            raise WeightsError(
+                f"{source}: tensor {name!r} has dtype {info.dtype}, expected a float dtype "
+                f"({', '.join(sorted(FLOAT_DTYPES))})"
+            )
+
+
+def _first(names: list[str], count: int = 3) -> str:
+    shown = ", ".join(repr(n) for n in names[:count])
+    return shown + (", ..." if len(names) > count else "")
+
+
+def read_checkpoint_headers(model_dir: str | os.PathLike[str]) -> list[SafetensorsHeader]:
+    """The validated headers of a folder's weight files: one file, or every shard of the index.
+
+    With both present, `model.safetensors` wins (as in transformers). For an index: every shard
+    named exists and is a plain file name inside the folder, every tensor of the map is in the
+    shard it names, and every tensor of a shard is in the map (no tensor in two shards).
+    """
+    model_dir = Path(model_dir)
+    single = model_dir / SINGLE_FILE
+    index_path = model_dir / INDEX_FILE
+    if single.is_file():
+        return [read_header(single)]
+    if not index_path.is_file():
+        raise WeightsError(f"{model_dir}: no {SINGLE_FILE} and no {INDEX_FILE}")
+    weight_map = _read_weight_map(index_path)
+    headers: list[SafetensorsHeader] = []
+    seen: dict[str, str] = {}
+    for shard_name in sorted(set(weight_map.values())):
+        shard_path = model_dir / shard_name
+        if not shard_path.is_file():
+            raise WeightsError(f"{index_path}: shard {shard_name!r} does not exist in {model_dir}")
+        header = read_header(shard_path)
+        for name in header.tensors:
+            if name in seen:
+                raise WeightsError(f"{shard_path}: tensor {name!r} is also in shard {seen[name]!r}")
+            seen[name] = shard_name
+            if weight_map.get(name) != shard_name:
+                where = (
+                    f"maps it to {weight_map[name]!r}" if name in weight_map else "does not list it"
+                )
+                raise WeightsError(f"{shard_path}: holds tensor {name!r}, but {INDEX_FILE} {where}")
+        headers.append(header)
+    for name, shard_name in weight_map.items():
+        if seen.get(name) != shard_name:
+            raise WeightsError(
+                f"{index_path}: weight_map puts tensor {name!r} in {shard_name!r}, which does not hold it"
+            )
+    return headers
+
+
+def _read_weight_map(index_path: Path) -> dict[str, str]:
+    try:
+        index: Any = json.loads(index_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise WeightsError(f"{index_path}: cannot read ({exc.strerror or exc})") from exc
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise WeightsError(f"{index_path}: not valid JSON ({exc})") from exc
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise WeightsError(f"{index_path}: expected an object with a non-empty 'weight_map' object")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise WeightsError(
+                f"{index_path}: weight_map[{name!r}] must be a file name, got {shard!r}"
+            )
+        # A shard name is a file in this folder: refuse paths that would read elsewhere.
+        if shard in ("", ".", "..") or "/" in shard or "\\" in shard:
+            raise WeightsError(
+                f"{index_path}: weight_map[{name!r}] = {shard!r} is not a plain file name"
+            )
+    return weight_map
+
+
+def checkpoint_infos(headers: list[SafetensorsHeader]) -> dict[str, TensorInfo]:
+    """All tensors of all shards (the shard check guarantees no name repeats)."""
+    return {name: info for header in headers for name, info in header.tensors.items()}
+
+
+def load_checkpoint(
+    model_dir: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """Load the weights of the Llama checkpoint folder `model_dir`, validated against its config.
+
+    Returns HF name -> tensor (see `expected_tensors`). On the CPU without `dtype`, tensors are
+    zero-copy views of the mapped files (`load_file`). `dtype` converts every weight (e.g.
+    torch.bfloat16 for a float32 file), on the target device. A tied `lm_head.weight` is dropped.
+    """
+    model_dir = Path(model_dir)
+    config = LlamaConfig.from_model_dir(model_dir)
+    headers = read_checkpoint_headers(model_dir)
+    validate_checkpoint(config, checkpoint_infos(headers), str(model_dir))
+    tensors: dict[str, torch.Tensor] = {}
+    for header in headers:
+        tensors.update(load_from_header(header, device))
+    if config.tie_word_embeddings:
+        tensors.pop(LM_HEAD, None)
+    if dtype is not None:
+        if not dtype.is_floating_point:
+            raise WeightsError(
+                f"{model_dir}: cannot convert weights to the non-float dtype {dtype}"
+            )
+        tensors = {name: tensor.to(dtype) for name, tensor in tensors.items()}
+    return tensors

@@ -1,0 +1,377 @@
+"""Llama `config.json`: parse it into a typed, validated `LlamaConfig`, and write it back.
+
+Two spellings of the RoPE settings exist in the wild and both are read:
+  - transformers 4.x (every checkpoint on the Hub, e.g. Llama 3.2): top-level `rope_theta`, and
+    `rope_scaling` = null or {"rope_type" (or legacy "type"): "llama3", "factor", ...};
+  - transformers 5.x `save_pretrained`: `rope_parameters` = {"rope_type", "rope_theta", ...}.
+We write the 4.x spelling, which both versions of transformers read.
+
+Only what the engine implements is accepted: a config that asks for something else (attention
+biases, another activation, another RoPE scaling) fails here, loudly, instead of producing
+wrong text later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sv_weights.errors import WeightsError
+
+CONFIG_FILE = "config.json"
+
+# The dtype names a config may give in `torch_dtype` (or `dtype`, transformers 5).
+TORCH_DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64"})
+
+# Defaults where a key is absent, as transformers' LlamaConfig has them (so a config that
+# transformers accepts means the same thing here). The architectural sizes have no default.
+_DEFAULT_ROPE_THETA = 10000.0
+_DEFAULT_TORCH_DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's frequency-dependent RoPE scaling (`rope_type: "llama3"`), the only kind supported."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        where = "rope_scaling"
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            if _is_int(getattr(self, name)):
+                object.__setattr__(self, name, float(getattr(self, name)))
+        if self.rope_type != "llama3":
+            raise WeightsError(
+                f"{where}.rope_type: {self.rope_type!r} is not supported (expected 'llama3')"
+            )
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, name)
+            if not (isinstance(value, float) and math.isfinite(value) and value > 0):
+                raise WeightsError(f"{where}.{name}: expected a positive number, got {value!r}")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise WeightsError(
+                f"{where}: high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
+                f"({self.low_freq_factor})"
+            )
+        if (
+            not _is_int(self.original_max_position_embeddings)
+            or self.original_max_position_embeddings <= 0
+        ):
+            raise WeightsError(
+                f"{where}.original_max_position_embeddings: expected a positive integer"
+            )
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The hyper-parameters of a Llama-architecture decoder, as in HF `config.json`."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...] = field(default=())
+    torch_dtype: str = _DEFAULT_TORCH_DTYPE
+
+    def __post_init__(self) -> None:
+        # Accept the obvious conveniences of direct construction (ints for floats, a list of
+        # eos ids); everything else must already have the right type.
+        for name in ("rms_norm_eps", "rope_theta"):
+            if _is_int(getattr(self, name)):
+                object.__setattr__(self, name, float(getattr(self, name)))
+        if isinstance(self.eos_token_ids, list):
+            object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        for name in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if not _is_int(value) or value <= 0:
+                raise WeightsError(f"config {name}: expected a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise WeightsError(
+                f"config num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention"
+            )
+        if self.head_dim % 2 != 0:
+            raise WeightsError(f"config head_dim: RoPE needs an even head_dim, got {self.head_dim}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not (isinstance(value, float) and math.isfinite(value) and value > 0):
+                raise WeightsError(f"config {name}: expected a positive float, got {value!r}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise WeightsError("config tie_word_embeddings: expected true or false")
+        token_ids = ([self.bos_token_id] if self.bos_token_id is not None else []) + list(
+            self.eos_token_ids
+        )
+        for token_id in token_ids:
+            if not _is_int(token_id) or not 0 <= token_id < self.vocab_size:
+                raise WeightsError(
+                    f"config bos/eos token id {token_id!r}: expected an integer in [0, {self.vocab_size})"
+                )
+        if self.torch_dtype not in TORCH_DTYPE_NAMES:
+            raise WeightsError(
+                f"config torch_dtype: {self.torch_dtype!r} is not one of {sorted(TORCH_DTYPE_NAMES)}"
+            )
+
+    @property
+    def num_query_groups(self) -> int:
+        """Query heads per key/value head (4 for Llama 3.2 1B)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike[str]) -> LlamaConfig:
+        """Read a `config.json`. A missing or ill-typed key raises `WeightsError` naming it."""
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise WeightsError(f"{path}: cannot read the config ({exc.strerror or exc})") from exc
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise WeightsError(f"{path}: not valid JSON ({exc})") from exc
+        if not isinstance(raw, dict):
+            raise WeightsError(f"{path}: expected a JSON object")
+        try:
+            return cls.from_dict(raw)
+        except WeightsError as exc:
+            raise WeightsError(f"{path}: {exc}") from None
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | os.PathLike[str]) -> LlamaConfig:
+        """Read `<model_dir>/config.json`."""
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise WeightsError(
+                f"{model_dir}: not a folder (expected a model folder with {CONFIG_FILE})"
+            )
+        return cls.from_json(model_dir / CONFIG_FILE)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> LlamaConfig:
+        """Build from a parsed `config.json` object (see module doc for the accepted spellings)."""
+        _check_supported_architecture(raw)
+        hidden_size = _get(raw, "hidden_size", int)
+        num_attention_heads = _get(raw, "num_attention_heads", int)
+        if "head_dim" in raw and raw["head_dim"] is not None:
+            head_dim = _get(raw, "head_dim", int)
+        else:
+            if not _is_int(num_attention_heads) or num_attention_heads <= 0:
+                raise WeightsError(
+                    f"config num_attention_heads: expected a positive integer, got {num_attention_heads!r}"
+                )
+            if hidden_size % num_attention_heads != 0:
+                raise WeightsError(
+                    f"config head_dim: absent, and hidden_size ({hidden_size}) is not a multiple of "
+                    f"num_attention_heads ({num_attention_heads})"
+                )
+            head_dim = hidden_size // num_attention_heads
+        rope_theta, rope_scaling = _parse_rope(raw)
+        return cls(
+            hidden_size=hidden_size,
+            num_hidden_layers=_get(raw, "num_hidden_layers", int),
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=_get(raw, "num_key_value_heads", int, default=num_attention_heads),
+            head_dim=head_dim,
+            intermediate_size=_get(raw, "intermediate_size", int),
+            vocab_size=_get(raw, "vocab_size", int),
+            rms_norm_eps=_get(raw, "rms_norm_eps", float),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=_get(raw, "max_position_embeddings", int),
+            tie_word_embeddings=_get(raw, "tie_word_embeddings", bool, default=False),
+            bos_token_id=_get_optional_int(raw, "bos_token_id"),
+            eos_token_ids=_get_eos(raw),
+            torch_dtype=_get_torch_dtype(raw),
+        )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The `config.json` object, in the layout of the HF Llama 3.2 files (transformers 4.x)."""
+        eos: int | list[int] | None
+        if not self.eos_token_ids:
+            eos = None
+        elif len(self.eos_token_ids) == 1:
+            eos = self.eos_token_ids[0]
+        else:
+            eos = list(self.eos_token_ids)
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "hidden_size": self.hidden_size,
+            "initializer_range": 0.02,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "mlp_bias": False,
+            "model_type": "llama",
+            "num_attention_heads": self.num_attention_heads,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_key_value_heads": self.num_key_value_heads,
+            "pretraining_tp": 1,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_scaling": asdict(self.rope_scaling) if self.rope_scaling else None,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "torch_dtype": self.torch_dtype,
+            "use_cache": True,
+            "vocab_size": self.vocab_size,
+        }
+
+    def write_json(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(json.dumps(self.to_json_dict(), indent=2) + "\n", encoding="utf-8")
+
+    def summary(self) -> str:
+        """One line for humans, e.g. in `sv weights inspect`."""
+        rope = f"rope theta {self.rope_theta:g}"
+        if self.rope_scaling:
+            rope += f" ({self.rope_scaling.rope_type} x{self.rope_scaling.factor:g})"
+        return (
+            f"llama: hidden {self.hidden_size}, layers {self.num_hidden_layers}, heads "
+            f"{self.num_attention_heads} ({self.num_key_value_heads} kv), head_dim {self.head_dim}, "
+            f"ffn {self.intermediate_size}, vocab {self.vocab_size}, "
+            f"{'tied' if self.tie_word_embeddings else 'untied'} embeddings, {rope}, "
+            f"context {self.max_position_embeddings}, {self.torch_dtype}"
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_MISSING = object()
+
+
+def _get(
+    raw: dict[str, Any], key: str, kind: type, default: Any = _MISSING, where: str = "config"
+) -> Any:
+    value = raw.get(key, _MISSING)
+    if value is _MISSING or (value is None and default is not _MISSING):
+        if default is _MISSING:
+            raise WeightsError(f"{where} key {key!r} is missing")
+        return default
+    if kind is float and _is_int(value):
+        value = float(value)  # JSON writes 500000.0 as 500000 sometimes
+    ok = (
+        isinstance(value, bool)
+        if kind is bool
+        else (isinstance(value, kind) and not isinstance(value, bool))
+    )
+    if not ok:
+        raise WeightsError(f"{where} key {key!r}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _get_optional_int(raw: dict[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise WeightsError(f"config key {key!r}: expected an integer or null, got {value!r}")
+    return int(value)
+
+
+def _get_eos(raw: dict[str, Any]) -> tuple[int, ...]:
+    value = raw.get("eos_token_id")
+    if value is None:
+        return ()
+    if _is_int(value):
+        return (value,)
+    if isinstance(value, list) and value and all(_is_int(v) for v in value):
+        return tuple(value)
+    raise WeightsError(
+        f"config key 'eos_token_id': expected an integer or a list of integers, got {value!r}"
+    )
+
+
+def _get_torch_dtype(raw: dict[str, Any]) -> str:
+    value = raw.get("torch_dtype", raw.get("dtype"))
+    if value is None:
+        return _DEFAULT_TORCH_DTYPE
+    if not isinstance(value, str) or value not in TORCH_DTYPE_NAMES:
+        raise WeightsError(
+            f"config key 'torch_dtype': expected one of {sorted(TORCH_DTYPE_NAMES)}, got {value!r}"
+        )
+    return value
+
+
+def _check_supported_architecture(raw: dict[str, Any]) -> None:
+    model_type = raw.get("model_type", "llama")
+    if model_type != "llama":
+        raise WeightsError(
+            f"config key 'model_type': {model_type!r} is not supported (expected 'llama')"
+        )
+    for key in ("attention_bias", "mlp_bias"):
+        if raw.get(key, False) is not False:
+            raise WeightsError(
+                f"config key {key!r}: biases are not supported by this engine (expected false)"
+            )
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise WeightsError(f"config key 'hidden_act': {act!r} is not supported (expected 'silu')")
+
+
+def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, rope_scaling) from either spelling (module doc)."""
+    params = raw.get("rope_parameters")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise WeightsError(f"config key 'rope_parameters': expected an object, got {params!r}")
+        theta = _get(params, "rope_theta", float, default=None, where="config rope_parameters")
+        if theta is None:
+            theta = _get(raw, "rope_theta", float, default=_DEFAULT_ROPE_THETA)
+        return theta, _parse_rope_scaling(params, "rope_parameters")
+    theta = _get(raw, "rope_theta", float, default=_DEFAULT_ROPE_THETA)
+    scaling = raw.get("rope_scaling")
+    if scaling is None:
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise WeightsError(
+            f"config key 'rope_scaling': expected an object or null, got {scaling!r}"
+        )
+    return theta, _parse_rope_scaling(scaling, "rope_scaling")
+
+
+def _parse_rope_scaling(scaling: dict[str, Any], key: str) -> RopeScaling | None:
+    where = f"config {key}"
+    rope_type = scaling.get("rope_type", scaling.get("type"))  # "type" is the pre-4.45 spelling
+    if rope_type is None or rope_type == "default":
+        return None
+    if rope_type != "llama3":
+        raise WeightsError(
+            f"{where}: rope_type {rope_type!r} is not supported (expected 'llama3' or none)"
+        )
+    return RopeScaling(
+        rope_type="llama3",
+        factor=_get(scaling, "factor", float, where=where),
+        low_freq_factor=_get(scaling, "low_freq_factor", float, where=where),
+        high_freq_factor=_get(scaling, "high_freq_factor", float, where=where),
+        original_max_position_embeddings=_get(
+            scaling, "original_max_position_embeddings", int, where=where
+        ),
+    )

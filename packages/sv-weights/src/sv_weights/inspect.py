@@ -1,0 +1,93 @@
+"""`sv weights inspect PATH`: list the tensors of a safetensors file or a model folder.
+
+For a folder it also reads config.json, prints its summary and checks the tensors against it.
+Bad input prints one line on stderr and exits with status 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from sv_weights.checkpoint import checkpoint_infos, read_checkpoint_headers, validate_checkpoint
+from sv_weights.config import LlamaConfig
+from sv_weights.errors import WeightsError
+from sv_weights.safetensors import SafetensorsHeader, read_header
+
+PROG = "sv weights inspect"
+
+
+def inspect_main(
+    argv: list[str], stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    """Run the command with `argv` (the arguments after `inspect`). Returns the exit status."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="List the tensors (name, dtype, shape, bytes) of a .safetensors file or of a "
+        "model folder (config.json + model.safetensors or a sharded index), with totals.",
+    )
+    parser.add_argument("path", help="a .safetensors file or a model folder")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse has printed usage (or --help)
+        return int(exit_.code or 0)
+    path = Path(args.path)
+    try:
+        if path.is_dir():
+            config = LlamaConfig.from_model_dir(path)
+            headers = read_checkpoint_headers(path)
+            _print_table(headers, out)
+            print(f"config: {config.summary()}", file=out)
+            validate_checkpoint(config, checkpoint_infos(headers), str(path))
+            print("check: tensors match config.json", file=out)
+        else:
+            _print_table([read_header(path)], out)
+    except WeightsError as exc:
+        message = " ".join(str(exc).split())  # one line, whatever the message holds
+        print(f"{PROG}: error: {message}", file=err)
+        return 2
+    return 0
+
+
+def _natural_key(name: str) -> list[tuple[int, int | str]]:
+    """Sort key that puts layer 2 before layer 10."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name)]
+
+
+def _print_table(headers: list[SafetensorsHeader], out: TextIO) -> None:
+    sharded = len(headers) > 1
+    rows = [
+        (
+            name,
+            info.dtype,
+            "[" + ", ".join(map(str, info.shape)) + "]",
+            info.nbytes,
+            header.path.name,
+        )
+        for header in headers
+        for name, info in sorted(header.tensors.items(), key=lambda item: _natural_key(item[0]))
+    ]
+    name_width = max([len("tensor"), *(len(row[0]) for row in rows)])
+    shape_width = max([len("shape"), *(len(row[2]) for row in rows)])
+    title = f"{'tensor':<{name_width}}  {'dtype':<7}  {'shape':<{shape_width}}  {'bytes':>13}"
+    print(title + ("  file" if sharded else ""), file=out)
+    for name, dtype, shape, nbytes, file_name in rows:
+        line = f"{name:<{name_width}}  {dtype:<7}  {shape:<{shape_width}}  {nbytes:>13,}"
+        print(line + (f"  {file_name}" if sharded else ""), file=out)
+    total_bytes = sum(row[3] for row in rows)
+    total_elements = sum(info.numel for header in headers for info in header.tensors.values())
+    by_dtype: dict[str, int] = {}
+    for row in rows:
+        by_dtype[row[1]] = by_dtype.get(row[1], 0) + 1
+    dtypes = ", ".join(f"{count} {dtype}" for dtype, count in sorted(by_dtype.items()))
+    files = f" in {len(headers)} files" if sharded else ""
+    print(
+        f"total: {len(rows)} tensors{files} ({dtypes or 'none'}), {total_elements:,} elements, "
+        f"{total_bytes:,} bytes ({total_bytes / 2**20:.1f} MiB)",
+        file=out,
+    )

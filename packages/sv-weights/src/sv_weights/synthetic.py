@@ -1,0 +1,73 @@
+"""Random Llama checkpoints with the real tensor names, shapes and config.json.
+
+They stand in for real weights where only the shapes matter (speed at Llama 3.2 1B size, GPU
+kernels against their references) and make fast end-to-end tests possible. The initialisation
+follows the usual recipe (transformers' `initializer_range` = 0.02 for every matrix) with
+RMSNorm gains near 1, so activations keep unit scale through the layers and the logits are
+finite with a spread of about 0.02 * sqrt(hidden_size): not all equal, not overflowing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+
+from sv_weights.checkpoint import SINGLE_FILE, expected_tensors
+from sv_weights.config import CONFIG_FILE, LlamaConfig
+from sv_weights.errors import WeightsError
+from sv_weights.safetensors import save_file
+
+MATRIX_STD = 0.02
+NORM_GAIN_STD = 0.02  # gains are 1 + this noise, so a test can tell the norms apart
+
+_TORCH_DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+def random_weights(
+    config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
+    """Seeded random tensors for every name of `expected_tensors(config)`.
+
+    The same (config, seed) gives the same values on every machine: they are drawn in float32
+    from one CPU generator, in the fixed order of `expected_tensors`, then cast to `dtype`.
+    """
+    if dtype not in _TORCH_DTYPE_NAMES:
+        raise WeightsError(
+            f"random checkpoint dtype {dtype} not supported (use {list(_TORCH_DTYPE_NAMES)})"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    weights: dict[str, torch.Tensor] = {}
+    for name, shape in expected_tensors(config).items():
+        values = torch.randn(shape, generator=generator, dtype=torch.float32)
+        if len(shape) == 1:  # RMSNorm gain
+            values = values.mul_(NORM_GAIN_STD).add_(1.0)
+        else:
+            values = values.mul_(MATRIX_STD)
+        weights[name] = values.to(dtype)
+    return weights
+
+
+def write_random_checkpoint(
+    out_dir: str | os.PathLike[str],
+    config: LlamaConfig,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Path:
+    """Write `config.json` and `model.safetensors` of a random checkpoint into `out_dir`.
+
+    The config's `torch_dtype` is set to `dtype`. Returns `out_dir` (created if needed).
+    """
+    weights = random_weights(config, seed, dtype)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = dataclasses.replace(config, torch_dtype=_TORCH_DTYPE_NAMES[dtype])
+    save_file(weights, out_dir / SINGLE_FILE, metadata={"format": "pt"})
+    config.write_json(out_dir / CONFIG_FILE)
+    return out_dir

@@ -1,0 +1,327 @@
+"""config.json parsing, against hand-copied real files and transformers.LlamaConfig (oracle)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sv_weights import (
+    LlamaConfig,
+    RopeScaling,
+    WeightsError,
+    llama_3_2_1b_config,
+    tiny_llama_config,
+)
+
+# meta-llama/Llama-3.2-1B-Instruct/config.json, as published.
+LLAMA_3_2_1B_INSTRUCT_JSON: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+
+# HuggingFaceTB/SmolLM2-135M(-Instruct)/config.json: no head_dim key, eos as an int.
+SMOLLM2_135M_JSON: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 576,
+    "initializer_range": 0.041666666666666664,
+    "intermediate_size": 1536,
+    "is_llama_config": True,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "num_attention_heads": 9,
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 3,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_interleaved": False,
+    "rope_scaling": None,
+    "rope_theta": 100000,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.42.3",
+    "use_cache": True,
+    "vocab_size": 49152,
+}
+
+
+def write_json(tmp_path: Path, value: Any, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(value))
+    return path
+
+
+def test_llama_3_2_1b_instruct_file(tmp_path: Path) -> None:
+    config = LlamaConfig.from_json(write_json(tmp_path, LLAMA_3_2_1B_INSTRUCT_JSON))
+    assert config == llama_3_2_1b_config()
+    assert config.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
+    assert config.eos_token_ids == (128001, 128008, 128009)
+    assert config.num_query_groups == 4
+
+
+def test_llama_3_2_1b_config_writes_the_published_file() -> None:
+    written = llama_3_2_1b_config().to_json_dict()
+    published = {k: v for k, v in LLAMA_3_2_1B_INSTRUCT_JSON.items() if k != "transformers_version"}
+    assert written == published
+
+
+def test_smollm2_135m_file(tmp_path: Path) -> None:
+    config = LlamaConfig.from_model_dir(write_json(tmp_path, SMOLLM2_135M_JSON).parent)
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (
+        576,
+        30,
+        9,
+    )
+    assert (config.num_key_value_heads, config.head_dim, config.intermediate_size) == (3, 64, 1536)
+    assert (config.vocab_size, config.max_position_embeddings) == (49152, 8192)
+    assert config.rope_theta == 100000.0 and isinstance(config.rope_theta, float)
+    assert config.rope_scaling is None and config.tie_word_embeddings
+    assert config.eos_token_ids == (2,) and config.bos_token_id == 1
+
+
+def test_legacy_rope_scaling_type_key(tmp_path: Path) -> None:
+    raw = json.loads(json.dumps(LLAMA_3_2_1B_INSTRUCT_JSON))
+    raw["rope_scaling"]["type"] = raw["rope_scaling"].pop("rope_type")
+    assert LlamaConfig.from_json(write_json(tmp_path, raw)) == llama_3_2_1b_config()
+
+
+@pytest.mark.parametrize(
+    "config", [llama_3_2_1b_config(), tiny_llama_config(), tiny_llama_config(rope_scaling=None)]
+)
+def test_round_trip_through_transformers(tmp_path: Path, config: LlamaConfig) -> None:
+    """Our config.json read by transformers, saved by transformers 5 (rope_parameters), read back."""
+    config.write_json(tmp_path / "config.json")
+    theirs = transformers.LlamaConfig.from_pretrained(tmp_path)
+    assert theirs.hidden_size == config.hidden_size
+    assert theirs.num_hidden_layers == config.num_hidden_layers
+    assert theirs.num_attention_heads == config.num_attention_heads
+    assert theirs.num_key_value_heads == config.num_key_value_heads
+    assert theirs.head_dim == config.head_dim
+    assert theirs.intermediate_size == config.intermediate_size
+    assert theirs.vocab_size == config.vocab_size
+    assert theirs.rms_norm_eps == config.rms_norm_eps
+    assert theirs.max_position_embeddings == config.max_position_embeddings
+    assert theirs.tie_word_embeddings == config.tie_word_embeddings
+    assert theirs.bos_token_id == config.bos_token_id
+    eos = theirs.eos_token_id
+    assert tuple(eos if isinstance(eos, list) else [eos]) == config.eos_token_ids
+    rope = theirs.rope_parameters
+    assert rope["rope_theta"] == config.rope_theta
+    if config.rope_scaling is None:
+        assert rope["rope_type"] == "default"
+    else:
+        assert {k: rope[k] for k in dataclasses.asdict(config.rope_scaling)} == dataclasses.asdict(
+            config.rope_scaling
+        )
+    resaved = tmp_path / "resaved"
+    theirs.save_pretrained(resaved)
+    assert "rope_parameters" in json.loads((resaved / "config.json").read_text())
+    back = LlamaConfig.from_model_dir(resaved)
+    # transformers 5 writes `dtype` only when one was set; everything else must survive.
+    assert dataclasses.replace(back, torch_dtype=config.torch_dtype) == config
+
+
+def test_defaults_match_transformers(tmp_path: Path) -> None:
+    minimal = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256,
+    }
+    ours = LlamaConfig.from_json(write_json(tmp_path, minimal))
+    theirs = transformers.LlamaConfig(**minimal)
+    assert ours.num_key_value_heads == theirs.num_key_value_heads == 4
+    assert ours.head_dim == theirs.head_dim == 16
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"] == 10000.0
+    assert ours.tie_word_embeddings == theirs.tie_word_embeddings is False
+    assert ours.rope_scaling is None and ours.eos_token_ids == () and ours.bos_token_id is None
+
+
+def _with(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    raw = dict(base)
+    for key, value in changes.items():
+        if value is _DROP:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    return raw
+
+
+_DROP = object()
+
+BAD_CONFIGS = [
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, hidden_size=_DROP), "key 'hidden_size' is missing"),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, vocab_size=_DROP), "key 'vocab_size' is missing"),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, hidden_size="2048"),
+        "key 'hidden_size': expected int, got '2048'",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, num_hidden_layers=16.0),
+        "key 'num_hidden_layers': expected int",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, num_hidden_layers=True),
+        "key 'num_hidden_layers': expected int",
+    ),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, rms_norm_eps="1e-5"), "key 'rms_norm_eps': expected float"),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, tie_word_embeddings=1),
+        "key 'tie_word_embeddings': expected bool",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, num_key_value_heads=5),
+        "multiple of num_key_value_heads (5)",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, hidden_size=0),
+        "hidden_size: expected a positive integer, got 0",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, head_dim=_DROP, hidden_size=2050),
+        "hidden_size (2050) is not a multiple",
+    ),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, head_dim=63), "even head_dim"),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, eos_token_id="x"),
+        "'eos_token_id': expected an integer or a list",
+    ),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, eos_token_id=[1, 200000]), "token id 200000"),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, bos_token_id=1.5),
+        "'bos_token_id': expected an integer or null",
+    ),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, torch_dtype="int8"), "'torch_dtype': expected one of"),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, model_type="mistral"),
+        "'model_type': 'mistral' is not supported",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, attention_bias=True),
+        "'attention_bias': biases are not supported",
+    ),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, hidden_act="gelu"), "'hidden_act': 'gelu' is not supported"),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+        "rope_type 'yarn' is not supported",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_scaling={"rope_type": "llama3", "factor": 32.0}),
+        "rope_scaling key 'low_freq_factor' is missing",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_scaling=[1]),
+        "'rope_scaling': expected an object or null",
+    ),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_theta=-1.0), "rope_theta: expected a positive float"),
+    (
+        _with(
+            LLAMA_3_2_1B_INSTRUCT_JSON,
+            rope_scaling={**LLAMA_3_2_1B_INSTRUCT_JSON["rope_scaling"], "high_freq_factor": 0.5},
+        ),
+        "high_freq_factor (0.5) must exceed low_freq_factor",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "fragment"), BAD_CONFIGS)
+def test_bad_config_names_the_key(tmp_path: Path, raw: dict[str, Any], fragment: str) -> None:
+    path = write_json(tmp_path, raw)
+    with pytest.raises(WeightsError) as caught:
+        LlamaConfig.from_json(path)
+    assert str(path) in str(caught.value)
+    assert fragment in str(caught.value)
+
+
+def test_unreadable_config_files(tmp_path: Path) -> None:
+    with pytest.raises(WeightsError, match="cannot read the config"):
+        LlamaConfig.from_json(tmp_path / "absent.json")
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(WeightsError, match="not valid JSON"):
+        LlamaConfig.from_json(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(WeightsError, match="expected a JSON object"):
+        LlamaConfig.from_json(tmp_path / "list.json")
+    with pytest.raises(WeightsError, match="not a folder"):
+        LlamaConfig.from_model_dir(tmp_path / "nowhere")
+
+
+def test_tiny_config_is_structurally_faithful() -> None:
+    tiny, real = tiny_llama_config(), llama_3_2_1b_config()
+    assert tiny.num_attention_heads > tiny.num_key_value_heads > 1  # GQA
+    assert tiny.rope_scaling == real.rope_scaling
+    assert (
+        tiny.tie_word_embeddings and len(tiny.eos_token_ids) > 1 and tiny.torch_dtype == "bfloat16"
+    )
+    assert tiny.hidden_size == tiny.num_attention_heads * tiny.head_dim
+    assert tiny_llama_config(num_hidden_layers=3).num_hidden_layers == 3
+    with pytest.raises(WeightsError, match="not LlamaConfig fields"):
+        tiny_llama_config(layers=3)
+    with pytest.raises(WeightsError, match="num_key_value_heads"):
+        tiny_llama_config(num_key_value_heads=3)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 10**6)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from(sorted(LLAMA_3_2_1B_INSTRUCT_JSON)), value=json_values)
+def test_fuzz_one_key_weights_error_or_valid(key: str, value: Any) -> None:
+    raw = dict(LLAMA_3_2_1B_INSTRUCT_JSON, **{key: value})
+    try:
+        config = LlamaConfig.from_dict(raw)
+    except WeightsError:
+        return
+    assert config.hidden_size > 0 and config.num_attention_heads % config.num_key_value_heads == 0

