@@ -1,1 +1,22 @@
-"""sv_tokenizer."""
+"""sv_tokenizer: byte-level BPE for Llama 3 (tiktoken tokenizer.model or HF tokenizer.json) and
+SmolLM2 (tokenizer.json), with incremental decoding and the models' chat formats.
+
+Needs only `regex`; jinja2 (the `chat-template` extra) only to render a folder's chat template.
+"""
+
+from .chat import ChatFormat, ChatMLFormat, Llama3ChatFormat, Message
+from .chat_template import TemplateChatFormat
+from .errors import TokenizerError
+from .stream import StreamDecoder
+from .tokenizer import Tokenizer
+
+__all__ = [
+    "ChatFormat",
+    "ChatMLFormat",
+    "Llama3ChatFormat",
+    "Message",
+    "StreamDecoder",
+    "TemplateChatFormat",
+    "Tokenizer",
+    "TokenizerError",
+]

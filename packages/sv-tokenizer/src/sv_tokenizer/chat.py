@@ -1,0 +1,152 @@
+"""Chat formats: a conversation -> the token ids an instruct model was trained on.
+
+Message contents are user text: they are encoded with `allow_special=False`, so a message that
+contains the text "<|eot_id|>" cannot end its turn early or forge another role. Only the
+format itself emits special tokens.
+
+Every format encodes each stretch of text that lies between two special tokens in one go:
+tokenizing the whole rendered string (as HF's apply_chat_template does) cuts the text at the
+special tokens first, so the ids are identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from .errors import TokenizerError
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # "system", "user", "assistant" (Llama 3 also "ipython"/"tool": a tool's result)
+    content: str
+
+
+class ChatFormat(Protocol):
+    def encode_dialog(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """The conversation's ids; with add_generation_prompt, ending in the assistant's header."""
+        ...
+
+    def encode_user_prompt(self, text: str) -> list[int]:
+        """One user message followed by the assistant's header: a prompt ready to generate from."""
+        ...
+
+
+def _special_id(tokenizer: Tokenizer, name: str, format_name: str) -> int:
+    if name not in tokenizer.special_tokens:
+        raise TokenizerError(
+            f"{tokenizer.source}: the {format_name} chat format needs the special token {name}"
+        )
+    return tokenizer.special_tokens[name]
+
+
+def _check_role(tokenizer: Tokenizer, message: Message, index: int, roles: Sequence[str]) -> None:
+    if message.role not in roles:
+        raise TokenizerError(
+            f"chat message {index}: role {message.role!r} is not one of {', '.join(roles)}"
+        )
+
+
+class Llama3ChatFormat:
+    """Llama 3 Instruct, as Meta's reference ChatFormat encodes it:
+
+        <|begin_of_text|>
+        <|start_header_id|>ROLE<|end_header_id|>\\n\\nCONTENT<|eot_id|>      (each message)
+        <|start_header_id|>assistant<|end_header_id|>\\n\\n                   (generation prompt)
+
+    Contents are stripped of surrounding whitespace (Meta's `.strip()`, the HF template's
+    `| trim`). Role "tool" is written as Llama 3.1's "ipython". No default system prompt is
+    added: HF's Llama 3.1/3.2 templates add a "Cutting Knowledge Date" system header, and a
+    folder that ships such a template gets it through TemplateChatFormat.
+    """
+
+    ROLES = ("system", "user", "assistant", "ipython", "tool")
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.begin_of_text = _special_id(tokenizer, "<|begin_of_text|>", "Llama 3")
+        self.start_header = _special_id(tokenizer, "<|start_header_id|>", "Llama 3")
+        self.end_header = _special_id(tokenizer, "<|end_header_id|>", "Llama 3")
+        self.end_of_turn = _special_id(tokenizer, "<|eot_id|>", "Llama 3")
+
+    def _header(self, role: str) -> list[int]:
+        return [self.start_header, *self.tokenizer.encode(role), self.end_header]
+
+    def encode_message(self, message: Message, index: int = 0) -> list[int]:
+        _check_role(self.tokenizer, message, index, self.ROLES)
+        role = "ipython" if message.role == "tool" else message.role
+        body = self.tokenizer.encode("\n\n" + message.content.strip())
+        return [*self._header(role), *body, self.end_of_turn]
+
+    def encode_dialog(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        ids = [self.begin_of_text]
+        for index, message in enumerate(messages):
+            ids += self.encode_message(message, index)
+        if add_generation_prompt:
+            ids += self._header("assistant") + self.tokenizer.encode("\n\n")
+        return ids
+
+    def encode_user_prompt(self, text: str) -> list[int]:
+        return self.encode_dialog([Message("user", text)])
+
+
+SMOLLM2_DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+)
+
+
+class ChatMLFormat:
+    """ChatML, as SmolLM2-Instruct's template writes it:
+
+        <|im_start|>ROLE\\nCONTENT<|im_end|>\\n                 (each message)
+        <|im_start|>assistant\\n                                (generation prompt)
+
+    When the conversation does not start with a system message, SmolLM2's default system
+    prompt comes first (as its template does; pass `default_system_prompt=None` for none).
+    Contents are not stripped. No BOS token.
+    """
+
+    ROLES = ("system", "user", "assistant", "tool")
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        default_system_prompt: str | None = SMOLLM2_DEFAULT_SYSTEM_PROMPT,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.default_system_prompt = default_system_prompt
+        self.im_start = _special_id(tokenizer, "<|im_start|>", "ChatML")
+        self.im_end = _special_id(tokenizer, "<|im_end|>", "ChatML")
+
+    def _message(self, role: str, content: str) -> list[int]:
+        return [
+            self.im_start,
+            *self.tokenizer.encode(f"{role}\n{content}"),
+            self.im_end,
+            *self.tokenizer.encode("\n"),
+        ]
+
+    def encode_dialog(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        ids: list[int] = []
+        if messages and messages[0].role != "system" and self.default_system_prompt is not None:
+            ids += self._message("system", self.default_system_prompt)
+        for index, message in enumerate(messages):
+            _check_role(self.tokenizer, message, index, self.ROLES)
+            ids += self._message(message.role, message.content)
+        if add_generation_prompt:
+            ids += [self.im_start, *self.tokenizer.encode("assistant\n")]
+        return ids
+
+    def encode_user_prompt(self, text: str) -> list[int]:
+        return self.encode_dialog([Message("user", text)])

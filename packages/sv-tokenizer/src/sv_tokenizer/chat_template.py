@@ -1,0 +1,223 @@
+"""A model folder's own jinja chat template (tokenizer_config.json / chat_template.jinja).
+
+Rendering follows transformers' apply_chat_template: a sandboxed jinja2 environment with
+trim_blocks and lstrip_blocks, the loopcontrols extension, a `{% generation %}` tag, its
+`tojson` (no HTML escaping), `raise_exception()` and `strftime_now()`, and the variables
+`messages`, `add_generation_prompt`, `tools`/`documents` (None) and the folder's special
+token strings (`bos_token`, `eos_token`, …). jinja2 is imported only when a template is
+first rendered (it is the optional `chat-template` extra).
+
+Keeping user text out of the control tokens: the rendered string mixes the template's own
+special tokens with message contents, and encoding it with special tokens allowed would let a
+message containing "<|eot_id|>" close its turn. So each content is rendered as a placeholder
+(a private-use sentinel, wrapped in the content's leading/trailing whitespace so that a
+template's `| trim` behaves as on the real text), and only the template's own text is searched
+for special tokens. The placeholder render is checked against a render of the real
+conversation: if they differ (a template that inspects or transforms contents beyond
+trimming), the plain render is used only when no content contains special-token text, else
+the conversation is refused with a TokenizerError rather than encoded unsafely.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .chat import Message
+from .errors import TokenizerError
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+_OPEN = "\U000f0000"  # Supplementary Private Use Area-A: never in real text, untouched by
+_CLOSE = "\U000f0001"  # upper/lower/trim/escaping filters
+_SENTINEL = re.compile(f"{_OPEN}([0-9]+){_CLOSE}")
+
+RenderFunction = Callable[..., str]
+
+
+def compile_chat_template(template: str, source: str) -> RenderFunction:
+    """Compile the template as transformers does; returns its render function."""
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.nodes
+        import jinja2.sandbox
+    except ImportError:
+        raise TokenizerError(
+            f"{source}: rendering this model's chat_template needs jinja2: "
+            "install sv-tokenizer[chat-template]"
+        ) from None
+
+    class GenerationTag(jinja2.ext.Extension):
+        """`{% generation %}…{% endgeneration %}` marks assistant text for training masks: render the body."""
+
+        tags = {"generation"}  # noqa: RUF012 (jinja2's declared class attribute)
+
+        def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(
+                self.call_method("_render_body"), [], [], body
+            ).set_lineno(lineno)
+
+        def _render_body(self, caller: Callable[[], str]) -> str:
+            return caller()
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(
+        value: object,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            value,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
+        )
+
+    def strftime_now(format: str) -> str:
+        return datetime.now().strftime(format)
+
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols]
+    )
+    environment.filters["tojson"] = tojson
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = strftime_now
+    try:
+        compiled = environment.from_string(template)
+    except jinja2.exceptions.TemplateSyntaxError as error:
+        raise TokenizerError(
+            f"{source}: chat_template line {error.lineno}: {error.message}"
+        ) from None
+
+    def render(**variables: Any) -> str:
+        try:
+            return compiled.render(**variables)
+        except jinja2.exceptions.TemplateError as error:
+            raise TokenizerError(
+                f"{source}: the chat template refused the conversation: {error}"
+            ) from None
+
+    return render
+
+
+class TemplateChatFormat:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        template: str,
+        *,
+        template_tokens: Mapping[str, str] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.template_tokens = dict(template_tokens or {})
+        if "bos_token" not in self.template_tokens and tokenizer.bos_id is not None:
+            self.template_tokens["bos_token"] = tokenizer.token_bytes(tokenizer.bos_id).decode(
+                "utf-8", "replace"
+            )
+        self._render: RenderFunction | None = None
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+        """The template's text for this conversation, exactly as transformers renders it."""
+        return self._render_dicts(
+            [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt
+        )
+
+    def _render_dicts(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        if self._render is None:
+            self._render = compile_chat_template(
+                self.template, f"{self.tokenizer.source} chat_template"
+            )
+        return self._render(
+            **self.template_tokens,
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=None,
+            documents=None,
+        )
+
+    def encode_dialog(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        for index, message in enumerate(messages):
+            forged = self.tokenizer.find_special(message.role)
+            if forged is not None:
+                raise TokenizerError(
+                    f"chat message {index}: role {message.role!r} contains the token {forged}"
+                )
+        rendered = self.render(messages, add_generation_prompt=add_generation_prompt)
+        segments = self._segments(messages, add_generation_prompt, rendered)
+        if segments is not None:
+            return self._encode_segments(segments)
+        # The template changes contents beyond trimming: the plain render is only safe when no
+        # content holds special-token text (then no content can turn into a control token).
+        for index, message in enumerate(messages):
+            forged = self.tokenizer.find_special(message.content)
+            if forged is not None:
+                raise TokenizerError(
+                    f"chat message {index} contains the special token text {forged!r} and this chat "
+                    "template transforms message contents, so it cannot be kept as plain text"
+                )
+        return self.tokenizer.encode(rendered, allow_special=True)
+
+    def encode_user_prompt(self, text: str) -> list[int]:
+        return self.encode_dialog([Message("user", text)])
+
+    def _segments(
+        self, messages: Sequence[Message], add_generation_prompt: bool, rendered: str
+    ) -> list[tuple[str, bool]] | None:
+        """The render cut into (text, is_message_content) pieces, or None if that cannot be trusted."""
+        everything = [self.template, *(m.content for m in messages), *(m.role for m in messages)]
+        if any(_OPEN in text or _CLOSE in text for text in everything):
+            return None
+        placeholders = []
+        cores = []
+        for index, message in enumerate(messages):
+            content = message.content
+            core = content.strip()
+            leading = content[: len(content) - len(content.lstrip())]
+            trailing = content[len(content.rstrip()) :] if core else ""
+            cores.append(core)
+            placeholders.append(
+                {"role": message.role, "content": f"{leading}{_OPEN}{index}{_CLOSE}{trailing}"}
+            )
+        with_placeholders = self._render_dicts(placeholders, add_generation_prompt)
+        pieces = _SENTINEL.split(with_placeholders)
+        # split() alternates: template text, message index, template text, ...
+        segments = [
+            (piece, False) if i % 2 == 0 else (cores[int(piece)], True)
+            for i, piece in enumerate(pieces)
+        ]
+        if "".join(text for text, _ in segments) != rendered:
+            return None
+        return segments
+
+    def _encode_segments(self, segments: list[tuple[str, bool]]) -> list[int]:
+        """Special tokens only from template text; each run of plain text encoded in one go."""
+        ids: list[int] = []
+        plain: list[str] = []
+        for text, is_content in segments:
+            if is_content:
+                plain.append(text)
+                continue
+            for part in self.tokenizer.split_special(text):
+                if isinstance(part, str):
+                    plain.append(part)
+                else:
+                    ids += self.tokenizer.encode("".join(plain))
+                    plain.clear()
+                    ids.append(part)
+        ids += self.tokenizer.encode("".join(plain))
+        return ids

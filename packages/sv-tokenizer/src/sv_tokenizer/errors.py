@@ -1,0 +1,9 @@
+"""The one exception type of sv-tokenizer."""
+
+
+class TokenizerError(Exception):
+    """Any bad input met while loading or using a tokenizer.
+
+    The message names the file and the line, JSON field or entry that was wrong (or the token
+    id / chat message at fault), so a user can fix the input without reading a traceback.
+    """

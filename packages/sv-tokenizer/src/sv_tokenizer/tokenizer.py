@@ -1,0 +1,343 @@
+"""The tokenizer: text <-> token ids for byte-level BPE models (Llama 3, SmolLM2).
+
+encode() runs four stages:
+
+1. added tokens: with `allow_special=True` the special tokens (`<|eot_id|>`…) are cut out of
+   the text first and become their ids; without it they are ordinary text, so a user cannot
+   type a control token. Non-special added tokens (HF `"special": false`) are always cut out,
+   as HF does.
+2. pre-tokenization: a regex cuts each stretch of ordinary text into pieces (words, numbers,
+   punctuation runs, whitespace runs); see pretokenize.py.
+3. BPE: each piece's UTF-8 bytes are merged into token ids; see bpe.py.
+4. a cache of piece -> ids: natural text repeats its pieces, so most of them are a single
+   dictionary hit. Looking all pieces up is one C-level map(), misses are filled afterwards.
+
+decode() is the concatenation of each token's bytes, decoded as UTF-8 with errors="replace"
+(a U+FFFD per invalid sequence), as tiktoken and HF tokenizers do.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain, compress, repeat
+from pathlib import Path
+
+import regex  # type: ignore[import-untyped]  # (no types-regex in the lock)
+
+from .bpe import UTF8_BYTES, PairMerger, RankMerger
+from .chat import ChatFormat, ChatMLFormat, Llama3ChatFormat
+from .chat_template import TemplateChatFormat
+from .errors import TokenizerError
+from .hf_json import AddedToken, parse_hf_tokenizer_json
+from .model_dir import ModelDirConfig, find_tokenizer_file, read_model_dir_config
+from .pretokenize import LLAMA3_PATTERN, PreTokenizer
+from .tiktoken_file import llama3_special_tokens, parse_tiktoken_bpe
+
+STOP_TOKEN_NAMES = (
+    "<|end_of_text|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "</s>",
+)
+"""Special tokens that end generation wherever a vocabulary defines them: Llama 3's end of
+text / turn / message (a tool call), ChatML's end of turn, GPT-2 style end of text."""
+
+BOS_TOKEN_NAMES = ("<|begin_of_text|>", "<s>")
+
+CACHE_MAX_ENTRIES = 1 << 17
+"""Pieces cached before the cache is emptied and refilled (bounded memory, no LRU bookkeeping
+on the hot path: a hit must cost one dictionary look-up)."""
+
+CACHE_MAX_PIECE_CHARS = 64
+"""Longer pieces (rare: long words, whitespace runs) are not worth keeping."""
+
+
+def _replace_surrogates(text: str) -> str:
+    """Lone surrogates cannot be UTF-8 encoded: join valid pairs, replace the rest by U+FFFD (as tiktoken)."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _alternation(strings: Iterable[str]) -> regex.Pattern[str] | None:
+    """A regex matching any of the strings, longest first (HF matches added tokens leftmost-longest)."""
+    ordered = sorted(set(strings), key=lambda s: (-len(s), s))
+    if not ordered:
+        return None
+    return regex.compile("|".join(regex.escape(s) for s in ordered))
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer; build one with `from_file` or `from_model_dir`.
+
+    Public attributes: `bos_id`, `eos_ids` (every stop token), `special_tokens` (name -> id),
+    `vocab_size` (ids are 0 .. vocab_size-1), `source` (where it was loaded from).
+    """
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        merger: RankMerger | PairMerger,
+        pretokenizer: PreTokenizer,
+        token_bytes: Sequence[bytes | None],
+        added_tokens: Sequence[AddedToken],
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        extra_eos_ids: Iterable[int] = (),
+        chat_template: str | None = None,
+        template_tokens: Mapping[str, str] | None = None,
+    ) -> None:
+        self.source = source
+        self._merger = merger
+        self._pretokenize = pretokenizer
+        self._token_bytes: list[bytes | None] = list(token_bytes)
+        self.vocab_size = len(self._token_bytes)
+        for added in added_tokens:
+            if added.id >= self.vocab_size:
+                raise TokenizerError(
+                    f"{source}: added token {added.content!r} has id {added.id} beyond the vocabulary"
+                )
+        self.special_tokens: dict[str, int] = {t.content: t.id for t in added_tokens if t.special}
+        self._added_ids: dict[str, int] = {t.content: t.id for t in added_tokens}
+        plain_added = [t.content for t in added_tokens if not t.special]
+        self._special_or_added_regex = _alternation(self._added_ids)
+        self._plain_added_regex = _alternation(plain_added)
+        self._piece_cache: dict[str, tuple[int, ...]] = {}
+
+        self.bos_id: int | None = None
+        if bos_token is not None:
+            self.bos_id = self._named_token_id(bos_token, "bos_token")
+        else:
+            self.bos_id = next(
+                (self._added_ids[n] for n in BOS_TOKEN_NAMES if n in self._added_ids), None
+            )
+        stop_ids = {
+            self.special_tokens[name] for name in STOP_TOKEN_NAMES if name in self.special_tokens
+        }
+        stop_ids.update(extra_eos_ids)
+        if eos_token is not None:
+            stop_ids.add(self._named_token_id(eos_token, "eos_token"))
+        for stop_id in stop_ids:
+            if not 0 <= stop_id < self.vocab_size:
+                raise TokenizerError(f"{source}: end-of-sequence id {stop_id} is not a token id")
+        self.eos_ids: frozenset[int] = frozenset(stop_ids)
+
+        self._chat_format = self._choose_chat_format(chat_template, dict(template_tokens or {}))
+
+    def _named_token_id(self, token: str, role: str) -> int:
+        """The id of a token named by its text (tokenizer_config.json's bos_token/eos_token)."""
+        if token in self._added_ids:
+            return self._added_ids[token]
+        as_bytes = token.encode("utf-8")
+        for token_id, data in enumerate(self._token_bytes):
+            if data == as_bytes:
+                return token_id
+        raise TokenizerError(f"{self.source}: {role} {token!r} is not a token of this vocabulary")
+
+    # ---------------------------------------------------------------- loading
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Tokenizer:
+        """Load a tiktoken-format `tokenizer.model` (Llama 3) or an HF `tokenizer.json`.
+
+        The format is told by the content, not the name. A tiktoken file gets Llama 3's
+        pre-tokenization pattern and 256 special tokens.
+        """
+        return cls._load(Path(path), ModelDirConfig())
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> Tokenizer:
+        """Load the tokenizer of a model folder (an HF download or sv's converted default model).
+
+        Picks tokenizer.json, else tokenizer.model (also under original/), and reads
+        tokenizer_config.json / chat_template.jinja / generation_config.json when present for
+        the chat template, the BOS/EOS tokens and the special tokens' names.
+        """
+        directory = Path(model_dir)
+        if not directory.is_dir():
+            raise TokenizerError(f"{directory}: not a directory")
+        return cls._load(find_tokenizer_file(directory), read_model_dir_config(directory))
+
+    @classmethod
+    def _load(cls, path: Path, config: ModelDirConfig) -> Tokenizer:
+        source = str(path)
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise TokenizerError(
+                f"{source}: cannot read the tokenizer file ({error.strerror})"
+            ) from None
+        bos_token = config.template_tokens.get("bos_token")
+        if data.lstrip()[:1] == b"{":
+            spec = parse_hf_tokenizer_json(data, source)
+            merger: RankMerger | PairMerger = spec.merger
+            pretokenizer, token_bytes, added_tokens = (
+                spec.pretokenizer,
+                spec.token_bytes,
+                spec.added_tokens,
+            )
+            bos_token = bos_token or spec.bos_token
+        elif data[:4096].isascii():
+            merger, token_bytes, added_tokens = _tiktoken_parts(data, source, config.added_tokens)
+            pretokenizer = PreTokenizer.from_pattern(LLAMA3_PATTERN)
+        else:
+            raise TokenizerError(
+                f"{source}: neither a tiktoken BPE file ('<base64 token> <rank>' lines) nor an HF "
+                "tokenizer.json (SentencePiece .model files are not supported)"
+            )
+        return cls(
+            source=source,
+            merger=merger,
+            pretokenizer=pretokenizer,
+            token_bytes=token_bytes,
+            added_tokens=added_tokens,
+            bos_token=bos_token,
+            eos_token=config.template_tokens.get("eos_token"),
+            extra_eos_ids=config.eos_ids,
+            chat_template=config.chat_template,
+            template_tokens=config.template_tokens,
+        )
+
+    # ---------------------------------------------------------------- encoding
+
+    def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
+        """Token ids of `text`; no BOS/EOS is added.
+
+        With `allow_special=False` (the default) special-token text such as "<|eot_id|>" is
+        encoded as ordinary text (tiktoken's `encode_ordinary`); with True it becomes the token.
+        """
+        try:
+            return self._encode(text, allow_special)
+        except UnicodeEncodeError:
+            return self._encode(_replace_surrogates(text), allow_special)
+
+    def _encode(self, text: str, allow_special: bool) -> list[int]:
+        matcher = self._special_or_added_regex if allow_special else self._plain_added_regex
+        if matcher is None:
+            return self._encode_ordinary(text)
+        ids: list[int] = []
+        position = 0
+        for match in matcher.finditer(text):
+            if match.start() > position:
+                ids += self._encode_ordinary(text[position : match.start()])
+            ids.append(self._added_ids[match.group()])
+            position = match.end()
+        if position < len(text):
+            ids += self._encode_ordinary(text[position:])
+        return ids
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        pieces = self._pretokenize(text)
+        cache = self._piece_cache
+        found: list[tuple[int, ...] | None] = list(map(cache.get, pieces))
+        if None in found:
+            # Encode each missing piece once (text repeats its new words too), then fill the
+            # gaps with one more C-level map(): fresh.get(piece, what the cache had).
+            missing = set(compress(pieces, map(operator.is_, found, repeat(None))))
+            encode = self._merger.encode
+            fresh = {piece: tuple(encode(piece.encode("utf-8"))) for piece in missing}
+            found = list(map(fresh.get, pieces, found))
+            if len(cache) + len(fresh) > CACHE_MAX_ENTRIES:
+                cache.clear()
+            cache.update(item for item in fresh.items() if len(item[0]) <= CACHE_MAX_PIECE_CHARS)
+        return list(chain.from_iterable(found))  # type: ignore[arg-type]
+
+    # ---------------------------------------------------------------- decoding
+
+    def token_bytes(self, id: int) -> bytes:
+        """The bytes token `id` stands for (a special token: its name, UTF-8)."""
+        if 0 <= id < self.vocab_size:
+            data = self._token_bytes[id]
+            if data is not None:
+                return data
+        raise TokenizerError(
+            f"{self.source}: token id {id!r} is not in the vocabulary (0..{self.vocab_size - 1})"
+        )
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        ids = list(ids)
+        if ids and min(ids) >= 0:
+            try:
+                return b"".join(map(self._token_bytes.__getitem__, ids))  # type: ignore[arg-type]
+            except (IndexError, TypeError):
+                pass  # an id beyond the vocabulary or without a token: name it below
+        return b"".join([self.token_bytes(i) for i in ids])
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    # ---------------------------------------------------------------- chat
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        if self._chat_format is None:
+            raise TokenizerError(
+                f"{self.source}: no chat format: the model folder has no chat_template, and neither "
+                "<|start_header_id|> (Llama 3) nor <|im_start|> (ChatML) is a special token"
+            )
+        return self._chat_format
+
+    def _choose_chat_format(
+        self, chat_template: str | None, template_tokens: dict[str, str]
+    ) -> ChatFormat | None:
+        if chat_template is not None:
+            return TemplateChatFormat(self, chat_template, template_tokens=template_tokens)
+        if "<|start_header_id|>" in self.special_tokens:
+            return Llama3ChatFormat(self)
+        if "<|im_start|>" in self.special_tokens:
+            return ChatMLFormat(self)
+        return None
+
+    def find_special(self, text: str) -> str | None:
+        """The first special or added token's text occurring in `text`, if any."""
+        if self._special_or_added_regex is None:
+            return None
+        match = self._special_or_added_regex.search(text)
+        return match.group() if match else None
+
+    def split_special(self, text: str) -> list[str | int]:
+        """`text` cut at its special/added tokens: ordinary strings and the tokens' ids, in order."""
+        parts: list[str | int] = []
+        position = 0
+        if self._special_or_added_regex is not None:
+            for match in self._special_or_added_regex.finditer(text):
+                if match.start() > position:
+                    parts.append(text[position : match.start()])
+                parts.append(self._added_ids[match.group()])
+                position = match.end()
+        if position < len(text):
+            parts.append(text[position:])
+        return parts
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.source!r}, vocab_size={self.vocab_size})"
+
+
+def _tiktoken_parts(
+    data: bytes, source: str, added_tokens: list[AddedToken] | None
+) -> tuple[RankMerger, list[bytes | None], list[AddedToken]]:
+    """A tiktoken file's merger, bytes by id and special tokens (Llama 3's unless the folder names them)."""
+    ranks = parse_tiktoken_bpe(data, source)
+    num_base = len(ranks)
+    top_rank = max(ranks.values())
+    if top_rank != num_base - 1:
+        raise TokenizerError(
+            f"{source}: ranks must be 0..{num_base - 1} without gaps, found rank {top_rank}"
+        )
+    for byte in sorted(UTF8_BYTES):
+        if bytes([byte]) not in ranks:
+            raise TokenizerError(f"{source}: no token for the single byte 0x{byte:02X}")
+    if added_tokens is None:
+        added_tokens = [
+            AddedToken(name, i, True) for name, i in llama3_special_tokens(num_base).items()
+        ]
+    size = max([num_base - 1, *(t.id for t in added_tokens)]) + 1
+    token_bytes: list[bytes | None] = [None] * size
+    for token, rank in ranks.items():
+        token_bytes[rank] = token
+    for added in added_tokens:
+        token_bytes[added.id] = added.content.encode("utf-8")
+    return RankMerger(ranks), token_bytes, added_tokens

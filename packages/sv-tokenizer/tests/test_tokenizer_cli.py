@@ -1,0 +1,94 @@
+"""`sv tokenize` (tokenize_main): ids out, text back, one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sv_tokenizer import Tokenizer
+from sv_tokenizer.cli import tokenize_main
+from tokenizer_test_support import tiny_tiktoken_file
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = tokenize_main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_encode_and_decode_with_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(tiny_tiktoken_file())
+    assert run(["--tokenizer", str(model), "hello"], capsys) == (0, "259\n", "")
+    assert run(["--tokenizer", str(model), "--decode", "259", "32,119"], capsys) == (
+        0,
+        "hello w\n",
+        "",
+    )
+    # several TEXT arguments are one text joined by spaces
+    status, out, _ = run(["--tokenizer", str(model), "hello", "world"], capsys)
+    assert status == 0 and out.split() == [
+        str(i) for i in Tokenizer.from_file(model).encode("hello world")
+    ]
+
+
+def test_default_llama_tokenizer_and_special_tokens(
+    llama_dir: Path, llama_json: Tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run(["--allow-special", "<|eot_id|>Hi", "<|eot_id|>"], capsys)
+    assert status == 0 and out.split() == ["128009", "13347", "220", "128009"]
+    assert run(["--model", str(llama_dir), "--decode", "128000 9906"], capsys) == (
+        0,
+        "<|begin_of_text|>Hello\n",
+        "",
+    )
+
+
+def test_special_token_text_is_plain_without_allow_special(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(tiny_tiktoken_file())
+    status, out, _ = run(["--tokenizer", str(model), "<|eot_id|>"], capsys)
+    assert status == 0 and out.split() == [str(b) for b in b"<|eot_id|>"]
+    status, out, _ = run(["--tokenizer", str(model), "--allow-special", "<|eot_id|>"], capsys)
+    assert status == 0 and out.split() == [str(261 + 9)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--decode", "--tokenizer", "{model}", "12x"], "'12x' is not a token id"),
+        (
+            ["--decode", "--tokenizer", "{model}", "99999"],
+            "token id 99999 is not in the vocabulary",
+        ),
+        (["--tokenizer", "{missing}", "hi"], "cannot read the tokenizer file"),
+        (["--model", "{missing}", "hi"], "not a directory"),
+        (["--model", "{dir}", "--tokenizer", "{model}", "hi"], "not allowed with argument"),
+        (["--bogus", "hi"], "unrecognized arguments: --bogus"),
+        ([], "the following arguments are required: TEXT"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(tiny_tiktoken_file())
+    values = {"model": str(model), "missing": str(tmp_path / "missing"), "dir": str(tmp_path)}
+    status, out, err = run([a.format(**values) for a in argv], capsys)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("sv tokenize: error: ") and expected in err, err
+
+
+def test_without_any_tokenizer(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sv_tokenizer.cli.installed_llama_tokenizer_dir", lambda: None)
+    status, _, err = run(["hi"], capsys)
+    assert status == 2 and "no tokenizer given: pass --model DIR or --tokenizer FILE" in err
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(["--help"], capsys)
+    assert status == 0 and "--allow-special" in out
