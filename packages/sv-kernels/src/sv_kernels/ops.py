@@ -1,0 +1,318 @@
+"""The ops the model calls: CUDA tensors go to the Triton kernels, all others to the reference.
+
+Each function has the signature of its twin in `sv_kernels.reference` (the spec: read it for
+shapes and semantics). The inputs' shapes, dtypes and devices are checked here, on the host,
+from metadata only, so a bad call raises `KernelError` naming the op and the argument instead
+of failing deep inside a kernel. Nothing here reads device values: every op can be captured in
+a CUDA graph. `sv_kernels.triton_ops` (and with it triton) is imported on the first CUDA call,
+so CPU users never import triton.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import torch
+from torch import Tensor
+
+from . import reference
+from .errors import KernelError
+
+
+def _on_cuda(t: Tensor) -> bool:
+    return t.device.type == "cuda"
+
+
+def _fail(op: str, message: str) -> NoReturn:
+    raise KernelError(f"{op}: {message}")
+
+
+def _shape(t: Tensor) -> str:
+    return "[" + ", ".join(str(n) for n in t.shape) + "]"
+
+
+def _check_dims(op: str, name: str, t: Tensor, dims: int, layout: str) -> None:
+    if not isinstance(t, Tensor):
+        _fail(op, f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        _fail(op, f"{name} must be {layout}, got shape {_shape(t)}")
+
+
+def _check_float(op: str, name: str, t: Tensor) -> None:
+    if not t.is_floating_point():
+        _fail(op, f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
+def _check_int(op: str, name: str, t: Tensor) -> None:
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        _fail(op, f"{name} must be an integer tensor, got {t.dtype}")
+
+
+def _check_len(op: str, name: str, t: Tensor, dim: int, size: int, what: str) -> None:
+    if t.shape[dim] != size:
+        _fail(op, f"{name} has {t.shape[dim]} along dim {dim}, expected {size} ({what})")
+
+
+def _check_device(op: str, **tensors: Tensor | None) -> None:
+    present = {name: t for name, t in tensors.items() if t is not None}
+    devices = {t.device for t in present.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{name} on {t.device}" for name, t in present.items())
+        _fail(op, f"all tensors must be on one device, got {where}")
+
+
+def _check_cache(op: str, k_cache: Tensor, v_cache: Tensor) -> None:
+    _check_dims(op, "k_cache", k_cache, 4, "[P, S, Hkv, D]")
+    _check_float(op, "k_cache", k_cache)
+    if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+        _fail(
+            op,
+            f"v_cache {_shape(v_cache)} {v_cache.dtype} must match "
+            f"k_cache {_shape(k_cache)} {k_cache.dtype}",
+        )
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.stride(-1) != 1:
+            _fail(op, f"{name} must be contiguous along its last dim (D)")
+
+
+def _check_heads(op: str, q: Tensor, k_cache: Tensor) -> None:
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if head_dim != k_cache.shape[3]:
+        _fail(op, f"q has head dim {head_dim}, the cache {k_cache.shape[3]}")
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
+        _fail(op, f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    if q.dtype != k_cache.dtype:
+        _fail(op, f"q is {q.dtype} but the cache is {k_cache.dtype}")
+
+
+# --- ops --------------------------------------------------------------------------------------
+
+
+def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+    op = "embedding"
+    _check_dims(op, "ids", ids, 1, "[T]")
+    _check_int(op, "ids", ids)
+    _check_dims(op, "weight", weight, 2, "[V, H]")
+    _check_device(op, ids=ids, weight=weight)
+    if _on_cuda(weight):
+        from . import triton_ops
+
+        return triton_ops.embedding(ids, weight)
+    return reference.embedding(ids, weight)
+
+
+def rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    op = "rms_norm"
+    if not isinstance(x, Tensor) or x.dim() < 1:
+        _fail(op, "x must be a tensor [..., H]")
+    _check_float(op, "x", x)
+    _check_dims(op, "weight", weight, 1, "[H]")
+    _check_len(op, "weight", weight, 0, x.shape[-1], "the hidden size of x")
+    if residual is not None and residual.shape != x.shape:
+        _fail(op, f"residual {_shape(residual)} must have x's shape {_shape(x)}")
+    if eps < 0:
+        _fail(op, f"eps must be >= 0, got {eps}")
+    _check_device(op, x=x, weight=weight, residual=residual)
+    if _on_cuda(x):
+        from . import triton_ops
+
+        return triton_ops.rms_norm(x, weight, eps, residual)
+    return reference.rms_norm(x, weight, eps, residual)
+
+
+def swiglu(gate_up: Tensor) -> Tensor:
+    op = "swiglu"
+    if not isinstance(gate_up, Tensor) or gate_up.dim() < 1 or gate_up.shape[-1] % 2 != 0:
+        _fail(op, "gate_up must be a tensor [..., 2I] (gate and up packed, an even last dim)")
+    _check_float(op, "gate_up", gate_up)
+    if _on_cuda(gate_up):
+        from . import triton_ops
+
+        return triton_ops.swiglu(gate_up)
+    return reference.swiglu(gate_up)
+
+
+def rope_cache_write(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    positions: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+) -> Tensor:
+    op = "rope_cache_write"
+    _check_dims(op, "q", q, 3, "[T, Hq, D]")
+    _check_dims(op, "k", k, 3, "[T, Hkv, D]")
+    _check_dims(op, "v", v, 3, "[T, Hkv, D]")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_float(op, name, t)
+    num_tokens, head_dim = q.shape[0], q.shape[2]
+    if head_dim % 2 != 0:
+        _fail(op, f"the head dim must be even for RoPE, got {head_dim}")
+    if k.shape[0] != num_tokens or k.shape[2] != head_dim or v.shape != k.shape:
+        _fail(op, f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)} disagree on T, Hkv or D")
+    _check_dims(op, "positions", positions, 1, "[T]")
+    _check_int(op, "positions", positions)
+    _check_len(op, "positions", positions, 0, num_tokens, "one per token")
+    for name, table in (("cos", cos), ("sin", sin)):
+        _check_dims(op, name, table, 2, "[max_positions, D/2]")
+        _check_float(op, name, table)
+        _check_len(op, name, table, 1, head_dim // 2, "half the head dim")
+    if sin.shape != cos.shape:
+        _fail(op, f"sin {_shape(sin)} must have cos's shape {_shape(cos)}")
+    _check_cache(op, k_cache, v_cache)
+    if k_cache.shape[2:] != k.shape[1:]:
+        _fail(op, f"cache heads x dim {_shape(k_cache)[1:]} do not match k {_shape(k)}")
+    _check_dims(op, "slot_mapping", slot_mapping, 1, "[T]")
+    _check_int(op, "slot_mapping", slot_mapping)
+    _check_len(op, "slot_mapping", slot_mapping, 0, num_tokens, "one per token")
+    _check_device(
+        op,
+        q=q,
+        k=k,
+        v=v,
+        positions=positions,
+        cos=cos,
+        sin=sin,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slot_mapping,
+    )
+    if _on_cuda(q):
+        from . import triton_ops
+
+        return triton_ops.rope_cache_write(
+            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping
+        )
+    return reference.rope_cache_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    op = "paged_decode_attention"
+    _check_dims(op, "q", q, 3, "[B, Hq, D]")
+    _check_float(op, "q", q)
+    _check_cache(op, k_cache, v_cache)
+    _check_heads(op, q, k_cache)
+    batch = q.shape[0]
+    _check_dims(op, "block_tables", block_tables, 2, "[B, max_pages]")
+    _check_int(op, "block_tables", block_tables)
+    _check_len(op, "block_tables", block_tables, 0, batch, "one row per sequence")
+    _check_dims(op, "seq_lens", seq_lens, 1, "[B]")
+    _check_int(op, "seq_lens", seq_lens)
+    _check_len(op, "seq_lens", seq_lens, 0, batch, "one per sequence")
+    _check_device(
+        op, q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens
+    )
+    if _on_cuda(q):
+        from . import triton_ops
+
+        return triton_ops.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def prefill_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cu_seqlens_q: Tensor,
+    seq_lens: Tensor,
+    block_tables: Tensor,
+    scale: float,
+    max_seqlen_q: int,
+) -> Tensor:
+    op = "prefill_attention"
+    _check_dims(op, "q", q, 3, "[T, Hq, D]")
+    _check_float(op, "q", q)
+    _check_cache(op, k_cache, v_cache)
+    _check_heads(op, q, k_cache)
+    _check_dims(op, "seq_lens", seq_lens, 1, "[B]")
+    _check_int(op, "seq_lens", seq_lens)
+    batch = seq_lens.shape[0]
+    _check_dims(op, "cu_seqlens_q", cu_seqlens_q, 1, "[B + 1]")
+    _check_int(op, "cu_seqlens_q", cu_seqlens_q)
+    _check_len(op, "cu_seqlens_q", cu_seqlens_q, 0, batch + 1, "B + 1 offsets")
+    _check_dims(op, "block_tables", block_tables, 2, "[B, max_pages]")
+    _check_int(op, "block_tables", block_tables)
+    _check_len(op, "block_tables", block_tables, 0, batch, "one row per sequence")
+    if not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+        _fail(op, f"max_seqlen_q must be a host int >= 0, got {max_seqlen_q!r}")
+    _check_device(
+        op,
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        cu_seqlens_q=cu_seqlens_q,
+        seq_lens=seq_lens,
+        block_tables=block_tables,
+    )
+    if _on_cuda(q):
+        from . import triton_ops
+
+        return triton_ops.prefill_attention(
+            q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q
+        )
+    return reference.prefill_attention(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q
+    )
+
+
+def argmax(logits: Tensor) -> Tensor:
+    op = "argmax"
+    _check_dims(op, "logits", logits, 2, "[B, V]")
+    _check_float(op, "logits", logits)
+    if logits.shape[1] == 0:
+        _fail(op, "logits has an empty vocabulary")
+    if _on_cuda(logits):
+        from . import triton_ops
+
+        return triton_ops.argmax(logits)
+    return reference.argmax(logits)
+
+
+def sample(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seeds: Tensor,
+    steps: Tensor,
+) -> Tensor:
+    op = "sample"
+    _check_dims(op, "logits", logits, 2, "[B, V]")
+    _check_float(op, "logits", logits)
+    if logits.shape[1] == 0:
+        _fail(op, "logits has an empty vocabulary")
+    batch = logits.shape[0]
+    per_row = {
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seeds": seeds,
+        "steps": steps,
+    }
+    for name, t in per_row.items():
+        _check_dims(op, name, t, 1, "[B]")
+        _check_len(op, name, t, 0, batch, "one per row of logits")
+    for name in ("temperature", "top_p"):
+        _check_float(op, name, per_row[name])
+    for name in ("top_k", "seeds", "steps"):
+        _check_int(op, name, per_row[name])
+    _check_device(op, logits=logits, **per_row)
+    if _on_cuda(logits):
+        from . import triton_ops
+
+        return triton_ops.sample(logits, temperature, top_k, top_p, seeds, steps)
+    return reference.sample(logits, temperature, top_k, top_p, seeds, steps)

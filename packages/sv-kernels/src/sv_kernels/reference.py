@@ -1,0 +1,246 @@
+"""Plain-torch reference implementations of every op.
+
+These define what each op computes. The CPU backend runs them as they are; every Triton kernel
+in `sv_kernels.triton_ops` has the same signature and is tested against its twin here.
+
+Shapes use these letters:
+  T  tokens in a step (all sequences packed one after another)
+  B  sequences in a step
+  H  hidden size,  I  MLP intermediate size,  V  vocabulary size
+  Hq query heads,  Hkv key/value heads,  D  head dim
+  P  physical pages in the KV pool,  S  tokens per page (16)
+
+The paged KV cache of one layer is a pair of tensors `k_cache`, `v_cache` of shape [P, S, Hkv, D].
+Token position `pos` of a sequence lives in page `block_table[pos // S]` at offset `pos % S`;
+its "slot" is `page * S + offset`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+    """Gather rows of `weight` [V, H] for `ids` [T] -> [T, H]."""
+    return weight.index_select(0, ids.long())
+
+
+def rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """RMSNorm fused with the residual add.
+
+    With `residual`: s = x + residual; returns (rms_norm(s) * weight, s).
+    Without: returns (rms_norm(x) * weight, x).
+    The sum and the reduction are in FP32; `s` is stored in x's dtype (it is the residual stream).
+    The normalized value is rounded to x's dtype before the weight multiply, as HF Llama does.
+    """
+    s32 = x.float() if residual is None else x.float() + residual.float()
+    s = s32.to(x.dtype)
+    var = s.float().pow(2).mean(-1, keepdim=True)
+    normed = (s.float() * torch.rsqrt(var + eps)).to(x.dtype)
+    return weight * normed, s
+
+
+def swiglu(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up on a packed [T, 2I] projection (gate = first half, up = second half)."""
+    inter = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :inter], gate_up[..., inter:]
+    return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate_up.dtype)
+
+
+def apply_rope(x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate `x` [T, heads, D] by the angles of `positions` [T].
+
+    `cos`/`sin` are [max_positions, D/2] FP32 tables (see `rope_tables`). Dimension i is paired
+    with i + D/2 (the "rotate half" layout of Hugging Face checkpoints).
+    """
+    half = x.shape[-1] // 2
+    c = cos[positions.long()].unsqueeze(1)  # [T, 1, D/2]
+    s = sin[positions.long()].unsqueeze(1)
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return out.to(x.dtype)
+
+
+def rope_cache_write(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    positions: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+) -> Tensor:
+    """Apply RoPE to q [T, Hq, D] and k [T, Hkv, D]; write rotated k and v [T, Hkv, D] to the cache.
+
+    Token t is written at slot `slot_mapping[t]` (page * S + offset); a negative slot means "do not
+    write" (padding). Returns the rotated q as a new tensor; k and v are not modified.
+    """
+    q_rot = apply_rope(q, positions, cos, sin)
+    k_rot = apply_rope(k, positions, cos, sin)
+    page_size = k_cache.shape[1]
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    pages, offsets = slots // page_size, slots % page_size
+    k_cache[pages, offsets] = k_rot[valid].to(k_cache.dtype)
+    v_cache[pages, offsets] = v[valid].to(v_cache.dtype)
+    return q_rot
+
+
+def gather_kv(cache: Tensor, block_table: Tensor, length: int) -> Tensor:  # [length, Hkv, D]
+    """Read positions 0..length-1 of one sequence from a paged cache (reference use only)."""
+    page_size = cache.shape[1]
+    num_pages = (length + page_size - 1) // page_size
+    pages = block_table[:num_pages].long()
+    return cache[pages].reshape(num_pages * page_size, *cache.shape[2:])[:length]
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, q_start: int) -> Tensor:
+    """Causal attention of q [Tq, Hq, D] at positions q_start.. over k, v [Tk, Hkv, D] (FP32 softmax)."""
+    hq, hkv = q.shape[1], k.shape[1]
+    group = hq // hkv
+    kf = k.float().repeat_interleave(group, dim=1)  # [Tk, Hq, D]
+    vf = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * scale
+    q_pos = torch.arange(q.shape[0], device=q.device) + q_start
+    k_pos = torch.arange(k.shape[0], device=q.device)
+    scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, vf).to(q.dtype)
+
+
+def paged_decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    """One query token per sequence: q [B, Hq, D] attends to positions 0..seq_lens[b]-1 of its pages.
+
+    block_tables [B, max_pages] int32, seq_lens [B] int32 (the query is the token at seq_lens[b]-1,
+    whose K/V is already in the cache). Returns [B, Hq, D].
+    """
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        n = int(seq_lens[b])
+        k = gather_kv(k_cache, block_tables[b], n)
+        v = gather_kv(v_cache, block_tables[b], n)
+        out[b] = _attend(q[b : b + 1], k, v, scale, q_start=n - 1)[0]
+    return out
+
+
+def prefill_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cu_seqlens_q: Tensor,
+    seq_lens: Tensor,
+    block_tables: Tensor,
+    scale: float,
+    max_seqlen_q: int,
+) -> Tensor:
+    """Causal attention for several sequences packed into one varlen batch, K/V from the paged cache.
+
+    Sequence b's queries are q[cu_seqlens_q[b] : cu_seqlens_q[b+1]]; they are the LAST q_len tokens
+    of its context, i.e. positions seq_lens[b] - q_len .. seq_lens[b] - 1. Keys/values are positions
+    0..seq_lens[b]-1 read from the cache (the new tokens' K/V were written there first), so a prefix
+    already in the cache (prefix caching, chunked prefill) is attended to as well. `max_seqlen_q`
+    bounds q_len (used by the kernel for its grid). Returns [T, Hq, D].
+    """
+    del max_seqlen_q
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    for b in range(len(cu) - 1):
+        lo, hi = cu[b], cu[b + 1]
+        if hi == lo:
+            continue
+        n = int(seq_lens[b])
+        k = gather_kv(k_cache, block_tables[b], n)
+        v = gather_kv(v_cache, block_tables[b], n)
+        out[lo:hi] = _attend(q[lo:hi], k, v, scale, q_start=n - (hi - lo))
+    return out
+
+
+def argmax(logits: Tensor) -> Tensor:
+    """Greedy choice per row of logits [B, V] -> [B] int64 (the lowest index among ties)."""
+    return torch.argmax(logits.float(), dim=-1)
+
+
+# --- Sampling -------------------------------------------------------------------------------
+#
+# Sampling must be reproducible from a per-request seed and identical on both backends, so the
+# random numbers do not come from a framework generator. Each draw hashes (seed, step, column)
+# with a small integer hash and turns it into a uniform number in (0, 1); the sample is then the
+# Gumbel-max over the surviving (top-k / top-p) columns: argmax(logit / T - log(-log(u))).
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash32(x: Tensor) -> Tensor:
+    """A 32-bit integer mixer (the "lowbias32" finalizer), on int64 tensors holding uint32 values."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    x = x ^ (x >> 16)
+    return x
+
+
+def uniform_noise(seeds: Tensor, steps: Tensor, vocab: int) -> Tensor:
+    """Uniform (0, 1) FP32 noise [B, V], a pure function of (seed, step, column)."""
+    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    h = _hash32(seeds.long()[:, None] & _MASK32)
+    h = _hash32(h ^ (steps.long()[:, None] & _MASK32))
+    h = _hash32(h ^ cols[None, :])
+    # 23 high bits k -> u = (k + 0.5) / 2^23 in (0, 1). With k < 2^23, k + 0.5 is exact in FP32,
+    # so u is never 0 or 1 and log(-log(u)) is finite. (24 bits would not be: for k >= 2^23 the
+    # + 0.5 rounds, and k = 2^24 - 1 rounds up to u = 1.0, i.e. +inf Gumbel noise.)
+    return ((h >> 9).float() + 0.5) * (1.0 / 8388608.0)
+
+
+def sample(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seeds: Tensor,
+    steps: Tensor,
+) -> Tensor:
+    """Sample one token per row of logits [B, V].
+
+    temperature [B] f32 (0 means greedy for that row), top_k [B] int32 (0 = off), top_p [B] f32
+    (>= 1.0 = off; <= 0 keeps only the largest logit), seeds [B] int64 (per request), steps [B]
+    int64 (the request's output index, so every step draws fresh noise). Returns [B] int64.
+    """
+    x = logits.float()
+    vocab = x.shape[-1]
+    greedy = temperature <= 0
+    t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    x = x / t[:, None]
+    # top-k: keep values >= the k-th largest (ties at the boundary are kept).
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab)).long()
+    sorted_x, _ = torch.sort(x, dim=-1, descending=True)
+    kth = sorted_x.gather(1, (k - 1)[:, None])
+    keep = x >= kth
+    # top-p over the top-k survivors: keep the smallest prefix of the sorted distribution whose
+    # mass reaches p; a column survives if the mass strictly before its value is < p.
+    probs_sorted = torch.softmax(sorted_x.masked_fill(sorted_x < kth, float("-inf")), dim=-1)
+    mass_before = torch.cumsum(probs_sorted, dim=-1) - probs_sorted
+    cutoff_idx = (mass_before < top_p.float()[:, None]).sum(dim=-1, keepdim=True) - 1
+    cutoff_val = sorted_x.gather(1, cutoff_idx.clamp(min=0))
+    # top_p >= 1 is "off": without this guard the tail whose FP32 cumulative mass rounds to 1.0
+    # (up to ~1e-7 of the mass) would still be cut, so "off" would not keep every token.
+    top_p_on = top_p.float()[:, None] < 1.0
+    keep &= (x >= cutoff_val) | ~top_p_on
+    u = uniform_noise(seeds, steps, vocab)
+    gumbel = -torch.log(-torch.log(u))
+    scores = torch.where(keep, x + gumbel, torch.full_like(x, float("-inf")))
+    sampled = torch.argmax(scores, dim=-1)
+    return torch.where(greedy, argmax(logits), sampled)

@@ -1,0 +1,32 @@
+"""Triton implementations of every op, each with the signature of its twin in `sv_kernels.reference`.
+
+Importing this package imports triton; `sv_kernels.ops` does so only when a CUDA tensor arrives.
+Under TRITON_INTERPRET=1 the kernels run on CPU tensors; see `_interpreter` for two fixes to
+Triton's interpreter that this package applies in that mode.
+"""
+
+from ._common import INTERPRET
+from ._interpreter import apply_interpreter_fixes
+
+if INTERPRET:
+    apply_interpreter_fixes()
+
+from .decode_attention import choose_num_splits, paged_decode_attention
+from .embedding import embedding
+from .prefill_attention import prefill_attention
+from .rms_norm import rms_norm
+from .rope_cache import rope_cache_write
+from .sampling import argmax, sample
+from .swiglu import swiglu
+
+__all__ = [
+    "argmax",
+    "choose_num_splits",
+    "embedding",
+    "paged_decode_attention",
+    "prefill_attention",
+    "rms_norm",
+    "rope_cache_write",
+    "sample",
+    "swiglu",
+]

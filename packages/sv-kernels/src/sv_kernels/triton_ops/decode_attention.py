@@ -1,0 +1,265 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
+# (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
+"""Paged decode attention: one query token per sequence, K/V read page by page from the cache.
+
+Grid (B, Hkv, splits). A program owns one sequence, one KV head and one slice of the context:
+the query heads that share that KV head (the GQA group) are the M rows of `tl.dot`, so each K/V
+page is read once for the whole group. Softmax is online (running max and sum, FP32).
+
+Flash-decoding: when B * Hkv programs would leave SMs idle (small batches, long contexts), the
+context is cut into `num_splits` slices; each program writes an unnormalized partial result with
+its max and sum, and a second kernel merges the slices. The split count depends only on shapes
+(so a CUDA graph can capture it); each program finds its own slice from `seq_lens` on the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cdiv, dot_dtype, dot_precision, next_pow2, num_sms, unit_last_stride
+
+# A split should stream at least this many tokens, else the merge costs more than it saves.
+_MIN_TOKENS_PER_SPLIT = 256
+_MAX_SPLITS = 64
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    partial_acc_ptr,
+    partial_max_ptr,
+    partial_sum_ptr,
+    scale_log2,
+    stride_qb,
+    stride_qh,
+    stride_kc_page,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_page,
+    stride_vc_slot,
+    stride_vc_head,
+    stride_bt,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # An equal, BLOCK_N-aligned share of this sequence's tokens for each split.
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    heads = kv_head * GROUP + g
+    g_mask = g < GROUP
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q_mask = g_mask[:, None] & d_mask[None, :]
+    q_offsets = seq * stride_qb + heads[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=q_mask, other=0.0).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max of the scores (log2 units)
+    l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp2(score - m_i)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)  # running sum of exp2(score - m_i) * v
+    k_head = k_cache_ptr + kv_head * stride_kc_head
+    v_head = v_cache_ptr + kv_head * stride_vc_head
+    table = block_tables_ptr + seq * stride_bt
+    for block_start in range(start, end, BLOCK_N):
+        tokens = block_start + tl.arange(0, BLOCK_N)
+        t_mask = tokens < end
+        pages = tl.load(table + tokens // PAGE_SIZE, mask=t_mask, other=0).to(tl.int64)
+        slots = tokens % PAGE_SIZE
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k_offsets = pages[:, None] * stride_kc_page + slots[:, None] * stride_kc_slot + d[None, :]
+        k = tl.load(k_head + k_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        scores = tl.where(t_mask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_offsets = pages[:, None] * stride_vc_page + slots[:, None] * stride_vc_slot + d[None, :]
+        v = tl.load(v_head + v_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        pv = tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        # An empty sequence (a padding row) gives zeros, like the reference.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out_offsets = seq * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    else:
+        # Partials are laid out [B, Hq, NUM_SPLITS] (+ [D] for the accumulator).
+        num_q_heads = tl.num_programs(1) * GROUP
+        rows = (seq * num_q_heads + heads) * NUM_SPLITS + split
+        tl.store(partial_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask)
+        tl.store(partial_max_ptr + rows, m_i, mask=g_mask)
+        tl.store(partial_sum_ptr + rows, l_i, mask=g_mask)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    partial_acc_ptr,
+    partial_max_ptr,
+    partial_sum_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    first_row = (seq * tl.num_programs(1) + head) * NUM_SPLITS
+    s = tl.arange(0, BLOCK_S)
+    s_mask = s < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    split_max = tl.load(partial_max_ptr + first_row + s, mask=s_mask, other=float("-inf"))
+    split_sum = tl.load(partial_sum_ptr + first_row + s, mask=s_mask, other=0.0)
+    overall_max = tl.max(split_max, axis=0)
+    # Empty splits (max = -inf) weigh exp2(-inf) = 0. When all are empty (an empty sequence),
+    # subtract 0 instead of -inf to keep -inf - -inf = NaN out.
+    overall_max = tl.where(overall_max > float("-inf"), overall_max, 0.0)
+    weight = tl.exp2(split_max - overall_max)
+    total = tl.sum(split_sum * weight, axis=0)
+    acc_offsets = (first_row + s)[:, None] * HEAD_DIM + d[None, :]
+    acc_mask = s_mask[:, None] & d_mask[None, :]
+    split_acc = tl.load(partial_acc_ptr + acc_offsets, mask=acc_mask, other=0.0)
+    out = tl.sum(split_acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(
+        out_ptr + seq * stride_ob + head * stride_oh + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_mask,
+    )
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, sms: int) -> int:
+    """Context slices per (sequence, KV head), from shapes only.
+
+    No split when B * Hkv programs already give every SM two; otherwise enough slices for
+    about four programs per SM, each slice at least `_MIN_TOKENS_PER_SPLIT` tokens of the
+    longest context the block tables can describe.
+    """
+    programs = batch * num_kv_heads
+    if programs >= 2 * sms:
+        return 1
+    wanted = cdiv(4 * sms, max(1, programs))
+    by_length = cdiv(max_context, _MIN_TOKENS_PER_SPLIT)
+    return max(1, min(wanted, by_length, _MAX_SPLITS))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query per sequence over its paged K/V. See `reference.paged_decode_attention`.
+
+    `num_splits` forces the number of context slices (1 = no flash-decoding merge); by default
+    `choose_num_splits` picks it from B, Hkv, the SM count and block_tables' width.
+    """
+    q = unit_last_stride(q)
+    block_tables, seq_lens = unit_last_stride(block_tables), seq_lens.contiguous()
+    batch, num_q_heads, head_dim = q.shape
+    num_pages_max = block_tables.shape[1]
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    out = torch.empty((batch, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    if num_splits is None:
+        num_splits = choose_num_splits(
+            batch, num_kv_heads, num_pages_max * page_size, num_sms(q.device)
+        )
+    num_splits = max(1, int(num_splits))
+    if num_splits > 1:
+        partial_acc = torch.empty(
+            (batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        partial_max = torch.empty(
+            (batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device
+        )
+        partial_sum = torch.empty_like(partial_max)
+    else:  # unused by the kernel
+        partial_acc = partial_max = partial_sum = out
+    block_d = max(16, next_pow2(head_dim))  # tl.dot needs K >= 16
+    block_n = 64 if block_d <= 64 else 32
+    _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        partial_acc,
+        partial_max,
+        partial_sum,
+        scale * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        # tl.dot needs at least 16 rows; the padding rows are masked.
+        BLOCK_G=max(16, next_pow2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        PAGE_SIZE=page_size,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        DOT_DTYPE=dot_dtype(q.dtype),
+        PRECISION=dot_precision(q.dtype),
+        num_warps=4,
+        num_stages=3,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(batch, num_q_heads)](
+            partial_acc,
+            partial_max,
+            partial_sum,
+            out,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            NUM_SPLITS=num_splits,
+            BLOCK_S=next_pow2(num_splits),
+            num_warps=4 if block_d >= 128 else 2,
+        )
+    return out

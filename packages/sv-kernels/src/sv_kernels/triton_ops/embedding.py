@@ -1,0 +1,60 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
+# (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
+"""Embedding gather: out[t] = weight[ids[t]]."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cdiv, next_pow2, unit_last_stride
+
+# Elements per program along the hidden dim: 2048 bf16 = 4 KiB, one 16-byte vector per thread
+# with 8 warps. Wider rows are split over a second grid axis.
+_MAX_BLOCK_H = 2048
+
+
+@triton.jit
+def _embedding_kernel(
+    ids_ptr,
+    weight_ptr,
+    out_ptr,
+    vocab,
+    hidden,
+    stride_w,
+    stride_o,
+    BLOCK_H: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    in_row = cols < hidden
+    row = tl.load(ids_ptr + token).to(tl.int64)
+    # An id outside the vocabulary cannot be reported without a host sync; it reads as a zero
+    # row instead of faulting (ops-level callers pass tokenizer ids, always in range).
+    valid = (row >= 0) & (row < vocab)
+    values = tl.load(weight_ptr + row * stride_w + cols, mask=in_row & valid, other=0)
+    tl.store(out_ptr + token * stride_o + cols, values, mask=in_row)
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Gather rows of `weight` [V, H] for `ids` [T] -> [T, H] (same as `reference.embedding`)."""
+    weight, ids = unit_last_stride(weight), ids.contiguous()
+    num_tokens, (vocab, hidden) = ids.shape[0], weight.shape
+    out = torch.empty((num_tokens, hidden), dtype=weight.dtype, device=weight.device)
+    if num_tokens == 0 or hidden == 0:
+        return out
+    block_h = min(next_pow2(hidden), _MAX_BLOCK_H)
+    grid = (num_tokens, cdiv(hidden, block_h))
+    _embedding_kernel[grid](
+        ids,
+        weight,
+        out,
+        vocab,
+        hidden,
+        weight.stride(0),
+        out.stride(0),
+        BLOCK_H=block_h,
+        num_warps=max(1, min(8, block_h // 256)),
+    )
+    return out

@@ -1,0 +1,86 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
+# (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
+"""RMSNorm fused with the residual add: one read of x and residual, one write of each result."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import next_pow2, rows_2d
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    sum_ptr,
+    hidden,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_s,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    in_row = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0)
+    s = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_r + cols, mask=in_row, other=0.0)
+        # The sum is the residual stream: stored in x's dtype, and the norm sees the rounded value.
+        s_stored = (s + r.to(tl.float32)).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * stride_s + cols, s_stored, mask=in_row)
+        s = s_stored.to(tl.float32)
+    mean_square = tl.sum(s * s, axis=0) / hidden
+    inv_rms = 1.0 / tl.sqrt_rn(mean_square + eps)
+    # Round to x's dtype before the weight multiply, as Hugging Face Llama does.
+    normed = (s * inv_rms).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(weight_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+    tl.store(
+        out_ptr + row * stride_o + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=in_row
+    )
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of (x + residual) times weight; returns (normalized, sum). See `reference.rms_norm`."""
+    hidden = x.shape[-1]
+    x2 = rows_2d(x)
+    num_rows = x2.shape[0]
+    # torch's `weight * normed` promotes (bf16 weight, bf16 x -> bf16; fp32 weight -> fp32).
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    out = torch.empty((num_rows, hidden), dtype=out_dtype, device=x.device)
+    if residual is None:
+        s2 = x2
+        r2 = x2  # unused (HAS_RESIDUAL=False); any pointer will do
+    else:
+        r2 = rows_2d(residual)
+        s2 = torch.empty((num_rows, hidden), dtype=x.dtype, device=x.device)
+    if num_rows > 0 and hidden > 0:
+        block_h = next_pow2(hidden)
+        _rms_norm_kernel[(num_rows,)](
+            x2,
+            r2,
+            weight.contiguous(),
+            out,
+            s2,
+            hidden,
+            eps,
+            x2.stride(0),
+            r2.stride(0),
+            out.stride(0),
+            s2.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK_H=block_h,
+            num_warps=max(1, min(16, block_h // 256)),
+        )
+    s = x if residual is None else s2.view(x.shape)
+    return out.view(x.shape), s

@@ -1,0 +1,167 @@
+"""Triton paged decode attention and varlen prefill attention against their references.
+
+K/V come from `PagedKV`: shuffled pages, and NaN in every slot no sequence owns, so reading past
+a sequence (the tail of its last page, unused block-table entries) turns the output into NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from kernels_testing import DEVICE, PagedKV, assert_close, gpu_test, randint, randn
+from sv_kernels import reference, triton_ops
+from sv_kernels.triton_ops import choose_num_splits
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _random_lengths(gen: torch.Generator, batch: int, low: int, high: int) -> list[int]:
+    return [int(n) for n in randint(gen, low, high + 1, batch).tolist()]
+
+
+# --- decode -------------------------------------------------------------------------------
+
+
+def _decode_case(
+    gen: torch.Generator,
+    lens: list[int],
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    splits: list[int | None],
+) -> None:
+    kv = PagedKV.build(gen, lens, hkv, head_dim, dtype)
+    q = randn(gen, len(lens), hq, head_dim, dtype=dtype)
+    scale = 1 / math.sqrt(head_dim)
+    ref = reference.paged_decode_attention(
+        q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale
+    )
+    for num_splits in splits:
+        out = triton_ops.paged_decode_attention(
+            q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale, num_splits=num_splits
+        )
+        assert_close(out, ref, f"decode, lens={lens}, num_splits={num_splits}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("hq", "hkv", "head_dim"),
+    [(4, 4, 32), (6, 2, 64), (8, 2, 128), (3, 1, 32)],  # GQA groups 1, 3, 4, 3
+)
+def test_decode_attention(
+    gen: torch.Generator, dtype: torch.dtype, hq: int, hkv: int, head_dim: int
+) -> None:
+    # One token, a page-size multiple, and random lengths not multiples of 16 or of the key block.
+    lens = [1, 32, *_random_lengths(gen, 2, 2, 100)]
+    _decode_case(gen, lens, hq, hkv, head_dim, dtype, splits=[1, 3])
+
+
+def test_decode_attention_batch_one_many_pages(gen: torch.Generator) -> None:
+    # None: the heuristic's choice (2 splits for a 400-token table on 132 SMs).
+    _decode_case(gen, [int(randint(gen, 300, 400, 1))], 4, 2, 32, torch.float32, [1, 7, None])
+
+
+def test_decode_attention_more_splits_than_blocks(gen: torch.Generator) -> None:
+    """Splits past the end of a short sequence are empty; the merge must ignore them."""
+    _decode_case(gen, [5, 70], 4, 2, 32, torch.bfloat16, splits=[8])
+
+
+def test_decode_attention_empty_sequence_gives_zeros(gen: torch.Generator) -> None:
+    """A padding row (seq_len 0, e.g. in a CUDA-graph batch) gives zeros, like the reference."""
+    kv = PagedKV.build(gen, [0, 20], 2, 32, torch.float32)
+    q = randn(gen, 2, 4, 32, dtype=torch.float32)
+    for num_splits in (1, 2):
+        out = triton_ops.paged_decode_attention(
+            q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 0.2, num_splits=num_splits
+        )
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+        ref = reference.paged_decode_attention(
+            q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 0.2
+        )
+        assert_close(out, ref, "decode with an empty row")
+
+
+def test_choose_num_splits() -> None:
+    # Batch 256 x 8 KV heads fills 132 SMs: no split.
+    assert choose_num_splits(256, 8, 1024, 132) == 1
+    # One sequence: split until ~4 programs per SM, but never below 256 tokens a split.
+    assert choose_num_splits(1, 8, 8192, 132) == 32
+    assert choose_num_splits(1, 8, 32768, 132) == 64  # the cap
+    assert choose_num_splits(1, 8, 300, 132) == 2
+    assert choose_num_splits(4, 2, 16, 132) == 1
+
+
+@gpu_test
+@pytest.mark.parametrize(("batch", "context"), [(256, 1024), (1, 8192), (1, 32768), (8, 4096)])
+def test_decode_attention_serving_shapes(gen: torch.Generator, batch: int, context: int) -> None:
+    lens = [context, *_random_lengths(gen, batch - 1, context // 2, context)]
+    _decode_case(gen, lens, 32, 8, 64, torch.bfloat16, splits=[None, 1])
+
+
+# --- prefill ------------------------------------------------------------------------------
+
+
+def _prefill_case(
+    gen: torch.Generator,
+    q_lens: list[int],
+    prefix_lens: list[int],
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    blocks: list[tuple[int | None, int | None]],
+) -> None:
+    seq_lens = [q + p for q, p in zip(q_lens, prefix_lens, strict=True)]
+    kv = PagedKV.build(gen, seq_lens, hkv, head_dim, dtype)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    cu = cu.to(DEVICE)
+    q = randn(gen, sum(q_lens), hq, head_dim, dtype=dtype)
+    scale = 1 / math.sqrt(head_dim)
+    args = (q, kv.k_cache, kv.v_cache, cu, kv.seq_lens, kv.block_tables, scale, max(q_lens))
+    ref = reference.prefill_attention(*args)
+    for block_m, block_n in blocks:
+        out = triton_ops.prefill_attention(*args, block_m=block_m, block_n=block_n)
+        assert_close(
+            out, ref, f"prefill q_lens={q_lens} prefixes={prefix_lens} blocks={block_m}x{block_n}"
+        )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("hq", "hkv", "head_dim", "blocks"),
+    [(4, 4, 32, (16, 16)), (6, 2, 64, (None, None)), (8, 2, 128, (32, 16))],
+)
+def test_prefill_attention(
+    gen: torch.Generator,
+    dtype: torch.dtype,
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    blocks: tuple[int | None, int | None],
+) -> None:
+    # A fresh prompt, a one-token prompt, and two with a cached prefix (lengths not multiples
+    # of the page size or of the tiles).
+    q_lens = [*_random_lengths(gen, 1, 20, 50), 1, *_random_lengths(gen, 2, 2, 35)]
+    prefix_lens = [0, int(randint(gen, 0, 40, 1)), *_random_lengths(gen, 2, 1, 40)]
+    _prefill_case(gen, q_lens, prefix_lens, hq, hkv, head_dim, dtype, blocks=[blocks])
+
+
+def test_prefill_attention_single_prompt_many_blocks(gen: torch.Generator) -> None:
+    n = int(randint(gen, 90, 130, 1))
+    _prefill_case(gen, [n], [0], 3, 1, 32, torch.float32, blocks=[(16, 32), (None, None)])
+
+
+@gpu_test
+@pytest.mark.parametrize(
+    ("q_lens", "prefix_lens"),
+    [([2048], [0]), ([700, 1, 1500, 333], [0, 900, 64, 2000]), ([128] * 16, [0] * 16)],
+)
+def test_prefill_attention_serving_shapes(
+    gen: torch.Generator, q_lens: list[int], prefix_lens: list[int]
+) -> None:
+    _prefill_case(
+        gen, q_lens, prefix_lens, 32, 8, 64, torch.bfloat16, blocks=[(None, None), (64, 32)]
+    )

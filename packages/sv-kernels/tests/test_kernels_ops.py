@@ -1,0 +1,314 @@
+"""sv_kernels.ops: dispatch by device, input checks, lazy triton import, CUDA-graph capture."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from kernels_testing import PagedKV, assert_close, gpu_test, randint, randn
+from sv_kernels import KernelError, ops, reference, rope_tables
+
+CPU = torch.device("cpu")
+
+
+def test_cpu_tensors_run_the_reference_without_importing_triton() -> None:
+    code = """
+import sys
+import torch
+
+def triton_modules():
+    return {m for m in sys.modules if m == "triton" or m.startswith("triton.")}
+
+before = triton_modules()  # whatever torch itself may load
+from sv_kernels import ops, reference
+x = torch.randn(3, 8)
+w = torch.randn(8)
+out, s = ops.rms_norm(x, w, 1e-5, x)
+ref, ref_s = reference.rms_norm(x, w, 1e-5, x)
+assert torch.equal(out, ref) and torch.equal(s, ref_s)
+logits = torch.randn(2, 10)
+assert torch.equal(ops.argmax(logits), reference.argmax(logits))
+added = sorted(triton_modules() - before)
+assert not added, added
+assert "sv_kernels.triton_ops" not in sys.modules
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": ""}  # the conftest's setting stays out of the child
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_every_op_dispatches_cpu_tensors_to_the_reference(gen: torch.Generator) -> None:
+    g = torch.Generator().manual_seed(int(randint(gen, 0, 2**31, 1)))
+    x = randn(g, 4, 16, dtype=torch.float32)
+    w = randn(g, 16, dtype=torch.float32)
+    ids = torch.tensor([3, 0, 9])
+    table = randn(g, 10, 16, dtype=torch.float32)
+    assert torch.equal(ops.embedding(ids, table), reference.embedding(ids, table))
+    assert torch.equal(ops.swiglu(x), reference.swiglu(x))
+    for mine, ref in zip(ops.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5), strict=True):
+        assert torch.equal(mine, ref)
+
+    kv = PagedKV.build(g, [5, 20], 2, 32, torch.float32)
+    q = randn(g, 2, 4, 32, dtype=torch.float32)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 0.3)
+    assert torch.equal(ops.paged_decode_attention(*args), reference.paged_decode_attention(*args))
+    qp = randn(g, 7, 4, 32, dtype=torch.float32)
+    cu = torch.tensor([0, 5, 7], dtype=torch.int32)
+    pargs = (qp, kv.k_cache, kv.v_cache, cu, kv.seq_lens, kv.block_tables, 0.3, 5)
+    assert torch.equal(ops.prefill_attention(*pargs), reference.prefill_attention(*pargs))
+
+    logits = randn(g, 3, 50, dtype=torch.float32)
+    sampling = (
+        torch.tensor([0.0, 0.8, 1.0]),
+        torch.tensor([0, 5, 0], dtype=torch.int32),
+        torch.tensor([1.0, 1.0, 0.7]),
+        torch.tensor([1, 2, 3]),
+        torch.tensor([0, 0, 4]),
+    )
+    assert torch.equal(ops.sample(logits, *sampling), reference.sample(logits, *sampling))
+    assert torch.equal(ops.argmax(logits), reference.argmax(logits))
+
+
+def _rope_args() -> dict[str, Any]:
+    cos, sin = rope_tables.rope_tables(32, 64, 10000.0)
+    return {
+        "q": torch.zeros(3, 4, 32),
+        "k": torch.zeros(3, 2, 32),
+        "v": torch.zeros(3, 2, 32),
+        "positions": torch.arange(3),
+        "cos": cos,
+        "sin": sin,
+        "k_cache": torch.zeros(4, 16, 2, 32),
+        "v_cache": torch.zeros(4, 16, 2, 32),
+        "slot_mapping": torch.arange(3),
+    }
+
+
+def _decode_args() -> dict[str, Any]:
+    return {
+        "q": torch.zeros(2, 4, 32),
+        "k_cache": torch.zeros(4, 16, 2, 32),
+        "v_cache": torch.zeros(4, 16, 2, 32),
+        "block_tables": torch.zeros(2, 3, dtype=torch.int32),
+        "seq_lens": torch.ones(2, dtype=torch.int32),
+        "scale": 0.1,
+    }
+
+
+def _with(base: Callable[[], dict[str, Any]], **changes: Any) -> dict[str, Any]:
+    return {**base(), **changes}
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: ops.embedding(torch.zeros(3), torch.zeros(5, 4)), "ids must be an integer"),
+        (
+            lambda: ops.embedding(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(5, 4)),
+            "ids must be [T]",
+        ),
+        (lambda: ops.rms_norm(torch.zeros(2, 8), torch.zeros(7), 1e-5), "weight has 7"),
+        (
+            lambda: ops.rms_norm(torch.zeros(2, 8), torch.zeros(8), 1e-5, torch.zeros(2, 9)),
+            "residual [2, 9] must have x's shape",
+        ),
+        (lambda: ops.swiglu(torch.zeros(2, 7)), "even last dim"),
+        (
+            lambda: ops.rope_cache_write(**_with(_rope_args, q=torch.zeros(3, 4, 31))),
+            "head dim must be even",
+        ),
+        (lambda: ops.rope_cache_write(**_with(_rope_args, k=torch.zeros(2, 2, 32))), "disagree"),
+        (
+            lambda: ops.rope_cache_write(**_with(_rope_args, positions=torch.zeros(3))),
+            "positions must be an integer",
+        ),
+        (
+            lambda: ops.rope_cache_write(**_with(_rope_args, slot_mapping=torch.arange(4))),
+            "slot_mapping has 4",
+        ),
+        (
+            lambda: ops.rope_cache_write(
+                **_with(_rope_args, k_cache=torch.zeros(4, 16, 2, 64)[..., ::2])
+            ),
+            "contiguous along its last dim",
+        ),
+        (
+            lambda: ops.paged_decode_attention(**_with(_decode_args, q=torch.zeros(2, 3, 32))),
+            "3 query heads are not a multiple of 2 KV heads",
+        ),
+        (
+            lambda: ops.paged_decode_attention(
+                **_with(_decode_args, q=torch.zeros(2, 4, 32, dtype=torch.bfloat16))
+            ),
+            "q is torch.bfloat16 but the cache is torch.float32",
+        ),
+        (
+            lambda: ops.paged_decode_attention(
+                **_with(_decode_args, block_tables=torch.zeros(3, 3, dtype=torch.int32))
+            ),
+            "block_tables has 3 along dim 0, expected 2",
+        ),
+        (
+            lambda: ops.paged_decode_attention(
+                **_with(_decode_args, v_cache=torch.zeros(4, 16, 2, 16))
+            ),
+            "v_cache [4, 16, 2, 16] torch.float32 must match",
+        ),
+        (
+            lambda: ops.paged_decode_attention(
+                **_with(_decode_args, seq_lens=torch.ones(2, device="meta", dtype=torch.int32))
+            ),
+            "all tensors must be on one device",
+        ),
+        (
+            lambda: ops.prefill_attention(
+                torch.zeros(3, 4, 32),
+                torch.zeros(4, 16, 2, 32),
+                torch.zeros(4, 16, 2, 32),
+                torch.tensor([0, 3], dtype=torch.int32),
+                torch.tensor([3, 3], dtype=torch.int32),
+                torch.zeros(2, 1, dtype=torch.int32),
+                0.1,
+                3,
+            ),
+            "cu_seqlens_q has 2 along dim 0, expected 3",
+        ),
+        (
+            lambda: ops.prefill_attention(
+                torch.zeros(3, 4, 32),
+                torch.zeros(4, 16, 2, 32),
+                torch.zeros(4, 16, 2, 32),
+                torch.tensor([0, 3], dtype=torch.int32),
+                torch.tensor([3], dtype=torch.int32),
+                torch.zeros(1, 1, dtype=torch.int32),
+                0.1,
+                torch.tensor(3),  # type: ignore[arg-type]
+            ),
+            "max_seqlen_q must be a host int",
+        ),
+        (lambda: ops.argmax(torch.zeros(2, 0)), "empty vocabulary"),
+        (
+            lambda: ops.sample(
+                torch.zeros(2, 5),
+                torch.ones(2),
+                torch.zeros(2),
+                torch.ones(2),
+                torch.zeros(2, dtype=torch.int64),
+                torch.zeros(2, dtype=torch.int64),
+            ),
+            "top_k must be an integer",
+        ),
+        (
+            lambda: ops.sample(
+                torch.zeros(2, 5),
+                torch.ones(3),
+                torch.zeros(2, dtype=torch.int32),
+                torch.ones(2),
+                torch.zeros(2, dtype=torch.int64),
+                torch.zeros(2, dtype=torch.int64),
+            ),
+            "temperature has 3 along dim 0, expected 2",
+        ),
+    ],
+)
+def test_bad_inputs_raise_kernel_error_naming_the_problem(
+    call: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(KernelError) as info:
+        call()
+    assert message in str(info.value)
+
+
+@gpu_test
+def test_decode_step_ops_capture_in_a_cuda_graph(gen: torch.Generator) -> None:
+    """rms_norm, rope_cache_write, decode attention, argmax and sample under graph capture.
+
+    Capture proves the wrappers never sync with the host; replaying after changing the inputs in
+    place (longer sequences, new positions and slots) proves nothing was baked in at capture.
+    """
+    batch, hq, hkv, d, hidden, vocab = 4, 8, 2, 64, 256, 1000
+    dev = torch.device("cuda")
+    # A wide block table (46 pages) makes decode attention use 3 context splits and the merge.
+    kv = PagedKV.build(gen, [40, 17, 90, 1], hkv, d, torch.bfloat16, spare_table_width=40)
+    cos, sin = rope_tables.rope_tables(d, 4096, 500000.0, device=dev)
+    x = randn(gen, batch, hidden, dtype=torch.bfloat16)
+    residual = randn(gen, batch, hidden, dtype=torch.bfloat16)
+    w = randn(gen, hidden, dtype=torch.bfloat16)
+    q = randn(gen, batch, hq, d, dtype=torch.bfloat16)
+    k = randn(gen, batch, hkv, d, dtype=torch.bfloat16)
+    v = randn(gen, batch, hkv, d, dtype=torch.bfloat16)
+    logits = randn(gen, batch, vocab, dtype=torch.float32, scale=3.0)
+    sampling = (
+        torch.tensor([0.0, 0.7, 1.0, 1.2], device=dev),
+        torch.tensor([0, 20, 0, 5], dtype=torch.int32, device=dev),
+        torch.tensor([1.0, 0.9, 0.5, 1.0], device=dev),
+        torch.tensor([1, 2, 3, 4], device=dev),
+        torch.zeros(batch, dtype=torch.int64, device=dev),
+    )
+    # The new token of each sequence goes to the slot after its current last position.
+    positions = kv.seq_lens.long().clone()
+    page_size = kv.k_cache.shape[1]
+
+    def slots_for(pos: torch.Tensor) -> torch.Tensor:
+        pages = kv.block_tables.long().gather(1, (pos // page_size)[:, None])[:, 0]
+        return pages * page_size + pos % page_size
+
+    slot_mapping = slots_for(positions)
+    seq_lens = kv.seq_lens.clone() + 1
+    scale = 1 / math.sqrt(d)
+
+    def step() -> tuple[torch.Tensor, ...]:
+        normed, s = ops.rms_norm(x, w, 1e-5, residual)
+        q_rot = ops.rope_cache_write(
+            q, k, v, positions, cos, sin, kv.k_cache, kv.v_cache, slot_mapping
+        )
+        attn = ops.paged_decode_attention(
+            q_rot, kv.k_cache, kv.v_cache, kv.block_tables, seq_lens, scale
+        )
+        return normed, s, attn, ops.argmax(logits), ops.sample(logits, *sampling)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+
+    # New inputs, written in place: the sequences grow by 6 tokens and the noise step moves on.
+    positions += 6
+    slot_mapping.copy_(slots_for(positions))
+    seq_lens += 6
+    x.copy_(randn(gen, batch, hidden, dtype=torch.bfloat16))
+    q.copy_(randn(gen, batch, hq, d, dtype=torch.bfloat16))
+    sampling[4].fill_(9)
+    # The 6 tokens between the old and new positions need K/V: fill them like the model would.
+    for offset in range(1, 6):
+        pos = positions - 6 + offset
+        ref_slots = slots_for(pos)
+        flat_k = kv.k_cache.view(-1, hkv, d)
+        flat_k[ref_slots] = randn(gen, batch, hkv, d, dtype=torch.bfloat16)
+        kv.v_cache.view(-1, hkv, d)[ref_slots] = randn(gen, batch, hkv, d, dtype=torch.bfloat16)
+    graph.replay()
+    torch.cuda.synchronize()
+
+    ref_k, ref_v = kv.k_cache.clone(), kv.v_cache.clone()
+    ref_q = reference.rope_cache_write(q, k, v, positions, cos, sin, ref_k, ref_v, slot_mapping)
+    expected = (
+        *reference.rms_norm(x, w, 1e-5, residual),
+        reference.paged_decode_attention(ref_q, ref_k, ref_v, kv.block_tables, seq_lens, scale),
+    )
+    for name, out, ref in zip(
+        ("rms_norm", "residual sum", "attention"), outputs[:3], expected, strict=True
+    ):
+        assert_close(out, ref, f"graph replay: {name}")
+    assert torch.equal(outputs[3], reference.argmax(logits))
+    assert torch.equal(outputs[4], reference.sample(logits, *sampling))

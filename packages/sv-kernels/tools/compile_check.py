@@ -1,0 +1,189 @@
+"""Compile every Triton kernel for the H200 (sm_90) on a machine without a GPU.
+
+Runs each launch wrapper of `sv_kernels.triton_ops` on small CPU tensors with Triton's driver
+replaced by a stand-in that reports an sm_90 target and never launches: every kernel is
+specialized and compiled exactly as it would be on the device (same constexprs, same
+16-byte-alignment specialization), down to a cubin via the ptxas that ships with Triton. Prints
+per kernel: registers, spilled bytes and shared memory. Catches what the interpreter cannot
+(Triton front-end errors in compiled mode, layout / shared-memory limits, spills).
+
+    python packages/sv-kernels/tools/compile_check.py
+
+Uses triton internals (`triton.runtime.driver`, `JITFunction.run`); a dev tool, not part of the API.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    raise SystemExit("compile_check needs compiled mode: unset TRITON_INTERPRET")
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver as triton_driver
+from triton.runtime.jit import JITFunction
+
+H200 = GPUTarget("cuda", 90, 32)
+
+
+class _CompileOnlyDriver:
+    """Just enough of a Triton driver for JITFunction.run(warmup=True) to compile for sm_90."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return H200
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+@contextmanager
+def compile_only() -> Iterator[list[Any]]:
+    """Within: kernel launches compile for sm_90 and are recorded instead of run."""
+    compiled: list[Any] = []
+    original_run = JITFunction.run
+
+    def run(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        kernel = original_run(self, *args, grid=grid, warmup=True, **kwargs)
+        compiled.append((self.fn.__name__, grid, kernel))
+        return kernel
+
+    previous_driver = triton_driver._active  # None on a machine without a GPU
+    triton_driver.set_active(_CompileOnlyDriver())
+    JITFunction.run = run  # type: ignore[method-assign]
+    try:
+        yield compiled
+    finally:
+        JITFunction.run = original_run  # type: ignore[method-assign]
+        triton_driver._active = previous_driver
+
+
+def _ptxas_report(ptx: str) -> str:
+    """Registers / spills as ptxas reports them for sm_90a."""
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return "ptxas n/a"
+    arch = re.search(r"\.target\s+(\S+)", ptx)
+    result = subprocess.run(
+        [ptxas, "-v", f"-arch={arch.group(1) if arch else 'sm_90a'}", "-o", os.devnull, "-"],
+        input=ptx,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    regs = re.search(r"Used (\d+) registers", result.stderr)
+    spills = re.findall(r"(\d+) bytes spill (stores|loads)", result.stderr)
+    spilled = max((int(n) for n, _ in spills), default=0)
+    return f"regs={regs.group(1) if regs else '?'} spill={spilled}B"
+
+
+def _cases() -> Iterator[tuple[str, Any]]:
+    """(label, thunk) pairs covering every kernel at Llama 3.2 1B shapes (bf16) and a few others."""
+    for dtype in (torch.bfloat16, torch.float32):
+        yield from _cases_for(dtype)
+
+
+def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
+    from sv_kernels import triton_ops as ops
+
+    hidden, inter, vocab = 2048, 8192, 128256
+    x = torch.zeros(8, hidden, dtype=dtype)
+    w = torch.ones(hidden, dtype=dtype)
+    ids = torch.zeros(8, dtype=torch.int64)
+    yield f"embedding {dtype}", lambda: ops.embedding(ids, torch.zeros(64, hidden, dtype=dtype))
+    yield f"rms_norm+residual {dtype}", lambda: ops.rms_norm(x, w, 1e-5, x)
+    yield f"rms_norm {dtype}", lambda: ops.rms_norm(x, w, 1e-5)
+    yield f"swiglu {dtype}", lambda: ops.swiglu(torch.zeros(8, 2 * inter, dtype=dtype))
+    logits = torch.zeros(4, vocab, dtype=dtype)
+    yield f"argmax {dtype}", lambda: ops.argmax(logits)
+    per_row = (
+        torch.ones(4),
+        torch.zeros(4, dtype=torch.int32),
+        torch.ones(4),
+        torch.zeros(4, dtype=torch.int64),
+        torch.zeros(4, dtype=torch.int64),
+    )
+    yield f"sample {dtype}", lambda: ops.sample(logits, *per_row)
+    for head_dim, hq, hkv in ((64, 32, 8), (128, 24, 8), (64, 9, 3)):
+        yield from _attention_cases(dtype, head_dim, hq, hkv)
+
+
+def _attention_cases(
+    dtype: torch.dtype, head_dim: int, hq: int, hkv: int
+) -> Iterator[tuple[str, Any]]:
+    from sv_kernels import rope_tables
+    from sv_kernels import triton_ops as ops
+
+    cos, sin = rope_tables.rope_tables(head_dim, 64, 500000.0)
+    t, pages, page = 8, 32, 16
+    q = torch.zeros(t, hq, head_dim, dtype=dtype)
+    kv = torch.zeros(t, hkv, head_dim, dtype=dtype)
+    cache = torch.zeros(pages, page, hkv, head_dim, dtype=dtype)
+    slots = torch.arange(t, dtype=torch.int64)
+    pos = torch.arange(t, dtype=torch.int64)
+    tag = f"D={head_dim} Hq={hq} Hkv={hkv} {dtype}"
+    yield (
+        f"rope_cache_write {tag}",
+        lambda: ops.rope_cache_write(q, kv, kv, pos, cos, sin, cache, cache, slots),
+    )
+    tables = torch.zeros(4, pages, dtype=torch.int32)
+    lens = torch.full((4,), 100, dtype=torch.int32)
+    qd = torch.zeros(4, hq, head_dim, dtype=dtype)
+    for splits in (1, 8):
+        yield (
+            f"decode splits={splits} {tag}",
+            lambda splits=splits: ops.paged_decode_attention(
+                qd, cache, cache, tables, lens, 0.125, num_splits=splits
+            ),
+        )
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    seq_lens = torch.tensor([3, 8], dtype=torch.int32)
+    for max_q in (8, 2048):
+        yield (
+            f"prefill max_q={max_q} {tag}",
+            lambda max_q=max_q: ops.prefill_attention(
+                q, cache, cache, cu, seq_lens, tables[:2], 0.125, max_q
+            ),
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    del argv
+    failures = 0
+    seen: set[str] = set()
+    for label, thunk in _cases():
+        with compile_only() as compiled:
+            try:
+                thunk()
+            except Exception as error:  # report every failing case, not just the first
+                failures += 1
+                print(f"FAIL {label}: {type(error).__name__}: {error}")
+                continue
+        for name, _grid, kernel in compiled:
+            key = f"{name} {label}"
+            if key in seen:
+                continue
+            seen.add(key)
+            shared = kernel.metadata.shared
+            print(
+                f"ok   {label:<40} {name:<28} shared={shared}B {_ptxas_report(kernel.asm['ptx'])}"
+            )
+    print(f"{failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
