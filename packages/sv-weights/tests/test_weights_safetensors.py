@@ -197,16 +197,19 @@ def test_misaligned_tensor_is_copied_and_still_correct(tmp_path: Path) -> None:
     assert_same_tensors(loaded, safetensors.torch.load_file(str(path)))
 
 
+@pytest.mark.parametrize("readers", [1, 3])
 def test_chunked_device_path_reassembles_the_file_exactly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int
 ) -> None:
-    """The double-buffered GPU loader, run on the CPU with chunks smaller than any tensor."""
+    """The parallel double-buffered GPU loader, run on the CPU with chunks smaller than any
+    tensor, by one reader and by several."""
     tensors = {
         f"t{i}": random_tensor(dtype, (i + 3, 5), seed=i) for i, dtype in enumerate(ALL_DTYPES)
     }
     path = tmp_path / "w.safetensors"
     save_file(tensors, path)
     monkeypatch.setattr(sv_st, "DEVICE_CHUNK_BYTES", 7)  # odd size: chunks straddle tensors
+    monkeypatch.setattr(sv_st, "DEVICE_READERS", readers)
     loaded = sv_st._load_via_pinned_buffers(read_header(path), torch.device("cpu"))
     assert_same_tensors(loaded, tensors)
 
