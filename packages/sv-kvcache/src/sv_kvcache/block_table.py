@@ -1,0 +1,94 @@
+"""A sequence's block table: its pages in order, mapping token positions to cache slots."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .errors import KVCacheError
+from .page_pool import PagePool
+from .prefix_cache import PrefixMatch, page_key
+
+
+class BlockTable:
+    """The physical pages of one sequence; position p lives in `pages[p // page_size]` at `p % page_size`.
+
+    Pages are assigned lazily (`ensure_capacity` as the sequence grows) and all given back at once
+    (`release`). `page_keys[i]` is the prefix-cache key of full page i, kept for every full page
+    whose KV has been written (whether or not the pool cached that very page) so the hash chain can
+    continue.
+    """
+
+    __slots__ = ("page_keys", "page_size", "pages", "pool")
+
+    def __init__(self, pool: PagePool) -> None:
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.pages: list[int] = []
+        self.page_keys: list[int] = []
+
+    @property
+    def capacity(self) -> int:
+        """Token slots the assigned pages hold."""
+        return len(self.pages) * self.page_size
+
+    def slot(self, position: int) -> tuple[int, int]:
+        """(page id, offset in the page) of token `position`."""
+        if not 0 <= position < len(self.pages) * self.page_size:
+            raise KVCacheError(
+                f"position {position} has no page: this block table holds "
+                f"{len(self.pages)} pages ({self.capacity} token slots)"
+            )
+        page_index, offset = divmod(position, self.page_size)
+        return self.pages[page_index], offset
+
+    def append_page(self) -> int:
+        """Assign one more page (the next `page_size` positions); returns its id."""
+        page = self.pool.allocate()
+        self.pages.append(page)
+        return page
+
+    def ensure_capacity(self, num_tokens: int) -> int:
+        """Assign pages until positions 0..num_tokens-1 have slots; returns how many were added."""
+        needed = -(-num_tokens // self.page_size) - len(self.pages)
+        for _ in range(needed):
+            self.pages.append(self.pool.allocate())
+        return max(needed, 0)
+
+    def share(self, match: PrefixMatch) -> None:
+        """Start this (empty) table with cached pages found by `PagePool.match_prefix`."""
+        if self.pages:
+            raise KVCacheError("a cached prefix can only start an empty block table")
+        for page in match.pages:
+            self.pool.retain(page)
+        self.pages.extend(match.pages)
+        self.page_keys.extend(match.keys)
+
+    def register_full_pages(self, token_ids: Sequence[int], num_computed_tokens: int) -> int:
+        """Offer every full page whose KV is written (the first `num_computed_tokens` positions) to
+        the prefix cache. Call only after the step that computed them has run. Returns the number
+        of new keys."""
+        size = self.page_size
+        full = min(num_computed_tokens // size, len(self.pages))
+        keys = self.page_keys
+        done = len(keys)
+        if full <= done:
+            return 0
+        pages = self.pages
+        register = self.pool.register
+        parent = keys[-1] if done else None
+        for i in range(done, full):
+            tokens = tuple(token_ids[i * size : (i + 1) * size])
+            key = page_key(parent, tokens)
+            register(pages[i], key, parent, tokens)
+            keys.append(key)
+            parent = key
+        return full - done
+
+    def release(self) -> None:
+        """Give every page back. Last page first, so the tail of a cached chain is evicted before
+        its head (a chain is only useful from its first page on)."""
+        pool = self.pool
+        for page in reversed(self.pages):
+            pool.release(page)
+        self.pages.clear()
+        self.page_keys.clear()

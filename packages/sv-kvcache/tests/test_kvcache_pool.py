@@ -1,0 +1,107 @@
+"""PagePool and BlockTable: allocation, refcounts, slots, lazy growth."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sv_kvcache import BlockTable, KVCacheError, PagePool
+
+
+def test_allocate_hands_out_every_id_once() -> None:
+    pool = PagePool(4, page_size=16)
+    assert (pool.num_free, pool.num_assigned, pool.num_available) == (4, 0, 4)
+    pages = [pool.allocate() for _ in range(4)]
+    assert pages == [0, 1, 2, 3]
+    assert (pool.num_free, pool.num_assigned, pool.num_available) == (0, 4, 0)
+    with pytest.raises(KVCacheError, match="all 4 pages are held"):
+        pool.allocate()
+    pool.release(2)
+    assert pool.num_free == 1
+    assert pool.allocate() == 2
+
+
+def test_refcounts_and_release_errors() -> None:
+    pool = PagePool(3)
+    page = pool.allocate()
+    assert pool.refcount(page) == 1
+    with pytest.raises(KVCacheError, match="free"):
+        pool.retain(1)  # never allocated, not cached
+    pool.release(page)
+    with pytest.raises(KVCacheError, match="released more often"):
+        pool.release(page)
+    with pytest.raises(KVCacheError, match="outside the pool"):
+        pool.refcount(3)
+    with pytest.raises(KVCacheError, match="outside the pool"):
+        pool.release(-1)
+
+
+@pytest.mark.parametrize("num_pages", [0, -3, 2.0, True])
+def test_bad_pool_size(num_pages: object) -> None:
+    with pytest.raises(KVCacheError, match="num_pages"):
+        PagePool(num_pages)  # type: ignore[arg-type]
+
+
+@given(st.integers(1, 12), st.integers(0, 12), st.integers(0, 12))
+@settings(max_examples=60, deadline=None)
+def test_allocate_many_matches_repeated_allocate(num_pages: int, held: int, count: int) -> None:
+    """Same pages, same evictions, as `count` single allocations (with cached pages around)."""
+    pools = [PagePool(num_pages, page_size=2), PagePool(num_pages, page_size=2)]
+    for pool in pools:
+        taken = [pool.allocate() for _ in range(min(held, num_pages))]
+        for i, page in enumerate(taken):
+            if i % 2 == 0:
+                pool.register(page, key=1000 + i, parent_key=None, tokens=(i, i))
+        for page in taken[: len(taken) // 2 + 1]:
+            pool.release(page)
+    single, many = pools
+    if count > single.num_available:
+        with pytest.raises(KVCacheError, match=f"cannot allocate {count} pages"):
+            many.allocate_many(count)
+        return
+    expected = [single.allocate() for _ in range(count)]
+    assert many.allocate_many(count) == expected
+    assert many.num_evictions == single.num_evictions
+    assert (many.num_free, many.num_cached, many.num_assigned) == (
+        single.num_free,
+        single.num_cached,
+        single.num_assigned,
+    )
+    assert [many.refcount(p) for p in range(num_pages)] == [
+        single.refcount(p) for p in range(num_pages)
+    ]
+
+
+def test_block_table_slots() -> None:
+    pool = PagePool(8, page_size=16)
+    pool.allocate()  # page 0 elsewhere, so the table's ids differ from its indices
+    table = BlockTable(pool)
+    assert table.ensure_capacity(41) == 3
+    assert table.pages == [1, 2, 3]
+    assert table.capacity == 48
+    assert table.slot(0) == (1, 0)
+    assert table.slot(15) == (1, 15)
+    assert table.slot(16) == (2, 0)
+    assert table.slot(40) == (3, 8)
+    assert table.slot(47) == (3, 15)
+    with pytest.raises(KVCacheError, match="position 48 has no page"):
+        table.slot(48)
+    with pytest.raises(KVCacheError, match="position -1"):
+        table.slot(-1)
+
+
+def test_block_table_grows_lazily_and_releases() -> None:
+    pool = PagePool(4, page_size=16)
+    table = BlockTable(pool)
+    assert table.ensure_capacity(1) == 1
+    assert table.ensure_capacity(16) == 0  # still fits the first page
+    assert table.ensure_capacity(17) == 1
+    assert table.ensure_capacity(5) == 0  # never shrinks
+    assert table.append_page() == 2
+    assert table.pages == [0, 1, 2]
+    assert pool.num_assigned == 3
+    table.release()
+    assert table.pages == [] and table.capacity == 0
+    assert (pool.num_free, pool.num_assigned) == (4, 0)
+    with pytest.raises(KVCacheError, match="no page left"):
+        BlockTable(pool).ensure_capacity(5 * 16)
