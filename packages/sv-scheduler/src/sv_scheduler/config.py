@@ -1,0 +1,62 @@
+"""Scheduler settings, checked once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import SchedulerError
+
+Policy = Literal["continuous", "static"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """How the scheduler shares the KV-cache pool and each step's token budget.
+
+    num_pages:       pages in the KV-cache pool (see sv_kvcache.pages_for_mib).
+    max_model_len:   context limit: prompt plus output tokens of one request.
+    page_size:       tokens per page.
+    policy:          "continuous" admits whenever credits and slots allow; "static" admits a new
+                     group only when the previous group has completely finished.
+    max_num_seqs:    running sequences at most; also the number of engine slots.
+    max_step_tokens: tokens fed to the model in one step (decodes + prefill chunks). At least
+                     max_num_seqs, so every running decode fits in every step.
+    prefix_caching:  share full prompt pages between requests with the same prefix.
+    optimistic:      admit on the prompt's pages only and preempt (recompute) when pages run out,
+                     instead of reserving every request's whole budget up front (the default).
+    """
+
+    num_pages: int
+    max_model_len: int
+    page_size: int = 16
+    policy: Policy = "continuous"
+    max_num_seqs: int = 256
+    max_step_tokens: int = 8192
+    prefix_caching: bool = True
+    optimistic: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_pages", "max_model_len", "page_size", "max_num_seqs", "max_step_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SchedulerError(
+                    f"SchedulerConfig.{name} must be a positive integer, got {value!r}"
+                )
+        if self.max_model_len < 2:
+            raise SchedulerError(
+                f"SchedulerConfig.max_model_len must be at least 2 (one prompt token and one "
+                f"output token), got {self.max_model_len}"
+            )
+        if self.policy not in ("continuous", "static"):
+            raise SchedulerError(
+                f"SchedulerConfig.policy must be 'continuous' or 'static', got {self.policy!r}"
+            )
+        if self.max_step_tokens < self.max_num_seqs:
+            raise SchedulerError(
+                f"SchedulerConfig.max_step_tokens ({self.max_step_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}): every running decode needs one token per step"
+            )
+        for name in ("prefix_caching", "optimistic"):
+            if not isinstance(getattr(self, name), bool):
+                raise SchedulerError(f"SchedulerConfig.{name} must be a bool")

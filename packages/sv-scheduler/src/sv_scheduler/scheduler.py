@@ -1,0 +1,510 @@
+"""The scheduler: a FIFO queue, page-budget admission, and one plan per model step.
+
+The engine drives it in a loop:
+
+    while sched.has_unfinished():
+        plan = sched.schedule()                       # what to compute this step
+        tokens = run_model_and_sample(plan)           # one token per plan.sampling entry
+        finished = sched.complete_step(plan, tokens)  # record them; finished requests leave
+
+Admission (conservative, the default): each request reserves its credits,
+ceil((prompt + max_new' - 1) / page_size) pages (see admission.py), out of a counter separate
+from the physical pages, which are assigned lazily as the sequence grows. The head of the queue
+waits until its credits fit; nobody skips ahead. Because the credits of running requests never
+exceed the pool, every page a running request will ever ask for exists: no preemption, no deadlock.
+
+With prefix caching, a request may start on pages another request computed. Those shared pages
+still count fully toward its credits (conservative: the sum of credits bounds the sum of pages
+held, counting a shared page once per holder, which bounds the distinct pages in use). Cached pages
+nobody holds are evictable, so they count as available.
+
+Each step feeds decodes first (one token each; max_step_tokens >= max_num_seqs, so all of them
+always fit and a long prompt never stalls running decodes), then prefill chunks of the prompts
+already admitted, then newly admitted prompts, until the step's token budget is spent.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence as SequenceOf
+
+from sv_kvcache import NO_MATCH, PagePool, PrefixMatch
+
+from .admission import check_request
+from .config import SchedulerConfig
+from .errors import AdmissionError, SchedulerError
+from .plan import PrefillChunk, StepPlan
+from .request import FinishedRequest, FinishReason, Request, RequestId
+from .sequence import Sequence, SequenceStatus
+from .stats import SchedulerStats
+
+_WAITING = SequenceStatus.WAITING
+_RUNNING = SequenceStatus.RUNNING
+_FINISHED = SequenceStatus.FINISHED
+
+
+class Scheduler:
+    """Decides, step by step, which tokens of which requests the model computes."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.pool = PagePool(config.num_pages, config.page_size)
+        self._continuous = config.policy == "continuous"
+        self._optimistic = config.optimistic
+        self._prefix_caching = config.prefix_caching
+
+        self._waiting: deque[Sequence] = deque()  # FIFO; preempted sequences go back in front
+        self._unfinished: dict[RequestId, Sequence] = {}  # waiting or running, by id
+        self._running: dict[RequestId, Sequence] = {}  # admission order: the newest is last
+        self._prefilling: list[Sequence] = []  # running, prompt not fully computed; admission order
+        self._decoding: list[Sequence] = []  # running, generating; the order of plan.decodes
+        self._needs_page: list[Sequence] = []  # decoders whose next token starts a new page
+        # step -> decoders to look at after that step (see _file_due)
+        self._due: dict[int, list[Sequence]] = {}
+        # every stop id of every request: one set test tells the step loop whether to look closer
+        self._stop_ids: set[int] = set()
+        self._drop_token: list[Sequence] = []  # decoders cancelled while their step ran
+        self._free_slots = list(range(config.max_num_seqs))  # a heap: lowest free slot first
+        self._freed_slots: list[int] = []  # since the previous plan
+        self._free_credits = config.num_pages
+        self._plan: StepPlan | None = None  # the plan handed out and not yet completed
+        self._step = 0
+        self._arrivals = 0
+        self._admissions = 0
+
+        self._peak_running = 0
+        self._largest_decode_batch = 0
+        self._peak_assigned_pages = 0
+        self._admission_waits = 0
+        self._waited_requests = 0
+        self._prefix_cache_hit_tokens = 0
+        self._preemptions = 0
+        self._finished_requests = 0
+        self._cancelled_requests = 0
+
+    # -- requests in --------------------------------------------------------------------------
+
+    def add(self, request: Request) -> Sequence:
+        """Queue `request` (FIFO). Raises AdmissionError if it could never run."""
+        max_new, credits = check_request(request, self.config)
+        if request.request_id in self._unfinished:
+            raise AdmissionError(
+                f"request {request.request_id!r} rejected: a request with this id is still "
+                f"{self._unfinished[request.request_id].status.value}"
+            )
+        seq = Sequence(
+            request,
+            max_new_tokens=max_new,
+            credits=credits,
+            pool=self.pool,
+            arrival_index=self._arrivals,
+        )
+        self._arrivals += 1
+        self._stop_ids.update(seq.stop_ids)
+        self._waiting.append(seq)
+        self._unfinished[seq.request_id] = seq
+        return seq
+
+    def cancel(self, request_id: RequestId) -> bool:
+        """Drop a waiting or running request now, returning its pages, credits and slot.
+
+        Returns False if no unfinished request has this id. Safe while a plan is out: the token
+        `complete_step` then receives for this request is dropped.
+        """
+        seq = self._unfinished.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq.status is _WAITING:
+            self._waiting.remove(seq)
+        else:
+            if self._plan is not None and seq.decoding:
+                self._drop_token.append(seq)  # complete_step will get a token for it: drop that
+            self._stop_running(seq)
+        seq.status = _FINISHED
+        seq.finish_reason = "cancelled"
+        self._cancelled_requests += 1
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._unfinished)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        """Plan the next step: assign pages, admit from the queue, split the token budget."""
+        if self._plan is not None:
+            raise SchedulerError(
+                f"schedule() called again before complete_step() for step {self._plan.step}"
+            )
+        step = self._step
+        changed: list[Sequence] = []
+        preempted: list[Sequence] = []
+
+        # 1. Decoders whose next token starts a new page get it (1 step in page_size per sequence).
+        if self._needs_page:
+            self._assign_decode_pages(step, changed, preempted)
+
+        # 2. Every running decode, one token each.
+        decodes = self._decoding.copy()
+        budget = self.config.max_step_tokens - len(decodes)
+
+        # 3. Prompts already admitted continue, oldest first, as far as the budget goes.
+        prefills: list[PrefillChunk] = []
+        for seq in self._prefilling:
+            if budget == 0:
+                break
+            budget -= self._add_chunk(seq, budget, prefills, step, changed)
+
+        # 4. Admission, FIFO.
+        if self._waiting and (self._continuous or not self._running):
+            self._admit(budget, prefills, step, changed)
+
+        if preempted:  # a sequence given a page, then preempted for an older one
+            changed = [seq for seq in changed if seq.status is _RUNNING]
+
+        sampling = [chunk.seq for chunk in prefills if chunk.samples]
+        num_prefill_samples = len(sampling)
+        sampling += decodes
+        freed_slots = self._freed_slots
+        self._freed_slots = []
+
+        if len(self._running) > self._peak_running:
+            self._peak_running = len(self._running)
+        if len(decodes) > self._largest_decode_batch:
+            self._largest_decode_batch = len(decodes)
+        if self.pool.num_assigned > self._peak_assigned_pages:
+            self._peak_assigned_pages = self.pool.num_assigned
+
+        plan = StepPlan(
+            step=step,
+            prefills=prefills,
+            decodes=decodes,
+            sampling=sampling,
+            num_prefill_samples=num_prefill_samples,
+            block_table_changed=changed,
+            freed_slots=freed_slots,
+            preempted=preempted,
+        )
+        self._plan = plan
+        return plan
+
+    def complete_step(
+        self, plan: StepPlan, sampled_tokens: SequenceOf[int]
+    ) -> list[FinishedRequest]:
+        """Record a finished step: KV written for every planned position, and one sampled token
+        for each `plan.sampling` entry, in that order (a list of ints: the engine's `.tolist()`).
+        Returns the requests that finished; their pages and credits are already back."""
+        if plan is not self._plan:
+            raise SchedulerError(
+                f"complete_step() got step {plan.step}, which is not the plan that schedule() "
+                f"handed out last"
+            )
+        sampling = plan.sampling
+        if len(sampled_tokens) != len(sampling):
+            raise SchedulerError(
+                f"complete_step() for step {plan.step} needs {len(sampling)} sampled tokens "
+                f"(one per plan.sampling entry), got {len(sampled_tokens)}"
+            )
+        self._plan = None
+        self._step += 1
+        finished: list[FinishedRequest] = []
+
+        # Prefill chunks: their KV is written now, so their full pages may enter the prefix cache.
+        for chunk in plan.prefills:
+            seq = chunk.seq
+            if seq.status is not _RUNNING:  # cancelled while the step ran
+                continue
+            seq.prefilled_tokens = chunk.end
+            if self._prefix_caching:
+                seq.table.register_full_pages(seq.token_ids, chunk.end)
+
+        # Chunks that finished a prompt sampled the first new token: the sequence now decodes.
+        step = plan.step
+        num_prefill_samples = plan.num_prefill_samples
+        for i in range(num_prefill_samples):
+            seq = sampling[i]
+            if seq.status is not _RUNNING:
+                continue
+            self._prefilling.remove(seq)
+            self._decoding.append(seq)
+            seq.decoding = True
+            seq.token_ids.append(sampled_tokens[i])
+            self._after_first_token(seq, step + 1, finished)
+
+        # The hot loop: one append per decode. Everything else is rare and handled below.
+        decodes = plan.decodes
+        tokens = sampled_tokens[num_prefill_samples:] if num_prefill_samples else sampled_tokens
+        for seq, token in zip(decodes, tokens, strict=True):
+            seq.token_ids.append(token)
+        if self._drop_token:
+            for seq in self._drop_token:
+                seq.token_ids.pop()
+            self._drop_token.clear()
+
+        # Stop tokens: one C-level set test over all sampled tokens says whether to look closer.
+        if not self._stop_ids.isdisjoint(tokens):
+            for seq, token in zip(decodes, tokens, strict=True):
+                if token in seq.stop_ids and seq.status is _RUNNING:
+                    self._finish(seq, "stop", finished)
+
+        # Decoders filed under this step: finished by length, or their next token needs a page.
+        due = self._due.pop(step, None)
+        if due is not None:
+            for seq in due:
+                if seq.due_step != step or seq.status is not _RUNNING:
+                    continue  # filed again since, finished, cancelled or preempted
+                seq.due_step = -1
+                if len(seq.token_ids) >= seq.finish_len:
+                    self._finish(seq, "length", finished)
+                else:
+                    self._needs_page.append(seq)
+        return finished
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> SchedulerStats:
+        pool = self.pool
+        return SchedulerStats(
+            pool_pages=pool.num_pages,
+            peak_running=self._peak_running,
+            largest_decode_batch=self._largest_decode_batch,
+            peak_assigned_pages=self._peak_assigned_pages,
+            admission_waits=self._admission_waits,
+            waited_requests=self._waited_requests,
+            prefix_cache_hit_tokens=self._prefix_cache_hit_tokens,
+            preemptions=self._preemptions,
+            steps=self._step,
+            finished_requests=self._finished_requests,
+            cancelled_requests=self._cancelled_requests,
+            free_pages=pool.num_available,
+            cached_pages=pool.num_cached,
+            assigned_pages=pool.num_assigned,
+            free_credits=self._free_credits,
+        )
+
+    @property
+    def free_credits(self) -> int:
+        """Credits (pages) not reserved by running requests."""
+        return self._free_credits
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def waiting(self) -> list[Sequence]:
+        """The queue, head first."""
+        return list(self._waiting)
+
+    def running(self) -> list[Sequence]:
+        """Running sequences, oldest admission first."""
+        return list(self._running.values())
+
+    def get(self, request_id: RequestId) -> Sequence | None:
+        """The unfinished sequence with this id, if any."""
+        return self._unfinished.get(request_id)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _mark_changed(self, seq: Sequence, step: int, changed: list[Sequence]) -> None:
+        if seq.changed_at_step != step:
+            seq.changed_at_step = step
+            changed.append(seq)
+
+    def _assign_decode_pages(
+        self, step: int, changed: list[Sequence], preempted: list[Sequence]
+    ) -> None:
+        """Give each decoder in `_needs_page` its next page: the token it feeds this step sits at
+        position len-1 == capacity, the first slot past its last page."""
+        needs_page = [seq for seq in self._needs_page if seq.status is _RUNNING]
+        self._needs_page = []
+        if self._optimistic:
+            # Pages may run out: allocate one at a time, preempting the newest when none is left.
+            for seq in needs_page:
+                if seq.status is not _RUNNING:  # preempted just now, to make room for an older one
+                    continue
+                if self.pool.num_available == 0:
+                    self._preempt_for(seq, preempted)
+                    if seq.status is not _RUNNING:
+                        continue
+                seq.table.append_page()
+                self._file_due(seq, step)
+                seq.changed_at_step = step
+                changed.append(seq)
+            return
+        # Conservative: the credits guarantee these pages exist, so take them in one call.
+        pages = self.pool.allocate_many(len(needs_page))
+        for seq, page in zip(needs_page, pages, strict=True):
+            seq.table.pages.append(page)
+            self._file_due(seq, step)
+            seq.changed_at_step = step  # the first change of this plan: no duplicate to check
+        changed.extend(needs_page)
+
+    def _file_due(self, seq: Sequence, next_step: int) -> None:
+        """File decoder `seq` under the step after which it needs a look: when the token it will
+        then have to feed has no page, or when it reaches its length limit.
+
+        It feeds one token in every step from `next_step` on, holding len(token_ids) tokens
+        before `next_step`. After step next_step + k it has len + k + 1 tokens, so it needs a page
+        after the step where len + k == capacity, and finishes after the one where
+        len + k + 1 == finish_len.
+        """
+        due = next_step + min(seq.table.capacity, seq.finish_len - 1) - len(seq.token_ids)
+        seq.due_step = due
+        bucket = self._due.get(due)
+        if bucket is None:
+            self._due[due] = [seq]
+        else:
+            bucket.append(seq)
+
+    def _preempt_for(self, seq: Sequence, preempted: list[Sequence]) -> None:
+        """Optimistic policy: free pages by preempting the newest running sequences (maybe `seq`)."""
+        while self.pool.num_available == 0:
+            victim = next(reversed(self._running.values()))
+            self._preempt(victim, preempted)
+            if victim is seq:
+                return
+
+    def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
+        """Send `seq` back to the front of the queue; it will recompute prompt + output so far."""
+        self._stop_running(seq)
+        seq.status = _WAITING
+        seq.decoding = False
+        seq.prefilled_tokens = 0
+        seq.due_step = -1
+        seq.num_preemptions += 1
+        self._waiting.appendleft(seq)
+        self._preemptions += 1
+        preempted.append(seq)
+
+    def _add_chunk(
+        self,
+        seq: Sequence,
+        budget: int,
+        prefills: list[PrefillChunk],
+        step: int,
+        changed: list[Sequence],
+    ) -> int:
+        """Schedule the next chunk of `seq`'s prefill within `budget` tokens; returns its length."""
+        start = seq.prefilled_tokens
+        total = len(seq.token_ids)
+        end = total if total - start <= budget else start + budget
+        if seq.table.ensure_capacity(end):
+            self._mark_changed(seq, step, changed)
+        prefills.append(PrefillChunk(seq, start, end, end == total))
+        return end - start
+
+    def _admit(
+        self, budget: int, prefills: list[PrefillChunk], step: int, changed: list[Sequence]
+    ) -> None:
+        """Admit from the head of the queue while slots, credits and (continuous) budget allow.
+
+        Static policy: called only when nothing runs, and admits the whole group that fits
+        regardless of this step's token budget; their prompts then prefill in chunks.
+        """
+        waiting = self._waiting
+        max_num_seqs = self.config.max_num_seqs
+        while waiting and len(self._running) < max_num_seqs:
+            if self._continuous and budget == 0:
+                break
+            seq = waiting[0]
+            match = self._cached_prefix(seq)
+            if not self._fits(seq, match):
+                self._admission_waits += 1
+                if not seq.waited:
+                    seq.waited = True
+                    self._waited_requests += 1
+                break
+            waiting.popleft()
+            self._start_running(seq, match, step, changed)
+            if budget > 0:
+                budget -= self._add_chunk(seq, budget, prefills, step, changed)
+
+    def _cached_prefix(self, seq: Sequence) -> PrefixMatch:
+        """Cached pages `seq` may start on: at most len-1 tokens, so the page holding the last
+        token is always computed and the model produces logits to sample from."""
+        if not self._prefix_caching:
+            return NO_MATCH
+        return self.pool.match_prefix(seq.token_ids, len(seq.token_ids) - 1)
+
+    def _fits(self, seq: Sequence, match: PrefixMatch) -> bool:
+        if not self._optimistic:
+            return seq.credits <= self._free_credits
+        # Optimistic: the pages its tokens need now, beyond the cached ones it would share.
+        page_size = self.config.page_size
+        fresh = -(-len(seq.token_ids) // page_size) - len(match.pages)
+        return self.pool.num_available - match.num_revived >= fresh
+
+    def _start_running(
+        self, seq: Sequence, match: PrefixMatch, step: int, changed: list[Sequence]
+    ) -> None:
+        seq.table.share(match)
+        seq.prefilled_tokens = match.num_tokens
+        seq.num_cached_tokens = match.num_tokens
+        self._prefix_cache_hit_tokens += match.num_tokens
+        if self._optimistic:
+            # Pages for the whole prompt now, so prefill chunks never need to preempt.
+            seq.table.ensure_capacity(len(seq.token_ids))
+        else:
+            self._free_credits -= seq.credits
+        seq.slot = heapq.heappop(self._free_slots)
+        seq.status = _RUNNING
+        if seq.admit_index < 0:
+            seq.admit_index = self._admissions
+            self._admissions += 1
+        self._running[seq.request_id] = seq
+        self._prefilling.append(seq)
+        self._mark_changed(seq, step, changed)
+
+    def _after_first_token(
+        self, seq: Sequence, next_step: int, finished: list[FinishedRequest]
+    ) -> None:
+        """A prefill just sampled `seq`'s next token: stop, finish, or file it as a decoder."""
+        token_ids = seq.token_ids
+        if token_ids[-1] in seq.stop_ids:
+            self._finish(seq, "stop", finished)
+        elif len(token_ids) >= seq.finish_len:
+            self._finish(seq, "length", finished)
+        elif len(token_ids) > seq.table.capacity:  # the prompt filled its last page exactly
+            self._needs_page.append(seq)
+        else:
+            self._file_due(seq, next_step)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, finished: list[FinishedRequest]) -> None:
+        self._stop_running(seq)
+        del self._unfinished[seq.request_id]
+        seq.status = _FINISHED
+        seq.finish_reason = reason
+        self._finished_requests += 1
+        finished.append(
+            FinishedRequest(
+                request_id=seq.request_id,
+                prompt_ids=seq.token_ids[: seq.num_prompt_tokens],
+                output_ids=seq.output_ids,
+                finish_reason=reason,
+                num_cached_tokens=seq.num_cached_tokens,
+            )
+        )
+
+    def _stop_running(self, seq: Sequence) -> None:
+        """Give back everything a running sequence holds: pages, credits, slot."""
+        if self._prefix_caching:
+            # Generated tokens' pages enter the cache here, once, rather than in the step loop:
+            # only a later prompt that contains this output could use them anyway.
+            seq.table.register_full_pages(seq.token_ids, seq.num_computed_tokens)
+        seq.table.release()
+        if not self._optimistic:
+            self._free_credits += seq.credits
+        del self._running[seq.request_id]
+        if seq.decoding:
+            self._decoding.remove(seq)
+        else:
+            self._prefilling.remove(seq)
+        heapq.heappush(self._free_slots, seq.slot)
+        self._freed_slots.append(seq.slot)
+        seq.slot = -1

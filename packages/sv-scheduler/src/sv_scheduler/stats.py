@@ -1,0 +1,50 @@
+"""Counters for `sv generate --stats` and benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A snapshot of the scheduler's counters (`Scheduler.stats` builds a fresh one).
+
+    pool_pages:              pages in the KV-cache pool.
+    peak_running:            most sequences running (admitted, not finished) after any schedule().
+    largest_decode_batch:    most decodes in one step.
+    peak_assigned_pages:     most pages held by sequences at once (shared pages counted once).
+    admission_waits:         schedule() calls in which the head of the queue could not be admitted
+                             because its credits (optimistic: its prompt's pages) did not fit. Counted
+                             once per call, not per waiting request; a head held back by max_num_seqs,
+                             by the step's token budget, or (static) by the running group is not
+                             a credit wait.
+    waited_requests:         distinct requests that were such a blocked head at least once.
+    prefix_cache_hit_tokens: prompt tokens taken from the prefix cache instead of computed.
+    preemptions:             sequences sent back to the queue (optimistic policy only).
+    steps:                   completed steps.
+    finished_requests:       requests finished by "stop" or "length".
+    cancelled_requests:      requests cancelled.
+    free_pages:              pages `allocate` could hand out now: free plus cached-but-unheld
+                             (the prefix cache gives those back on demand). Equals pool_pages once
+                             every request has finished.
+    cached_pages:            of free_pages, those still holding prefix-cache KV.
+    assigned_pages:          pages held by sequences now.
+    free_credits:            credits not reserved by running requests (conservative policy;
+                             equals pool_pages under the optimistic policy, which reserves none).
+    """
+
+    pool_pages: int
+    peak_running: int
+    largest_decode_batch: int
+    peak_assigned_pages: int
+    admission_waits: int
+    waited_requests: int
+    prefix_cache_hit_tokens: int
+    preemptions: int
+    steps: int
+    finished_requests: int
+    cancelled_requests: int
+    free_pages: int
+    cached_pages: int
+    assigned_pages: int
+    free_credits: int

@@ -1,0 +1,276 @@
+"""Step plans: chunked prefill, sampling order, slots, changed rows, cancellation, misuse,
+prefix caching through the scheduler, and the optimistic policy's preemption."""
+
+from __future__ import annotations
+
+import pytest
+from sv_scheduler import (
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerError,
+    SequenceStatus,
+    StepPlan,
+)
+
+NO_STOP = 100
+
+
+def make(num_pages: int, **kw: object) -> Scheduler:
+    kw.setdefault("max_model_len", 1000)
+    kw.setdefault("prefix_caching", False)
+    return Scheduler(SchedulerConfig(num_pages=num_pages, **kw))  # type: ignore[arg-type]
+
+
+def chunks(plan: StepPlan) -> list[tuple[str | int, int, int, bool]]:
+    return [(c.seq.request_id, c.start, c.end, c.samples) for c in plan.prefills]
+
+
+def ids(seqs: list) -> list[str | int]:  # type: ignore[type-arg]
+    return [s.request_id for s in seqs]
+
+
+def test_chunked_prefill_decodes_first() -> None:
+    sched = make(64, max_num_seqs=2, max_step_tokens=32)
+    sched.add(Request("A", [1] * 10, 20))
+    sched.add(Request("B", [2] * 50, 5))
+    plan = sched.schedule()
+    assert chunks(plan) == [("A", 0, 10, True), ("B", 0, 22, False)]
+    assert ids(plan.sampling) == ["A"] and plan.num_tokens == 32
+    sched.complete_step(plan, [NO_STOP])
+    plan = sched.schedule()
+    # A decodes first (1 token), B's prompt takes the remaining 31 and finishes.
+    assert ids(plan.decodes) == ["A"]
+    assert chunks(plan) == [("B", 22, 50, True)]
+    assert ids(plan.sampling) == ["B", "A"]  # finishing prefills, then decodes
+    assert plan.num_prefill_samples == 1 and plan.num_tokens == 29
+    sched.complete_step(plan, [NO_STOP, NO_STOP])
+    plan = sched.schedule()
+    assert ids(plan.decodes) == ["A", "B"] and plan.prefills == []
+    b = sched.get("B")
+    assert b is not None and b.num_computed_tokens == 50 and len(b.token_ids) == 51
+
+
+def test_long_prompt_never_stalls_running_decodes() -> None:
+    sched = make(64, max_num_seqs=4, max_step_tokens=8)
+    sched.add(Request("short", [1] * 3, 30))
+    sched.complete_step(sched.schedule(), [NO_STOP])
+    sched.add(Request("long", [2] * 40, 2))
+    decoded = []
+    while sched.get("long") is not None and not sched.get("long").decoding:  # type: ignore[union-attr]
+        plan = sched.schedule()
+        decoded.append(ids(plan.decodes))
+        assert plan.num_tokens <= 8
+        sched.complete_step(plan, [NO_STOP] * len(plan.sampling))
+    assert len(decoded) == 6  # 40 tokens at 7 per step
+    assert all(d == ["short"] for d in decoded)
+
+
+def test_slots_are_stable_and_reused_lowest_first() -> None:
+    sched = make(64, max_num_seqs=3)
+    a = sched.add(Request("A", [1] * 3, 5))
+    b = sched.add(Request("B", [1] * 3, 2))
+    c = sched.add(Request("C", [1] * 3, 5))
+    d = sched.add(Request("D", [1] * 3, 5))
+    plan = sched.schedule()
+    assert [s.slot for s in (a, b, c)] == [0, 1, 2] and d.slot == -1
+    assert ids(plan.block_table_changed) == ["A", "B", "C"]
+    assert plan.freed_slots == []
+    sched.complete_step(plan, [NO_STOP] * 3)
+    plan = sched.schedule()
+    assert plan.block_table_changed == [] and [s.slot for s in (a, b, c)] == [0, 1, 2]
+    finished = sched.complete_step(plan, [NO_STOP] * 3)
+    assert ids(finished) == ["B"] and b.slot == -1
+    plan = sched.schedule()
+    assert plan.freed_slots == [1]
+    assert d.slot == 1 and ids(plan.block_table_changed) == ["D"]
+
+
+def test_cancel_waiting_running_and_unknown() -> None:
+    sched = make(8, max_num_seqs=1)
+    a = sched.add(Request("A", [1] * 20, 10))
+    b = sched.add(Request("B", [1] * 4, 10))
+    sched.complete_step(sched.schedule(), [NO_STOP])
+    assert sched.free_credits == 6 and sched.pool.num_assigned == 2
+    assert sched.cancel("B") is True
+    assert b.status is SequenceStatus.FINISHED and b.finish_reason == "cancelled"
+    assert sched.cancel("B") is False and sched.cancel("nobody") is False
+    assert sched.cancel("A") is True
+    assert a.finish_reason == "cancelled" and a.block_table == []
+    assert sched.free_credits == 8 and sched.pool.num_assigned == 0
+    assert not sched.has_unfinished()
+    plan = sched.schedule()
+    assert plan.is_empty and plan.freed_slots == [0]
+    assert sched.complete_step(plan, []) == []
+    assert sched.stats.cancelled_requests == 2
+
+
+def test_cancel_while_the_step_runs_drops_its_token() -> None:
+    sched = make(16)
+    a = sched.add(Request("A", [1] * 4, 10))
+    b = sched.add(Request("B", [1] * 4, 10))
+    sched.complete_step(sched.schedule(), [NO_STOP, NO_STOP])
+    plan = sched.schedule()
+    assert ids(plan.sampling) == ["A", "B"]
+    assert sched.cancel("A")
+    finished = sched.complete_step(plan, [11, 12])
+    assert finished == []
+    assert a.output_ids == [NO_STOP] and b.output_ids == [NO_STOP, 12]
+    assert sched.pool.num_assigned == 1 and sched.num_running == 1
+    # A prefilling sequence cancelled mid-step is skipped too.
+    sched.add(Request("C", [1] * 4, 10))
+    plan = sched.schedule()
+    assert chunks(plan) == [("C", 0, 4, True)]
+    assert sched.cancel("C")
+    assert sched.complete_step(plan, [13, 14]) == []
+    assert ids(sched.running()) == ["B"]
+
+
+def test_misuse_is_reported() -> None:
+    sched = make(8)
+    sched.add(Request("A", [1] * 4, 3))
+    plan = sched.schedule()
+    with pytest.raises(SchedulerError, match=r"schedule\(\) called again before complete_step"):
+        sched.schedule()
+    with pytest.raises(SchedulerError, match=r"needs 1 sampled tokens .* got 2"):
+        sched.complete_step(plan, [1, 2])
+    sched.complete_step(plan, [NO_STOP])
+    with pytest.raises(SchedulerError, match="not the plan"):
+        sched.complete_step(plan, [NO_STOP])
+
+
+# -- prefix caching through the scheduler -----------------------------------------------------------
+
+PROMPT = list(range(1000, 1040))  # 40 tokens: 2 full pages + 8
+
+
+def test_second_request_shares_the_computed_prefix() -> None:
+    sched = make(16, prefix_caching=True)
+    a = sched.add(Request("A", PROMPT, 5))
+    sched.complete_step(sched.schedule(), [NO_STOP])  # A's prompt is computed: pages registered
+    b = sched.add(Request("B", PROMPT[:32] + [7] * 8, 5))
+    plan = sched.schedule()
+    assert chunks(plan) == [("B", 32, 40, True)]
+    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
+    assert [sched.pool.refcount(p) for p in a.block_table] == [2, 2, 1]
+    assert b.credits == 3  # shared pages still count fully toward B's credits
+    assert sched.stats.prefix_cache_hit_tokens == 32
+    sched.complete_step(plan, [NO_STOP, NO_STOP])
+    finished = []
+    while sched.has_unfinished():
+        p = sched.schedule()
+        finished += sched.complete_step(p, [NO_STOP] * len(p.sampling))
+    assert {f.request_id: f.num_cached_tokens for f in finished} == {"A": 0, "B": 32}
+    stats = sched.stats
+    assert stats.assigned_pages == 0 and stats.free_pages == 16 and stats.cached_pages > 0
+
+
+def test_prefix_not_shared_before_it_is_computed() -> None:
+    sched = make(16, prefix_caching=True)
+    sched.add(Request("A", PROMPT, 5))
+    sched.add(Request("B", PROMPT, 5))  # same step: A's pages are not written yet
+    plan = sched.schedule()
+    assert chunks(plan) == [("A", 0, 40, True), ("B", 0, 40, True)]
+    assert sched.stats.prefix_cache_hit_tokens == 0
+
+
+def test_identical_prompt_recomputes_its_last_page() -> None:
+    sched = make(16, prefix_caching=True)
+    sched.add(Request("A", PROMPT[:32], 5))
+    sched.complete_step(sched.schedule(), [NO_STOP])
+    sched.add(Request("B", PROMPT[:32], 5))
+    plan = sched.schedule()
+    # 32 identical tokens: at most 31 may be shared, i.e. one full page; page 2 is recomputed.
+    assert chunks(plan) == [("B", 16, 32, True)]
+
+
+def test_generated_pages_are_cached_at_finish() -> None:
+    sched = make(16, prefix_caching=True)
+    sched.add(Request("A", PROMPT[:10], 30))
+    outputs: list[int] = []
+    while sched.has_unfinished():
+        plan = sched.schedule()
+        token = 500 + len(outputs)
+        outputs.append(token)
+        sched.complete_step(plan, [token])
+    # A follow-up turn whose prompt contains A's prompt and output hits pages 0..1 (32 tokens):
+    # 39 tokens had KV written (the last output token was never fed).
+    follow_up = PROMPT[:10] + outputs + [1, 2, 3]
+    sched.add(Request("B", follow_up, 2))
+    plan = sched.schedule()
+    assert chunks(plan) == [("B", 32, len(follow_up), True)]
+
+
+def test_cached_pages_count_as_available() -> None:
+    sched = make(4, prefix_caching=True)
+    sched.add(Request("A", PROMPT[:32], 1))  # 32 tokens: 2 pages, both cached after
+    sched.complete_step(sched.schedule(), [NO_STOP])
+    assert sched.stats.cached_pages == 2 and sched.stats.free_pages == 4
+    sched.add(Request("B", [9] * 50, 14))  # 63 tokens: all 4 pages
+    plan = sched.schedule()
+    assert chunks(plan) == [("B", 0, 50, True)]
+    assert sched.pool.num_evictions == 2 and sched.stats.cached_pages == 0
+
+
+# -- optimistic policy ------------------------------------------------------------------------------
+
+
+def test_optimistic_preempts_the_newest_and_recomputes() -> None:
+    sched = make(4, page_size=4, optimistic=True, max_num_seqs=2, max_step_tokens=16)
+    a = sched.add(Request("A", [1] * 4, 8))  # 11 tokens: 3 pages
+    b = sched.add(Request("B", [2] * 4, 8))  # 3 pages; the pool cannot hold both budgets
+    sched.add(Request("C", [3] * 4, 8))  # waits: max_num_seqs is 2
+    plan = sched.schedule()
+    assert chunks(plan) == [("A", 0, 4, True), ("B", 0, 4, True)]  # admitted on 1 page each
+    tokens = {"A": 10, "B": 20, "C": 30}
+    prefill_chunks: list[tuple[str | int, int, int, bool]] = []
+
+    def run(plan: StepPlan) -> list:  # type: ignore[type-arg]
+        prefill_chunks.extend(chunks(plan))
+        out = []
+        for s in plan.sampling:
+            tokens[s.request_id] += 1  # type: ignore[index]
+            out.append(tokens[s.request_id])  # type: ignore[index]
+        return sched.complete_step(plan, out)
+
+    run(plan)
+    for _ in range(4):  # positions 4..7: both get their second page at step 1
+        plan = sched.schedule()
+        assert plan.preempted == []
+        run(plan)
+    assert sched.pool.num_available == 0
+    plan = sched.schedule()  # A needs a third page: B, the newest, is preempted
+    assert ids(plan.preempted) == ["B"] and ids(plan.decodes) == ["A"]
+    assert b.status is SequenceStatus.WAITING and b.block_table == [] and b.slot == -1
+    assert b.output_ids == [21, 22, 23, 24, 25]  # kept
+    assert ids(sched.waiting()) == ["B", "C"]  # back at the front of the queue
+    assert sched.stats.preemptions == 1 and plan.freed_slots == [1]
+    # B needs 3 pages to recompute 9 tokens; 1 is free. C would fit, but waits behind B (FIFO).
+    assert chunks(plan) == []
+    run(plan)
+    finished = []
+    while sched.has_unfinished():
+        finished += run(sched.schedule())
+    # B recomputed its prompt and its 5 outputs (9 tokens) in one chunk, then went on.
+    assert ("B", 0, 9, True) in prefill_chunks
+    assert prefill_chunks.index(("B", 0, 9, True)) < prefill_chunks.index(("C", 0, 4, True))
+    assert {f.request_id: f.output_ids for f in finished} == {
+        "A": list(range(11, 19)),
+        "B": list(range(21, 29)),
+        "C": list(range(31, 39)),
+    }
+    assert a.num_preemptions == 0 and b.num_preemptions == 1
+    assert sched.pool.num_available == 4
+
+
+def test_optimistic_lone_sequence_preempts_nobody_but_itself_never() -> None:
+    """A request whose budget fits the pool always completes alone."""
+    sched = make(3, page_size=4, optimistic=True)
+    sched.add(Request("A", [1] * 5, 8))  # 12 tokens: 3 pages = the pool
+    n = 0
+    while sched.has_unfinished():
+        plan = sched.schedule()
+        assert plan.preempted == []
+        sched.complete_step(plan, [NO_STOP] * len(plan.sampling))
+        n += 1
+    assert n == 8 and sched.stats.preemptions == 0
