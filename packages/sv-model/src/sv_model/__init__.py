@@ -1,1 +1,16 @@
-"""sv_model."""
+"""sv-model: the Llama model (config-driven) and the model runner (prefill, paged decode, sampling)."""
+
+from sv_model.llama import AttentionMetadata, KVCache, LlamaModel
+from sv_model.runner import ModelRunner, SamplingRows, StepInputs
+from sv_model.weights import LayerWeights, LlamaWeights
+
+__all__ = [
+    "AttentionMetadata",
+    "KVCache",
+    "LayerWeights",
+    "LlamaModel",
+    "LlamaWeights",
+    "ModelRunner",
+    "SamplingRows",
+    "StepInputs",
+]

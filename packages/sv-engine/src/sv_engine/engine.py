@@ -1,0 +1,331 @@
+"""The engine: tokenizer + scheduler + model runner, composed once for every app.
+
+The step loop, in full:
+
+    plan = scheduler.schedule()              # who prefills which chunk, who decodes
+    runner.set_block_tables(changed rows)    # only sequences that got a page or were admitted
+    tokens = runner.execute(step inputs)     # one forward pass + sampling
+    finished = scheduler.complete_step(plan, tokens)   # append tokens, stop, free pages
+
+Everything else here is bookkeeping around that loop: request ids, sampling parameters,
+streaming text, completions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from sv_model import ModelRunner, SamplingRows, StepInputs
+from sv_scheduler import (
+    AdmissionError,
+    FinishedRequest,
+    Request,
+    RequestId,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerStats,
+    StepPlan,
+)
+from sv_tokenizer import Message, StreamDecoder, Tokenizer
+
+from sv_engine.errors import EngineError
+from sv_engine.loading import EngineConfig, load_model
+from sv_engine.params import Completion, SamplingParams, StreamEvent
+
+# A prompt is a user message (str, formatted with the model's chat format), a whole dialog
+# (a list of Messages), or token ids used as they are.
+Prompt = str | Sequence[Message] | Sequence[int]
+
+
+@dataclass
+class _Live:
+    """Engine-side state of one request in flight."""
+
+    params: SamplingParams
+    seed: int
+    decoder: StreamDecoder
+    stop_ids: frozenset[int]
+    prompt_ids: list[int]
+    start: float
+    first_token_at: float | None = None
+
+
+class Engine:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        stop_ids: frozenset[int],
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.scheduler = scheduler
+        self.stop_ids = stop_ids
+        self._live: dict[RequestId, _Live] = {}
+        self._ids = itertools.count()
+        self._num_sampling = 0  # live requests with temperature > 0
+
+    @classmethod
+    def from_model_dir(
+        cls,
+        model_dir: str | Path,
+        *,
+        device: str = "auto",
+        kv_cache_mib: float | None = None,
+        policy: str = "continuous",
+        dtype: torch.dtype | None = None,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        max_step_tokens: int = 8192,
+        prefix_caching: bool = True,
+        optimistic: bool = False,
+        use_cuda_graphs: bool = True,
+    ) -> Engine:
+        """Load a Llama checkpoint folder (config.json, safetensors, tokenizer) into a ready engine.
+
+        device "auto" picks CUDA when present, else the CPU. The KV pool is `kv_cache_mib` MiB
+        when given; otherwise most of the free GPU memory on CUDA, a modest default on the CPU.
+        """
+        cfg = EngineConfig(
+            device=device,
+            kv_cache_mib=kv_cache_mib,
+            policy=policy,
+            dtype=dtype,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_step_tokens=max_step_tokens,
+            prefix_caching=prefix_caching,
+            optimistic=optimistic,
+            use_cuda_graphs=use_cuda_graphs,
+        )
+        loaded = load_model(Path(model_dir), cfg)
+        scheduler = Scheduler(
+            SchedulerConfig(
+                num_pages=loaded.num_pages,
+                max_model_len=loaded.max_model_len,
+                page_size=loaded.runner.page_size,
+                policy=cfg.policy,  # type: ignore[arg-type]
+                max_num_seqs=cfg.max_num_seqs,
+                max_step_tokens=max(cfg.max_step_tokens, cfg.max_num_seqs),
+                prefix_caching=cfg.prefix_caching,
+                optimistic=cfg.optimistic,
+            )
+        )
+        stop_ids = frozenset(loaded.tokenizer.eos_ids) | frozenset(loaded.config.eos_token_ids)
+        return cls(loaded.tokenizer, loaded.runner, scheduler, stop_ids)
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """Token ids for a prompt: a str is one user turn of the model's chat format."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise EngineError("the prompt is empty")
+            return self.tokenizer.chat_format.encode_user_prompt(prompt)
+        items = list(prompt)
+        if not items:
+            raise EngineError("the prompt is empty")
+        if all(isinstance(m, Message) for m in items):
+            return self.tokenizer.chat_format.encode_dialog(items)  # type: ignore[arg-type]
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+            bad = [t for t in items if not 0 <= t < self.runner.config.vocab_size]  # type: ignore[operator]
+            if bad:
+                raise EngineError(
+                    f"prompt token id {bad[0]} is outside the vocabulary "
+                    f"(0..{self.runner.config.vocab_size - 1})"
+                )
+            return items  # type: ignore[return-value]
+        raise EngineError("a prompt is a str, a list of Message, or a list of token ids")
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestId:
+        """Queue one request; raises EngineError/AdmissionError if it can never run."""
+        params = params or SamplingParams()
+        prompt_ids = self.encode_prompt(prompt)
+        request_id = next(self._ids)
+        self.scheduler.add(
+            Request(
+                request_id=request_id,
+                prompt_ids=prompt_ids,
+                max_new_tokens=params.max_new_tokens,
+                stop_ids=self.stop_ids,
+                ignore_eos=params.ignore_eos,
+            )
+        )
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        self._live[request_id] = _Live(
+            params=params,
+            seed=seed,
+            decoder=StreamDecoder(self.tokenizer),
+            stop_ids=frozenset() if params.ignore_eos else self.stop_ids,
+            prompt_ids=prompt_ids,
+            start=time.perf_counter(),
+        )
+        if not params.greedy:
+            self._num_sampling += 1
+        return request_id
+
+    def cancel(self, request_id: RequestId) -> StreamEvent | None:
+        """Cancel a request at once (between steps): its pages and credits are returned.
+        Returns the request's final event, or None if it was not in flight."""
+        seq = self.scheduler.get(request_id)
+        output = seq.output_ids if seq is not None else []
+        if not self.scheduler.cancel(request_id) or request_id not in self._live:
+            return None
+        prompt_ids = self._live[request_id].prompt_ids
+        return self._finish_event(
+            FinishedRequest(request_id, prompt_ids, output, "cancelled"), None, ""
+        )
+
+    def cancel_all(self) -> None:
+        for request_id in list(self._live):
+            self.cancel(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats
+
+    # --- the step loop --------------------------------------------------------------------------
+
+    def step(self) -> list[StreamEvent]:
+        """Run one model step; return one event per sampled token (and per finished request)."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        self.runner.set_block_tables([(s.slot, s.block_table) for s in plan.block_table_changed])
+        tokens = self.runner.execute(self._step_inputs(plan))
+        finished = {f.request_id: f for f in self.scheduler.complete_step(plan, tokens)}
+        events = []
+        for seq, token in zip(plan.sampling, tokens, strict=True):
+            live = self._live[seq.request_id]
+            if live.first_token_at is None:
+                live.first_token_at = time.perf_counter()
+            text = "" if token in live.stop_ids else live.decoder.push(token)
+            done = finished.get(seq.request_id)
+            if done is None:
+                events.append(StreamEvent(seq.request_id, token, text))
+            else:
+                events.append(self._finish_event(done, token, text))
+        return events
+
+    def _step_inputs(self, plan: StepPlan) -> StepInputs:
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        sample_rows: list[int] = []
+        for row, chunk in enumerate(plan.prefills):
+            seq = chunk.seq
+            token_ids.extend(seq.token_ids[chunk.start : chunk.end])
+            positions.extend(range(chunk.start, chunk.end))
+            slots.append(seq.slot)
+            query_lens.append(chunk.end - chunk.start)
+            seq_lens.append(chunk.end)
+            if chunk.samples:
+                sample_rows.append(row)
+        first = len(plan.prefills)
+        for seq in plan.decodes:
+            n = len(seq.token_ids)
+            token_ids.append(seq.token_ids[-1])
+            positions.append(n - 1)
+            slots.append(seq.slot)
+            seq_lens.append(n)
+        num_decodes = len(plan.decodes)
+        query_lens.extend(itertools.repeat(1, num_decodes))
+        sample_rows.extend(range(first, first + num_decodes))
+        return StepInputs(
+            token_ids=token_ids,
+            positions=positions,
+            seq_slots=slots,
+            query_lens=query_lens,
+            seq_lens=seq_lens,
+            sample_rows=sample_rows,
+            sampling=self._sampling_rows(plan) if self._num_sampling else None,
+        )
+
+    def _sampling_rows(self, plan: StepPlan) -> SamplingRows:
+        temps, top_ks, top_ps, seeds, steps = [], [], [], [], []
+        for seq in plan.sampling:
+            live = self._live[seq.request_id]
+            temps.append(live.params.temperature)
+            top_ks.append(live.params.top_k)
+            top_ps.append(live.params.top_p)
+            seeds.append(live.seed)
+            steps.append(seq.num_output_tokens)
+        return SamplingRows(temps, top_ks, top_ps, seeds, steps)
+
+    def _finish_event(self, done: FinishedRequest, token: int | None, text: str) -> StreamEvent:
+        live = self._live.pop(done.request_id)
+        if not live.params.greedy:
+            self._num_sampling -= 1
+        text += live.decoder.flush()
+        output = list(done.output_ids)
+        visible = output[:-1] if done.finish_reason == "stop" and output else output
+        now = time.perf_counter()
+        completion = Completion(
+            request_id=done.request_id,
+            prompt_ids=list(done.prompt_ids),
+            output_ids=output,
+            text=self.tokenizer.decode(visible),
+            finish_reason=done.finish_reason,
+            num_cached_tokens=done.num_cached_tokens,
+            time_to_first_token_s=(
+                None if live.first_token_at is None else live.first_token_at - live.start
+            ),
+            latency_s=now - live.start,
+        )
+        return StreamEvent(done.request_id, token, text, done.finish_reason, completion)
+
+    # --- conveniences -------------------------------------------------------------------------
+
+    def stream(
+        self, prompts: Iterable[Prompt], params: SamplingParams | None = None
+    ) -> Iterator[StreamEvent]:
+        """Queue every prompt, then yield events as tokens are generated. Closing the iterator
+        early (or Ctrl-C) cancels what is still running, so no page is left held."""
+        return self._run(self._add_all(prompts, params))
+
+    def generate(
+        self, prompts: Iterable[Prompt], params: SamplingParams | None = None
+    ) -> list[Completion]:
+        """Run every prompt to completion; completions come back in prompt order."""
+        ids = self._add_all(prompts, params)
+        done = {e.request_id: e.completion for e in self._run(ids) if e.completion is not None}
+        return [done[r] for r in ids]
+
+    def _run(self, ids: list[RequestId]) -> Iterator[StreamEvent]:
+        pending = set(ids)
+        try:
+            while pending:
+                for event in self.step():
+                    if event.request_id in pending:
+                        if event.finished is not None:
+                            pending.discard(event.request_id)
+                        yield event
+        finally:
+            for request_id in pending:
+                self.cancel(request_id)
+
+    def _add_all(self, prompts: Iterable[Prompt], params: SamplingParams | None) -> list[RequestId]:
+        """Add all prompts or none: a prompt that can never run cancels the ones before it."""
+        ids: list[RequestId] = []
+        try:
+            for prompt in prompts:
+                ids.append(self.add_request(prompt, params))
+        except (EngineError, AdmissionError):
+            for request_id in ids:
+                self.cancel(request_id)
+            raise
+        if not ids:
+            raise EngineError("no prompts given")
+        return ids

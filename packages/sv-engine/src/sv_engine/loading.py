@@ -1,0 +1,123 @@
+"""From a model folder to a ready model runner: device, dtype, weights, KV pool size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from sv_kvcache import KVCacheError, bytes_per_page, pages_for_free_memory, pages_for_mib
+from sv_model import LlamaWeights, ModelRunner
+from sv_tokenizer import Tokenizer, TokenizerError
+from sv_weights import LlamaConfig, WeightsError, load_checkpoint
+
+from sv_engine.errors import EngineError
+
+PAGE_SIZE = 16
+# On the CPU the pool defaults to this many MiB: enough for a few thousand tokens of the
+# default model, small enough for any laptop.
+CPU_DEFAULT_KV_MIB = 256
+# On CUDA the pool takes this fraction of the memory left free once the weights are loaded;
+# the rest is for activations (a prefill chunk of 8,192 tokens) and CUDA graphs.
+GPU_KV_FRACTION = 0.85
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "auto"
+    kv_cache_mib: float | None = None
+    policy: str = "continuous"
+    dtype: torch.dtype | None = None
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    max_step_tokens: int = 8192
+    prefix_caching: bool = True
+    optimistic: bool = False
+    use_cuda_graphs: bool = True
+
+
+@dataclass
+class LoadedModel:
+    config: LlamaConfig
+    tokenizer: Tokenizer
+    runner: ModelRunner
+    num_pages: int
+    max_model_len: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise EngineError(f"unknown device {name!r} (expected auto, cpu or cuda)") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError("device 'cuda' asked for, but torch sees no CUDA device")
+    if device.type not in ("cpu", "cuda"):
+        raise EngineError(f"unsupported device {name!r} (expected auto, cpu or cuda)")
+    return device
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    # BF16 on the GPU (what the checkpoints ship and the tensor cores want); FP32 on the CPU,
+    # where BF16 matmuls are slow and the reference path should be exact.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
+    if cfg.policy not in ("continuous", "static"):
+        raise EngineError(f"policy must be 'continuous' or 'static', got {cfg.policy!r}")
+    if not model_dir.is_dir():
+        raise EngineError(f"model folder {model_dir} does not exist")
+    device = resolve_device(cfg.device)
+    dtype = cfg.dtype or default_dtype(device)
+    try:
+        config = LlamaConfig.from_model_dir(model_dir)
+        tokenizer = Tokenizer.from_model_dir(model_dir)
+        state = load_checkpoint(model_dir, device=device)
+    except (WeightsError, TokenizerError) as e:
+        raise EngineError(str(e)) from e
+    weights = LlamaWeights.from_state_dict(config, state, device, dtype)
+    del state
+    num_pages = _pool_pages(config, device, dtype, cfg.kv_cache_mib)
+    # The context limit: the model's, the user's, and what the pool could ever hold.
+    limits = [config.max_position_embeddings, num_pages * PAGE_SIZE]
+    if cfg.max_model_len is not None:
+        limits.append(cfg.max_model_len)
+    max_model_len = min(limits)
+    runner = ModelRunner(
+        config,
+        weights,
+        num_pages=num_pages,
+        page_size=PAGE_SIZE,
+        max_num_seqs=cfg.max_num_seqs,
+        max_model_len=max_model_len,
+        use_cuda_graphs=cfg.use_cuda_graphs,
+    )
+    return LoadedModel(config, tokenizer, runner, num_pages, max_model_len)
+
+
+def _pool_pages(
+    config: LlamaConfig, device: torch.device, dtype: torch.dtype, kv_cache_mib: float | None
+) -> int:
+    shape = (config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype.itemsize)
+    try:
+        if kv_cache_mib is not None:
+            return pages_for_mib(kv_cache_mib, *shape, page_size=PAGE_SIZE)
+        if device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(device)
+            return pages_for_free_memory(free, GPU_KV_FRACTION, *shape, page_size=PAGE_SIZE)
+        return pages_for_mib(CPU_DEFAULT_KV_MIB, *shape, page_size=PAGE_SIZE)
+    except KVCacheError as e:
+        raise EngineError(str(e)) from e
+
+
+def pool_bytes(config: LlamaConfig, num_pages: int, dtype: torch.dtype) -> int:
+    return num_pages * bytes_per_page(
+        config.num_hidden_layers,
+        config.num_key_value_heads,
+        config.head_dim,
+        dtype.itemsize,
+        PAGE_SIZE,
+    )

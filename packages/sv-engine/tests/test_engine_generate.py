@@ -1,0 +1,164 @@
+"""End-to-end generation through the engine on the CPU, against transformers (the oracle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from sv_engine import Engine, EngineError, SamplingParams
+from sv_scheduler import AdmissionError
+
+PROMPTS = [
+    "Write a haiku about the sea.",
+    "What is 2 + 2?",
+    "Name three colours.",
+    "Translate 'good morning' into French, please, and explain the phrase in detail.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir: Path) -> Engine:
+    return Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=64)
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_llama_dir: Path) -> transformers.LlamaForCausalLM:
+    return transformers.LlamaForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+
+
+def hf_greedy(model: transformers.LlamaForCausalLM, prompt_ids: list[int], n: int) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt_ids]),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
+    return out[0, len(prompt_ids) :].tolist()  # type: ignore[no-any-return]
+
+
+def assert_all_pages_free(engine: Engine) -> None:
+    stats = engine.stats
+    assert stats.free_pages == stats.pool_pages
+    assert stats.assigned_pages == 0
+    assert not engine.has_unfinished()
+
+
+def test_batched_greedy_equals_transformers(
+    engine: Engine, oracle: transformers.LlamaForCausalLM
+) -> None:
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    completions = engine.generate(PROMPTS, params)
+    assert [c.prompt_ids for c in completions] == [engine.encode_prompt(p) for p in PROMPTS]
+    for c in completions:
+        assert c.finish_reason == "length"
+        assert c.output_ids == hf_greedy(oracle, c.prompt_ids, 12)
+        assert c.text == engine.tokenizer.decode(c.output_ids)
+    assert_all_pages_free(engine)
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_policies_give_the_same_tokens_on_a_tight_pool(tiny_llama_dir: Path, policy: str) -> None:
+    """A pool too small for every request at once forces admission waits; outputs do not
+    depend on the policy or on who ran beside whom (FP32)."""
+    tight = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=0.04, policy=policy)
+    roomy = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=64)
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    got = [c.output_ids for c in tight.generate(PROMPTS, params)]
+    want = [c.output_ids for c in roomy.generate(PROMPTS, params)]
+    assert got == want
+    assert tight.stats.admission_waits > 0
+    assert tight.stats.peak_running < len(PROMPTS)
+    assert_all_pages_free(tight)
+
+
+def test_stream_text_concatenates_to_completion(engine: Engine) -> None:
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    texts: dict[object, str] = {}
+    final = {}
+    for event in engine.stream(PROMPTS[:2], params):
+        texts[event.request_id] = texts.get(event.request_id, "") + event.text
+        if event.completion is not None:
+            final[event.request_id] = event.completion
+    assert len(final) == 2
+    for rid, c in final.items():
+        assert texts[rid] == c.text
+        assert len(c.output_ids) == 16
+    assert_all_pages_free(engine)
+
+
+def test_stop_token_ends_the_request(engine: Engine) -> None:
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    free_run = engine.generate([PROMPTS[0]], params)[0].output_ids
+    stop = free_run[4]
+    first = free_run.index(stop)
+    old = engine.stop_ids
+    engine.stop_ids = frozenset({stop})
+    try:
+        c = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=12))[0]
+    finally:
+        engine.stop_ids = old
+    assert c.finish_reason == "stop"
+    assert c.output_ids == free_run[: first + 1]
+    assert c.text == engine.tokenizer.decode(free_run[:first])
+    assert_all_pages_free(engine)
+
+
+def test_closing_a_stream_cancels_and_frees_pages(engine: Engine) -> None:
+    stream = engine.stream(PROMPTS, SamplingParams(max_new_tokens=50, ignore_eos=True))
+    for _ in range(6):
+        next(stream)
+    assert engine.stats.assigned_pages > 0
+    stream.close()
+    assert_all_pages_free(engine)
+
+
+def test_cancel_returns_a_cancelled_completion(engine: Engine) -> None:
+    rid = engine.add_request(PROMPTS[1], SamplingParams(max_new_tokens=30, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    event = engine.cancel(rid)
+    assert event is not None and event.completion is not None
+    assert event.finished == "cancelled"
+    assert len(event.completion.output_ids) == 3
+    assert engine.cancel(rid) is None
+    assert_all_pages_free(engine)
+
+
+def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
+    def run(seed: int) -> list[int]:
+        p = SamplingParams(
+            max_new_tokens=10, temperature=1.0, top_p=0.9, seed=seed, ignore_eos=True
+        )
+        return engine.generate([PROMPTS[0]], p)[0].output_ids
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_prefix_cache_serves_a_repeated_prompt(engine: Engine) -> None:
+    prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)
+    params = SamplingParams(max_new_tokens=5, ignore_eos=True)
+    a = engine.generate([prompt], params)[0]
+    b = engine.generate([prompt], params)[0]
+    assert a.num_cached_tokens == 0
+    assert b.num_cached_tokens >= 16 * ((len(b.prompt_ids) - 1) // 16)
+    assert a.output_ids == b.output_ids
+
+
+def test_bad_requests_are_refused_clearly(tiny_llama_dir: Path, engine: Engine) -> None:
+    with pytest.raises(EngineError, match="empty"):
+        engine.generate(["   "])
+    with pytest.raises(EngineError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(EngineError, match="vocabulary"):
+        engine.generate([[5, 10**7]])
+    small = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=64, max_model_len=32)
+    with pytest.raises(AdmissionError):
+        small.generate([" ".join(["word"] * 64)])
+    assert_all_pages_free(small)
+    with pytest.raises(EngineError, match="does not exist"):
+        Engine.from_model_dir(tiny_llama_dir / "nope")

@@ -1,0 +1,170 @@
+"""The Llama forward pass over a packed batch of tokens and a paged KV cache.
+
+One step of the engine feeds T tokens from B sequences, one after another (a prompt chunk is
+many tokens, a decoding sequence is one). Everything except attention treats those tokens as
+one [T, H] matrix; attention uses the per-sequence metadata in `AttentionMetadata` to find
+each sequence's pages. The same code runs on both backends: `sv_kernels.ops` sends CUDA
+tensors to Triton kernels and CPU tensors to the plain-torch references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from sv_kernels import ops
+from sv_kernels.rope_tables import Llama3RopeScaling, rope_tables
+from sv_weights import LlamaConfig
+from torch import Tensor
+
+from sv_model.weights import LlamaWeights
+
+
+@dataclass
+class KVCache:
+    """The paged KV pool: k and v are [layers, pages, page_size, kv_heads, head_dim].
+
+    A page id names the same 16 token slots in every layer, so one block table serves all layers.
+    """
+
+    k: Tensor
+    v: Tensor
+
+    @classmethod
+    def allocate(
+        cls,
+        config: LlamaConfig,
+        num_pages: int,
+        page_size: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> KVCache:
+        shape = (
+            config.num_hidden_layers,
+            num_pages,
+            page_size,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        return cls(
+            torch.zeros(shape, device=device, dtype=dtype),
+            torch.zeros(shape, device=device, dtype=dtype),
+        )
+
+    @property
+    def page_size(self) -> int:
+        return int(self.k.shape[2])
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.k.shape[1])
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token's K/V goes and what each sequence attends to, for one step.
+
+    slot_mapping [T]: cache slot (page * page_size + offset) each token's K/V is written to.
+    seq_lens [B]: context length of each sequence after this step (cached prefix + new tokens).
+    block_tables [B, max_pages]: each sequence's pages.
+    cu_seqlens_q [B+1] and max_seqlen_q: token ranges of each sequence in the packed batch;
+      `None` in a decode-only step, where every sequence feeds exactly one token.
+    """
+
+    slot_mapping: Tensor
+    seq_lens: Tensor
+    block_tables: Tensor
+    cu_seqlens_q: Tensor | None = None
+    max_seqlen_q: int = 1
+
+    @property
+    def is_decode(self) -> bool:
+        return self.cu_seqlens_q is None
+
+
+class LlamaModel:
+    """Llama 3 / SmolLM2-style decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP."""
+
+    def __init__(self, config: LlamaConfig, weights: LlamaWeights, max_positions: int) -> None:
+        self.config = config
+        self.weights = weights
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        scaling = None
+        if config.rope_scaling is not None:
+            s = config.rope_scaling
+            scaling = Llama3RopeScaling(
+                s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings
+            )
+        self.cos, self.sin = rope_tables(
+            config.head_dim,
+            max_positions,
+            config.rope_theta,
+            scaling,
+            device=weights.embed.device,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights.embed.dtype
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv: KVCache,
+        attn: AttentionMetadata,
+        logits_indices: Tensor | None = None,
+    ) -> Tensor:
+        """Run T tokens through the model; return FP32 logits [len(logits_indices), V].
+
+        Only the rows named by `logits_indices` go through the LM head (for a prompt, just its
+        last token); `None` means every token (used by teacher-forced tests).
+        """
+        w = self.weights
+        num_tokens = input_ids.shape[0]
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        hidden = ops.embedding(input_ids, w.embed)
+        residual: Tensor | None = None
+        for layer_idx, layer in enumerate(w.layers):
+            x, residual = ops.rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps, residual)
+            qkv = F.linear(x, layer.qkv)
+            q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
+            v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+            k_cache, v_cache = kv.k[layer_idx], kv.v[layer_idx]
+            q = ops.rope_cache_write(
+                q, k, v, positions, self.cos, self.sin, k_cache, v_cache, attn.slot_mapping
+            )
+            if attn.cu_seqlens_q is None:
+                o = ops.paged_decode_attention(
+                    q, k_cache, v_cache, attn.block_tables, attn.seq_lens, self.scale
+                )
+            else:
+                o = ops.prefill_attention(
+                    q,
+                    k_cache,
+                    v_cache,
+                    attn.cu_seqlens_q,
+                    attn.seq_lens,
+                    attn.block_tables,
+                    self.scale,
+                    attn.max_seqlen_q,
+                )
+            hidden = F.linear(o.view(num_tokens, q_size), layer.o)
+            x, residual = ops.rms_norm(
+                hidden, layer.post_attention_norm, self.config.rms_norm_eps, residual
+            )
+            hidden = F.linear(ops.swiglu(F.linear(x, layer.gate_up)), layer.down)
+        x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
+        if logits_indices is not None:
+            x = x.index_select(0, logits_indices)
+        return F.linear(x, w.lm_head).float()

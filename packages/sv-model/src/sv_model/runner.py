@@ -1,0 +1,316 @@
+"""The model runner: turns one scheduled step into device tensors, runs the model, samples.
+
+It owns everything that lives on the device across steps:
+- the paged KV pool (plus one scratch page that padding rows of a CUDA graph write into);
+- the block table of every scheduler slot, kept on the device and updated only when a
+  sequence gets a new page, so a decode step never re-uploads block tables;
+- on CUDA, one captured graph per decode batch-size bucket. A decode step is ~10 kernel
+  launches per layer; for a 1B model at small batch the launch gaps would cost more than the
+  kernels themselves, so decode replays graphs and only prefill (long, few launches per FLOP)
+  runs eagerly.
+
+Host-side inputs of a step are packed into one int32 buffer (pinned on CUDA) and uploaded with a
+single copy; slot mappings are computed on the device from the block tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from sv_kernels import ops
+from sv_weights import LlamaConfig
+from torch import Tensor
+
+from sv_model.llama import AttentionMetadata, KVCache, LlamaModel
+from sv_model.weights import LlamaWeights
+
+
+@dataclass
+class SamplingRows:
+    """Sampling parameters of the rows that get a token this step (one entry per row)."""
+
+    temperature: Sequence[float]
+    top_k: Sequence[int]
+    top_p: Sequence[float]
+    seeds: Sequence[int]
+    steps: Sequence[int]
+
+    def all_greedy(self) -> bool:
+        return all(t <= 0 for t in self.temperature)
+
+
+@dataclass
+class StepInputs:
+    """One step, as the engine describes it (host-side lists).
+
+    Sequence b feeds `query_lens[b]` tokens (its slice of `token_ids` / `positions`, in order)
+    and ends the step with `seq_lens[b]` tokens of context. `seq_slots[b]` is its scheduler slot
+    (the row of its block table). `sample_rows` lists the b that need a next token, in the order
+    the sampled ids are returned; a prompt chunk that does not finish its prompt gets none.
+    """
+
+    token_ids: Sequence[int]
+    positions: Sequence[int]
+    seq_slots: Sequence[int]
+    query_lens: Sequence[int]
+    seq_lens: Sequence[int]
+    sample_rows: Sequence[int]
+    sampling: SamplingRows | None = None  # None: greedy for every row
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.token_ids) == len(self.seq_slots)
+
+
+def _decode_buckets(max_batch: int) -> list[int]:
+    buckets = [1, 2, 4, 8]
+    while buckets[-1] < max_batch:
+        buckets.append(buckets[-1] + (8 if buckets[-1] < 32 else 16 if buckets[-1] < 128 else 32))
+    return [b for b in buckets if b < max_batch] + [max_batch]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        weights: LlamaWeights,
+        *,
+        num_pages: int,
+        page_size: int = 16,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        use_cuda_graphs: bool = True,
+    ) -> None:
+        self.config = config
+        self.device = weights.embed.device
+        self.dtype = weights.embed.dtype
+        self.page_size = page_size
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len or config.max_position_embeddings
+        self.max_pages_per_seq = -(-self.max_model_len // page_size)
+        self.model = LlamaModel(config, weights, max_positions=self.max_model_len)
+        # The scratch page (id num_pages) and the scratch slot (row max_num_seqs) absorb the
+        # writes and reads of padding rows in a CUDA-graph batch.
+        self.num_pages = num_pages
+        self.scratch_page = num_pages
+        self.scratch_slot = max_num_seqs
+        self.kv = KVCache.allocate(config, num_pages + 1, page_size, self.device, self.dtype)
+        self.block_tables = torch.full(
+            (max_num_seqs + 1, self.max_pages_per_seq),
+            self.scratch_page,
+            dtype=torch.int32,
+            device=self.device,
+        )
+        self.is_cuda = self.device.type == "cuda"
+        self.use_cuda_graphs = use_cuda_graphs and self.is_cuda
+        self._pin = self.is_cuda
+        self._graphs: dict[int, _DecodeGraph] = {}
+        self._buckets = _decode_buckets(max_num_seqs)
+        self._graph_pool: Any = None  # one memory pool shared by every captured graph
+
+    # --- sizes (for benchmarks and stats) -----------------------------------------------------
+
+    def num_parameters(self, include_embedding: bool = True) -> int:
+        """Parameters in the weights (a tied LM head counted once)."""
+        w = self.model.weights
+        tensors = [w.final_norm, w.lm_head]
+        tensors += [t for layer in w.layers for t in vars(layer).values()]
+        count = sum(t.numel() for t in tensors)
+        if include_embedding and w.embed is not w.lm_head:
+            count += w.embed.numel()
+        return count
+
+    def weight_bytes_per_decode_step(self) -> int:
+        """Bytes of weights a decode step must read: every matrix once, one embedding row."""
+        w = self.model.weights
+        return self.num_parameters(include_embedding=False) * w.lm_head.element_size()
+
+    def kv_pool_bytes(self) -> int:
+        return 2 * self.kv.k.numel() * self.kv.k.element_size()
+
+    # --- block tables -----------------------------------------------------------------------
+
+    def set_block_tables(self, rows: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """Replace the block tables of the given slots (slot, pages) in one upload."""
+        if not rows:
+            return
+        width = max(len(pages) for _, pages in rows)
+        if width > self.max_pages_per_seq:
+            raise ValueError(
+                f"a block table of {width} pages exceeds the {self.max_pages_per_seq} pages of "
+                f"max_model_len={self.max_model_len}"
+            )
+        host = np.full((len(rows), width), self.scratch_page, dtype=np.int32)
+        for i, (_, pages) in enumerate(rows):
+            host[i, : len(pages)] = pages
+        slots = torch.tensor([s for s, _ in rows], dtype=torch.long)
+        self.block_tables[slots.to(self.device), :width] = self._upload(host)
+
+    # --- one step -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, step: StepInputs) -> list[int]:
+        """Run one step; return the sampled token id of each row in `step.sample_rows`."""
+        if step.is_decode:
+            logits, greedy_ids = self._decode(step)
+        else:
+            logits = self._prefill(step)
+            greedy_ids = None
+        if step.sampling is None or step.sampling.all_greedy():
+            ids = greedy_ids if greedy_ids is not None else ops.argmax(logits)
+        else:
+            ids = self._sample(logits, step.sampling)
+        result: list[int] = ids.tolist()
+        return result
+
+    def logits(self, step: StepInputs, *, every_token: bool = False) -> Tensor:
+        """FP32 logits of a step, for tests and debugging: [len(sample_rows), V], or with
+        `every_token` one row per fed token (teacher forcing; runs the packed path)."""
+        with torch.inference_mode():
+            if step.is_decode and not every_token:
+                return self._decode(step)[0].clone()
+            return self._prefill(step, every_token=every_token)
+
+    def _upload(self, host: np.ndarray) -> Tensor:
+        t = torch.from_numpy(host)
+        if self._pin:
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
+
+    def _slot_mapping(self, block_tables: Tensor, token_seq: Tensor, positions: Tensor) -> Tensor:
+        pages = block_tables[token_seq, positions // self.page_size]
+        return pages * self.page_size + positions % self.page_size
+
+    def _prefill(self, step: StepInputs, every_token: bool = False) -> Tensor:
+        """A step with at least one multi-token chunk: packed varlen batch, run eagerly."""
+        num_seqs = len(step.seq_slots)
+        num_tokens = len(step.token_ids)
+        query_lens = np.asarray(step.query_lens, dtype=np.int32)
+        cu = np.zeros(num_seqs + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=cu[1:])
+        sample_rows = np.asarray(step.sample_rows, dtype=np.int32)
+        logits_rows = (
+            np.arange(num_tokens, dtype=np.int32) if every_token else cu[1:][sample_rows] - 1
+        )
+        packed = np.concatenate(
+            [
+                np.asarray(step.token_ids, dtype=np.int32),
+                np.asarray(step.positions, dtype=np.int32),
+                np.repeat(np.arange(num_seqs, dtype=np.int32), query_lens),
+                cu,
+                np.asarray(step.seq_lens, dtype=np.int32),
+                np.asarray(step.seq_slots, dtype=np.int32),
+                logits_rows,
+            ]
+        )
+        dev = self._upload(packed)
+        sizes = [num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs]
+        sizes.append(len(logits_rows))
+        token_ids, positions, token_seq, cu_q, seq_lens, slots, logits_idx = torch.split(dev, sizes)
+        block_tables = self.block_tables.index_select(0, slots)
+        attn = AttentionMetadata(
+            slot_mapping=self._slot_mapping(block_tables, token_seq, positions),
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            cu_seqlens_q=cu_q,
+            max_seqlen_q=int(query_lens.max()),
+        )
+        return self.model.forward(token_ids, positions, self.kv, attn, logits_idx)
+
+    def _decode(self, step: StepInputs) -> tuple[Tensor, Tensor]:
+        """A step where every sequence feeds one token: returns (logits, greedy ids)."""
+        batch = len(step.seq_slots)
+        if not self.use_cuda_graphs:
+            dev = self._upload(
+                np.asarray([step.token_ids, step.positions, step.seq_slots], dtype=np.int32)
+            )
+            logits = _decode_forward(self, dev[0], dev[1], dev[2])
+            logits = logits.index_select(0, self._rows(step, batch))
+            return logits, ops.argmax(logits)
+        bucket = next(b for b in self._buckets if b >= batch)
+        graph = self._graphs.get(bucket)
+        if graph is None:
+            graph = self._graphs[bucket] = _DecodeGraph(self, bucket)
+        host = graph.host_array
+        host[0, :batch] = step.token_ids
+        host[1, :batch] = step.positions
+        host[2, :batch] = step.seq_slots
+        logits, ids = graph.replay(batch)
+        if len(step.sample_rows) != batch:
+            rows = self._rows(step, batch)
+            return logits.index_select(0, rows), ids.index_select(0, rows)
+        return logits, ids
+
+    def _rows(self, step: StepInputs, batch: int) -> Tensor:
+        if len(step.sample_rows) == batch:
+            return torch.arange(batch, device=self.device)
+        return torch.tensor(list(step.sample_rows), device=self.device)
+
+    def _sample(self, logits: Tensor, sampling: SamplingRows) -> Tensor:
+        rows = len(sampling.temperature)
+        floats = torch.tensor(
+            [list(sampling.temperature), list(sampling.top_p)], dtype=torch.float32
+        ).to(self.device)
+        ints = torch.tensor(
+            [list(sampling.top_k), list(sampling.seeds), list(sampling.steps)], dtype=torch.int64
+        ).to(self.device)
+        del rows
+        return ops.sample(logits, floats[0], ints[0].int(), floats[1], ints[1], ints[2])
+
+
+def _decode_forward(
+    runner: ModelRunner, token_ids: Tensor, positions: Tensor, slots: Tensor
+) -> Tensor:
+    """The decode forward pass on device tensors only (what a CUDA graph captures)."""
+    block_tables = runner.block_tables.index_select(0, slots)
+    rows = torch.arange(token_ids.shape[0], device=token_ids.device)
+    attn = AttentionMetadata(
+        slot_mapping=runner._slot_mapping(block_tables, rows, positions),
+        seq_lens=positions + 1,
+        block_tables=block_tables,
+    )
+    return runner.model.forward(token_ids, positions, runner.kv, attn)
+
+
+class _DecodeGraph:
+    """A decode step at a fixed batch size, captured once and replayed."""
+
+    def __init__(self, runner: ModelRunner, batch: int) -> None:
+        self.batch = batch
+        self.runner = runner
+        self.host_inputs = torch.zeros((3, batch), dtype=torch.int32).pin_memory()
+        self.host_array = self.host_inputs.numpy()  # the same pinned memory, filled from lists
+        self.dev_inputs = torch.zeros((3, batch), dtype=torch.int32, device=runner.device)
+        self._pad()
+        self.dev_inputs.copy_(self.host_inputs)
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: compiles kernels, sets up cuBLAS workspaces
+            for _ in range(2):
+                self._run()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=runner._graph_pool):
+            self.logits, self.ids = self._run()
+        runner._graph_pool = self.graph.pool()
+
+    def _run(self) -> tuple[Tensor, Tensor]:
+        d = self.dev_inputs
+        logits = _decode_forward(self.runner, d[0], d[1], d[2])
+        return logits, ops.argmax(logits)
+
+    def _pad(self, start: int = 0) -> None:
+        """Padding rows: token 0 at position 0 of the scratch slot (writes only the scratch page)."""
+        self.host_array[0, start:] = 0
+        self.host_array[1, start:] = 0
+        self.host_array[2, start:] = self.runner.scratch_slot
+
+    def replay(self, batch: int) -> tuple[Tensor, Tensor]:
+        self._pad(batch)
+        self.dev_inputs.copy_(self.host_inputs, non_blocking=True)
+        self.graph.replay()
+        return self.logits[:batch], self.ids[:batch]
