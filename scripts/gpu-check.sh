@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Everything GPU in one call, for the device machine (no uv there, no internet): the image's
+# python3 with PYTHONPATH set to each package's src/. GPU tests first, then every benchmark;
+# the last thing printed is the short table. Logs and JSON go to $OUT (the device tool brings
+# them back).
+#
+#   device run:  bash scripts/gpu-check.sh            (carry: .assets)
+#   options via env: SV_BENCH_ARGS="--quick", SV_SKIP_TESTS=1, SV_PYTEST_ARGS="-k decode"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/sv-gpu-out}
+mkdir -p "$OUT"
+PYTHONPATH=$(printf '%s:' packages/*/src apps/*/src)
+export PYTHONPATH PYTHONUNBUFFERED=1
+export SV_TOKENIZER_DIR=${SV_TOKENIZER_DIR:-$PWD/.assets/llama-3.2-tokenizer}
+export SV_BENCH_WORKDIR=${SV_BENCH_WORKDIR:-/tmp/sv-bench}
+
+echo "== environment"
+python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+git log -1 --format='commit %h %s' 2>/dev/null || true
+
+tests_rc=skipped
+if [ -z "${SV_SKIP_TESTS:-}" ]; then
+    echo "== GPU tests (pytest -m gpu)"
+    # Only the suites that hold GPU tests: other suites import packages the image lacks (gguf).
+    python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib -ra" \
+        --continue-on-collection-errors ${SV_PYTEST_ARGS:-} \
+        packages/sv-kernels/tests packages/sv-model/tests packages/sv-weights/tests/test_weights_safetensors.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -60
+    tests_rc=${PIPESTATUS[0]}
+fi
+
+echo "== benchmarks"
+python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
+    --kernels --peer --json "$OUT/bench.json" ${SV_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^\[bench\]'
+bench_rc=${PIPESTATUS[0]}
+echo "GPU tests: rc=$tests_rc ($(tail -1 "$OUT/gpu-tests.log" 2>/dev/null))   bench: rc=$bench_rc"
