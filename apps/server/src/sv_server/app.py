@@ -1,0 +1,473 @@
+"""The HTTP side: a Starlette app whose handlers turn OpenAI requests into engine requests.
+
+    POST /v1/completions        raw text or token ids (not chat-formatted)
+    POST /v1/chat/completions   messages, formatted with the model's chat format
+    GET  /v1/models, /v1/models/{id}, /health, /metrics
+
+A generation request goes: parse and check the body (400) -> check the model name (404) ->
+tokenize on the event loop thread -> check it fits the context (400) -> check the queue (429)
+-> submit to the EngineLoop -> wait for Accepted/Rejected -> stream or collect the tokens.
+
+Thread rule: the engine thread owns the Engine. The handlers use its tokenizer only to encode,
+on the event loop thread (one thread, so the tokenizer's piece cache is never written from two
+threads); the engine thread only decodes, which reads immutable tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+from sv_engine import Engine, EngineError, SamplingParams
+from sv_tokenizer import TokenizerError
+
+from sv_server.engine_loop import Delivery, EngineLoop, Failed, Rejected, RequestHandle, Token
+from sv_server.errors import ServerError, bad_request
+from sv_server.metrics import CONTENT_TYPE, Metrics
+from sv_server.protocol import (
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    ChunkEncoder,
+    GenerationRequest,
+    chunk_body,
+    new_id,
+    parse_chat_request,
+    parse_completion_request,
+    response_body,
+    usage_chunk_body,
+)
+from sv_server.stops import StopStringMatcher
+
+log = logging.getLogger("sv_server")
+
+DEFAULT_MAX_QUEUE = 512
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class ServerState:
+    loop: EngineLoop
+    metrics: Metrics
+    model_name: str
+    max_queue: int
+    add_bos: bool
+    created: int
+
+    def __post_init__(self) -> None:
+        engine = self.loop.engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.runner.max_model_len
+        self.vocab_size = engine.runner.config.vocab_size
+
+
+def create_app(
+    engine: Engine,
+    *,
+    model_name: str,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    add_bos: bool = False,
+) -> Starlette:
+    """The server for one engine. The engine thread starts and stops with the app's lifespan,
+    so an app is served once. `add_bos`: put the BOS token before /v1/completions text prompts
+    (see `sv_server.cli.wants_bos`)."""
+    if max_queue < 1:
+        raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+    metrics = Metrics()
+    state = ServerState(
+        loop=EngineLoop(engine, observer=metrics.observe),
+        metrics=metrics,
+        model_name=model_name,
+        max_queue=max_queue,
+        add_bos=add_bos,
+        created=int(time.time()),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        state.loop.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.loop.stop)
+
+    def handler(
+        fn: Callable[[Request, ServerState], Any],
+    ) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            return await fn(request, state)  # type: ignore[no-any-return]
+
+        return endpoint
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", handler(_completions), methods=["POST"]),
+            Route("/v1/chat/completions", handler(_chat_completions), methods=["POST"]),
+            Route("/v1/models", handler(_models), methods=["GET"]),
+            Route("/v1/models/{model_id:path}", handler(_model), methods=["GET"]),
+            Route("/health", handler(_health), methods=["GET"]),
+            Route("/metrics", handler(_metrics), methods=["GET"]),
+        ],
+        exception_handlers={
+            ServerError: _server_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+        lifespan=lifespan,
+    )
+    app.state.server = state
+    return app
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def _error_response(error: ServerError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServerError)
+    state: ServerState = request.app.state.server
+    reason = {429: "queue_full", 500: "engine_error"}.get(exc.status, "invalid")
+    state.metrics.rejected[reason] += 1
+    return _error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found" if exc.status_code == 404 else "method_not_allowed"
+    return _error_response(
+        ServerError(
+            f"{exc.detail}: {request.method} {request.url.path}",
+            status=exc.status_code,
+            code=kind,
+            headers=dict(exc.headers or {}),
+        )
+    )
+
+
+async def _internal_error(_request: Request, exc: Exception) -> Response:
+    log.error("unhandled error", exc_info=exc)
+    return _error_response(
+        ServerError(f"internal error: {type(exc).__name__}", status=500, type="server_error")
+    )
+
+
+# --- small endpoints ------------------------------------------------------------------------
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "sv",
+        "max_model_len": state.max_model_len,
+    }
+
+
+async def _models(_request: Request, state: ServerState) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def _model(request: Request, state: ServerState) -> Response:
+    _check_model(state, request.path_params["model_id"])
+    return JSONResponse(_model_card(state))
+
+
+async def _health(_request: Request, state: ServerState) -> Response:
+    if not state.loop.is_alive:
+        return JSONResponse({"status": "engine loop stopped"}, status_code=503)
+    return JSONResponse({"status": "ok", "last_engine_error": state.loop.last_error})
+
+
+async def _metrics(_request: Request, state: ServerState) -> Response:
+    text = state.metrics.render(state.loop.snapshot)
+    return PlainTextResponse(text, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.model_name:
+        raise ServerError(
+            f"the model '{model}' does not exist; this server serves '{state.model_name}'",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
+
+
+# --- generation -----------------------------------------------------------------------------
+
+
+async def _completions(request: Request, state: ServerState) -> Response:
+    return await _generate(request, state, parse_completion_request(await _json_body(request)))
+
+
+async def _chat_completions(request: Request, state: ServerState) -> Response:
+    return await _generate(request, state, parse_chat_request(await _json_body(request)))
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from e
+
+
+def _prompt_ids(state: ServerState, req: GenerationRequest) -> list[int]:
+    if req.messages is not None:  # chat: the model's chat format
+        try:
+            return state.tokenizer.chat_format.encode_dialog(req.messages)
+        except TokenizerError as e:
+            raise bad_request(str(e), param="messages") from e
+    if isinstance(req.prompt, str):  # completions: raw text; BOS only if the tokenizer adds one
+        bos = state.tokenizer.bos_id
+        return ([bos] if state.add_bos and bos is not None else []) + state.tokenizer.encode(
+            req.prompt
+        )
+    ids = req.prompt or []
+    bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
+    if bad is not None:
+        raise bad_request(
+            f"prompt token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})", "prompt"
+        )
+    return ids
+
+
+def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int) -> int:
+    room = state.max_model_len - prompt_tokens
+    if room < 1:
+        raise bad_request(
+            f"the prompt has {prompt_tokens} tokens but the context is {state.max_model_len} "
+            "tokens, leaving no room for an output token",
+            param="messages" if req.kind == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
+    if req.max_tokens is None:
+        default = DEFAULT_COMPLETION_MAX_TOKENS if req.kind == "completion" else room
+        return min(default, room)
+    if req.max_tokens > room:
+        raise bad_request(
+            f"max_tokens is {req.max_tokens} but the prompt has {prompt_tokens} tokens and the "
+            f"context is {state.max_model_len}: at most {room} new tokens fit",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return req.max_tokens
+
+
+async def _generate(request: Request, state: ServerState, req: GenerationRequest) -> Response:
+    _check_model(state, req.model)
+    prompt_ids = _prompt_ids(state, req)
+    try:
+        params = SamplingParams(
+            max_new_tokens=_max_tokens(state, req, len(prompt_ids)),
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            seed=req.seed,
+            ignore_eos=req.ignore_eos,
+        )
+    except EngineError as e:  # protocol.py checked every field already: a safety net
+        raise bad_request(str(e)) from e
+    if state.loop.queue_depth >= state.max_queue:
+        raise ServerError(
+            f"the server's queue is full ({state.max_queue} requests waiting); retry later",
+            status=429,
+            type="rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    handle = RequestHandle(prompt_ids, params)
+    generation = _Generation(state.loop, handle, StopStringMatcher(req.stop))
+    state.loop.submit(handle)
+    try:
+        first = await handle.deliveries.get()
+    except BaseException:  # the handler was cancelled before the engine answered
+        generation.close()
+        raise
+    if isinstance(first, Rejected):
+        raise bad_request(first.message, code="rejected")
+    if isinstance(first, Failed):
+        raise ServerError(first.message, status=500, type="server_error")
+    state.metrics.prompt_tokens += len(prompt_ids)
+    model = state.model_name
+    if req.stream:
+        return _EventStream(_stream(req, model, generation), on_close=generation.close)
+    return await _collect(request, req, model, generation)
+
+
+class _Generation:
+    """The tokens of one accepted request, as text, with stop strings applied.
+
+    Ends at the engine's finish ("stop"/"length") or at a stop string, which cancels the
+    request in the engine at once. `close()` cancels it if it is still running (client gone).
+    """
+
+    def __init__(self, loop: EngineLoop, handle: RequestHandle, matcher: StopStringMatcher) -> None:
+        self._loop = loop
+        self._handle = handle
+        self._matcher = matcher
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self._handle.prompt_ids)
+
+    async def texts(self) -> AsyncIterator[str]:
+        """The answer's text, piece by piece. Tokens that queued up while the client was being
+        served come out as one piece: under load, fewer and larger chunks, not a backlog."""
+        deliveries = self._handle.deliveries
+        while self.finish_reason is None:
+            pieces = [self._consume(await deliveries.get())]
+            while self.finish_reason is None and not deliveries.empty():
+                pieces.append(self._consume(deliveries.get_nowait()))
+            text = "".join(pieces)
+            if text:
+                yield text
+
+    def _consume(self, delivery: Delivery) -> str:
+        """Account for one delivery; returns the text it makes safe to show."""
+        if isinstance(delivery, Failed):
+            self.close()
+            raise ServerError(delivery.message, status=500, type="server_error")
+        if not isinstance(delivery, Token):
+            return ""  # Accepted/Rejected only come first
+        event = delivery.event
+        if event.token_id is not None:
+            self.completion_tokens += 1
+        text = self._matcher.push(event.text)
+        if self._matcher.stopped:
+            self.finish_reason = "stop"
+            self._loop.cancel(self._handle)  # frees its pages before the next step
+        elif event.finished is not None:
+            if event.finished not in ("stop", "length"):
+                self.close()
+                raise ServerError(
+                    f"the request ended unexpectedly ({event.finished})",
+                    status=500,
+                    type="server_error",
+                )
+            text += self._matcher.flush()
+            self.finish_reason = event.finished
+        return text
+
+    def close(self) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = "cancelled"
+            self._loop.cancel(self._handle)
+
+
+async def _collect(
+    request: Request, req: GenerationRequest, model: str, generation: _Generation
+) -> Response:
+    """A non-streamed answer; a client that hangs up meanwhile cancels the request."""
+
+    async def collect() -> str:
+        return "".join([text async for text in generation.texts()])
+
+    answer = asyncio.ensure_future(collect())
+    hangup = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({answer, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done():
+            answer.cancel()
+            generation.close()
+            return Response(status_code=499)  # nobody is listening; for the access log
+        text = answer.result()
+    finally:
+        hangup.cancel()
+        generation.close()
+    assert generation.finish_reason is not None
+    return JSONResponse(
+        response_body(
+            req.kind,
+            new_id(req.kind),
+            model,
+            text,
+            generation.finish_reason,
+            generation.prompt_tokens,
+            generation.completion_tokens,
+        )
+    )
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+async def _stream(
+    req: GenerationRequest, model: str, generation: _Generation
+) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk schema, ending with `data: [DONE]`."""
+    response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
+    if kind == "chat":
+        yield _sse(chunk_body(kind, response_id, model, created, "", first=True))
+    encoder = ChunkEncoder(kind, response_id, model, created)
+    try:
+        async for text in generation.texts():
+            yield encoder.text_event(text)
+    except ServerError as e:  # the status line is gone already: the error goes in the stream
+        yield _sse(e.body())
+        yield _sse("[DONE]")
+        return
+    yield _sse(
+        chunk_body(
+            kind,
+            response_id,
+            model,
+            created,
+            None if kind == "chat" else "",
+            generation.finish_reason,
+        )
+    )
+    if req.include_usage:
+        yield _sse(
+            usage_chunk_body(
+                kind,
+                response_id,
+                model,
+                created,
+                generation.prompt_tokens,
+                generation.completion_tokens,
+            )
+        )
+    yield _sse("[DONE]")
+
+
+class _EventStream(StreamingResponse):
+    """A text/event-stream response that calls `on_close` however it ends: finished, client
+    disconnected (Starlette cancels the stream) or failed. That is what cancels the request."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()

@@ -1,0 +1,276 @@
+"""One thread owns the Engine; HTTP handlers talk to it only through queues.
+
+The Engine is single-threaded. A dedicated thread runs the step loop:
+
+    commands = take every queued command (block only when the engine has nothing to do)
+    apply them: submit -> engine.add_request, cancel -> engine.cancel
+    events = engine.step()                                  # one token for each running request
+    hand this iteration's deliveries to the event loop      # one call_soon_threadsafe
+
+Handlers (on the asyncio event loop) call `submit` / `cancel`, which only put a command on a
+thread-safe queue, and read their request's deliveries from its own asyncio.Queue. Commands are
+applied between steps, so a cancel frees the request's pages before the next step runs. When no
+request is in flight the thread sleeps in `queue.get()`: no busy-waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
+from sv_scheduler import AdmissionError, RequestId, SchedulerStats
+
+log = logging.getLogger("sv_server")
+
+
+# --- what a handler receives on its request's queue -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The engine queued the request."""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The engine refused the request: it could never run (the message says why)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Token:
+    """One engine event (a token, and/or the end of the request), stamped when its step ended."""
+
+    event: StreamEvent
+    at: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request died with the engine step it was in, or the server is stopping."""
+
+    message: str
+
+
+Delivery = Accepted | Rejected | Token | Failed
+
+
+class RequestHandle:
+    """A handler's end of one request. Create it on the event loop thread (it owns a Queue)."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.deliveries: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.arrived_at = time.perf_counter()
+        self.request_id: RequestId | None = None  # written by the engine thread only
+        self.last_token_at: float | None = None  # written by delivery observers (event loop)
+
+
+@dataclass(frozen=True)
+class _Submit:
+    handle: RequestHandle
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    handle: RequestHandle
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class LoopSnapshot:
+    """The scheduler's state after the engine thread's latest iteration (read from any thread:
+    it is replaced whole, never changed)."""
+
+    waiting: int = 0
+    running: int = 0
+    stats: SchedulerStats | None = None
+    failed_steps: int = 0
+
+
+Batch = list[tuple[RequestHandle, Delivery]]
+
+
+class EngineLoop:
+    """The engine thread, and the queues that are the only way to it.
+
+    observer: called on the event loop with each iteration's deliveries, before they reach the
+    handlers (metrics count tokens there, so requests whose client has gone are counted too).
+    """
+
+    def __init__(self, engine: Engine, observer: Callable[[Batch], None] | None = None) -> None:
+        self.engine = engine
+        self.observer = observer
+        self.last_error: str | None = None  # the latest failed step, for /health
+        self._commands: queue.SimpleQueue[_Submit | _Cancel | _Stop] = queue.SimpleQueue()
+        self._pending_lock = threading.Lock()
+        self._pending_submits = 0  # submitted, not yet counted in the snapshot's `waiting`
+        self._seen_submits = 0  # taken by the engine thread since the last snapshot
+        self._live: dict[RequestId, RequestHandle] = {}  # engine thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._failed_steps = 0
+        self.snapshot = self._take_snapshot()
+
+    # --- the event loop's side ------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the engine thread; deliveries go to handles on `loop`."""
+        if self._thread is not None:
+            raise RuntimeError("the engine loop is already running")
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="sv-engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel every request (their handlers get Failed) and end the thread."""
+        if self._thread is None:
+            return
+        self._commands.put(_Stop())
+        self._thread.join(timeout)
+        self._thread = None
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, handle: RequestHandle) -> None:
+        with self._pending_lock:
+            self._pending_submits += 1
+        self._commands.put(_Submit(handle))
+
+    def cancel(self, handle: RequestHandle) -> None:
+        """Cancel the request if it is still in flight (safe to call more than once)."""
+        self._commands.put(_Cancel(handle))
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting to start: submitted but not yet seen, plus the scheduler's queue."""
+        with self._pending_lock:
+            return self._pending_submits + self.snapshot.waiting
+
+    # --- the engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch: Batch = []
+            for command in self._next_commands():
+                if isinstance(command, _Stop):
+                    self._fail_all("the server is shutting down", batch)
+                    self._finish_iteration(batch)
+                    return
+                if isinstance(command, _Submit):
+                    self._add(command.handle, batch)
+                else:
+                    self._cancel(command.handle, batch)
+            if self.engine.has_unfinished():
+                self._step(batch)
+            self._finish_iteration(batch)
+
+    def _next_commands(self) -> list[_Submit | _Cancel | _Stop]:
+        commands = []
+        if not self.engine.has_unfinished():
+            commands.append(self._commands.get())  # idle: sleep until a command comes
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _add(self, handle: RequestHandle, batch: Batch) -> None:
+        self._seen_submits += 1
+        try:
+            request_id = self.engine.add_request(handle.prompt_ids, handle.params)
+        except (EngineError, AdmissionError) as e:
+            batch.append((handle, Rejected(str(e))))
+            return
+        except Exception as e:  # a bug, not the client's fault: the handler answers 500
+            log.exception("add_request failed")
+            batch.append((handle, Failed(f"the engine failed to queue the request: {e}")))
+            return
+        handle.request_id = request_id
+        self._live[request_id] = handle
+        batch.append((handle, Accepted()))
+
+    def _cancel(self, handle: RequestHandle, batch: Batch) -> None:
+        request_id = handle.request_id
+        if request_id is None or self._live.pop(request_id, None) is None:
+            return  # never queued, already finished, or already cancelled
+        event = self.engine.cancel(request_id)
+        if event is not None:
+            batch.append((handle, Token(event, time.perf_counter())))
+
+    def _step(self, batch: Batch) -> None:
+        try:
+            events = self.engine.step()
+        except Exception as e:
+            # The engine's state may be inconsistent now: end every request in flight with an
+            # error (500) rather than leave its client hanging, and free what can be freed.
+            log.exception("engine step failed")
+            self.last_error = f"{type(e).__name__}: {e}"
+            self._failed_steps += 1
+            self._fail_all(f"the engine step failed: {self.last_error}", batch)
+            return
+        now = time.perf_counter()
+        for event in events:
+            handle = (
+                self._live.pop(event.request_id, None)
+                if event.finished is not None
+                else self._live.get(event.request_id)
+            )
+            if handle is not None:
+                batch.append((handle, Token(event, now)))
+
+    def _fail_all(self, message: str, batch: Batch) -> None:
+        for handle in self._live.values():
+            batch.append((handle, Failed(message)))
+        self._live.clear()
+        try:
+            self.engine.cancel_all()
+        except Exception:
+            log.exception("cancelling every request failed")
+
+    def _finish_iteration(self, batch: Batch) -> None:
+        # One lock for both, so queue_depth never sees a request in neither count nor in both.
+        snapshot = self._take_snapshot()
+        with self._pending_lock:
+            self._pending_submits -= self._seen_submits
+            self.snapshot = snapshot
+        self._seen_submits = 0
+        if batch and self._loop is not None:
+            # RuntimeError: the event loop is closed, nobody is listening any more
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._deliver, batch)
+
+    def _take_snapshot(self) -> LoopSnapshot:
+        scheduler = self.engine.scheduler
+        return LoopSnapshot(
+            waiting=scheduler.num_waiting,
+            running=scheduler.num_running,
+            stats=self.engine.stats,
+            failed_steps=self._failed_steps,
+        )
+
+    # --- back on the event loop -----------------------------------------------------------------
+
+    def _deliver(self, batch: Batch) -> None:
+        if self.observer is not None:
+            try:
+                self.observer(batch)
+            except Exception:
+                log.exception("delivery observer failed")
+        for handle, delivery in batch:
+            handle.deliveries.put_nowait(delivery)

@@ -1,0 +1,387 @@
+"""OpenAI's wire format: request bodies in (checked field by field), response bodies out.
+
+Only what the engine can honour is accepted. A field the engine has no use for is refused with
+a 400 naming it, unless it is set to the value that means "off" (e.g. `presence_penalty: 0`,
+`logprobs: null`): a client never gets silently different behaviour from what it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sv_tokenizer import Message
+
+from sv_server.errors import bad_request
+
+MAX_STOP_STRINGS = 4  # as OpenAI
+MAX_TEMPERATURE = 2.0  # as OpenAI
+SEED_RANGE = (-(2**63), 2**63 - 1)  # the engine keeps seeds in an int64 tensor
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's /v1/completions
+
+Kind = Literal["completion", "chat"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request for /v1/completions or /v1/chat/completions, checked.
+
+    prompt: completions: the raw text or token ids (not chat-formatted); chat: None.
+    messages: chat: the conversation; completions: None.
+    max_tokens: None = the default (16 for completions, the rest of the context for chat).
+    """
+
+    kind: Kind
+    model: str | None
+    prompt: str | list[int] | None
+    messages: list[Message] | None
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+
+
+# Fields a request may carry only with their "off" value: the engine does not implement them.
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+}
+_SAMPLING_FIELDS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "n",
+        "stream",
+        "stream_options",
+        "ignore_eos",
+        "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
+    }
+)
+_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt"}
+_CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens"}
+_NOT_FOR_COMPLETIONS = frozenset({"top_logprobs"})
+_NOT_FOR_CHAT = frozenset({"echo", "best_of", "suffix"})
+
+
+# --- field checks ---------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _get(body: Mapping[str, Any], key: str, check: Callable[[Any], bool], what: str) -> Any:
+    value = body.get(key)
+    if value is not None and not check(value):
+        raise bad_request(f"'{key}' must be {what}, got {value!r}", param=key)
+    return value
+
+
+def _optional_int(body: Mapping[str, Any], key: str, lo: int, hi: int | None = None) -> int | None:
+    value = _get(body, key, _is_int, "an integer")
+    if value is not None and (value < lo or (hi is not None and value > hi)):
+        bounds = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        raise bad_request(f"'{key}' must be {bounds}, got {value}", param=key)
+    return value  # type: ignore[no-any-return]
+
+
+def _bool(body: Mapping[str, Any], key: str) -> bool:
+    return bool(_get(body, key, lambda v: isinstance(v, bool), "true or false"))
+
+
+def _is_off(value: Any, off_values: tuple[Any, ...]) -> bool:
+    # 0 means off for a penalty, but True is not 1 here: compare bool-ness too.
+    return value is None or any(
+        value == v and isinstance(value, bool) == isinstance(v, bool) for v in off_values
+    )
+
+
+def _check_fields(body: Mapping[str, Any], kind: Kind) -> None:
+    allowed = _COMPLETION_FIELDS if kind == "completion" else _CHAT_FIELDS
+    excluded = _NOT_FOR_COMPLETIONS if kind == "completion" else _NOT_FOR_CHAT
+    for key, value in body.items():
+        if key in allowed:
+            continue
+        if key not in _OFF_VALUES or key in excluded:
+            raise bad_request(f"unknown field '{key}'", param=key)
+        if not _is_off(value, _OFF_VALUES[key]):
+            raise bad_request(f"'{key}' is not supported by this server (got {value!r})", param=key)
+
+
+def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request(f"'stop' must be a string or a list of strings, got {stop!r}", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad_request(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
+    if any(not s for s in stops):
+        raise bad_request("'stop' strings must not be empty", "stop")
+    return tuple(dict.fromkeys(stops))
+
+
+def _sampling(
+    body: Mapping[str, Any],
+    kind: Kind,
+    prompt: str | list[int] | None,
+    messages: list[Message] | None,
+    max_tokens: int | None,
+) -> GenerationRequest:
+    model = _get(body, "model", lambda v: isinstance(v, str), "a string")
+    _get(body, "user", lambda v: isinstance(v, str), "a string")
+    n = _optional_int(body, "n", 1)
+    if n is not None and n != 1:
+        raise bad_request(f"only n=1 is supported, got n={n}", param="n")
+    temperature = _get(body, "temperature", _is_number, "a number")
+    if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
+        raise bad_request(
+            f"'temperature' must be between 0 and {MAX_TEMPERATURE}, got {temperature}",
+            "temperature",
+        )
+    top_p = _get(body, "top_p", _is_number, "a number")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise bad_request(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
+    top_k = _optional_int(body, "top_k", -1)  # -1 (as vLLM) or 0: off
+    seed = _optional_int(body, "seed", *SEED_RANGE)
+    stream = _bool(body, "stream")
+    options = _get(body, "stream_options", lambda v: isinstance(v, dict), "an object")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request(
+                "'stream_options' is only allowed with 'stream': true", "stream_options"
+            )
+        unknown = set(options) - {"include_usage"}
+        if unknown:
+            raise bad_request(
+                f"unknown field 'stream_options.{sorted(unknown)[0]}'", "stream_options"
+            )
+        include_usage = _bool(options, "include_usage")
+    return GenerationRequest(
+        kind=kind,
+        model=model,
+        prompt=prompt,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=float(temperature) if temperature is not None else 1.0,
+        top_p=float(top_p) if top_p is not None else 1.0,
+        top_k=max(top_k or 0, 0),
+        seed=seed,
+        stop=_stops(body),
+        stream=stream,
+        include_usage=include_usage,
+        ignore_eos=_bool(body, "ignore_eos"),
+    )
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+def parse_completion_request(body: Any) -> GenerationRequest:
+    """A /v1/completions body: `prompt` is a string, a list of token ids, or a list holding
+    exactly one of those (OpenAI's batch form, with a batch of one)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    _check_fields(body, "completion")
+    if "prompt" not in body or body["prompt"] is None:
+        raise bad_request("'prompt' is required", param="prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise bad_request(
+                f"only one prompt per request is supported, got {len(prompt)}", param="prompt"
+            )
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' must not be empty", param="prompt")
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        prompt = list(prompt)
+    else:
+        raise bad_request(
+            "'prompt' must be a non-empty string or a non-empty list of token ids", param="prompt"
+        )
+    max_tokens = _optional_int(body, "max_tokens", 1)
+    return _sampling(body, "completion", prompt, None, max_tokens)
+
+
+def parse_chat_request(body: Any) -> GenerationRequest:
+    """A /v1/chat/completions body: `messages` is a list of {role, content}; content is a
+    string or a list of text parts ({"type": "text", "text": ...})."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    _check_fields(body, "chat")
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list", param="messages")
+    parsed = [_message(m, i) for i, m in enumerate(messages)]
+    max_tokens = _optional_int(body, "max_tokens", 1)
+    max_completion = _optional_int(body, "max_completion_tokens", 1)
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise bad_request(
+            "'max_tokens' and 'max_completion_tokens' disagree; give one", "max_completion_tokens"
+        )
+    return _sampling(body, "chat", None, parsed, max_completion or max_tokens)
+
+
+def _message(item: Any, index: int) -> Message:
+    param = f"messages[{index}]"
+    if not isinstance(item, dict):
+        raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
+    unknown = set(item) - {"role", "content"}
+    if unknown:
+        raise bad_request(f"unknown field '{param}.{sorted(unknown)[0]}'", param)
+    role, content = item.get("role"), item.get("content")
+    if not isinstance(role, str):
+        raise bad_request(f"{param}.role must be a string, got {role!r}", param)
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+                and set(part) == {"type", "text"}
+            ):
+                raise bad_request(
+                    f"{param}.content parts must be {{'type': 'text', 'text': str}}", param
+                )
+            texts.append(part["text"])
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise bad_request(f"{param}.content must be a string or a list of text parts", param)
+    return Message(role, content)
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+def new_id(kind: Kind) -> str:
+    return ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def response_body(
+    kind: Kind,
+    response_id: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict[str, Any]:
+    """The whole (non-streamed) answer."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if kind == "completion":
+        choice["text"] = text
+    else:
+        choice["message"] = {"role": "assistant", "content": text}
+    return {
+        "id": response_id,
+        "object": "text_completion" if kind == "completion" else "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
+
+
+def chunk_body(
+    kind: Kind,
+    response_id: str,
+    model: str,
+    created: int,
+    text: str | None,
+    finish_reason: str | None = None,
+    *,
+    first: bool = False,
+) -> dict[str, Any]:
+    """One streamed chunk. For chat, the first chunk carries the role, the last an empty delta."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if kind == "completion":
+        choice["text"] = text or ""
+    else:
+        delta: dict[str, str] = {"role": "assistant"} if first else {}
+        if text is not None:
+            delta["content"] = text
+        choice["delta"] = delta
+    return {
+        "id": response_id,
+        "object": "text_completion" if kind == "completion" else "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+
+
+class ChunkEncoder:
+    """The text chunks of one stream as server-sent events, fast.
+
+    Every text chunk of a response differs from the others only in its text, so the JSON
+    around the text is rendered once and each chunk costs one json.dumps of a short string (a
+    busy server sends thousands of chunks a second from one event loop).
+    """
+
+    _MARKER = "\x00text\x00"
+
+    def __init__(self, kind: Kind, response_id: str, model: str, created: int) -> None:
+        template = json.dumps(chunk_body(kind, response_id, model, created, self._MARKER))
+        self._head, self._tail = template.split(json.dumps(self._MARKER))
+
+    def text_event(self, text: str) -> str:
+        return f"data: {self._head}{json.dumps(text, ensure_ascii=False)}{self._tail}\n\n"
+
+
+def usage_chunk_body(
+    kind: Kind,
+    response_id: str,
+    model: str,
+    created: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict[str, Any]:
+    """The extra last chunk of `stream_options.include_usage`: no choices, only the usage."""
+    return {
+        "id": response_id,
+        "object": "text_completion" if kind == "completion" else "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }

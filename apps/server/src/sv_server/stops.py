@@ -1,0 +1,56 @@
+"""Stop strings over streamed text: cut before the first stop string, never show part of one.
+
+Text arrives in pieces (one per token). A stop string can straddle pieces, so a piece is not
+released until it is certain not to begin a stop string: the longest tail of the pending text
+that is a proper prefix of some stop string is held back. When a stop string appears, the text
+before it is released and the rest is dropped.
+
+Which stop string wins is decided at the first piece that completes one: of the stop strings
+present in the text at that moment, the one that starts earliest. (Generation would have ended
+there, so a longer stop string that would only complete later never gets the chance.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopStringMatcher:
+    def __init__(self, stops: Sequence[str]) -> None:
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        self.stops = tuple(stops)
+        self._pending = ""  # released to no one yet: might be the start of a stop string
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        """Feed the next piece; returns the text now safe to show ('' while it could be a stop
+        string). After a stop string is seen, `stopped` is True and every push returns ''."""
+        if self.stopped or not text:
+            return ""
+        if not self.stops:
+            return text
+        pending = self._pending + text
+        starts = [i for i in (pending.find(s) for s in self.stops) if i >= 0]
+        if starts:
+            self.stopped = True
+            self._pending = ""
+            return pending[: min(starts)]
+        held = self._held_back(pending)
+        self._pending = pending[len(pending) - held :]
+        return pending[: len(pending) - held]
+
+    def flush(self) -> str:
+        """The text held back, when generation ended without a stop string."""
+        text, self._pending = ("" if self.stopped else self._pending), ""
+        return text
+
+    def _held_back(self, pending: str) -> int:
+        """Length of the longest tail of `pending` that is a proper prefix of a stop string."""
+        longest = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(pending)), longest, -1):
+                if pending.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest

@@ -1,0 +1,529 @@
+"""The server through the official `openai` client (and raw httpx where the client can't go),
+on the default model on the CPU. Greedy output is checked against an in-process engine."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import tokenizers
+from sv_engine import SamplingParams
+from sv_tokenizer import Message
+
+# `server` and `make_server` come from conftest.py: RunningServer objects (url, metrics(), ...).
+RunningServer = Any
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat(client: openai.OpenAI, server: RunningServer, text: str, **kw: Any) -> Any:
+    return client.chat.completions.create(
+        model=server.model_name, messages=[{"role": "user", "content": text}], **kw
+    )
+
+
+def _error(response: httpx.Response) -> dict[str, Any]:
+    """The OpenAI error body, checked for its shape."""
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    return error  # type: ignore[no-any-return]
+
+
+# --- models, health --------------------------------------------------------------------------
+
+
+def test_models_health(client: openai.OpenAI, server: RunningServer) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [server.model_name]
+    assert client.models.retrieve(server.model_name).id == server.model_name
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    health = httpx.get(f"{server.url}/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+# --- greedy output against the engine itself -------------------------------------------------
+
+
+@pytest.mark.parametrize("question", [QUESTION, "Name three primary colours."])
+def test_greedy_chat_equals_engine_generate(
+    client: openai.OpenAI, server: RunningServer, oracle_engine: Any, question: str
+) -> None:
+    expected = oracle_engine.generate(
+        [[Message("user", question)]], SamplingParams(max_new_tokens=20)
+    )[0]
+    reply = _chat(client, server, question, max_tokens=20, temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected.text
+    assert choice.finish_reason == expected.finish_reason  # "stop" / "length" map as they are
+    assert reply.usage.prompt_tokens == len(expected.prompt_ids)
+    assert reply.usage.completion_tokens == len(expected.output_ids)
+    assert reply.usage.total_tokens == len(expected.prompt_ids) + len(expected.output_ids)
+
+
+def test_completion_is_raw_text_not_chat(
+    client: openai.OpenAI, server: RunningServer, oracle_engine: Any, default_model: Path
+) -> None:
+    """A string prompt is the text as the model's HF tokenizer encodes it (no chat format)."""
+    text = "The capital of France is"
+    hf_ids = tokenizers.Tokenizer.from_file(str(default_model / "tokenizer.json")).encode(text).ids
+    expected = oracle_engine.generate([hf_ids], SamplingParams(max_new_tokens=8))[0]
+    reply = client.completions.create(
+        model=server.model_name, prompt=text, max_tokens=8, temperature=0
+    )
+    assert reply.usage.prompt_tokens == len(hf_ids)
+    assert reply.choices[0].text == expected.text
+    assert reply.usage.completion_tokens == len(expected.output_ids)
+    # the same prompt as token ids, and in OpenAI's one-element batch form
+    by_ids = client.completions.create(
+        model=server.model_name, prompt=hf_ids, max_tokens=8, temperature=0
+    )
+    batch = client.completions.create(
+        model=server.model_name, prompt=[text], max_tokens=8, temperature=0
+    )
+    assert by_ids.choices[0].text == batch.choices[0].text == expected.text
+
+
+def test_completion_default_max_tokens_is_16(client: openai.OpenAI, server: RunningServer) -> None:
+    reply = client.completions.create(
+        model=server.model_name,
+        prompt="Once upon a time",
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert reply.usage.completion_tokens == 16
+    assert reply.choices[0].finish_reason == "length"
+
+
+# --- streaming -------------------------------------------------------------------------------
+
+
+def test_chat_stream_concatenates_to_the_whole_answer(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    whole = _chat(client, server, QUESTION, max_tokens=24, temperature=0)
+    chunks = list(
+        _chat(
+            client,
+            server,
+            QUESTION,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finals == [whole.choices[0].finish_reason]
+    # include_usage: one last chunk with no choices and the usage
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completion_stream_concatenates_and_ends_with_done(server: RunningServer) -> None:
+    body = {"prompt": "The three primary colours are", "max_tokens": 12, "temperature": 0}
+    whole = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+    with httpx.stream(
+        "POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = response.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: ") for e in events[:-1])
+    assert all(c["object"] == "text_completion" and "usage" not in c for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+# --- stop strings ----------------------------------------------------------------------------
+
+
+def _greedy(client: openai.OpenAI, server: RunningServer, prompt: str, **kw: Any) -> Any:
+    return client.completions.create(
+        model=server.model_name,
+        prompt=prompt,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_cut_the_text(
+    client: openai.OpenAI, server: RunningServer, stream: bool
+) -> None:
+    prompt = "Here is a list of fruits: apple, banana,"
+    full = _greedy(client, server, prompt)
+    text = full.choices[0].text
+    assert full.usage.completion_tokens == 16 and len(text) > 12
+    # a stop string from the middle of the text: it likely straddles a token boundary
+    middle = len(text) // 2
+    stop = text[middle : middle + 3]
+    expected = text[: text.find(stop)]
+    never = "\u2603never\u2603"
+    if stream:
+        chunks = list(_greedy(client, server, prompt, stop=[never, stop], stream=True))
+        got = "".join(c.choices[0].text for c in chunks)
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        reply = _greedy(client, server, prompt, stop=[never, stop])
+        got, reason = reply.choices[0].text, reply.choices[0].finish_reason
+        assert 0 < reply.usage.completion_tokens < 16
+    assert got == expected
+    assert reason == "stop"
+    # a stop string that never appears changes nothing
+    assert _greedy(client, server, prompt, stop=never).choices[0].text == text
+    # the stopped request was cancelled in the engine: its pages are free again
+    m = server.wait_idle()
+    assert m["sv_kv_cache_pages_used"] == 0 and m["sv_requests_running"] == 0
+
+
+# --- sampling --------------------------------------------------------------------------------
+
+
+def test_seed_makes_sampling_reproducible(client: openai.OpenAI, server: RunningServer) -> None:
+    def sample(seed: int) -> str:
+        reply = _chat(
+            client,
+            server,
+            "Write a short poem about the sea.",
+            max_tokens=10,
+            temperature=1.0,
+            top_p=0.95,
+            seed=seed,
+            extra_body={"top_k": 50, "ignore_eos": True},
+        )
+        return reply.choices[0].message.content  # type: ignore[no-any-return]
+
+    first = sample(1234)
+    assert sample(1234) == first
+    assert sample(4321) != first
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def test_client_errors_have_openai_shape(client: openai.OpenAI, server: RunningServer) -> None:
+    with pytest.raises(openai.NotFoundError) as not_found:
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+    assert not_found.value.status_code == 404 and not_found.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as n2:
+        _chat(client, server, "hi", max_tokens=2, n=2)
+    assert n2.value.param == "n"
+
+
+BAD_REQUESTS = [
+    # (path, body, status, param, code)
+    ("/v1/chat/completions", b"{not json", 400, None, None),
+    ("/v1/chat/completions", b"[1, 2]", 400, None, None),
+    ("/v1/chat/completions", {"max_tokens": 2}, 400, "messages", None),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages", None),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages[0]", None),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": 5}]},
+        400,
+        "messages[0]",
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi", "x": 1}]},
+        400,
+        "messages[0]",
+        None,
+    ),
+    ("/v1/completions", {"max_tokens": 2}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": [1, "x"]}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": [10**9]}, 400, "prompt", None),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature", None),
+    ("/v1/completions", {"prompt": "hi", "temperature": 2.5}, 400, "temperature", None),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p", None),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", None),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2.5}, 400, "max_tokens", None),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "max_tokens": 10**6},
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    ("/v1/completions", {"prompt": [1] * 6000}, 400, "prompt", "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", None),
+    ("/v1/completions", {"prompt": "hi", "stop": 7}, 400, "stop", None),
+    ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 5}, 400, "logprobs", None),
+    ("/v1/completions", {"prompt": "hi", "tools": []}, 400, "tools", None),
+    ("/v1/completions", {"prompt": "hi", "seed": 2**64}, 400, "seed", None),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+        None,
+    ),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model", "model_not_found"),
+    ("/v1/nothing", {}, 404, None, "not_found"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param", "code"), BAD_REQUESTS)
+def test_bad_requests_get_error_json(
+    server: RunningServer, path: str, body: Any, status: int, param: str | None, code: str | None
+) -> None:
+    if isinstance(body, bytes):
+        response = httpx.post(f"{server.url}{path}", content=body, timeout=30)
+    else:
+        response = httpx.post(f"{server.url}{path}", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    error = _error(response)
+    assert error["param"] == param
+    assert error["code"] == code
+    assert error["type"] == "invalid_request_error"
+
+
+def test_wrong_method_is_405(server: RunningServer) -> None:
+    response = httpx.get(f"{server.url}/v1/completions")
+    assert response.status_code == 405
+    assert _error(response)["code"] == "method_not_allowed"
+
+
+def test_prompt_over_the_context_by_text(server: RunningServer) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hello " * 6000}]},
+        timeout=60,
+    )
+    assert response.status_code == 400
+    error = _error(response)
+    context = httpx.get(f"{server.url}/v1/models").json()["data"][0]["max_model_len"]
+    assert (
+        error["code"] == "context_length_exceeded" and f"context is {context}" in error["message"]
+    )
+
+
+# --- clients that go away --------------------------------------------------------------------
+
+
+def test_disconnect_mid_stream_cancels_the_request(server: RunningServer) -> None:
+    before = server.wait_idle()
+    body = {"prompt": "Count: 1, 2, 3,", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        seen = 0
+        for line in lines:
+            seen += line.startswith("data: ")
+            if seen == 3:
+                break  # leaving the block closes the connection mid-stream
+    after = server.wait_idle(timeout=10)
+    assert after["sv_kv_cache_pages_used"] == 0 and after["sv_requests_running"] == 0
+    cancelled = 'sv_requests_finished_total{finish_reason="cancelled"}'
+    assert after[cancelled] == before[cancelled] + 1
+    generated = after["sv_generation_tokens_total"] - before["sv_generation_tokens_total"]
+    assert 3 <= generated < 400
+
+
+def test_disconnect_while_waiting_for_a_whole_answer_cancels(server: RunningServer) -> None:
+    before = server.wait_idle()
+    body = {"prompt": "Count: 1, 2, 3,", "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.5)
+    after = server.wait_idle(timeout=10)
+    assert after["sv_kv_cache_pages_used"] == 0 and after["sv_requests_running"] == 0
+    generated = after["sv_generation_tokens_total"] - before["sv_generation_tokens_total"]
+    assert generated < 400
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def test_metrics_parse_and_count(client: openai.OpenAI, server: RunningServer) -> None:
+    before = server.wait_idle()
+    _chat(client, server, "Say hi.", max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    _chat(client, server, "Say hi.", max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    m = server.wait_idle()
+    assert m["sv_generation_tokens_total"] - before["sv_generation_tokens_total"] == 10
+    assert (
+        m["sv_time_to_first_token_seconds_count"] - before["sv_time_to_first_token_seconds_count"]
+        == 2
+    )
+    assert (
+        m["sv_inter_token_latency_seconds_count"] - before["sv_inter_token_latency_seconds_count"]
+        == 8
+    )
+    # the second request's prompt is the first's: its full pages come from the prefix cache
+    assert m["sv_prefix_cache_hit_tokens_total"] > before["sv_prefix_cache_hit_tokens_total"]
+    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_total"] > 0
+    for name in ("sv_time_to_first_token_seconds", "sv_inter_token_latency_seconds"):
+        buckets = sorted(
+            (float(k.split('le="')[1].rstrip('"}')), v)
+            for k, v in m.items()
+            if k.startswith(f"{name}_bucket")
+        )
+        counts = [v for _, v in buckets]
+        assert counts == sorted(counts) and buckets[-1][0] == float("inf")
+        assert counts[-1] == m[f"{name}_count"]
+
+
+def test_idle_engine_thread_does_not_spin(server: RunningServer) -> None:
+    """No busy-waiting: while idle, no engine step runs and the process uses ~no CPU."""
+    before = server.wait_idle()
+    cpu = time.process_time()
+    time.sleep(1.0)
+    used = time.process_time() - cpu
+    assert server.metrics()["sv_engine_steps_total"] == before["sv_engine_steps_total"]
+    assert used < 0.25, f"{used:.2f} s of CPU in 1 s idle"
+
+
+# --- a full queue ----------------------------------------------------------------------------
+
+
+def test_full_queue_gets_429_with_retry_after(make_server: Any) -> None:
+    """A pool of 11 pages and --max-queue 1: A holds the whole pool, B waits, C is refused."""
+    small = make_server(kv_cache_mib=8, max_queue=1)
+    prompt = list(range(1000, 1010))
+    short = {"prompt": prompt, "max_tokens": 2}
+    b_result: list[httpx.Response] = []
+
+    def send_b() -> None:
+        b_result.append(httpx.post(f"{small.url}/v1/completions", json=short, timeout=60))
+
+    try:
+        hog = {"prompt": prompt, "max_tokens": 160, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{small.url}/v1/completions", json=hog, timeout=60) as a:
+            # (hold on to the iterator: dropping a half-read httpx stream closes the connection)
+            a_lines = a.iter_lines()
+            assert next(a_lines).startswith("data: ")  # A is running, holding every page
+            b = threading.Thread(target=send_b)
+            b.start()
+            deadline = time.monotonic() + 30
+            while small.metrics()["sv_requests_waiting"] != 1:
+                assert time.monotonic() < deadline, "B never queued"
+                time.sleep(0.05)
+            c = httpx.post(f"{small.url}/v1/completions", json=short, timeout=60)
+            assert c.status_code == 429
+            assert c.headers["retry-after"] == "1"
+            error = _error(c)
+            assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
+        # A's client is gone: A is cancelled, B gets the pool and finishes
+        b.join(60)
+        assert b_result and b_result[0].status_code == 200
+        assert b_result[0].json()["usage"]["completion_tokens"] == 2
+        m = small.wait_idle()
+        assert m["sv_kv_cache_pages_used"] == 0
+        assert m['sv_requests_rejected_total{reason="queue_full"}'] == 1
+        assert m['sv_requests_finished_total{finish_reason="cancelled"}'] == 1
+    finally:
+        small.stop()
+
+
+# --- an engine step that fails ----------------------------------------------------------------
+
+
+def test_failed_engine_step_is_a_500_and_the_server_goes_on(server: RunningServer) -> None:
+    engine = server.app.state.server.loop.engine
+    real_step = engine.step
+
+    def failing_step() -> Any:
+        engine.step = real_step  # fail once
+        raise RuntimeError("injected fault")
+
+    server.wait_idle()
+    engine.step = failing_step
+    try:
+        response = httpx.post(
+            f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=60
+        )
+    finally:
+        engine.step = real_step
+    assert response.status_code == 500
+    error = _error(response)
+    assert error["type"] == "server_error" and "injected fault" in error["message"]
+    m = server.wait_idle()
+    assert m["sv_kv_cache_pages_used"] == 0 and m["sv_engine_step_failures_total"] >= 1
+    ok = httpx.post(
+        f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=60
+    )
+    assert ok.status_code == 200
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["status"] == "ok" and "injected fault" in health["last_engine_error"]
+
+
+# --- `sv serve` as a process ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sv_serve_process_serves_and_stops_on_sigint(default_model: Path) -> None:
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = "import sys; from sv_cli.main import main; sys.exit(main())"
+    process = subprocess.Popen(
+        [sys.executable, "-c", command, "serve", "--port", str(port), "--device", "cpu",
+         "--kv-cache-mib", "16", "--model", str(default_model)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "sv serve did not come up"
+            time.sleep(0.2)
+        models = httpx.get(f"{url}/v1/models").json()["data"]
+        assert [m["id"] for m in models] == [default_model.name]
+        reply = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": QUESTION}],
+                "max_tokens": 12,
+                "temperature": 0,
+            },
+            timeout=60,
+        ).json()
+        assert "Paris" in reply["choices"][0]["message"]["content"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out

