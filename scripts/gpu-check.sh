@@ -5,7 +5,8 @@
 # them back).
 #
 #   device run:  bash scripts/gpu-check.sh            (carry: .assets)
-#   options via env: SV_BENCH_ARGS="--quick", SV_SKIP_TESTS=1, SV_PYTEST_ARGS="-k decode"
+#   options via env: SV_BENCH_ARGS="--quick" (added), SV_BENCH_FLAGS (replaces the default
+#   "--kernels --peer --profile"), SV_SKIP_TESTS=1, SV_PYTEST_ARGS="-k decode"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sv-gpu-out}
@@ -32,6 +33,6 @@ fi
 
 echo "== benchmarks"
 python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
-    --kernels --peer --json "$OUT/bench.json" ${SV_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^\[bench\]'
+    ${SV_BENCH_FLAGS:---kernels --peer --profile} --json "$OUT/bench.json" ${SV_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^\[bench\]'
 bench_rc=${PIPESTATUS[0]}
 echo "GPU tests: rc=$tests_rc ($(tail -1 "$OUT/gpu-tests.log" 2>/dev/null))   bench: rc=$bench_rc"

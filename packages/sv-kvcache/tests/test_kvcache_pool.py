@@ -105,3 +105,19 @@ def test_block_table_grows_lazily_and_releases() -> None:
     assert (pool.num_free, pool.num_assigned) == (4, 0)
     with pytest.raises(KVCacheError, match="no page left"):
         BlockTable(pool).ensure_capacity(5 * 16)
+
+
+def test_clear_cache_frees_unheld_cached_pages_only() -> None:
+    from sv_kvcache import BlockTable, PagePool
+
+    pool = PagePool(8, page_size=2)
+    held, dropped = BlockTable(pool), BlockTable(pool)
+    for table, tokens in ((held, [1, 2, 3, 4]), (dropped, [5, 6, 7, 8])):
+        table.ensure_capacity(4)
+        table.register_full_pages(tokens, 4)
+    dropped.release()
+    assert pool.num_cached == 2 and pool.num_free == 4
+    assert pool.clear_cache() == 2
+    assert pool.num_cached == 0 and pool.num_free == 6
+    assert pool.match_prefix([5, 6, 7, 8, 9], 4).num_tokens == 0  # forgotten
+    assert pool.match_prefix([1, 2, 3, 4, 9], 4).num_tokens == 4  # still held, still shared

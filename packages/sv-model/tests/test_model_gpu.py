@@ -40,6 +40,16 @@ def oracle_fp32(llama_1b_dir: Path) -> torch.nn.Module:
     return model.cuda().eval()
 
 
+@pytest.fixture(scope="module")
+def oracle_bf16(llama_1b_dir: Path) -> torch.nn.Module:
+    """Loaded on its own: converting the FP32 oracle in place would also round its RoPE
+    inverse frequencies (a buffer) to BF16, which ruins angles at long positions."""
+    import transformers
+
+    model = transformers.LlamaForCausalLM.from_pretrained(llama_1b_dir, dtype=torch.bfloat16)
+    return model.cuda().eval()
+
+
 def _runner(model_dir: Path, **kwargs: object) -> object:
     from sv_model import LlamaWeights, ModelRunner
     from sv_weights import LlamaConfig, load_checkpoint
@@ -54,7 +64,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def test_bf16_teacher_forced_logits_1b(llama_1b_dir: Path, oracle_fp32: torch.nn.Module) -> None:
+def test_bf16_teacher_forced_logits_1b(
+    llama_1b_dir: Path, oracle_fp32: torch.nn.Module, oracle_bf16: torch.nn.Module
+) -> None:
     from sv_model import StepInputs
 
     runner = _runner(llama_1b_dir)
@@ -75,11 +87,7 @@ def test_bf16_teacher_forced_logits_1b(llama_1b_dir: Path, oracle_fp32: torch.nn
     ours = runner.logits(step, every_token=True)  # type: ignore[attr-defined]
     with torch.no_grad():
         want32 = [oracle_fp32(torch.tensor([s], device="cuda")).logits[0] for s in seqs]
-        oracle_fp32.to(torch.bfloat16)  # in place; the checkpoint is BF16, so this is lossless
-        try:
-            want16 = [oracle_fp32(torch.tensor([s], device="cuda")).logits[0] for s in seqs]
-        finally:
-            oracle_fp32.float()
+        want16 = [oracle_bf16(torch.tensor([s], device="cuda")).logits[0] for s in seqs]
     start = 0
     for s, w32, w16 in zip(seqs, want32, want16, strict=True):
         got = ours[start : start + len(s)]
@@ -110,7 +118,10 @@ def _long_prefill_logits(runner: object, ids: list[int], chunk: int) -> list[tor
 
 
 def test_positions_past_8192_bf16(
-    llama_1b_dir: Path, oracle_fp32: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+    llama_1b_dir: Path,
+    oracle_fp32: torch.nn.Module,
+    oracle_bf16: torch.nn.Module,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Chunked prefill to 9,000 tokens, then decode: llama3 RoPE scaling at long positions.
 
@@ -126,11 +137,7 @@ def test_positions_past_8192_bf16(
     rows = [min(n, s + chunk) - 1 for s in range(0, n, chunk)] + [n]
     with torch.no_grad():
         want = oracle_fp32(torch.tensor([ids], device="cuda")).logits[0, rows]
-        oracle_fp32.to(torch.bfloat16)
-        try:
-            hf16 = oracle_fp32(torch.tensor([ids], device="cuda")).logits[0, rows]
-        finally:
-            oracle_fp32.float()
+        hf16 = oracle_bf16(torch.tensor([ids], device="cuda")).logits[0, rows]
 
     def errors(got: list[torch.Tensor]) -> list[float]:
         return [rel(g, w) for g, w in zip(got, want, strict=True)]
@@ -192,7 +199,7 @@ def test_cuda_graph_decode_equals_eager(llama_1b_dir: Path) -> None:
 
 
 def test_engine_generation_agrees_with_teacher_forcing(
-    llama_1b_dir: Path, oracle_fp32: torch.nn.Module
+    llama_1b_dir: Path, oracle_fp32: torch.nn.Module, oracle_bf16: torch.nn.Module
 ) -> None:
     """A continuous batch of 24 requests (mixed prefill + graph decode): every generated token is
     the FP32 oracle's argmax on our own sequence, wherever the oracle's top two are not a near
@@ -218,11 +225,7 @@ def test_engine_generation_agrees_with_teacher_forcing(
         span = slice(len(c.prompt_ids) - 1, -1)
         with torch.no_grad():
             logits = oracle_fp32(full).logits[0, span]
-            oracle_fp32.to(torch.bfloat16)
-            try:
-                hf16 = oracle_fp32(full).logits[0, span].argmax(-1)
-            finally:
-                oracle_fp32.float()
+            hf16 = oracle_bf16(full).logits[0, span].argmax(-1)
         top2 = logits.topk(2, dim=-1).values
         clear = (top2[:, 0] - top2[:, 1]) > 0.1
         want = logits.argmax(-1)

@@ -177,15 +177,55 @@ def bench_decode_b1(report: Report, engine: Any, roof: dict[str, float], new_tok
     from sv_engine import SamplingParams
 
     weight_bytes = engine.runner.weight_bytes_per_decode_step()
-    prompt = _random_prompts(random.Random(1), 1, 128, 128)[0]
+    rng = random.Random(1)
+    warm, prompt = _random_prompts(rng, 2, 128, 128)  # distinct: no prefix-cache hit
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    engine.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))  # warm-up
+    engine.generate([warm], SamplingParams(max_new_tokens=8, ignore_eos=True))
     t0 = time.perf_counter()
     times = [time.perf_counter() for _event in engine.stream([prompt], params)]
     ttft = times[0] - t0
     decode = (len(times) - 1) / (times[-1] - times[0])
-    roofline = roof["copy_bw"] / 2 / weight_bytes  # weights read once per token
-    report.add(Row("decode-b1", decode, "tok/s", roofline, f"TTFT {ttft * 1e3:.1f} ms"))
+    roofline = roof["copy_bw"] / weight_bytes  # every weight read once per token
+    report.add(
+        Row(
+            "decode-b1",
+            decode,
+            "tok/s",
+            roofline,
+            f"TTFT {ttft * 1e3:.1f} ms; {weight_bytes / 1e9:.2f} GB of weights per token",
+        )
+    )
+
+
+def bench_decode_step(report: Report, engine: Any, roof: dict[str, float], batch: int) -> None:
+    """The GPU time of one graph-replayed decode step alone (no scheduler, no host round trip):
+    how far the end-to-end figure is from what the kernels themselves allow."""
+    import torch
+    from sv_model import StepInputs
+
+    runner = engine.runner
+    slot = runner.scratch_slot
+    step = StepInputs(
+        token_ids=[1] * batch,
+        positions=[700] * batch,
+        seq_slots=[slot] * batch,
+        query_lens=[1] * batch,
+        seq_lens=[701] * batch,
+        sample_rows=list(range(batch)),
+    )
+    ms = _cuda_ms(lambda: runner.logits(step), iters=20)
+    del torch
+    weight_bytes = runner.weight_bytes_per_decode_step()
+    report.add(
+        Row(
+            f"decode step GPU time, batch {batch}",
+            ms * 1e3,
+            "us",
+            None,
+            f"{batch / ms * 1e3:,.0f} tok/s if the host cost nothing; weights alone "
+            f"{weight_bytes / roof['copy_bw'] * 1e6:.0f} us",
+        )
+    )
 
 
 def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
@@ -195,18 +235,23 @@ def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
     config = engine.runner.config
     prompt = _random_prompts(random.Random(2), 1, 2048, 2048)[0]
     params = SamplingParams(max_new_tokens=1, ignore_eos=True)
-    for _ in range(2):
-        engine.generate([prompt], params)  # warm-up (kernel compilation)
     best = float("inf")
-    for i in range(5):
+    for i in range(6):
         # a different prompt each time, so the prefix cache does not serve it
         p = [(t + i + 1) % 128000 for t in prompt]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         engine.generate([p], params)
-        best = min(best, time.perf_counter() - t0)
-    flops = 2 * engine.runner.num_parameters(include_embedding=False) * len(prompt)
-    flops += 4 * config.num_hidden_layers * config.hidden_size * len(prompt) ** 2 // 2
+        if i > 0:  # the first run is a warm-up
+            best = min(best, time.perf_counter() - t0)
+    # Every matrix but the LM head (which sees only the last token), plus causal attention.
+    n = len(prompt)
+    matrices = (
+        engine.runner.num_parameters(include_embedding=False)
+        - config.vocab_size * config.hidden_size
+    )
+    flops = 2 * matrices * n + 2 * config.vocab_size * config.hidden_size
+    flops += 2 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * n * n
     report.add(
         Row(
             "prefill 2048 tokens (TTFT)",
@@ -228,16 +273,18 @@ def bench_throughput(
     rng = random.Random(0)
     prompts = _random_prompts(rng, count, 100, 1024)
     news = [rng.randint(100, 1024) if variable else new_tokens for _ in prompts]
-    engine.generate(prompts[:8], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+    # Each benchmark starts cold: no prompt may be served by an earlier run's prefix cache.
+    engine.clear_prefix_cache()
     torch.cuda.reset_peak_memory_stats()
     ids = [
-        engine.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+        engine.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True), stream_text=False)
         for p, n in zip(prompts, news, strict=True)
     ]
     t0 = time.perf_counter()
-    out_tokens = 0
+    out_tokens = steps = 0
     pending = set(ids)
     while pending:
+        steps += 1
         for event in engine.step():
             out_tokens += event.token_id is not None
             if event.finished is not None:
@@ -251,10 +298,68 @@ def bench_throughput(
             out_tokens / wall,
             "tok/s",
             None,
-            f"{count} requests, {out_tokens} tokens in {wall:.1f} s; peak GPU mem {peak:.1f} GiB, "
-            f"KV pool {pool:.1f} GiB",
+            f"{count} requests, {out_tokens} tokens in {wall:.1f} s, {steps} steps; "
+            f"peak GPU mem {peak:.1f} GiB, KV pool {pool:.1f} GiB",
         )
     )
+
+
+def profile_steps(engine: Any, label: str, run: Callable[[], object], out_dir: Path) -> None:
+    """Where the time of `run` goes: the top CUDA kernels and the host time around them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    gpu_total = sum(e.self_device_time_total for e in events)
+    lines = [f"--- profile: {label}: wall {wall * 1e3:.1f} ms, GPU busy {gpu_total / 1e3:.1f} ms"]
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
+        share = e.self_device_time_total / max(gpu_total, 1)
+        lines.append(
+            f"  {e.self_device_time_total / 1e3:8.2f} ms {share:5.1%} {e.count:6d}x  {e.key[:90]}"
+        )
+    text = "\n".join(lines)
+    print(text, flush=True)
+    with (out_dir / "profiles.txt").open("a") as f:
+        f.write(text + "\n")
+
+
+def run_profiles(engine: Any, out_dir: Path) -> None:
+    from sv_engine import SamplingParams
+
+    rng = random.Random(5)
+    one = _random_prompts(rng, 1, 128, 128)
+    profile_steps(
+        engine,
+        "decode-b1, 32 tokens",
+        lambda: engine.generate(one, SamplingParams(max_new_tokens=32, ignore_eos=True)),
+        out_dir,
+    )
+    long = _random_prompts(rng, 1, 2048, 2048)
+    profile_steps(
+        engine,
+        "prefill 2048",
+        lambda: engine.generate(long, SamplingParams(max_new_tokens=1, ignore_eos=True)),
+        out_dir,
+    )
+    # 256 sequences decoding together (contexts ~100..1,024): 16 steps, after their prefill.
+    for p in _random_prompts(rng, 256, 100, 1024):
+        engine.add_request(p, SamplingParams(max_new_tokens=17, ignore_eos=True), stream_text=False)
+    while any(not s.decoding for s in engine.scheduler.running()) or engine.scheduler.num_waiting:
+        engine.step()
+
+    def decode_steps() -> None:
+        for _ in range(16):
+            engine.step()
+
+    profile_steps(engine, "decode batch 256, 16 steps", decode_steps, out_dir)
+    while engine.has_unfinished():
+        engine.step()
 
 
 def bench_peer(report: Report, model_dir: Path, quick: bool) -> None:
@@ -307,6 +412,7 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--peer", action="store_true", help="also run the transformers peer")
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
     p.add_argument("--only", help="comma-separated subset: load,decode,prefill,throughput,var")
+    p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
     args = p.parse_args(argv)
 
@@ -335,6 +441,8 @@ def bench_main(argv: list[str]) -> int:
     report.info["kv_pool_gib"] = engine.runner.kv_pool_bytes() / 2**30
     if want("decode"):
         bench_decode_b1(report, engine, roof, 64 if args.quick else 256)
+        for batch in (1, 256):
+            bench_decode_step(report, engine, roof, batch)
     if want("prefill"):
         bench_prefill(report, engine, roof)
     count = 32 if args.quick else 256
@@ -342,6 +450,8 @@ def bench_main(argv: list[str]) -> int:
         bench_throughput(report, engine, "throughput", count, False, 64 if args.quick else 512)
     if want("var"):
         bench_throughput(report, engine, "throughput-var", count, True, 0)
+    if args.profile:
+        run_profiles(engine, Path(args.workdir))
     del engine
     torch.cuda.empty_cache()
     if args.peer:

@@ -49,7 +49,7 @@ class _Live:
 
     params: SamplingParams
     seed: int
-    decoder: StreamDecoder
+    decoder: StreamDecoder | None  # None: the caller wants no text until the completion
     stop_ids: frozenset[int]
     prompt_ids: list[int]
     start: float
@@ -87,11 +87,14 @@ class Engine:
         prefix_caching: bool = True,
         optimistic: bool = False,
         use_cuda_graphs: bool = True,
+        warmup: bool = True,
     ) -> Engine:
         """Load a Llama checkpoint folder (config.json, safetensors, tokenizer) into a ready engine.
 
         device "auto" picks CUDA when present, else the CPU. The KV pool is `kv_cache_mib` MiB
         when given; otherwise most of the free GPU memory on CUDA, a modest default on the CPU.
+        On CUDA, `warmup` compiles the kernels and captures the decode graphs before returning,
+        so no request pays for them.
         """
         cfg = EngineConfig(
             device=device,
@@ -118,6 +121,8 @@ class Engine:
                 optimistic=cfg.optimistic,
             )
         )
+        if warmup and loaded.runner.is_cuda:
+            loaded.runner.warmup(min(cfg.max_step_tokens, loaded.max_model_len))
         stop_ids = frozenset(loaded.tokenizer.eos_ids) | frozenset(loaded.config.eos_token_ids)
         return cls(loaded.tokenizer, loaded.runner, scheduler, stop_ids)
 
@@ -144,8 +149,14 @@ class Engine:
             return items  # type: ignore[return-value]
         raise EngineError("a prompt is a str, a list of Message, or a list of token ids")
 
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestId:
-        """Queue one request; raises EngineError/AdmissionError if it can never run."""
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, stream_text: bool = True
+    ) -> RequestId:
+        """Queue one request; raises EngineError/AdmissionError if it can never run.
+
+        With `stream_text` False its events carry no text (only token ids) and the text is
+        decoded once, into the completion: cheaper for batch work nobody watches token by token.
+        """
         params = params or SamplingParams()
         prompt_ids = self.encode_prompt(prompt)
         request_id = next(self._ids)
@@ -162,7 +173,7 @@ class Engine:
         self._live[request_id] = _Live(
             params=params,
             seed=seed,
-            decoder=StreamDecoder(self.tokenizer),
+            decoder=StreamDecoder(self.tokenizer) if stream_text else None,
             stop_ids=frozenset() if params.ignore_eos else self.stop_ids,
             prompt_ids=prompt_ids,
             start=time.perf_counter(),
@@ -187,6 +198,10 @@ class Engine:
         for request_id in list(self._live):
             self.cancel(request_id)
 
+    def clear_prefix_cache(self) -> int:
+        """Forget cached prompt pages nobody holds; returns how many pages were freed."""
+        return self.scheduler.clear_prefix_cache()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -209,7 +224,8 @@ class Engine:
             live = self._live[seq.request_id]
             if live.first_token_at is None:
                 live.first_token_at = time.perf_counter()
-            text = "" if token in live.stop_ids else live.decoder.push(token)
+            decoder = live.decoder
+            text = "" if decoder is None or token in live.stop_ids else decoder.push(token)
             done = finished.get(seq.request_id)
             if done is None:
                 events.append(StreamEvent(seq.request_id, token, text))
@@ -268,7 +284,8 @@ class Engine:
         live = self._live.pop(done.request_id)
         if not live.params.greedy:
             self._num_sampling -= 1
-        text += live.decoder.flush()
+        if live.decoder is not None:
+            text += live.decoder.flush()
         output = list(done.output_ids)
         visible = output[:-1] if done.finish_reason == "stop" and output else output
         now = time.perf_counter()
@@ -299,7 +316,7 @@ class Engine:
         self, prompts: Iterable[Prompt], params: SamplingParams | None = None
     ) -> list[Completion]:
         """Run every prompt to completion; completions come back in prompt order."""
-        ids = self._add_all(prompts, params)
+        ids = self._add_all(prompts, params, stream_text=False)
         done = {e.request_id: e.completion for e in self._run(ids) if e.completion is not None}
         return [done[r] for r in ids]
 
@@ -316,12 +333,14 @@ class Engine:
             for request_id in pending:
                 self.cancel(request_id)
 
-    def _add_all(self, prompts: Iterable[Prompt], params: SamplingParams | None) -> list[RequestId]:
+    def _add_all(
+        self, prompts: Iterable[Prompt], params: SamplingParams | None, stream_text: bool = True
+    ) -> list[RequestId]:
         """Add all prompts or none: a prompt that can never run cancels the ones before it."""
         ids: list[RequestId] = []
         try:
             for prompt in prompts:
-                ids.append(self.add_request(prompt, params))
+                ids.append(self.add_request(prompt, params, stream_text=stream_text))
         except (EngineError, AdmissionError):
             for request_id in ids:
                 self.cancel(request_id)

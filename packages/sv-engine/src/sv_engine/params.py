@@ -65,7 +65,7 @@ class Completion:
     latency_s: float = 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamEvent:
     """One sampled token of one request, as it is generated.
 

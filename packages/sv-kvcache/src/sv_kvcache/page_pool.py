@@ -221,6 +221,16 @@ class PagePool:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def clear_cache(self) -> int:
+        """Forget every cached page that no sequence holds and make it free; returns how many.
+        Pages still held keep their registration (their KV stays valid and shareable)."""
+        pages = list(self._cached_lru)
+        for page in pages:
+            self._forget(page)
+            self._free.append(page)
+        self._cached_lru.clear()
+        return len(pages)
+
     def _evict(self) -> int:
         """Take the least recently released cached page out of the cache."""
         page = next(iter(self._cached_lru))

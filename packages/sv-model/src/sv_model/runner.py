@@ -132,6 +132,38 @@ class ModelRunner:
     def kv_pool_bytes(self) -> int:
         return 2 * self.kv.k.numel() * self.kv.k.element_size()
 
+    # --- warm-up ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def warmup(self, max_prefill_tokens: int = 2048) -> None:
+        """Compile every kernel variant and capture every decode graph now, not mid-request.
+
+        Triton specializes a kernel on its block sizes (chosen from the prompt length) and on
+        integer arguments that are 1 or multiples of 16; a first request of each kind would
+        otherwise pay the compile (~0.5 s) in its time to first token. The prefills run on the
+        scratch slot, whose block table points every position at the scratch page.
+        """
+        lengths = [
+            n for n in (1, 7, 16, 17, 40, 64, 100, 128, 300, 2048) if n <= max_prefill_tokens
+        ]
+        for n in lengths:
+            for seqs in (1, 2):
+                step = StepInputs(
+                    token_ids=[0] * (n * seqs),
+                    positions=list(range(n)) * seqs,
+                    seq_slots=[self.scratch_slot] * seqs,
+                    query_lens=[n] * seqs,
+                    seq_lens=[n] * seqs,
+                    sample_rows=list(range(seqs)),
+                )
+                ops.argmax(self._prefill(step))
+        if self.use_cuda_graphs:
+            for bucket in self._buckets:
+                if bucket not in self._graphs:
+                    self._graphs[bucket] = _DecodeGraph(self, bucket)
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
     # --- block tables -----------------------------------------------------------------------
 
     def set_block_tables(self, rows: Sequence[tuple[int, Sequence[int]]]) -> None:

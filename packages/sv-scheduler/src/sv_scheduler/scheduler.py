@@ -106,6 +106,11 @@ class Scheduler:
         self._unfinished[seq.request_id] = seq
         return seq
 
+    def clear_prefix_cache(self) -> int:
+        """Drop every cached prefix page no request holds (e.g. between benchmark runs, so one
+        run's prompts do not serve the next); returns how many pages were freed."""
+        return self.pool.clear_cache()
+
     def cancel(self, request_id: RequestId) -> bool:
         """Drop a waiting or running request now, returning its pages, credits and slot.
 
