@@ -137,28 +137,42 @@ def prepare_checkpoint(root: Path, tokenizer_dir: Path | None) -> Path:
 def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
     import torch
     from sv_weights import load_checkpoint
+    from sv_weights import safetensors as st
 
     path = model_dir / "model.safetensors"
     size = path.stat().st_size
     with path.open("rb") as f:  # bring the file into the page cache
         while f.read(64 * MIB):
             pass
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        tensors = load_checkpoint(model_dir, device="cuda")
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-        del tensors
-        torch.cuda.empty_cache()
+
+    def best_of(reps: int) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            tensors = load_checkpoint(model_dir, device="cuda")
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+            del tensors
+            torch.cuda.empty_cache()
+        return best
+
+    default = (st.DEVICE_READERS, st.DEVICE_CHUNK_BYTES)
+    sweep = []
+    for readers in (4, 8, 16):
+        for chunk_mib in (16, 64):
+            st.DEVICE_READERS, st.DEVICE_CHUNK_BYTES = readers, chunk_mib * MIB
+            sweep.append(f"{readers}x{chunk_mib}MiB {size / best_of(2) / 1e9:.1f}")
+    st.DEVICE_READERS, st.DEVICE_CHUNK_BYTES = default
+    print(f"[bench] load sweep (readers x chunk: GB/s): {'; '.join(sweep)}", flush=True)
+    best = best_of(3)
     report.add(
         Row(
             "load 1B checkpoint -> GPU",
             size / best / 1e9,
             "GB/s",
             roof["h2d"] / 1e9,
-            f"{size / 1e9:.2f} GB in {best * 1e3:.0f} ms (page cache)",
+            f"{size / 1e9:.2f} GB in {best * 1e3:.0f} ms (page cache, {default[0]} readers)",
         )
     )
 
@@ -329,6 +343,25 @@ def profile_steps(engine: Any, label: str, run: Callable[[], object], out_dir: P
         f.write(text + "\n")
 
 
+def host_profile(label: str, run: Callable[[], object], out_dir: Path) -> None:
+    """Where the host's time goes (cProfile, by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+    lines = [ln for ln in text.getvalue().splitlines() if ln.strip()][:22]
+    body = "\n".join(f"  {ln}" for ln in lines)
+    print(f"--- host profile: {label}\n{body}", flush=True)
+    with (out_dir / "profiles.txt").open("a") as f:
+        f.write(f"--- host profile: {label}\n{body}\n")
+
+
 def run_profiles(engine: Any, out_dir: Path) -> None:
     from sv_engine import SamplingParams
 
@@ -349,7 +382,7 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
     )
     # 256 sequences decoding together (contexts ~100..1,024): 16 steps, after their prefill.
     for p in _random_prompts(rng, 256, 100, 1024):
-        engine.add_request(p, SamplingParams(max_new_tokens=17, ignore_eos=True), stream_text=False)
+        engine.add_request(p, SamplingParams(max_new_tokens=40, ignore_eos=True), stream_text=False)
     while any(not s.decoding for s in engine.scheduler.running()) or engine.scheduler.num_waiting:
         engine.step()
 
@@ -358,8 +391,14 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
             engine.step()
 
     profile_steps(engine, "decode batch 256, 16 steps", decode_steps, out_dir)
+    host_profile("decode batch 256, 16 steps", decode_steps, out_dir)
     while engine.has_unfinished():
         engine.step()
+    host_profile(
+        "decode-b1, 32 tokens",
+        lambda: engine.generate(one, SamplingParams(max_new_tokens=32, ignore_eos=True)),
+        out_dir,
+    )
 
 
 def bench_peer(report: Report, model_dir: Path, quick: bool) -> None:
@@ -439,6 +478,8 @@ def bench_main(argv: list[str]) -> int:
         kernel_bench.main(["--json", str(Path(args.workdir) / "kernels.json")])
     engine = _engine(model_dir, max_num_seqs=256)
     report.info["kv_pool_gib"] = engine.runner.kv_pool_bytes() / 2**30
+    for shape, choice in engine.runner.linear_choices.items():
+        print(f"[bench] linear {shape[0]}x{shape[1]} at batch 1: {choice}", flush=True)
     if want("decode"):
         bench_decode_b1(report, engine, roof, 64 if args.quick else 256)
         for batch in (1, 256):

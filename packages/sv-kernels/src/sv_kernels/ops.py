@@ -123,6 +123,32 @@ def rms_norm(
     return reference.rms_norm(x, weight, eps, residual)
 
 
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x [T, K] @ weight [N, K]^T, as `torch.nn.functional.linear` (cuBLAS on CUDA).
+
+    A one-row CUDA call (a batch-1 decode step) goes to the Triton GEMV instead when
+    `tune_linear` measured it faster for this weight's shape.
+    """
+    if _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
+        from . import triton_ops
+
+        config = triton_ops.gemv_config(weight)
+        if config is not None:
+            return triton_ops.gemv(x, weight, config)
+    return reference.linear(x, weight)
+
+
+def tune_linear(weights: list[Tensor]) -> dict[tuple[int, int], str]:
+    """Measure, for each distinct CUDA weight shape, whether the Triton GEMV beats cuBLAS at
+    one row (see `triton_ops.gemv`). Call before capturing CUDA graphs; a no-op on the CPU."""
+    cuda = [w for w in weights if _on_cuda(w)]
+    if not cuda:
+        return {}
+    from . import triton_ops
+
+    return triton_ops.tune_gemv(cuda)
+
+
 def swiglu(gate_up: Tensor) -> Tensor:
     op = "swiglu"
     if not isinstance(gate_up, Tensor) or gate_up.dim() < 1 or gate_up.shape[-1] % 2 != 0:

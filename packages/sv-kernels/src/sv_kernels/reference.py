@@ -26,6 +26,11 @@ def embedding(ids: Tensor, weight: Tensor) -> Tensor:
     return weight.index_select(0, ids.long())
 
 
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x [T, K] @ weight [N, K]^T -> [T, N] (a linear layer without bias)."""
+    return torch.nn.functional.linear(x, weight)
+
+
 def rms_norm(
     x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:

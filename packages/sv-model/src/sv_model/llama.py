@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from sv_kernels import ops
 from sv_kernels.rope_tables import Llama3RopeScaling, rope_tables
 from sv_weights import LlamaConfig
@@ -136,7 +135,7 @@ class LlamaModel:
         residual: Tensor | None = None
         for layer_idx, layer in enumerate(w.layers):
             x, residual = ops.rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps, residual)
-            qkv = F.linear(x, layer.qkv)
+            qkv = ops.linear(x, layer.qkv)
             q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
             v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -159,12 +158,12 @@ class LlamaModel:
                     self.scale,
                     attn.max_seqlen_q,
                 )
-            hidden = F.linear(o.view(num_tokens, q_size), layer.o)
+            hidden = ops.linear(o.view(num_tokens, q_size), layer.o)
             x, residual = ops.rms_norm(
                 hidden, layer.post_attention_norm, self.config.rms_norm_eps, residual
             )
-            hidden = F.linear(ops.swiglu(F.linear(x, layer.gate_up)), layer.down)
+            hidden = ops.linear(ops.swiglu(ops.linear(x, layer.gate_up)), layer.down)
         x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices)
-        return F.linear(x, w.lm_head).float()
+        return ops.linear(x, w.lm_head).float()

@@ -107,10 +107,10 @@ class ModelRunner:
         )
         self.is_cuda = self.device.type == "cuda"
         self.use_cuda_graphs = use_cuda_graphs and self.is_cuda
-        self._pin = self.is_cuda
         self._graphs: dict[int, _DecodeGraph] = {}
         self._buckets = _decode_buckets(max_num_seqs)
         self._graph_pool: Any = None  # one memory pool shared by every captured graph
+        self.linear_choices: dict[tuple[int, int], str] = {}  # filled by warmup (CUDA)
 
     # --- sizes (for benchmarks and stats) -----------------------------------------------------
 
@@ -157,6 +157,11 @@ class ModelRunner:
                     sample_rows=list(range(seqs)),
                 )
                 ops.argmax(self._prefill(step))
+        w = self.model.weights
+        matrices = [w.lm_head] + [
+            m for layer in w.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ]
+        self.linear_choices = ops.tune_linear(matrices)
         if self.use_cuda_graphs:
             for bucket in self._buckets:
                 if bucket not in self._graphs:
@@ -208,10 +213,11 @@ class ModelRunner:
             return self._prefill(step, every_token=every_token)
 
     def _upload(self, host: np.ndarray) -> Tensor:
-        t = torch.from_numpy(host)
-        if self._pin:
-            t = t.pin_memory()
-        return t.to(self.device, non_blocking=True)
+        """One host-to-device copy of a small int32 array (block-table rows, a prefill step's
+        inputs: kilobytes). From pageable memory the copy is synchronous, which costs nothing
+        here: each step starts with an idle stream (the previous step ended in a sync). Pinning
+        a fresh buffer per call would cost a pinned allocation instead."""
+        return torch.from_numpy(host).to(self.device)
 
     def _slot_mapping(self, block_tables: Tensor, token_seq: Tensor, positions: Tensor) -> Tensor:
         pages = block_tables[token_seq, positions // self.page_size]

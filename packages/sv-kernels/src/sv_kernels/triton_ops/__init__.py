@@ -13,6 +13,7 @@ if INTERPRET:
 
 from .decode_attention import choose_num_splits, paged_decode_attention
 from .embedding import embedding
+from .gemv import gemv, gemv_config, tune_gemv
 from .prefill_attention import prefill_attention
 from .rms_norm import rms_norm
 from .rope_cache import rope_cache_write
@@ -23,10 +24,13 @@ __all__ = [
     "argmax",
     "choose_num_splits",
     "embedding",
+    "gemv",
+    "gemv_config",
     "paged_decode_attention",
     "prefill_attention",
     "rms_norm",
     "rope_cache_write",
     "sample",
     "swiglu",
+    "tune_gemv",
 ]

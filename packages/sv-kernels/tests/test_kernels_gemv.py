@@ -1,0 +1,58 @@
+"""The Triton batch-1 GEMV against the reference linear, and the measured cuBLAS/Triton choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernels_testing import GPU, assert_close, gpu_test, randn
+from sv_kernels import ops, reference, triton_ops
+from sv_kernels.triton_ops.gemv import CONFIGS
+
+BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("n", "k"),
+    [
+        (1, 16),
+        (37, 100),  # neither dim a multiple of any tile
+        (64, 1024),
+        pytest.param(3072, 2048, marks=GPU),  # Llama 3.2 1B qkv
+        pytest.param(2048, 8192, marks=GPU),  # down
+        pytest.param(16384, 2048, marks=GPU),  # gate/up
+        pytest.param(128256, 2048, marks=GPU),  # LM head
+    ],
+)
+def test_gemv_matches_linear(
+    gen: torch.Generator, config: tuple[int, int, int], dtype: torch.dtype, n: int, k: int
+) -> None:
+    x = randn(gen, 1, k, dtype=dtype)
+    w = randn(gen, n, k, dtype=dtype)
+    out = triton_ops.gemv(x, w, config)
+    assert out.shape == (1, n) and out.dtype == dtype
+    assert_close(out, reference.linear(x, w), f"gemv {config}")
+
+
+@gpu_test
+def test_tuned_linear_dispatch_and_graph_capture(gen: torch.Generator) -> None:
+    """After tuning, ops.linear on one row uses whatever won, gives the reference's result, and
+    captures in a CUDA graph (no tuning or host sync inside the call)."""
+    weights = [
+        randn(gen, n, k, dtype=BF16) for n, k in ((3072, 2048), (2048, 8192), (128256, 2048))
+    ]
+    report = ops.tune_linear(weights)
+    assert set(report) == {(3072, 2048), (2048, 8192), (128256, 2048)}
+    x = randn(gen, 1, 2048, dtype=BF16)
+    graph = torch.cuda.CUDAGraph()
+    static_x = x.clone()
+    ops.linear(static_x, weights[0])  # warm-up outside capture
+    with torch.cuda.graph(graph):
+        out = ops.linear(static_x, weights[0])
+    static_x.copy_(randn(gen, 1, 2048, dtype=BF16))
+    graph.replay()
+    assert_close(out, reference.linear(static_x, weights[0]), "graphed linear")
+    # more than one row always goes to cuBLAS
+    two = randn(gen, 2, 2048, dtype=BF16)
+    assert torch.equal(ops.linear(two, weights[0]), reference.linear(two, weights[0]))
