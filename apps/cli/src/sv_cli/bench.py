@@ -159,8 +159,8 @@ def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
 
     default = (st.DEVICE_READERS, st.DEVICE_CHUNK_BYTES)
     sweep = []
-    for readers in (4, 8, 16):
-        for chunk_mib in (16, 64):
+    for readers in (8, 16, 32):
+        for chunk_mib in (32, 64, 128):
             st.DEVICE_READERS, st.DEVICE_CHUNK_BYTES = readers, chunk_mib * MIB
             sweep.append(f"{readers}x{chunk_mib}MiB {size / best_of(2) / 1e9:.1f}")
     st.DEVICE_READERS, st.DEVICE_CHUNK_BYTES = default

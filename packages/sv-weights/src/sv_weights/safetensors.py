@@ -324,8 +324,9 @@ def _check_data_section_covered(tensors: dict[str, TensorInfo], data_len: int, p
 # readers work at once. One thread copying from the page cache into pinned memory manages a
 # few GB/s, a tenth of what the PCIe link takes; several readers in parallel (each `os.preadv`
 # releases the GIL) keep the link busy. Each reader owns two pinned buffers and a CUDA stream.
-DEVICE_CHUNK_BYTES = 32 * 1024 * 1024
-DEVICE_READERS = min(8, os.cpu_count() or 1)
+# On the H200 machine (16 cores) 16 readers of 64 MiB chunks did best of the sizes tried.
+DEVICE_CHUNK_BYTES = 64 * 1024 * 1024
+DEVICE_READERS = min(16, os.cpu_count() or 1)
 
 
 def load_file(
