@@ -75,6 +75,8 @@ def test_static_policy_flag(default_model: Path, capsys: pytest.CaptureFixture[s
         (["generate", "--no-such-flag", "hello"], "unrecognized arguments"),
         (["generate", "--model", "/nonexistent/model", "hello"], "does not exist"),
         (["generate", "--temperature", "-1", "hello"], "temperature"),
+        (["generate", "--kv-cache-mib", "-1", "hello"], "must be a positive number"),
+        (["generate", "--max-model-len", "0", "hello"], "must be at least 1"),
         (["frobnicate"], "invalid choice"),
     ],
 )

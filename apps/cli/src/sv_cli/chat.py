@@ -10,7 +10,9 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from sv_cli.common import add_engine_arguments, add_sampling_arguments, open_engine, sampling_params
+from sv_engine.options import add_engine_arguments
+
+from sv_cli.common import add_sampling_arguments, open_engine, sampling_params
 
 HELP = "commands: /reset (start over), /exit (or Ctrl-D). Ctrl-C stops a response."
 

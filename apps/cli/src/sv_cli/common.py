@@ -1,4 +1,5 @@
-"""Options and helpers shared by the commands that load a model."""
+"""Options and helpers shared by the commands that load a model (the engine options themselves
+live in `sv_engine.options`, shared with `sv serve`)."""
 
 from __future__ import annotations
 
@@ -8,30 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sv_engine import Engine, SamplingParams
-
-
-def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        metavar="DIR",
-        help="model folder (config.json, model.safetensors, tokenizer); "
-        "default: the embedded SmolLM2-135M-Instruct",
-    )
-    p.add_argument(
-        "--kv-cache-mib",
-        type=float,
-        metavar="N",
-        help="KV-cache pool size in MiB (default: most free GPU memory, or 256 MiB on the CPU)",
-    )
-    p.add_argument(
-        "--device", default="auto", help="auto (default: CUDA when present), cuda or cpu"
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        metavar="N",
-        help="context limit in tokens (default: the model's, capped by the pool)",
-    )
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,20 +34,11 @@ def sampling_params(args: argparse.Namespace, max_new: int) -> SamplingParams:
 
 def open_engine(args: argparse.Namespace, **overrides: Any) -> Engine | None:
     """Load the engine for --model (or the embedded default); None after printing an error."""
-    from sv_engine import Engine, EngineError
-    from sv_weights import WeightsError, default_model_dir
+    from sv_engine import EngineError
+    from sv_engine.options import engine_from_args
 
     try:
-        model_dir = args.model
-        if model_dir is None:
-            model_dir = default_model_dir(progress=lambda message: print(message, file=sys.stderr))
-        return Engine.from_model_dir(
-            model_dir,
-            device=args.device,
-            kv_cache_mib=args.kv_cache_mib,
-            max_model_len=args.max_model_len,
-            **overrides,
-        )
-    except (EngineError, WeightsError) as e:
+        return engine_from_args(args, **overrides)[0]
+    except EngineError as e:
         print(f"sv: error: {e}", file=sys.stderr)
         return None

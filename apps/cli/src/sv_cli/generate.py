@@ -7,7 +7,9 @@ import re
 import sys
 from typing import Any
 
-from sv_cli.common import add_engine_arguments, add_sampling_arguments, open_engine, sampling_params
+from sv_engine.options import add_engine_arguments
+
+from sv_cli.common import add_sampling_arguments, open_engine, sampling_params
 
 DEFAULT_MAX_NEW = 128
 _INTEGER = re.compile(r"[+-]?\d+")

@@ -5,30 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
-EXIT_USAGE = 2
+from sv_engine.options import OneLineErrorParser
+
 EXIT_INTERRUPTED = 130
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _fail(message: str) -> int:
-    print(f"sv: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def build_parser() -> _Parser:
-    parser = _Parser(
+def build_parser() -> OneLineErrorParser:
+    parser = OneLineErrorParser(
         prog="sv",
         description="sv: a from-scratch LLM inference engine (Llama architecture, paged KV cache).",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     sub.required = True
 
     from sv_cli import generate as generate_cmd

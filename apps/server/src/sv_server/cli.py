@@ -9,28 +9,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from sv_engine.options import OneLineErrorParser, add_engine_arguments, positive_int
+
 if TYPE_CHECKING:
     from sv_tokenizer import Tokenizer
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _port(text: str) -> int:
@@ -43,50 +28,20 @@ def _port(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def build_parser() -> _Parser:
+def build_parser() -> OneLineErrorParser:
     from sv_server.app import DEFAULT_MAX_QUEUE
 
-    p = _Parser(
+    p = OneLineErrorParser(
         prog="sv serve",
         description="Serve a model over an OpenAI-compatible HTTP API "
         "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).",
     )
-    p.add_argument(
-        "--model",
-        metavar="DIR",
-        help="model folder (config.json, model.safetensors, tokenizer); "
-        "default: the embedded SmolLM2-135M-Instruct",
-    )
+    add_engine_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free)")
     p.add_argument(
-        "--kv-cache-mib",
-        type=_positive_float,
-        metavar="N",
-        help="KV-cache pool size in MiB (default: most free GPU memory, or 256 MiB on the CPU)",
-    )
-    p.add_argument(
-        "--device", default="auto", help="auto (default: CUDA when present), cuda or cpu"
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=_positive_int,
-        metavar="N",
-        help="context limit in tokens (default: the model's, capped by the pool)",
-    )
-    p.add_argument(
         "--max-queue",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_QUEUE,
         metavar="N",
         help=f"requests allowed to wait for admission; more get 429 (default {DEFAULT_MAX_QUEUE})",
@@ -119,24 +74,14 @@ def serve_main(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
 
     import uvicorn
-    from sv_engine import Engine, EngineError
-    from sv_weights import WeightsError, default_model_dir
+    from sv_engine import EngineError
+    from sv_engine.options import engine_from_args
 
     from sv_server.app import create_app
 
     try:
-        model_dir = (
-            Path(args.model)
-            if args.model
-            else default_model_dir(progress=lambda message: print(message, file=sys.stderr))
-        )
-        engine = Engine.from_model_dir(
-            model_dir,
-            device=args.device,
-            kv_cache_mib=args.kv_cache_mib,
-            max_model_len=args.max_model_len,
-        )
-    except (EngineError, WeightsError) as e:
+        engine, model_dir = engine_from_args(args)
+    except EngineError as e:
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or model_dir.resolve().name

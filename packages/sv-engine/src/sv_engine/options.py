@@ -1,0 +1,91 @@
+"""Command-line options shared by every app that loads a model (`sv generate`, `sv chat`,
+`sv serve`): one definition, so the apps cannot drift apart."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from sv_engine.engine import Engine
+from sv_engine.errors import EngineError
+
+EXIT_USAGE = 2
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """--model, --kv-cache-mib, --device, --max-model-len."""
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="model folder (config.json, model.safetensors, tokenizer); "
+        "default: the embedded SmolLM2-135M-Instruct",
+    )
+    p.add_argument(
+        "--kv-cache-mib",
+        type=positive_float,
+        metavar="N",
+        help="KV-cache pool size in MiB (default: most free GPU memory, or 256 MiB on the CPU)",
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (default: CUDA when present), cuda or cpu"
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        metavar="N",
+        help="context limit in tokens (default: the model's, capped by the pool)",
+    )
+
+
+def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine, Path]:
+    """The engine the options of `add_engine_arguments` ask for, and its model folder.
+
+    Without --model the embedded default model is used (converted into the cache on first
+    use, with a progress line on stderr). Every failure is an EngineError with a one-line
+    message."""
+    from sv_weights import WeightsError, default_model_dir
+
+    try:
+        if args.model is not None:
+            model_dir = Path(args.model)
+        else:
+            model_dir = default_model_dir(progress=lambda message: print(message, file=sys.stderr))
+    except WeightsError as e:
+        raise EngineError(str(e)) from e
+    engine = Engine.from_model_dir(
+        model_dir,
+        device=args.device,
+        kv_cache_mib=args.kv_cache_mib,
+        max_model_len=args.max_model_len,
+        **overrides,
+    )
+    return engine, model_dir
