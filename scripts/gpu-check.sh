@@ -4,7 +4,8 @@
 # the last thing printed is the short table. Logs and JSON go to $OUT (the device tool brings
 # them back).
 #
-#   device run:  bash scripts/gpu-check.sh            (carry: .assets)
+#   device run:  bash scripts/gpu-check.sh            (carry: .assets, and .http-deps for the
+#                serving benchmark: `make gpu-assets` builds both)
 #   options via env: SV_BENCH_ARGS="--quick" (added), SV_BENCH_FLAGS (replaces the default
 #   "--kernels --peer --profile"), SV_SKIP_TESTS=1, SV_PYTEST_ARGS="-k decode"
 set -uo pipefail
@@ -35,4 +36,15 @@ echo "== benchmarks"
 python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
     ${SV_BENCH_FLAGS:---kernels --peer --profile} --json "$OUT/bench.json" ${SV_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^\[bench\]'
 bench_rc=${PIPESTATUS[0]}
-echo "GPU tests: rc=$tests_rc ($(tail -1 "$OUT/gpu-tests.log" 2>/dev/null))   bench: rc=$bench_rc"
+
+serve_rc=skipped
+if [ -d .http-deps ] && [ -z "${SV_SKIP_SERVE:-}" ]; then
+    # The serving benchmark needs starlette/uvicorn, which the image lacks: carry .http-deps,
+    # made by `bash apps/server/bench/http_deps.sh .http-deps`.
+    echo "== serving benchmark (sv serve, concurrent streaming clients)"
+    PYTHONPATH="$PYTHONPATH$PWD/.http-deps" python3 apps/server/bench/bench_serve.py \
+        "$SV_BENCH_WORKDIR/llama-3.2-1b-random" ${SV_SERVE_ARGS:---clients 64 --requests 256 --max-tokens 128} \
+        --json "$OUT/serve.json" 2>&1 | tail -5
+    serve_rc=${PIPESTATUS[0]}
+fi
+echo "GPU tests: rc=$tests_rc ($(tail -1 "$OUT/gpu-tests.log" 2>/dev/null))   bench: rc=$bench_rc   serve: rc=$serve_rc"
