@@ -138,14 +138,12 @@ def _rope_case(
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("tokens", "hq", "hkv", "head_dim"),
-    # 1,026 tokens: several tokens per program, with a partly filled last program
-    [(1, 4, 4, 32), (9, 6, 2, 64), (5, 8, 2, 128), (6, 3, 1, 32), (1026, 2, 1, 32)],
+    [(1, 4, 4, 32), (9, 6, 2, 64), (5, 8, 2, 128), (6, 3, 1, 32)],
 )
 def test_rope_cache_write(
     gen: torch.Generator, dtype: torch.dtype, tokens: int, hq: int, hkv: int, head_dim: int
 ) -> None:
-    pages = max(5, tokens // 16 + 2)
-    _rope_case(gen, tokens, hq, hkv, head_dim, dtype, num_pages=pages, max_positions=20000)
+    _rope_case(gen, tokens, hq, hkv, head_dim, dtype, num_pages=5, max_positions=20000)
 
 
 @gpu_test

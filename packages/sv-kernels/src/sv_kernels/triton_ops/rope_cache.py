@@ -2,9 +2,9 @@
 # (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
 """RoPE on q and k fused with the paged KV-cache write, in one kernel.
 
-Grid (T / BLOCK_T, 1 + query-head blocks). Program (t, 0) rotates the key heads of its tokens
-and writes them and the value heads into each token's cache slot (skipping a negative slot);
-programs (t, 1..) rotate blocks of their query heads into a new tensor. Splitting the query heads over
+Grid (T, 1 + query-head blocks). Program (t, 0) rotates token t's key heads and writes them and
+the value heads into the token's cache slot (skipping it when the slot is negative); programs
+(t, 1..) rotate blocks of its query heads into a new tensor. Splitting the query heads over
 several programs keeps the work per program about even (Hq*D vs 2*Hkv*D elements) and gives
 small decode batches more programs in flight.
 """
@@ -32,9 +32,7 @@ def _rotate_heads(
 
 
 @triton.jit
-def _rope_cache_token(
-    token,
-    part,
+def _rope_cache_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -69,7 +67,8 @@ def _rope_cache_token(
     BLOCK_HQ: tl.constexpr,
     BLOCK_HKV: tl.constexpr,
 ):
-    """Program (t, part)'s work for one token; see the module docstring."""
+    token = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
     position = tl.load(positions_ptr + token).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
     # A position outside the table cannot be reported without a host sync; it reads cos = sin
@@ -117,62 +116,6 @@ def _rope_cache_token(
         tl.store(out + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _rope_cache_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    positions_ptr,
-    cos_ptr,
-    sin_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slots_ptr,
-    q_out_ptr,
-    num_tokens,
-    num_q_heads,
-    num_kv_heads,
-    num_positions,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_cos,
-    stride_kc_page,
-    stride_kc_slot,
-    stride_kc_head,
-    stride_vc_page,
-    stride_vc_slot,
-    stride_vc_head,
-    stride_qo_t,
-    stride_qo_h,
-    PAGE_SIZE: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    BLOCK_HKV: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-):
-    # BLOCK_T consecutive tokens per program: a long prefill would otherwise launch thousands of
-    # programs that each move ~2 KB, too little to hide the latency of their dependent loads.
-    part = tl.program_id(1)
-    first = tl.program_id(0).to(tl.int64) * BLOCK_T
-    for i in tl.static_range(BLOCK_T):
-        token = first + i
-        if token < num_tokens:
-            _rope_cache_token(
-                token, part, q_ptr, k_ptr, v_ptr, positions_ptr, cos_ptr, sin_ptr,
-                k_cache_ptr, v_cache_ptr, slots_ptr, q_out_ptr,
-                num_q_heads, num_kv_heads, num_positions,
-                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
-                stride_kc_page, stride_kc_slot, stride_kc_head,
-                stride_vc_page, stride_vc_slot, stride_vc_head, stride_qo_t, stride_qo_h,
-                PAGE_SIZE, HALF, BLOCK_HALF, BLOCK_HQ, BLOCK_HKV,
-            )  # fmt: skip
-
-
 def rope_cache_write(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -203,9 +146,7 @@ def rope_cache_write(
     block_hkv = next_pow2(num_kv_heads)
     # About as many query elements per program as key + value elements in program 0.
     block_hq = min(next_pow2(num_q_heads), next_pow2(2 * num_kv_heads))
-    # Decode steps (a few hundred tokens at most) keep one token per program for parallelism.
-    block_t = 1 if num_tokens < 1024 else 4
-    grid = (cdiv(num_tokens, block_t), 1 + cdiv(num_q_heads, block_hq))
+    grid = (num_tokens, 1 + cdiv(num_q_heads, block_hq))
     _rope_cache_kernel[grid](
         q,
         k,
@@ -217,7 +158,6 @@ def rope_cache_write(
         v_cache,
         slot_mapping,
         q_out,
-        num_tokens,
         num_q_heads,
         num_kv_heads,
         cos.shape[0],
@@ -241,7 +181,6 @@ def rope_cache_write(
         BLOCK_HALF=next_pow2(half),
         BLOCK_HQ=block_hq,
         BLOCK_HKV=block_hkv,
-        BLOCK_T=block_t,
         num_warps=4,
     )
     return q_out
