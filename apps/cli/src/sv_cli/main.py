@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sv_engine.options import OneLineErrorParser
 
@@ -25,60 +27,43 @@ def build_parser() -> OneLineErrorParser:
     from sv_cli import chat as chat_cmd
 
     chat_cmd.add_parser(sub)
-    sub.add_parser(
-        "tokenize",
-        help="encode text to token ids (or --decode ids to text)",
-        add_help=False,
-        prefix_chars="\0",
-    ).add_argument("rest", nargs=argparse.REMAINDER)
+    _add_passthrough(
+        sub, "tokenize", "encode text to token ids (or --decode ids to text)",
+        "sv_tokenizer.cli", "tokenize_main",
+    )  # fmt: skip
     weights = sub.add_parser("weights", help="checkpoint tools: `sv weights inspect PATH`")
     weights_sub = weights.add_subparsers(dest="weights_command", metavar="SUBCOMMAND")
     weights_sub.required = True
-    weights_sub.add_parser(
-        "inspect",
-        help="list a safetensors file's or model folder's tensors",
-        add_help=False,
-        prefix_chars="\0",
-    ).add_argument("rest", nargs=argparse.REMAINDER)
-    sub.add_parser(
-        "bench",
-        help="benchmarks (see `sv bench --help`)",
-        add_help=False,
-        prefix_chars="\0",
-    ).add_argument("rest", nargs=argparse.REMAINDER)
-    # sv-server: `sv serve` is delegated whole to sv_server.cli.serve_main.
-    sub.add_parser(
-        "serve",
-        help="serve a model over an OpenAI-compatible HTTP API (see `sv serve --help`)",
-        add_help=False,
-        prefix_chars="\0",
-    ).add_argument("rest", nargs=argparse.REMAINDER)
+    _add_passthrough(
+        weights_sub, "inspect", "list a safetensors file's or model folder's tensors",
+        "sv_weights", "inspect_main",
+    )  # fmt: skip
+    _add_passthrough(
+        sub, "bench", "benchmarks (see `sv bench --help`)", "sv_cli.bench", "bench_main"
+    )
+    _add_passthrough(
+        sub, "serve", "serve a model over an OpenAI-compatible HTTP API (see `sv serve --help`)",
+        "sv_server.cli", "serve_main",
+    )  # fmt: skip
     return parser
 
 
-def _delegate(main: Callable[[list[str]], int], rest: list[str]) -> int:
-    return main(rest)
+def _add_passthrough(sub: Any, name: str, help: str, module: str, function: str) -> None:
+    """A subcommand with a parser of its own: everything after its name goes to
+    `module.function(argv)`, imported only when that subcommand runs."""
+    p = sub.add_parser(name, help=help, add_help=False, prefix_chars="\0")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(args: argparse.Namespace) -> int:
+        entry: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
+        return entry(args.rest)
+
+    p.set_defaults(handler=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "tokenize":
-            from sv_tokenizer.cli import tokenize_main
-
-            return _delegate(tokenize_main, args.rest)
-        if args.command == "weights":
-            from sv_weights import inspect_main
-
-            return _delegate(inspect_main, args.rest)
-        if args.command == "bench":
-            from sv_cli.bench import bench_main
-
-            return _delegate(bench_main, args.rest)
-        if args.command == "serve":  # sv-server
-            from sv_server.cli import serve_main
-
-            return _delegate(serve_main, args.rest)
         handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
     except KeyboardInterrupt:
