@@ -9,8 +9,9 @@ It owns everything that lives on the device across steps:
   kernels themselves, so decode replays graphs and only prefill (long, few launches per FLOP)
   runs eagerly.
 
-Host-side inputs of a step are packed into one int32 buffer (pinned on CUDA) and uploaded with a
-single copy; slot mappings are computed on the device from the block tables.
+Host-side inputs of a step are packed into one int32 array and uploaded with a single copy (a
+decode graph has its own pinned input buffer); slot mappings are computed on the device from
+the block tables.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ class ModelRunner:
         return count
 
     def weight_bytes_per_decode_step(self) -> int:
-        """Bytes of weights a decode step must read: every matrix once, one embedding row."""
+        """Bytes of weights a decode step must read: every matrix once (the one embedding row
+        per token is negligible and not counted)."""
         w = self.model.weights
         return self.num_parameters(include_embedding=False) * w.lm_head.element_size()
 
