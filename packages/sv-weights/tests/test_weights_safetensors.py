@@ -15,7 +15,7 @@ import safetensors.torch
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sv_weights import WeightsError, load_file, read_header, save_file
+from sv_weights import WeightsError, load_file, read_header, save_file, upload
 from sv_weights import safetensors as sv_st
 
 ALL_DTYPES = sorted(sv_st.DTYPES)
@@ -197,12 +197,12 @@ def test_misaligned_tensor_is_copied_and_still_correct(tmp_path: Path) -> None:
     assert_same_tensors(loaded, safetensors.torch.load_file(str(path)))
 
 
-@pytest.mark.parametrize("readers", [1, 3])
+@pytest.mark.parametrize(("readers", "slots"), [(1, 1), (1, 2), (3, 2), (4, 3)])
 def test_chunked_device_path_reassembles_the_file_exactly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, slots: int
 ) -> None:
-    """The parallel double-buffered GPU loader, run on the CPU with chunks smaller than any
-    tensor, by one reader and by several."""
+    """The parallel GPU loader with its staging ring, run on the CPU with chunks smaller than
+    any tensor, by one reader and by several, through one slot and several."""
     tensors = {
         f"t{i}": random_tensor(dtype, (i + 3, 5), seed=i) for i, dtype in enumerate(ALL_DTYPES)
     }
@@ -210,8 +210,27 @@ def test_chunked_device_path_reassembles_the_file_exactly(
     save_file(tensors, path)
     monkeypatch.setattr(sv_st, "DEVICE_CHUNK_BYTES", 7)  # odd size: chunks straddle tensors
     monkeypatch.setattr(sv_st, "DEVICE_READERS", readers)
+    monkeypatch.setattr(sv_st, "DEVICE_SLOTS", slots)
     loaded = sv_st._load_via_pinned_buffers(read_header(path), torch.device("cpu"))
     assert_same_tensors(loaded, tensors)
+
+
+def test_a_failing_copy_is_a_weights_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA call failing inside a reader surfaces once, as a WeightsError with the file."""
+
+    class Failing(upload.HostUploader):
+        def upload(self, slot: int, dest: torch.Tensor, src: torch.Tensor) -> None:
+            raise upload.UploadError("cudaMemcpyAsync failed: out of memory")
+
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.arange(100.0)}, path)
+    monkeypatch.setattr(sv_st, "make_uploader", lambda device, depth: Failing())
+    monkeypatch.setattr(sv_st, "DEVICE_CHUNK_BYTES", 64)
+    monkeypatch.setattr(sv_st, "DEVICE_READERS", 3)
+    with pytest.raises(WeightsError, match=r"w\.safetensors: cannot copy to cpu: cudaMemcpyAsync"):
+        sv_st._load_via_pinned_buffers(read_header(path), torch.device("cpu"))
 
 
 @pytest.mark.gpu
@@ -222,11 +241,16 @@ def test_cuda_load_matches_cpu_load(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     }
     path = tmp_path / "w.safetensors"
     save_file(tensors, path)
-    for chunk in (1 << 10, sv_st.DEVICE_CHUNK_BYTES):
-        monkeypatch.setattr(sv_st, "DEVICE_CHUNK_BYTES", chunk)
-        on_gpu = load_file(path, device="cuda")
-        assert all(t.device.type == "cuda" for t in on_gpu.values())
-        assert_same_tensors({k: v.cpu() for k, v in on_gpu.items()}, tensors)
+    assert upload.loaded_cudart() is not None, "the direct CUDA runtime path should be found"
+    for direct in (True, False):  # cudaMemcpyAsync through ctypes, and torch's copy_ fallback
+        if not direct:
+            monkeypatch.setattr(upload, "loaded_cudart", lambda: None)
+        for chunk, readers in ((1 << 10, 3), (4099, 2), (sv_st.DEVICE_CHUNK_BYTES, 1)):
+            monkeypatch.setattr(sv_st, "DEVICE_CHUNK_BYTES", chunk)
+            monkeypatch.setattr(sv_st, "DEVICE_READERS", readers)
+            on_gpu = load_file(path, device="cuda")
+            assert all(t.device.type == "cuda" for t in on_gpu.values())
+            assert_same_tensors({k: v.cpu() for k, v in on_gpu.items()}, tensors)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CPU-only message")
