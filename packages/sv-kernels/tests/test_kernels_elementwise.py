@@ -106,6 +106,7 @@ def _rope_case(
     dtype: torch.dtype,
     num_pages: int,
     max_positions: int,
+    block_tokens: int | None = None,
 ) -> None:
     page_size = 16
     cos, sin = rope_tables.rope_tables(head_dim, max_positions, 500000.0, LLAMA3, device=DEVICE)
@@ -121,7 +122,9 @@ def _rope_case(
     v_cache = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
     ref_k_cache, ref_v_cache = k_cache.clone(), v_cache.clone()
 
-    q_rot = triton_ops.rope_cache_write(q, k, v, positions, cos, sin, k_cache, v_cache, slots)
+    q_rot = triton_ops.rope_cache_write(
+        q, k, v, positions, cos, sin, k_cache, v_cache, slots, block_tokens=block_tokens
+    )
     ref_q = reference.rope_cache_write(
         q, k, v, positions, cos, sin, ref_k_cache, ref_v_cache, slots
     )
@@ -140,10 +143,39 @@ def _rope_case(
     ("tokens", "hq", "hkv", "head_dim"),
     [(1, 4, 4, 32), (9, 6, 2, 64), (5, 8, 2, 128), (6, 3, 1, 32)],
 )
+@pytest.mark.parametrize("block_tokens", [None, 4])
 def test_rope_cache_write(
-    gen: torch.Generator, dtype: torch.dtype, tokens: int, hq: int, hkv: int, head_dim: int
+    gen: torch.Generator,
+    dtype: torch.dtype,
+    tokens: int,
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    block_tokens: int | None,
 ) -> None:
-    _rope_case(gen, tokens, hq, hkv, head_dim, dtype, num_pages=5, max_positions=20000)
+    """Several tokens per program too (4 with 9, 5 and 6 tokens: a ragged last block)."""
+    _rope_case(
+        gen,
+        tokens,
+        hq,
+        hkv,
+        head_dim,
+        dtype,
+        num_pages=5,
+        max_positions=20000,
+        block_tokens=block_tokens,
+    )
+
+
+def test_rope_block_tokens_choice() -> None:
+    """Decode batches keep one token per program; long prompts get fatter programs."""
+    from sv_kernels.triton_ops.rope_cache import choose_block_tokens
+
+    assert choose_block_tokens(256, 3, 132) == 1
+    assert choose_block_tokens(2048, 3, 132) == 1  # 1,024 blocks x 3 parts < 32 per SM
+    assert choose_block_tokens(8192, 3, 132) == 4  # 2,048 x 3 >= 4,224; 1,024 x 3 is not
+    assert choose_block_tokens(100_000, 3, 132) == 8
+    assert choose_block_tokens(1, 3, 132) == 1
 
 
 @gpu_test
@@ -152,4 +184,15 @@ def test_rope_cache_write(
 def test_rope_cache_write_serving_shapes(
     gen: torch.Generator, tokens: int, dtype: torch.dtype
 ) -> None:
-    _rope_case(gen, tokens, 32, 8, 64, dtype, num_pages=4096, max_positions=131072)
+    for block_tokens in (None, 1, 8):
+        _rope_case(
+            gen,
+            tokens,
+            32,
+            8,
+            64,
+            dtype,
+            num_pages=4096,
+            max_positions=131072,
+            block_tokens=block_tokens,
+        )

@@ -2,11 +2,17 @@
 # (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
 """RoPE on q and k fused with the paged KV-cache write, in one kernel.
 
-Grid (T, 1 + query-head blocks). Program (t, 0) rotates token t's key heads and writes them and
-the value heads into the token's cache slot (skipping it when the slot is negative); programs
-(t, 1..) rotate blocks of its query heads into a new tensor. Splitting the query heads over
-several programs keeps the work per program about even (Hq*D vs 2*Hkv*D elements) and gives
-small decode batches more programs in flight.
+Grid (token blocks, 1 + query-head blocks). A program owns BLOCK_T consecutive tokens and works
+on [BLOCK_T, heads, D/2] tiles: all its loads and stores are issued at once (no loop over
+tokens, no per-token branch), and the positions, slots and cos/sin rows of the block arrive in
+one load each. Program (b, 0) rotates the block's key heads and writes them and the value heads
+into the tokens' cache slots (a token whose slot is negative is padding: masked out); programs
+(b, 1..) rotate blocks of query heads into a new tensor. Splitting the query heads over several
+programs keeps the work per program about even (Hq*D vs 2*Hkv*D elements).
+
+BLOCK_T trades programs for bytes in flight: a decode batch (one token per sequence, a few
+hundred tokens) keeps BLOCK_T = 1 so that it still spreads over every SM; a long prompt uses
+larger blocks, which makes fewer, fatter programs.
 """
 
 from __future__ import annotations
@@ -15,17 +21,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, next_pow2, unit_last_stride
+from ._common import cdiv, next_pow2, num_sms, unit_last_stride
+
+# Token blocks are grown while the grid keeps at least this many programs per SM. Measured on
+# the H200 (graph-timed, run of 2026-11-30): at 2,048 tokens one token per program did best
+# (0.70 of copy bandwidth), at 8,192 two to four (0.81; one-token programs with 4 warps: 0.70).
+_MIN_PROGRAMS_PER_SM = 32
+_MAX_BLOCK_T = 8
+# Two warps: a program moves only a few KB; more warps per program measured slower.
+_NUM_WARPS = 2
 
 
 @triton.jit
-def _rotate_heads(
-    src_ptr, stride_h, heads, head_mask, cos, sin, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr
-):
-    """Load heads x D from `src_ptr` and rotate them: returns the two rotated halves (FP32)."""
-    d = tl.arange(0, BLOCK_HALF)
-    mask = head_mask[:, None] & (d < HALF)[None, :]
-    offsets = heads[:, None] * stride_h + d[None, :]
+def _rotated_halves(src_ptr, offsets, mask, cos, sin, HALF: tl.constexpr):
+    """Load the two halves of a [tokens, heads, D/2] tile at `offsets` and rotate them (FP32)."""
     x1 = tl.load(src_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src_ptr + offsets + HALF, mask=mask, other=0.0).to(tl.float32)
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin
@@ -43,6 +52,7 @@ def _rope_cache_kernel(
     v_cache_ptr,
     slots_ptr,
     q_out_ptr,
+    num_tokens,
     num_q_heads,
     num_kv_heads,
     num_positions,
@@ -64,56 +74,74 @@ def _rope_cache_kernel(
     PAGE_SIZE: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HKV: tl.constexpr,
 ):
-    token = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
-    position = tl.load(positions_ptr + token).to(tl.int64)
+    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_mask = tokens < num_tokens
+    positions = tl.load(positions_ptr + tokens, mask=t_mask, other=0).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
+    d_mask = d < HALF
     # A position outside the table cannot be reported without a host sync; it reads cos = sin
     # = 0 (a zero rotation) instead of faulting. The model bounds positions by the table size.
-    angle_mask = (d < HALF) & (position >= 0) & (position < num_positions)
-    cos = tl.load(cos_ptr + position * stride_cos + d, mask=angle_mask, other=0.0)[None, :]
-    sin = tl.load(sin_ptr + position * stride_cos + d, mask=angle_mask, other=0.0)[None, :]
-    half_mask = (d < HALF)[None, :]
+    in_table = t_mask & (positions >= 0) & (positions < num_positions)
+    angle_offsets = positions[:, None] * stride_cos + d[None, :]
+    angle_mask = in_table[:, None] & d_mask[None, :]
+    cos = tl.load(cos_ptr + angle_offsets, mask=angle_mask, other=0.0)[:, None, :]
+    sin = tl.load(sin_ptr + angle_offsets, mask=angle_mask, other=0.0)[:, None, :]
 
     if part == 0:
-        slot = tl.load(slots_ptr + token).to(tl.int64)
-        if slot >= 0:  # a negative slot is padding: nothing to write
-            heads = tl.arange(0, BLOCK_HKV)
-            head_mask = heads < num_kv_heads
-            mask = head_mask[:, None] & half_mask
-            k1, k2 = _rotate_heads(
-                k_ptr + token * stride_kt, stride_kh, heads, head_mask, cos, sin, HALF, BLOCK_HALF
-            )
-            page = slot // PAGE_SIZE
-            offset = slot % PAGE_SIZE
-            kc = k_cache_ptr + page * stride_kc_page + offset * stride_kc_slot
-            kc_offsets = heads[:, None] * stride_kc_head + d[None, :]
-            # Round to k's dtype first (the rotated k), then to the cache's, as the reference does.
-            k1 = k1.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
-            k2 = k2.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
-            tl.store(kc + kc_offsets, k1, mask=mask)
-            tl.store(kc + kc_offsets + HALF, k2, mask=mask)
-
-            v_src = v_ptr + token * stride_vt + heads[:, None] * stride_vh + d[None, :]
-            vc = v_cache_ptr + page * stride_vc_page + offset * stride_vc_slot
-            vc_offsets = heads[:, None] * stride_vc_head + d[None, :]
-            v1 = tl.load(v_src, mask=mask, other=0.0).to(v_cache_ptr.dtype.element_ty)
-            v2 = tl.load(v_src + HALF, mask=mask, other=0.0).to(v_cache_ptr.dtype.element_ty)
-            tl.store(vc + vc_offsets, v1, mask=mask)
-            tl.store(vc + vc_offsets + HALF, v2, mask=mask)
-    else:
-        heads = (part - 1) * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-        head_mask = heads < num_q_heads
-        mask = head_mask[:, None] & half_mask
-        q1, q2 = _rotate_heads(
-            q_ptr + token * stride_qt, stride_qh, heads, head_mask, cos, sin, HALF, BLOCK_HALF
+        slots = tl.load(slots_ptr + tokens, mask=t_mask, other=-1).to(tl.int64)
+        write = t_mask & (slots >= 0)  # a negative slot is padding: nothing to write
+        kv_heads = tl.arange(0, BLOCK_HKV)
+        kv_mask = (
+            write[:, None, None] & (kv_heads < num_kv_heads)[None, :, None] & d_mask[None, None, :]
         )
-        out = q_out_ptr + token * stride_qo_t + heads[:, None] * stride_qo_h + d[None, :]
-        tl.store(out, q1.to(q_out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=mask)
+        kv = kv_heads[None, :, None]
+        k_offsets = tokens[:, None, None] * stride_kt + kv * stride_kh + d[None, None, :]
+        k1, k2 = _rotated_halves(k_ptr, k_offsets, kv_mask, cos, sin, HALF)
+        # Round to k's dtype first (the rotated k), then to the cache's, as the reference does.
+        k1 = k1.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+        k2 = k2.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+        pages = tl.where(write, slots // PAGE_SIZE, 0)
+        in_page = tl.where(write, slots % PAGE_SIZE, 0)
+        kc_offsets = (pages * stride_kc_page + in_page * stride_kc_slot)[:, None, None]
+        kc_offsets += kv * stride_kc_head + d[None, None, :]
+        tl.store(k_cache_ptr + kc_offsets, k1, mask=kv_mask)
+        tl.store(k_cache_ptr + kc_offsets + HALF, k2, mask=kv_mask)
+
+        v_offsets = tokens[:, None, None] * stride_vt + kv * stride_vh + d[None, None, :]
+        vc_offsets = (pages * stride_vc_page + in_page * stride_vc_slot)[:, None, None]
+        vc_offsets += kv * stride_vc_head + d[None, None, :]
+        v1 = tl.load(v_ptr + v_offsets, mask=kv_mask, other=0.0)
+        v2 = tl.load(v_ptr + v_offsets + HALF, mask=kv_mask, other=0.0)
+        tl.store(v_cache_ptr + vc_offsets, v1.to(v_cache_ptr.dtype.element_ty), mask=kv_mask)
+        tl.store(v_cache_ptr + vc_offsets + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=kv_mask)
+    else:
+        q_heads = (part - 1) * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+        qh = q_heads[None, :, None]
+        q_mask = (
+            t_mask[:, None, None] & (q_heads < num_q_heads)[None, :, None] & d_mask[None, None, :]
+        )
+        q_offsets = tokens[:, None, None] * stride_qt + qh * stride_qh + d[None, None, :]
+        q1, q2 = _rotated_halves(q_ptr, q_offsets, q_mask, cos, sin, HALF)
+        out = q_out_ptr + tokens[:, None, None] * stride_qo_t + qh * stride_qo_h + d[None, None, :]
+        tl.store(out, q1.to(q_out_ptr.dtype.element_ty), mask=q_mask)
+        tl.store(out + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def choose_block_tokens(num_tokens: int, parts: int, sms: int) -> int:
+    """Tokens per program: the largest power of two up to _MAX_BLOCK_T that still leaves
+    _MIN_PROGRAMS_PER_SM programs per SM."""
+    block_t = 1
+    while (
+        block_t < _MAX_BLOCK_T
+        and cdiv(num_tokens, 2 * block_t) * parts >= _MIN_PROGRAMS_PER_SM * sms
+    ):
+        block_t *= 2
+    return block_t
 
 
 def rope_cache_write(
@@ -126,11 +154,16 @@ def rope_cache_write(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    block_tokens: int | None = None,
+    num_warps: int = _NUM_WARPS,
 ) -> torch.Tensor:
     """RoPE on q [T, Hq, D] and k [T, Hkv, D], rotated k and v written to their cache slots.
 
     Returns the rotated q. q, k and v may be strided views (e.g. slices of a fused QKV output)
     as long as their last dim is contiguous. See `reference.rope_cache_write`.
+    `block_tokens` (a power of two) forces the tokens per program, which `choose_block_tokens`
+    picks otherwise; tests and the kernel benchmark use it.
     """
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     positions, slot_mapping = positions.contiguous(), slot_mapping.contiguous()
@@ -146,7 +179,11 @@ def rope_cache_write(
     block_hkv = next_pow2(num_kv_heads)
     # About as many query elements per program as key + value elements in program 0.
     block_hq = min(next_pow2(num_q_heads), next_pow2(2 * num_kv_heads))
-    grid = (num_tokens, 1 + cdiv(num_q_heads, block_hq))
+    parts = 1 + cdiv(num_q_heads, block_hq)
+    if block_tokens is None:
+        block_tokens = choose_block_tokens(num_tokens, parts, num_sms(q.device))
+    block_tokens = next_pow2(block_tokens)
+    grid = (cdiv(num_tokens, block_tokens), parts)
     _rope_cache_kernel[grid](
         q,
         k,
@@ -158,6 +195,7 @@ def rope_cache_write(
         v_cache,
         slot_mapping,
         q_out,
+        num_tokens,
         num_q_heads,
         num_kv_heads,
         cos.shape[0],
@@ -179,8 +217,9 @@ def rope_cache_write(
         PAGE_SIZE=k_cache.shape[1],
         HALF=half,
         BLOCK_HALF=next_pow2(half),
+        BLOCK_T=block_tokens,
         BLOCK_HQ=block_hq,
         BLOCK_HKV=block_hkv,
-        num_warps=4,
+        num_warps=num_warps,
     )
     return q_out
