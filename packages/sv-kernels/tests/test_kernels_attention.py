@@ -87,10 +87,11 @@ def test_decode_attention_empty_sequence_gives_zeros(gen: torch.Generator) -> No
 def test_choose_num_splits() -> None:
     # Batch 256 x 8 KV heads fills 132 SMs: no split.
     assert choose_num_splits(256, 8, 1024, 132) == 1
-    # One sequence: split until ~4 programs per SM, but never below 256 tokens a split.
-    assert choose_num_splits(1, 8, 8192, 132) == 32
+    # One sequence: split until ~4 programs per SM, but never below 128 tokens a split.
+    assert choose_num_splits(1, 8, 8192, 132) == 64
     assert choose_num_splits(1, 8, 32768, 132) == 64  # the cap
-    assert choose_num_splits(1, 8, 300, 132) == 2
+    assert choose_num_splits(1, 8, 4096, 132) == 32  # 4,096 / 128
+    assert choose_num_splits(1, 8, 300, 132) == 3
     assert choose_num_splits(4, 2, 16, 132) == 1
 
 
