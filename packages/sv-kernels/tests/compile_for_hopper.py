@@ -129,17 +129,6 @@ def record_launches() -> list[tuple[Any, ...]]:
         tables = torch.zeros(1, 128, dtype=torch.int32)
         lens = torch.tensor([2048], dtype=torch.int32)
         triton_ops.prefill_attention(q, k_cache, k_cache, cu, lens, tables, 0.125, 2048)
-        row = torch.zeros(1, hidden, dtype=dtype)
-        for config in gemv_configs[:2]:
-            for residual in (row, None):
-                triton_ops.gemv_rms_norm(
-                    row, row[0], 1e-5, residual, torch.zeros(3072, hidden, dtype=dtype), config
-                )
-            triton_ops.gemv_swiglu(
-                torch.zeros(1, 2 * inter, dtype=dtype),
-                torch.zeros(hidden, inter, dtype=dtype),
-                config,
-            )
         for config in gemv_configs:
             triton_ops.gemv(
                 torch.zeros(1, hidden, dtype=dtype), torch.zeros(inter, hidden, dtype=dtype), config

@@ -427,61 +427,6 @@ def bench_attention(b: Bench, with_flex: bool) -> None:
     _torch_attention_rows(b, "prefill_attention", shape, q4, k4, v4, True, nbytes, flops, with_flex)
 
 
-def bench_fused_gemv(b: Bench) -> None:
-    """Batch-1 GEMVs with their input op fused in, against the two launches they replace.
-
-    All with the GEMV tile that won every Llama 3.2 1B shape on the H200 (CONFIGS[0]).
-    """
-    from sv_kernels import reference, triton_ops
-    from sv_kernels.triton_ops.gemv import CONFIGS
-
-    config = CONFIGS[0]
-
-    s = b.shapes
-    for label, n in (("qkv", (s.hq + 2 * s.hkv) * s.head_dim), ("gate_up", 2 * s.inter)):
-        nbytes = n * s.hidden * 2 + 4 * s.hidden * 2  # the weight; h, residual, norm w, sum
-        sets = [
-            (b.randn(1, s.hidden), b.randn(1, s.hidden), b.randn(s.hidden), b.randn(n, s.hidden))
-            for _ in range(_sets_for(nbytes))
-        ]
-        shape = f"{label} {n}x{s.hidden}"
-        fused = [partial(triton_ops.gemv_rms_norm, h, w, 1e-5, r, m, config) for h, r, w, m in sets]
-        b.add("rms_norm+gemv", shape, f"triton fused {config}", fused, nbytes)
-
-        def separate(h: torch.Tensor, r: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> object:
-            normed, _ = triton_ops.rms_norm(h, w, 1e-5, r)
-            return triton_ops.gemv(normed, m, config)
-
-        b.add(
-            "rms_norm+gemv",
-            shape,
-            "rms_norm, then gemv",
-            [partial(separate, *x) for x in sets],
-            nbytes,
-        )
-        del sets
-    nbytes = s.hidden * s.inter * 2 + 2 * s.inter * 2
-    pairs = [
-        (b.randn(1, 2 * s.inter), b.randn(s.hidden, s.inter)) for _ in range(_sets_for(nbytes))
-    ]
-    shape = f"down {s.hidden}x{s.inter}"
-    fused_down = [partial(triton_ops.gemv_swiglu, g, m, config) for g, m in pairs]
-    b.add("swiglu+gemv", shape, f"triton fused {config}", fused_down, nbytes)
-
-    def separate_down(gate_up: torch.Tensor, m: torch.Tensor) -> object:
-        return triton_ops.gemv(triton_ops.swiglu(gate_up), m, config)
-
-    b.add(
-        "swiglu+gemv",
-        shape,
-        "swiglu, then gemv",
-        [partial(separate_down, *x) for x in pairs],
-        nbytes,
-    )
-    refs = [partial(reference.swiglu_linear, *x) for x in pairs]
-    b.add("swiglu+gemv", shape, "torch-ref", refs, nbytes)
-
-
 def bench_sampling(b: Bench) -> None:
     from sv_kernels import reference, triton_ops
 
@@ -560,7 +505,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     sections: list[Callable[[Bench], None]] = [
         bench_norm_swiglu_embedding,
         bench_rope_cache_write,
-        bench_fused_gemv,
         lambda b: bench_attention(b, with_flex=not args.skip_flex),
         bench_sampling,
     ]

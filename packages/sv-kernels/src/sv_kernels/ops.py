@@ -102,9 +102,10 @@ def embedding(ids: Tensor, weight: Tensor) -> Tensor:
     return reference.embedding(ids, weight)
 
 
-def _check_rms_norm(
-    op: str, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None
-) -> None:
+def rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    op = "rms_norm"
     if not isinstance(x, Tensor) or x.dim() < 1:
         _fail(op, "x must be a tensor [..., H]")
     _check_float(op, "x", x)
@@ -115,62 +116,11 @@ def _check_rms_norm(
     if eps < 0:
         _fail(op, f"eps must be >= 0, got {eps}")
     _check_device(op, x=x, weight=weight, residual=residual)
-
-
-def rms_norm(
-    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    _check_rms_norm("rms_norm", x, weight, eps, residual)
     if _on_cuda(x):
         from . import triton_ops
 
         return triton_ops.rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
-
-
-def _check_linear_weight(op: str, x: Tensor, weight: Tensor, k: int) -> None:
-    _check_dims(op, "weight", weight, 2, "[N, K]")
-    _check_len(op, "weight", weight, 1, k, "the input features")
-    _check_device(op, x=x, weight=weight)
-
-
-def _batch1_gemv_config(x: Tensor, weight: Tensor) -> tuple[int, int, int] | None:
-    """The tuned Triton GEMV config when x is one CUDA row and the GEMV won for weight's shape."""
-    if not (_on_cuda(x) and x.dim() == 2 and x.shape[0] == 1):
-        return None
-    from . import triton_ops
-
-    return triton_ops.gemv_config(weight)
-
-
-def rms_norm_linear(
-    x: Tensor, norm_weight: Tensor, eps: float, residual: Tensor | None, weight: Tensor
-) -> tuple[Tensor, Tensor]:
-    """`rms_norm` then `linear`; one fused kernel for a single CUDA row where the Triton GEMV
-    won the tuning for weight's shape (a decode step at batch 1), else the two ops."""
-    op = "rms_norm_linear"
-    _check_rms_norm(op, x, norm_weight, eps, residual)
-    _check_linear_weight(op, x, weight, x.shape[-1])
-    config = _batch1_gemv_config(x, weight)
-    if config is not None:
-        from . import triton_ops
-
-        return triton_ops.gemv_rms_norm(x, norm_weight, eps, residual, weight, config)
-    normed, s = rms_norm(x, norm_weight, eps, residual)
-    return linear(normed, weight), s
-
-
-def swiglu_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
-    """`swiglu` then `linear`, fused for a single CUDA row as in `rms_norm_linear`."""
-    op = "swiglu_linear"
-    _check_swiglu(op, gate_up)
-    _check_linear_weight(op, gate_up, weight, gate_up.shape[-1] // 2)
-    config = _batch1_gemv_config(gate_up, weight)
-    if config is not None:
-        from . import triton_ops
-
-        return triton_ops.gemv_swiglu(gate_up, weight, config)
-    return linear(swiglu(gate_up), weight)
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
@@ -179,11 +129,12 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     A one-row CUDA call (a batch-1 decode step) goes to the Triton GEMV instead when
     `tune_linear` measured it faster for this weight's shape.
     """
-    config = _batch1_gemv_config(x, weight)
-    if config is not None:
+    if _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
         from . import triton_ops
 
-        return triton_ops.gemv(x, weight, config)
+        config = triton_ops.gemv_config(weight)
+        if config is not None:
+            return triton_ops.gemv(x, weight, config)
     return reference.linear(x, weight)
 
 
@@ -198,14 +149,11 @@ def tune_linear(weights: list[Tensor]) -> dict[tuple[int, int], str]:
     return triton_ops.tune_gemv(cuda)
 
 
-def _check_swiglu(op: str, gate_up: Tensor) -> None:
+def swiglu(gate_up: Tensor) -> Tensor:
+    op = "swiglu"
     if not isinstance(gate_up, Tensor) or gate_up.dim() < 1 or gate_up.shape[-1] % 2 != 0:
         _fail(op, "gate_up must be a tensor [..., 2I] (gate and up packed, an even last dim)")
     _check_float(op, "gate_up", gate_up)
-
-
-def swiglu(gate_up: Tensor) -> Tensor:
-    _check_swiglu("swiglu", gate_up)
     if _on_cuda(gate_up):
         from . import triton_ops
 

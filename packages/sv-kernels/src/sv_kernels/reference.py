@@ -55,22 +55,6 @@ def swiglu(gate_up: Tensor) -> Tensor:
     return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate_up.dtype)
 
 
-def rms_norm_linear(
-    x: Tensor, norm_weight: Tensor, eps: float, residual: Tensor | None, weight: Tensor
-) -> tuple[Tensor, Tensor]:
-    """`rms_norm` then `linear`: returns (rms_norm(x [+ residual]) @ weight^T, the sum s).
-
-    One op so that a backend may fuse the two (the Triton one does for a single row).
-    """
-    normed, s = rms_norm(x, norm_weight, eps, residual)
-    return linear(normed, weight), s
-
-
-def swiglu_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
-    """`swiglu` then `linear` (one op so that a backend may fuse them, as `rms_norm_linear`)."""
-    return linear(swiglu(gate_up), weight)
-
-
 def apply_rope(x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate `x` [T, heads, D] by the angles of `positions` [T].
 

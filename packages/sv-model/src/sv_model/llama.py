@@ -134,9 +134,8 @@ class LlamaModel:
         hidden = ops.embedding(input_ids, w.embed)
         residual: Tensor | None = None
         for layer_idx, layer in enumerate(w.layers):
-            qkv, residual = ops.rms_norm_linear(
-                hidden, layer.input_norm, self.config.rms_norm_eps, residual, layer.qkv
-            )
+            x, residual = ops.rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps, residual)
+            qkv = ops.linear(x, layer.qkv)
             q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
             v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -160,10 +159,10 @@ class LlamaModel:
                     attn.max_seqlen_q,
                 )
             hidden = ops.linear(o.view(num_tokens, q_size), layer.o)
-            gate_up, residual = ops.rms_norm_linear(
-                hidden, layer.post_attention_norm, self.config.rms_norm_eps, residual, layer.gate_up
+            x, residual = ops.rms_norm(
+                hidden, layer.post_attention_norm, self.config.rms_norm_eps, residual
             )
-            hidden = ops.swiglu_linear(gate_up, layer.down)
+            hidden = ops.linear(ops.swiglu(ops.linear(x, layer.gate_up)), layer.down)
         x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices)

@@ -13,7 +13,7 @@ if INTERPRET:
 
 from .decode_attention import choose_num_splits, paged_decode_attention
 from .embedding import embedding
-from .gemv import gemv, gemv_config, gemv_rms_norm, gemv_swiglu, tune_gemv
+from .gemv import gemv, gemv_config, tune_gemv
 from .prefill_attention import prefill_attention
 from .rms_norm import rms_norm
 from .rope_cache import rope_cache_write
@@ -26,8 +26,6 @@ __all__ = [
     "embedding",
     "gemv",
     "gemv_config",
-    "gemv_rms_norm",
-    "gemv_swiglu",
     "paged_decode_attention",
     "prefill_attention",
     "rms_norm",

@@ -12,15 +12,6 @@ program p owns BLOCK_N consecutive output features (rows of W), walks K in BLOCK
 Whether it beats cuBLAS depends on the shape and the chip, so nothing assumes it does:
 `tune_gemv` times both (and a few tile shapes) for each weight shape the model has, and
 `gemv_config` tells the caller what won. The model asks only outside CUDA-graph capture.
-
-Two prologues fold the op that produces x into the GEMV, because at batch 1 that op is a
-launch of its own for a few KB of work (about 2 us each, 48 of them per decode step):
-  - RMSNORM: x = rms_norm(h + residual) * norm_weight, and program 0 also writes h + residual
-    (the new residual stream). Every program needs the whole row's sum of squares first, so
-    it reads h and the residual twice (a first pass for the sum); they are a few KB from L2.
-  - SWIGLU: x = silu(gate) * up, read from the packed gate/up projection.
-Both round x exactly where the separate kernels round their outputs, so the fused and the
-unfused step give the same x (see `reference.rms_norm`, `reference.swiglu`).
 """
 
 from __future__ import annotations
@@ -31,66 +22,26 @@ import triton.language as tl
 
 from ._common import cdiv
 
-PLAIN, RMSNORM, SWIGLU = 0, 1, 2  # the PROLOGUE constexpr: how x is made
-
-
-@triton.jit
-def _residual_sum(h_ptr, res_ptr, cols, col_mask, HAS_RESIDUAL: tl.constexpr):
-    """s = h + residual (FP32 add, rounded to h's dtype: it is the residual stream), as FP32."""
-    s = tl.load(h_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        s += tl.load(res_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    return s.to(h_ptr.dtype.element_ty).to(tl.float32)
-
 
 @triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
-    res_ptr,
-    norm_w_ptr,
-    sum_out_ptr,
-    eps,
     N,
     K,
     stride_wn,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PROLOGUE: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
-    rstd = 0.0
-    if PROLOGUE == 1:  # RMSNORM: the row's mean square first (x_ptr holds h)
-        squares = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            col_mask = cols < K
-            s = _residual_sum(x_ptr, res_ptr, cols, col_mask, HAS_RESIDUAL)
-            squares += s * s
-            if pid == 0:
-                tl.store(sum_out_ptr + cols, s.to(sum_out_ptr.dtype.element_ty), mask=col_mask)
-        rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         col_mask = cols < K
-        if PROLOGUE == 1:
-            s = _residual_sum(x_ptr, res_ptr, cols, col_mask, HAS_RESIDUAL)
-            normed = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
-            nw = tl.load(norm_w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-            x = (nw * normed).to(x_ptr.dtype.element_ty).to(tl.float32)
-        elif PROLOGUE == 2:  # SWIGLU: x_ptr holds [gate (K) | up (K)]
-            gate = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + K + cols, mask=col_mask, other=0.0).to(tl.float32)
-            silu = gate / (1.0 + tl.exp(-gate))
-            x = (silu * up).to(x_ptr.dtype.element_ty).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
@@ -118,89 +69,16 @@ def gemv(
     x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None = None
 ) -> torch.Tensor:
     """x [1, K] @ w[N, K]^T -> [1, N] in x's dtype. `config` = (BLOCK_N, BLOCK_K, num_warps)."""
-    x = x.contiguous()
-    out = torch.empty((1, w.shape[0]), dtype=x.dtype, device=x.device)
-    _launch(x, w, out, config, PLAIN, x.shape[1])
-    return out
-
-
-def gemv_rms_norm(
-    h: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None,
-    w: torch.Tensor,
-    config: tuple[int, int, int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rms_norm(h, norm_weight, eps, residual)` then `@ w^T`, for one row h [1, K].
-
-    Returns (y [1, N], s [1, K]) where s = h + residual is the new residual stream (h itself
-    when residual is None), as `reference.rms_norm` returns it.
-    """
-    h = h.contiguous()
-    out = torch.empty((1, w.shape[0]), dtype=h.dtype, device=h.device)
-    total = torch.empty_like(h)
-    res = residual.contiguous() if residual is not None else h
-    _launch(
-        h,
-        w,
-        out,
-        config,
-        RMSNORM,
-        h.shape[1],
-        res,
-        norm_weight.contiguous(),
-        total,
-        eps,
-        has_residual=residual is not None,
-    )
-    return out, total
-
-
-def gemv_swiglu(
-    gate_up: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None = None
-) -> torch.Tensor:
-    """`swiglu(gate_up)` [1, 2K] -> [1, K], then `@ w[N, K]^T` -> [1, N]."""
-    gate_up = gate_up.contiguous()
-    out = torch.empty((1, w.shape[0]), dtype=gate_up.dtype, device=gate_up.device)
-    _launch(gate_up, w, out, config, SWIGLU, gate_up.shape[1] // 2)
-    return out
-
-
-def _launch(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    out: torch.Tensor,
-    config: tuple[int, int, int] | None,
-    prologue: int,
-    k: int,
-    residual: torch.Tensor | None = None,
-    norm_weight: torch.Tensor | None = None,
-    total: torch.Tensor | None = None,
-    eps: float = 0.0,
-    has_residual: bool = False,
-) -> None:
-    n = w.shape[0]
+    n, k = w.shape
     block_n, block_k, warps = config or CONFIGS[0]
+    x = x.contiguous()
     if w.stride(1) != 1:
         w = w.contiguous()
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(cdiv(n, block_n),)](
-        x,
-        w,
-        out,
-        residual if residual is not None else x,  # unused unless the prologue reads them
-        norm_weight if norm_weight is not None else x,
-        total if total is not None else out,
-        eps,
-        n,
-        k,
-        w.stride(0),
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        PROLOGUE=prologue,
-        HAS_RESIDUAL=has_residual,
-        num_warps=warps,
+        x, w, out, n, k, w.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps
     )
+    return out
 
 
 def gemv_config(w: torch.Tensor) -> tuple[int, int, int] | None:
