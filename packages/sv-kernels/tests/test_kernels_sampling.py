@@ -93,10 +93,14 @@ def test_sample_matches_reference_exactly(
     ref = reference.sample(logits, *params)
     assert out.dtype == torch.int64
     assert torch.equal(out, ref), f"rows differ: {(out != ref).nonzero().flatten().tolist()}"
-    # Greedy rows (temperature 0) and top-k 1 rows are the argmax.
+    # Greedy rows (temperature 0) are the argmax. Top-k 1 rows draw one of the maxima: top-k
+    # keeps ties, and BF16 rows often have several (so the argmax would fail ~1% of runs).
     temperature, top_k = params[0], params[1]
-    greedy = (temperature <= 0) | (top_k == 1)
+    greedy = temperature <= 0
     assert torch.equal(out[greedy], reference.argmax(logits)[greedy])
+    top1 = (top_k == 1) & ~greedy
+    drawn = logits[top1].gather(1, out[top1][:, None]).squeeze(1)
+    assert torch.equal(drawn, logits[top1].max(dim=-1).values)
 
 
 def test_sample_ties_at_the_top_k_boundary(gen: torch.Generator) -> None:
@@ -134,3 +138,136 @@ def test_sample_steps_draw_fresh_noise(gen: torch.Generator) -> None:
     out = triton_ops.sample(logits, *params)
     assert torch.equal(out, reference.sample(logits, *params))
     assert len(set(out.tolist())) > 5
+
+
+# --- the chunked radix select: shapes and values at its edges -------------------------------
+
+
+def _draw(
+    gen: torch.Generator,
+    logits: torch.Tensor,
+    temperature: list[float],
+    top_k: list[int],
+    top_p: list[float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both backends' ids for these rows (fresh random seeds and steps); asserts they agree."""
+    batch = logits.shape[0]
+    params = (
+        torch.tensor(temperature, dtype=torch.float32, device=DEVICE),
+        torch.tensor(top_k, dtype=torch.int32, device=DEVICE),
+        torch.tensor(top_p, dtype=torch.float32, device=DEVICE),
+        randint(gen, -(2**40), 2**40, batch),
+        randint(gen, 0, 2**34, batch),
+    )
+    out = triton_ops.sample(logits, *params)
+    ref = reference.sample(logits, *params)
+    assert torch.equal(out, ref), f"rows differ: {(out != ref).nonzero().flatten().tolist()}"
+    return out, ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("batch", "vocab"), [(1, 9001), (5, 4099), (5, 6143)])
+def test_sample_several_chunks_odd_vocab(
+    gen: torch.Generator, dtype: torch.dtype, batch: int, vocab: int
+) -> None:
+    """Rows split over several chunks, the last one partial: every kind of row still matches."""
+    from sv_kernels.triton_ops.sampling import _sampling_chunk
+
+    chunk = _sampling_chunk(batch, vocab, DEVICE)
+    assert vocab > chunk and vocab % chunk != 0  # the shape exercises what it is meant to
+    for scale in (1.0, 4.0):
+        logits = randn(gen, batch, vocab, dtype=dtype, scale=scale)
+        # Each kind of row in turn: greedy, temperature only, top-k, top-p, both.
+        kinds = [(0.0, 0, 1.0), (0.9, 0, 1.0), (0.8, 30, 1.0), (1.2, 0, 0.7), (0.7, 200, 0.95)]
+        for shift in range(len(kinds) if batch < len(kinds) else 1):
+            rows = [kinds[(shift + i) % len(kinds)] for i in range(batch)]
+            temperature = [r[0] for r in rows]
+            _draw(gen, logits, temperature, [r[1] for r in rows], [r[2] for r in rows])
+
+
+def test_sample_top_k_edges(gen: torch.Generator) -> None:
+    """top-k 1, top-k at / beyond the vocabulary, and top-k equal to a tie group's size."""
+    batch, vocab = 5, 4099
+    logits = randn(gen, batch, vocab, dtype=torch.float32, scale=3.0)
+    # Row 3: 7 columns tie for the maximum; row 4: 6 columns tie just below it.
+    top_cols = randint(gen, 0, vocab, 7)
+    logits[3, top_cols] = logits[3].max() + 1.0
+    logits[4, randint(gen, 0, vocab, 1)] = logits[4].max() + 2.0
+    second = torch.randperm(vocab, generator=gen, device=gen.device)[:6]
+    logits[4, second] = logits[4].max() - 0.5
+    ties = int((logits[3] == logits[3].max()).sum())
+    greedy = reference.argmax(logits)
+    top_p = [1.0, 0.8, 0.95, 1.0, 0.8]
+    for top_k in (1, ties, ties + 1, vocab - 1, vocab, vocab + 1):
+        out, _ = _draw(gen, logits, [1.0] * batch, [top_k] * batch, top_p)
+        if top_k == 1:
+            # top-k 1 keeps the maximum and its ties: row 3 draws among its ties.
+            assert torch.equal(out[[0, 1, 2, 4]], greedy[[0, 1, 2, 4]])
+        if top_k <= ties:
+            assert bool((logits[3, out[3]] == logits[3].max()).item())
+
+
+def test_sample_many_ties_at_the_boundary(gen: torch.Generator) -> None:
+    """Integer logits over several chunks: every threshold falls inside a large tie group."""
+    batch, vocab = 7, 6143
+    logits = randint(gen, -8, 8, batch, vocab).float()
+    for row in range(batch):  # a large group tied for the maximum
+        logits[row, torch.randperm(vocab, generator=gen, device=gen.device)[:500]] = 8.0
+    top_k = [1, 3, 50, 499, 500, 501, 2000]  # one per row, around the group's size
+    for top_p in (1.0, 0.3, 0.9):
+        _draw(gen, logits, [0.6] * batch, top_k, [top_p] * batch)
+
+
+def test_sample_top_p_extremes(gen: torch.Generator) -> None:
+    """Tiny top-p keeps the maximum only; top-p 1.0 is off (the same draw as no filter)."""
+    batch, vocab = 5, 4099
+    logits = randn(gen, batch, vocab, dtype=torch.bfloat16, scale=2.0)
+    temperature = [0.5, 1.0, 1.5, 2.0, 0.8]
+    for tiny in (0.0, 1e-6, -1.0):
+        out, _ = _draw(gen, logits, temperature, [0] * batch, [tiny] * batch)
+        # The maximum only, or one of its ties (BF16 rows often have some).
+        drawn = logits.gather(1, out[:, None]).squeeze(1)
+        assert torch.equal(drawn, logits.max(dim=-1).values)
+    seeds = randint(gen, 0, 2**40, batch)
+    steps = randint(gen, 0, 2**34, batch)
+    draws = []
+    for top_p in (1.0, 1.5, 2.0):
+        params = (
+            torch.tensor(temperature, device=DEVICE),
+            torch.zeros(batch, dtype=torch.int32, device=DEVICE),
+            torch.full((batch,), top_p, device=DEVICE),
+            seeds,
+            steps,
+        )
+        out = triton_ops.sample(logits, *params)
+        assert torch.equal(out, reference.sample(logits, *params))
+        draws.append(out)
+    assert all(torch.equal(d, draws[0]) for d in draws)
+
+
+def test_sample_rows_with_minus_inf(gen: torch.Generator) -> None:
+    """-inf logits (masked tokens): never drawn, and top-k beyond the finite ones keeps all."""
+    batch, vocab = 5, 4099
+    logits = randn(gen, batch, vocab, dtype=torch.float32, scale=2.0)
+    masked = torch.rand(batch, vocab, generator=gen, device=gen.device) < 0.5
+    logits[masked] = float("-inf")
+    logits[2] = float("-inf")
+    few = randint(gen, 0, vocab, 3)
+    logits[2, few] = torch.tensor([1.0, 2.0, 3.0], device=DEVICE)  # three finite values
+    finite = torch.isfinite(logits)
+    temperature = [0.0, 1.0, 0.7, 1.3, 0.9]
+    top_p = [1.0, 0.5, 0.99, 1.0, 0.5]
+    for i, top_k in enumerate((0, 2, 4, 3000)):
+        rows_top_p = top_p[i:] + top_p[:i]  # each row meets several top-p values
+        out, _ = _draw(gen, logits, temperature, [top_k] * batch, rows_top_p)
+        assert bool(finite[torch.arange(batch, device=DEVICE), out].all())
+
+
+def test_sample_is_deterministic(gen: torch.Generator) -> None:
+    """The same inputs give the same ids run after run (integer histograms, no float atomics)."""
+    batch, vocab = 5, 4099
+    logits = randn(gen, batch, vocab, dtype=torch.float32, scale=1.0)
+    params = _sampling_params(gen, batch)
+    first = triton_ops.sample(logits, *params)
+    for _ in range(2):
+        assert torch.equal(triton_ops.sample(logits, *params), first)

@@ -5,26 +5,45 @@
 `argmax` is two-stage: programs over (row, vocabulary chunk) find chunk maxima, a second kernel
 picks the best chunk per row (the lowest index wins ties in both stages).
 
-`sample` reproduces `reference.sample` without sorting the row. One program per row:
+`sample` reproduces `reference.sample` without sorting the row. Every pass over the logits is
+split over (row, column chunk) programs, so that even a single row keeps the whole GPU busy;
+small one-program-per-row kernels in between combine what the chunks found. Per row:
   1. greedy rows (temperature <= 0) use T = 1 and no noise: the argmax of the raw logits;
   2. x = logits / T (IEEE division, as torch does);
-  3. top-k: the k-th largest value of x, found by bisection over the row's values;
-  4. top-p: the smallest value whose strictly-larger mass (softmax over the top-k survivors)
-     is still below p, found the same way;
+  3. top-k: the k-th largest x, i.e. the largest value t with count(x >= t) >= k;
+  4. top-p: among the top-k survivors, the largest value t with mass(x >= t) >= p * (their
+     total mass), where a value's mass is exp(x - row max), its softmax probability up to the
+     normalizer. (This is the reference's rule: keep x if the mass strictly above x is < p.)
   5. the answer is argmax(x + Gumbel noise) over x >= the threshold, with the reference's
      hash-based noise, so both backends return the same ids for the same inputs.
-The bisection runs over the 32-bit order-preserving integer keys of FP32 values, so it ends on
-an exact row value. Each round evaluates NUM_PIVOTS thresholds at once (one pass over the row
-per round, about log(2^32) / log(NUM_PIVOTS + 1) rounds). Rows with neither top-k nor top-p
-take a single pass.
+
+Steps 3 and 4 are the same weighted radix select (weight 1 for top-k, the mass for top-p) over
+the 32-bit order-preserving integer key of each FP32 value, 8 bits per round, highest bits first:
+  - a histogram kernel, programs over (row, chunk): among the values whose key starts with the
+    prefix chosen so far, the total weight per value of the next 8 key bits (256 bins), one
+    histogram per chunk in a [B, chunks, 256] buffer;
+  - a select kernel, one program per row: adds up the chunks' histograms, walks the bins from
+    the top and picks the bin in which the running weight reaches the weight still wanted. That
+    bin extends the prefix, and the weight of the bins above it is taken off what is wanted.
+After 4 rounds the prefix is a whole key, so the threshold is an exact row value.
+Weights are integers: counts, and the mass in fixed point (exp(x - max) * 2^40, truncated).
+Integer sums are exact and associative, so the result does not depend on how the chunks or the
+threads split the work (deterministic run to run), and the weight of a bin in one round is
+exactly the sum of its sub-bins in the next. Counts come from `tl.histogram`; Triton has no
+weighted histogram, so masses are integer atomic adds into the program's own histogram slot.
+
+Cost. The launch count is fixed for a shape (the call is captured in CUDA graphs: nothing is
+read back on the host; rows that need less work branch inside the kernels on their own flags):
+19 launches = row max (1) + top-k rounds (4 x 2) + top-p rounds (4 x 2) + draw (chunks + merge).
+Passes over a row: 1 for greedy and temperature-only rows (every other kernel returns at once
+for them), 5 with top-k only (4 rounds + draw), 6 with top-p only (row max + 4 rounds + draw),
+10 with both. (The previous one-program-per-row bisection made about 25 passes.)
 
 Agreement with the reference: the kept set is identical unless top_p lands within FP32
-rounding (~1e-6 relative) of a cumulative mass, and even then the id only differs if that one
+rounding (~1e-6 relative) of a cumulative mass (the reference's FP32 cumsum rounds; the fixed
+point mass is within V * 2^-40 of exact), and even then the id only differs if that one
 boundary token wins the draw. On the GPU the noise is bit-identical to torch's (libdevice's
 logf is the one torch's CUDA `log` uses); under the interpreter numpy's log stands in.
-
-Cost: one pass over the row for greedy or temperature-only rows; with top-k and/or top-p,
-about 2 + 11 passes per filter (each pass compares every value with NUM_PIVOTS thresholds).
 """
 
 from __future__ import annotations
@@ -34,10 +53,20 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ..errors import KernelError
 from ._common import INTERPRET, cdiv, next_pow2, num_sms, unit_last_stride
 
+# Sampling: columns per load inside a chunk program, and the bounds on a chunk's width.
 _BLOCK_V = 1024
-_NUM_PIVOTS = 8
+_MIN_CHUNK = 2048
+_MAX_CHUNK = 32768
+# The radix select: 8 key bits per round, 4 rounds for a 32-bit key.
+_RADIX_BITS = 8
+_ROUND_SHIFTS = (24, 16, 8, 0)
+# Fixed-point scale of the top-p mass exp(x - max) <= 1. A row's total must fit in int64:
+# vocab * 2^40 < 2^63 allows up to 2^23 columns.
+_MASS_SCALE = 2.0**40
+_MAX_VOCAB = 2**23
 
 
 # --- argmax -------------------------------------------------------------------------------
@@ -114,16 +143,38 @@ def _hash32(x):
 
 @triton.jit
 def _float_to_key(x):
-    """Order-preserving map FP32 -> int (as int64): negative floats get their magnitude bits flipped."""
+    """Order-preserving map FP32 -> unsigned 32-bit key (as int64, in [0, 2^32)).
+
+    Negative floats get their magnitude bits flipped (then the signed int32 order is the float
+    order), and the offset 2^31 makes the key unsigned, so its bits can be read as radix digits.
+    """
     bits = x.to(tl.int32, bitcast=True)
-    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) + 2147483648
 
 
 @triton.jit
 def _key_to_float(key):
     """Inverse of `_float_to_key` (the bit flip is its own inverse)."""
-    bits = key.to(tl.int32)
+    bits = (key - 2147483648).to(tl.int32)
     return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_filters(temperature_ptr, top_k_ptr, top_p_ptr, row, vocab):
+    """One row's sampling parameters: (T, greedy, k, use_top_k, top_p, use_top_p).
+
+    Greedy rows (T <= 0) get T = 1, no noise and no filters: the draw is an argmax of the raw
+    logits. top_k outside 1..vocab-1 and top_p >= 1 are off.
+    """
+    temperature = tl.load(temperature_ptr + row).to(tl.float32)
+    greedy = temperature <= 0
+    temperature = tl.where(greedy, 1.0, temperature)
+    top_k = tl.load(top_k_ptr + row).to(tl.int64)
+    top_p = tl.load(top_p_ptr + row).to(tl.float32)
+    k = tl.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+    use_top_k = (k < vocab) & (~greedy)
+    use_top_p = (top_p < 1.0) & (~greedy)
+    return temperature, greedy, k, use_top_k, top_p, use_top_p
 
 
 @triton.jit
@@ -134,170 +185,200 @@ def _scaled_logits(row_ptr, cols, vocab, temperature):
 
 
 @triton.jit
-def _pivots(lo, hi, NUM_PIVOTS: tl.constexpr):
-    """NUM_PIVOTS keys spread over (lo, hi): at least one strictly inside when hi - lo >= 2."""
-    j = tl.arange(1, NUM_PIVOTS + 1).to(tl.int64)
-    return lo + ((hi - lo) * j) // (NUM_PIVOTS + 1)
-
-
-@triton.jit
-def _row_max_min(row_ptr, vocab, temperature, BLOCK_V: tl.constexpr):
-    top = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    bottom = tl.full([BLOCK_V], float("inf"), tl.float32)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x = _scaled_logits(row_ptr, cols, vocab, temperature)
-        top = tl.maximum(top, x)
-        bottom = tl.minimum(bottom, tl.where(cols < vocab, x, float("inf")))
-    return tl.max(top, axis=0), tl.min(bottom, axis=0)
-
-
-@triton.jit
-def _count_above(
-    row_ptr, vocab, temperature, taus, BLOCK_V: tl.constexpr, NUM_PIVOTS: tl.constexpr
-):
-    """For each threshold tau: how many x > tau."""
-    counts = tl.zeros([NUM_PIVOTS], tl.int32)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x = _scaled_logits(row_ptr, cols, vocab, temperature)
-        counts += tl.sum((x[:, None] > taus[None, :]).to(tl.int32), axis=0)
-    return counts
-
-
-@triton.jit
-def _mass_above(
-    row_ptr,
+def _chunk_max_kernel(
+    logits_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    chunk_max_ptr,
     vocab,
-    temperature,
-    row_max,
-    floor,
-    taus,
+    stride_row,
+    num_chunks,
+    CHUNK: tl.constexpr,
     BLOCK_V: tl.constexpr,
-    NUM_PIVOTS: tl.constexpr,
 ):
-    """For each threshold tau: the sum of exp(x - max) over x > tau among x >= floor."""
-    mass = tl.zeros([NUM_PIVOTS], tl.float32)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x = _scaled_logits(row_ptr, cols, vocab, temperature)
-        e = tl.where(x >= floor, tl.exp(x - row_max), 0.0)
-        mass += tl.sum(tl.where(x[:, None] > taus[None, :], e[:, None], 0.0), axis=0)
-    return mass
+    """Chunk maxima of x, for the rows that use top-p (their mass is exp(x - row max))."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    temperature, _, _, _, _, use_top_p = _row_filters(
+        temperature_ptr, top_k_ptr, top_p_ptr, row, vocab
+    )
+    if use_top_p:
+        row_ptr = logits_ptr + row * stride_row
+        top = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        for offset in range(0, CHUNK, BLOCK_V):
+            cols = chunk * CHUNK + offset + tl.arange(0, BLOCK_V)
+            top = tl.maximum(top, _scaled_logits(row_ptr, cols, vocab, temperature))
+        tl.store(chunk_max_ptr + row * num_chunks + chunk, tl.max(top, axis=0))
 
 
 @triton.jit
-def _survivor_mass(row_ptr, vocab, temperature, row_max, floor, BLOCK_V: tl.constexpr):
-    """The softmax normalizer over the survivors: the sum of exp(x - max) over x >= floor."""
-    mass = tl.zeros([BLOCK_V], tl.float32)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x = _scaled_logits(row_ptr, cols, vocab, temperature)
-        mass += tl.where(x >= floor, tl.exp(x - row_max), 0.0)
-    return tl.sum(mass, axis=0)
-
-
-@triton.jit
-def _kth_largest(
-    row_ptr,
+def _radix_histogram_kernel(
+    logits_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    chunk_max_ptr,
+    threshold_ptr,
+    prefix_ptr,
+    hist_ptr,
     vocab,
-    temperature,
-    k,
-    row_min,
-    row_max,
+    stride_row,
+    num_chunks,
+    SHIFT: tl.constexpr,
+    TOP_P: tl.constexpr,
+    CHUNK: tl.constexpr,
     BLOCK_V: tl.constexpr,
-    NUM_PIVOTS: tl.constexpr,
 ):
-    """The k-th largest x (ties counted): the smallest value with fewer than k values above it."""
-    lo = _float_to_key(row_min) - 1  # invariant: lo fails (count >= k), hi passes
-    hi = _float_to_key(row_max)
-    while hi - lo > 1:
-        keys = _pivots(lo, hi, NUM_PIVOTS)
-        counts = _count_above(row_ptr, vocab, temperature, _key_to_float(keys), BLOCK_V, NUM_PIVOTS)
-        passes = counts < k
-        lo = tl.max(tl.where(passes, lo, keys), axis=0)
-        hi = tl.min(tl.where(passes, keys, hi), axis=0)
-    return _key_to_float(hi)
+    """One round, one (row, chunk): the weight per next-8-bit digit of the keys in the prefix.
 
-
-@triton.jit
-def _top_p_cutoff(
-    row_ptr,
-    vocab,
-    temperature,
-    top_p,
-    floor,
-    row_max,
-    BLOCK_V: tl.constexpr,
-    NUM_PIVOTS: tl.constexpr,
-):
-    """The smallest x >= floor whose strictly-larger mass (softmax over x >= floor) is < top_p.
-
-    The row maximum always passes (its mass above is 0), so top_p <= 0 keeps the maximum only.
+    top-k (TOP_P false): the count of values. top-p: the fixed-point mass of the values that
+    survived top-k (x >= the top-k threshold). Writes hist[row, chunk, 0:256] (int64).
     """
-    total = _survivor_mass(row_ptr, vocab, temperature, row_max, floor, BLOCK_V)
-    budget = top_p * total
-    lo = _float_to_key(floor) - 1  # invariant: lo fails (mass above >= budget), hi passes
-    hi = _float_to_key(row_max)
-    while hi - lo > 1:
-        keys = _pivots(lo, hi, NUM_PIVOTS)
-        taus = _key_to_float(keys)
-        mass = _mass_above(row_ptr, vocab, temperature, row_max, floor, taus, BLOCK_V, NUM_PIVOTS)
-        passes = (mass < budget) | (taus >= row_max)
-        lo = tl.max(tl.where(passes, lo, keys), axis=0)
-        hi = tl.min(tl.where(passes, keys, hi), axis=0)
-    return _key_to_float(hi)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    temperature, _, _, use_top_k, _, use_top_p = _row_filters(
+        temperature_ptr, top_k_ptr, top_p_ptr, row, vocab
+    )
+    active = use_top_p if TOP_P else use_top_k
+    if active:
+        row_ptr = logits_ptr + row * stride_row
+        bins = tl.arange(0, 256)
+        slot = hist_ptr + (row * num_chunks + chunk) * 256  # this program's histogram
+        # The first round has no prefix yet (key >> 32 is 0 for every key).
+        prefix = tl.load(prefix_ptr + row) if SHIFT < 24 else tl.full([], 0, tl.int64)
+        if TOP_P:
+            c = tl.arange(0, 64)
+            row_max = tl.full([], float("-inf"), tl.float32)
+            for c0 in range(0, num_chunks, 64):
+                maxima = tl.load(
+                    chunk_max_ptr + row * num_chunks + c0 + c,
+                    mask=c0 + c < num_chunks,
+                    other=float("-inf"),
+                )
+                row_max = tl.maximum(row_max, tl.max(maxima, axis=0))
+            floor = tl.load(threshold_ptr + row)
+            # This slot belongs to this program alone: zero it, then let every thread add to
+            # it (the barrier orders the zeroing before the other threads' atomics).
+            tl.store(slot + bins, tl.zeros([256], tl.int64))
+            tl.debug_barrier()
+        else:
+            counts = tl.zeros([256], tl.int32)
+        for offset in range(0, CHUNK, BLOCK_V):
+            cols = chunk * CHUNK + offset + tl.arange(0, BLOCK_V)
+            x = _scaled_logits(row_ptr, cols, vocab, temperature)
+            key = _float_to_key(x)
+            # Count only real columns (the padding reads -inf, which is also a real value).
+            match = (cols < vocab) & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+            digit = ((key >> SHIFT) & 255).to(tl.int32)
+            if TOP_P:
+                mass = (tl.exp(x - row_max) * 2.0**40).to(tl.int64)
+                add = match & (x >= floor) & (mass > 0)
+                tl.atomic_add(slot + digit, mass, mask=add, sem="relaxed", scope="cta")
+            else:
+                counts += tl.histogram(digit, 256, mask=match)
+        if not TOP_P:
+            tl.store(slot + bins, counts.to(tl.int64))
 
 
 @triton.jit
-def _sample_kernel(
+def _radix_select_kernel(
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    hist_ptr,
+    prefix_ptr,
+    wanted_ptr,
+    threshold_ptr,
+    vocab,
+    num_chunks,
+    SHIFT: tl.constexpr,
+    TOP_P: tl.constexpr,
+):
+    """One round, one row: pick the next 8 bits of the threshold's key from the histograms.
+
+    The threshold is the largest key t whose weight at or above t reaches the target (k for
+    top-k; ceil(p * total mass) for top-p). `wanted` is what is still missing inside the prefix.
+    The last round (SHIFT 0) writes the threshold. Rows without this filter write nothing,
+    except that the first top-k round sets their threshold to -inf (keep everything).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    _, _, k, use_top_k, top_p, use_top_p = _row_filters(
+        temperature_ptr, top_k_ptr, top_p_ptr, row, vocab
+    )
+    if not TOP_P and SHIFT == 24:
+        tl.store(threshold_ptr + row, float("-inf"), mask=~use_top_k)
+    active = use_top_p if TOP_P else use_top_k
+    if active:
+        bins = tl.arange(0, 256)
+        weight = tl.zeros([256], tl.int64)
+        for chunk in range(0, num_chunks):  # a fixed order (integers: any order is exact)
+            weight += tl.load(hist_ptr + (row * num_chunks + chunk) * 256 + bins)
+        total = tl.sum(weight, axis=0)
+        if SHIFT == 24:
+            prefix = tl.full([], 0, tl.int64)
+            if TOP_P:
+                # The first round sees every survivor: total is their whole mass. The target
+                # is ceil(p * total), at least 1 so that p <= 0 keeps the maximum.
+                budget = top_p.to(tl.float64) * total.to(tl.float64)
+                wanted = budget.to(tl.int64)
+                wanted += (wanted.to(tl.float64) < budget).to(tl.int64)
+                wanted = tl.maximum(wanted, 1)
+            else:
+                wanted = k
+        else:
+            prefix = tl.load(prefix_ptr + row)
+            wanted = tl.load(wanted_ptr + row)
+        # at_or_above[b]: the weight in bins b..255. It is non-increasing in b and the whole
+        # prefix holds at least `wanted` (at_or_above[0] = total), so the digit is the last bin
+        # where it still reaches `wanted`.
+        at_or_above = total - tl.cumsum(weight, axis=0) + weight
+        digit = tl.max(tl.where(at_or_above >= wanted, bins, 0), axis=0)
+        above = tl.sum(tl.where(bins == digit, at_or_above - weight, 0), axis=0)
+        prefix = prefix | (digit.to(tl.int64) << SHIFT)
+        tl.store(prefix_ptr + row, prefix)
+        tl.store(wanted_ptr + row, wanted - above)
+        if SHIFT == 0:
+            tl.store(threshold_ptr + row, _key_to_float(prefix))
+
+
+@triton.jit
+def _draw_chunks_kernel(
     logits_ptr,
     temperature_ptr,
     top_k_ptr,
     top_p_ptr,
     seeds_ptr,
     steps_ptr,
-    out_ptr,
+    threshold_ptr,
+    chunk_best_ptr,
+    chunk_arg_ptr,
     vocab,
     stride_row,
+    num_chunks,
+    CHUNK: tl.constexpr,
     BLOCK_V: tl.constexpr,
-    NUM_PIVOTS: tl.constexpr,
     PRECISE_LOG: tl.constexpr,
 ):
+    """The Gumbel-max draw over one chunk: the best x + noise among x >= threshold, and where.
+
+    Greedy rows score x alone (T = 1): an argmax. The lowest column wins ties, here and in the
+    merge (`_argmax_merge_kernel`), as torch.argmax does.
+    """
     row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
     row_ptr = logits_ptr + row * stride_row
-    temperature = tl.load(temperature_ptr + row).to(tl.float32)
-    greedy = temperature <= 0
-    # Greedy rows still run the sampling loop below (keeping the kernel a single path); they
-    # use T = 1 and no noise, so the loop degenerates to an argmax of the raw logits.
-    temperature = tl.where(greedy, 1.0, temperature)
-    top_k = tl.load(top_k_ptr + row).to(tl.int64)
-    top_p = tl.load(top_p_ptr + row).to(tl.float32)
-    k = tl.where((top_k > 0) & (top_k < vocab), top_k, vocab)
-    use_top_k = (k < vocab) & (~greedy)
-    use_top_p = (top_p < 1.0) & (~greedy)
-
-    threshold = tl.full([], float("-inf"), tl.float32)
-    if use_top_k | use_top_p:
-        row_max, row_min = _row_max_min(row_ptr, vocab, temperature, BLOCK_V)
-        if use_top_k:
-            threshold = _kth_largest(
-                row_ptr, vocab, temperature, k, row_min, row_max, BLOCK_V, NUM_PIVOTS
-            )
-        else:
-            threshold = row_min
-        if use_top_p:
-            threshold = _top_p_cutoff(
-                row_ptr, vocab, temperature, top_p, threshold, row_max, BLOCK_V, NUM_PIVOTS
-            )
-
+    temperature, greedy, _, _, _, _ = _row_filters(
+        temperature_ptr, top_k_ptr, top_p_ptr, row, vocab
+    )
+    threshold = tl.load(threshold_ptr + row)
     seed = tl.load(seeds_ptr + row).to(tl.uint32)  # the low 32 bits, as the reference masks
     step = tl.load(steps_ptr + row).to(tl.uint32)
     row_hash = _hash32(_hash32(seed) ^ step)
     best = tl.full([], float("-inf"), tl.float32)
-    best_col = tl.full([], 0, tl.int32)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
+    best_col = tl.full([], 0, tl.int32) + chunk * CHUNK
+    for offset in range(0, CHUNK, BLOCK_V):
+        cols = chunk * CHUNK + offset + tl.arange(0, BLOCK_V)
         x = _scaled_logits(row_ptr, cols, vocab, temperature)
         h = _hash32(row_hash ^ cols.to(tl.uint32))
         u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # as reference.uniform_noise
@@ -312,9 +393,17 @@ def _sample_kernel(
         block_best, block_col = tl.max(
             score, axis=0, return_indices=True, return_indices_tie_break_left=True
         )
-        best_col = tl.where(block_best > best, start + block_col, best_col)
+        best_col = tl.where(block_best > best, chunk * CHUNK + offset + block_col, best_col)
         best = tl.maximum(best, block_best)
-    tl.store(out_ptr + row, best_col.to(tl.int64))
+    tl.store(chunk_best_ptr + row * num_chunks + chunk, best)
+    tl.store(chunk_arg_ptr + row * num_chunks + chunk, best_col)
+
+
+def _sampling_chunk(batch: int, vocab: int, device: torch.device) -> int:
+    """Columns per (row, chunk) program: about four programs per SM in all, 2k..32k columns."""
+    wanted_chunks = cdiv(4 * num_sms(device), batch)
+    chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, next_pow2(cdiv(vocab, wanted_chunks))))
+    return min(chunk, next_pow2(vocab))
 
 
 def sample(
@@ -330,23 +419,85 @@ def sample(
     temperature, top_k, top_p = temperature.contiguous(), top_k.contiguous(), top_p.contiguous()
     seeds, steps = seeds.contiguous(), steps.contiguous()
     batch, vocab = logits.shape
-    out = torch.empty((batch,), dtype=torch.int64, device=logits.device)
+    device = logits.device
+    out = torch.empty((batch,), dtype=torch.int64, device=device)
     if batch == 0 or vocab == 0:
         return out
-    block_v = min(_BLOCK_V, next_pow2(vocab))
-    _sample_kernel[(batch,)](
+    if vocab > _MAX_VOCAB:
+        raise KernelError(f"sample: vocabulary {vocab} > {_MAX_VOCAB} (the top-p mass is int64)")
+    chunk = _sampling_chunk(batch, vocab, device)
+    num_chunks = cdiv(vocab, chunk)
+    block_v = min(_BLOCK_V, chunk)
+    num_warps = 4 if block_v >= 512 else 2
+    # Scratch: written before it is read, every launch (torch.empty is fine in a CUDA graph).
+    chunk_max = torch.empty((batch, num_chunks), dtype=torch.float32, device=device)
+    hist = torch.empty((batch, num_chunks, 1 << _RADIX_BITS), dtype=torch.int64, device=device)
+    prefix = torch.empty((batch,), dtype=torch.int64, device=device)
+    wanted = torch.empty((batch,), dtype=torch.int64, device=device)
+    threshold = torch.empty((batch,), dtype=torch.float32, device=device)
+    chunk_best = torch.empty((batch, num_chunks), dtype=torch.float32, device=device)
+    chunk_arg = torch.empty((batch, num_chunks), dtype=torch.int32, device=device)
+    params = (temperature, top_k, top_p)
+    grid = (batch, num_chunks)
+
+    _chunk_max_kernel[grid](
         logits,
-        temperature,
-        top_k,
-        top_p,
-        seeds,
-        steps,
-        out,
+        *params,
+        chunk_max,
         vocab,
         logits.stride(0),
+        num_chunks,
+        CHUNK=chunk,
         BLOCK_V=block_v,
-        NUM_PIVOTS=_NUM_PIVOTS,
+        num_warps=num_warps,
+    )
+    for top_p_phase in (False, True):  # top-k first: top-p weighs only its survivors
+        for shift in _ROUND_SHIFTS:
+            _radix_histogram_kernel[grid](
+                logits,
+                *params,
+                chunk_max,
+                threshold,
+                prefix,
+                hist,
+                vocab,
+                logits.stride(0),
+                num_chunks,
+                SHIFT=shift,
+                TOP_P=top_p_phase,
+                CHUNK=chunk,
+                BLOCK_V=block_v,
+                num_warps=num_warps,
+            )
+            _radix_select_kernel[(batch,)](
+                *params,
+                hist,
+                prefix,
+                wanted,
+                threshold,
+                vocab,
+                num_chunks,
+                SHIFT=shift,
+                TOP_P=top_p_phase,
+                num_warps=2,
+            )
+    _draw_chunks_kernel[grid](
+        logits,
+        *params,
+        seeds,
+        steps,
+        threshold,
+        chunk_best,
+        chunk_arg,
+        vocab,
+        logits.stride(0),
+        num_chunks,
+        CHUNK=chunk,
+        BLOCK_V=block_v,
         PRECISE_LOG=not INTERPRET,
-        num_warps=8 if block_v >= 1024 else 4,
+        num_warps=num_warps,
+    )
+    _argmax_merge_kernel[(batch,)](
+        chunk_best, chunk_arg, out, num_chunks, BLOCK_C=next_pow2(num_chunks), num_warps=1
     )
     return out
