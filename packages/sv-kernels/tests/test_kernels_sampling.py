@@ -271,3 +271,36 @@ def test_sample_is_deterministic(gen: torch.Generator) -> None:
     first = triton_ops.sample(logits, *params)
     for _ in range(2):
         assert torch.equal(triton_ops.sample(logits, *params), first)
+
+
+@pytest.mark.parametrize(
+    ("filters", "any_top_k", "any_top_p"),
+    [
+        ("none", False, False),  # greedy and temperature-only rows: the 2-launch path
+        ("top-k", True, False),
+        ("top-p", False, True),
+    ],
+)
+def test_sample_skipping_unused_filters(
+    gen: torch.Generator, filters: str, any_top_k: bool, any_top_p: bool
+) -> None:
+    """A truthful any_top_k / any_top_p = False skips that filter's kernels and changes no id
+    (the scratch the skipped rounds would have written is never read uninitialized)."""
+    batch, vocab = 6, 5000
+    # All negative: a threshold left at anything but -inf (or the filter's own) would show.
+    logits = randn(gen, batch, vocab, dtype=torch.float32, scale=3.0) - 30.0
+    temperature = [0.0, 0.7, 1.3, 0.0, 0.5, 1.0]
+    top_k = [40, 30, 5, 0, 100, 7] if any_top_k else [0] * batch
+    top_p = [0.5, 0.8, 0.3, 1.0, 0.95, 0.6] if any_top_p else [1.0] * batch
+    params = (
+        torch.tensor(temperature, device=DEVICE),
+        torch.tensor(top_k, dtype=torch.int32, device=DEVICE),
+        torch.tensor(top_p, device=DEVICE),
+        randint(gen, 0, 2**40, batch),
+        randint(gen, 0, 2**20, batch),
+    )
+    for _ in range(3):  # fresh noise each time, via fresh steps
+        hinted = triton_ops.sample(logits, *params, any_top_k=any_top_k, any_top_p=any_top_p)
+        assert torch.equal(hinted, reference.sample(logits, *params)), filters
+        assert torch.equal(hinted, triton_ops.sample(logits, *params))
+        params = (*params[:4], params[4] + 1)

@@ -315,7 +315,12 @@ def sample(
     top_p: Tensor,
     seeds: Tensor,
     steps: Tensor,
+    *,
+    any_top_k: bool = True,
+    any_top_p: bool = True,
 ) -> Tensor:
+    """`reference.sample`. any_top_k / any_top_p = False promise that no row uses that filter
+    (the caller knows from its host-side request list); the CUDA path then skips its passes."""
     op = "sample"
     _check_dims(op, "logits", logits, 2, "[B, V]")
     _check_float(op, "logits", logits)
@@ -340,5 +345,14 @@ def sample(
     if _on_cuda(logits):
         from . import triton_ops
 
-        return triton_ops.sample(logits, temperature, top_k, top_p, seeds, steps)
+        return triton_ops.sample(
+            logits,
+            temperature,
+            top_k,
+            top_p,
+            seeds,
+            steps,
+            any_top_k=any_top_k,
+            any_top_p=any_top_p,
+        )
     return reference.sample(logits, temperature, top_k, top_p, seeds, steps)

@@ -43,6 +43,14 @@ class SamplingRows:
     def all_greedy(self) -> bool:
         return all(t <= 0 for t in self.temperature)
 
+    def any_top_k(self) -> bool:
+        """Whether any sampled (non-greedy) row may use top-k (a superset of the kernel's test)."""
+        return any(t > 0 and k > 0 for t, k in zip(self.temperature, self.top_k, strict=True))
+
+    def any_top_p(self) -> bool:
+        """Whether any sampled row may use top-p (top_p < 1)."""
+        return any(t > 0 and p < 1.0 for t, p in zip(self.temperature, self.top_p, strict=True))
+
 
 @dataclass
 class StepInputs:
@@ -297,7 +305,16 @@ class ModelRunner:
         ints = torch.tensor(
             [list(sampling.top_k), list(sampling.seeds), list(sampling.steps)], dtype=torch.int64
         ).to(self.device)
-        return ops.sample(logits, floats[0], ints[0].int(), floats[1], ints[1], ints[2])
+        return ops.sample(
+            logits,
+            floats[0],
+            ints[0].int(),
+            floats[1],
+            ints[1],
+            ints[2],
+            any_top_k=sampling.any_top_k(),
+            any_top_p=sampling.any_top_p(),
+        )
 
 
 def _decode_forward(

@@ -35,6 +35,8 @@ weighted histogram, so masses are integer atomic adds into the program's own his
 Cost. The launch count is fixed for a shape (the call is captured in CUDA graphs: nothing is
 read back on the host; rows that need less work branch inside the kernels on their own flags):
 19 launches = row max (1) + top-k rounds (4 x 2) + top-p rounds (4 x 2) + draw (chunks + merge).
+The caller may promise that no row uses top-k (or top-p): that filter's launches are skipped
+(2 launches with neither filter, 10 with top-k only).
 Passes over a row: 1 for greedy and temperature-only rows (every other kernel returns at once
 for them), 5 with top-k only (4 rounds + draw), 6 with top-p only (row max + 4 rounds + draw),
 10 with both. (The previous one-program-per-row bisection made about 25 passes.)
@@ -413,8 +415,17 @@ def sample(
     top_p: torch.Tensor,
     seeds: torch.Tensor,
     steps: torch.Tensor,
+    *,
+    any_top_k: bool = True,
+    any_top_p: bool = True,
 ) -> torch.Tensor:
-    """One token per row of logits [B, V], the same ids as `reference.sample` (see module doc)."""
+    """One token per row of logits [B, V], the same ids as `reference.sample` (see module doc).
+
+    `any_top_k=False` / `any_top_p=False` promise that no row uses that filter (the caller
+    knows its rows on the host); the filter's launches are then skipped, which matters because
+    the sampler runs eagerly, where each launch costs tens of microseconds of host time. With
+    neither filter a call is 2 launches (the draw and its merge) instead of 19.
+    """
     logits = unit_last_stride(logits)
     temperature, top_k, top_p = temperature.contiguous(), top_k.contiguous(), top_p.contiguous()
     seeds, steps = seeds.contiguous(), steps.contiguous()
@@ -440,18 +451,22 @@ def sample(
     params = (temperature, top_k, top_p)
     grid = (batch, num_chunks)
 
-    _chunk_max_kernel[grid](
-        logits,
-        *params,
-        chunk_max,
-        vocab,
-        logits.stride(0),
-        num_chunks,
-        CHUNK=chunk,
-        BLOCK_V=block_v,
-        num_warps=num_warps,
-    )
-    for top_p_phase in (False, True):  # top-k first: top-p weighs only its survivors
+    if any_top_p:
+        _chunk_max_kernel[grid](
+            logits,
+            *params,
+            chunk_max,
+            vocab,
+            logits.stride(0),
+            num_chunks,
+            CHUNK=chunk,
+            BLOCK_V=block_v,
+            num_warps=num_warps,
+        )
+    if not any_top_k:  # the first top-k round is what sets "keep everything" otherwise
+        threshold.fill_(float("-inf"))
+    phases = [p for p, used in ((False, any_top_k), (True, any_top_p)) if used]
+    for top_p_phase in phases:  # top-k first: top-p weighs only its survivors
         for shift in _ROUND_SHIFTS:
             _radix_histogram_kernel[grid](
                 logits,
