@@ -16,6 +16,9 @@ Whether it beats cuBLAS depends on the shape and the chip, so nothing assumes it
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -86,29 +89,65 @@ def gemv_config(w: torch.Tensor) -> tuple[int, int, int] | None:
     return _CHOICE.get((w.shape[0], w.shape[1], w.dtype))
 
 
+# Tuning replays each candidate from a CUDA graph, as the decode step runs it: timing eager
+# calls measured the host's launch cost too, which on a slow host made cuBLAS (a cheaper launch
+# from Python) "win" shapes where its kernel is the slower one. Each replay makes
+# _TUNE_CALLS calls over enough copies of the weight to overflow L2, as a decode step, which
+# streams 2.5 GB of weights, sees them: from DRAM.
+_TUNE_CALLS = 20
+_L2_BYTES = 60 * 2**20
+
+
 def tune_gemv(weights: list[torch.Tensor]) -> dict[tuple[int, int], str]:
     """Time cuBLAS and every config on each distinct weight shape; remember the winners.
 
     Returns shape -> a short description of the choice, for logs. Must not run while a CUDA
-    graph is being captured (it synchronizes).
+    graph is being captured (it synchronizes and captures graphs of its own).
     """
-    from triton.testing import do_bench
-
     report: dict[tuple[int, int], str] = {}
     for w in weights:
         key = (w.shape[0], w.shape[1], w.dtype)
         if key in _CHOICE or w.dim() != 2:
             continue
-        x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
-        cublas = do_bench(lambda w=w, x=x: torch.nn.functional.linear(x, w), return_mode="median")
-        best, best_ms = None, cublas
-        for config in CONFIGS:
-            ms = do_bench(lambda w=w, x=x, c=config: gemv(x, w, c), return_mode="median")
-            if ms < best_ms:
-                best, best_ms = config, ms
+        cublas, best, best_ms = _time_candidates(w)
         _CHOICE[key] = best
         name = "cuBLAS" if best is None else f"triton gemv {best}"
         report[(w.shape[0], w.shape[1])] = (
             f"{name}: {best_ms * 1e3:.1f} us (cuBLAS {cublas * 1e3:.1f} us)"
         )
     return report
+
+
+def _time_candidates(w: torch.Tensor) -> tuple[float, tuple[int, int, int] | None, float]:
+    """(cuBLAS ms, the best config or None if cuBLAS won, its ms) per call, for weight w."""
+    nbytes = w.numel() * w.element_size()
+    copies = [w] + [w.clone() for _ in range(min(15, 2 * _L2_BYTES // nbytes))]
+    x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
+    linear = torch.nn.functional.linear
+    cublas = _graph_replay_ms([functools.partial(linear, x, c) for c in copies])
+    best, best_ms = None, cublas
+    for config in CONFIGS:
+        ms = _graph_replay_ms([functools.partial(gemv, x, c, config) for c in copies])
+        if ms < best_ms:
+            best, best_ms = config, ms
+    return cublas, best, best_ms
+
+
+def _graph_replay_ms(calls: list[Callable[[], object]]) -> float:
+    """Median time per call of _TUNE_CALLS calls (cycling through `calls`) in one CUDA graph."""
+    from triton.testing import do_bench
+
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch requires
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    count = max(_TUNE_CALLS, len(calls))
+    with torch.cuda.graph(graph):
+        for i in range(count):
+            calls[i % len(calls)]()
+    ms = float(do_bench(graph.replay, return_mode="median"))
+    del graph
+    return ms / count
