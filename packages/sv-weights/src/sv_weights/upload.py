@@ -6,10 +6,10 @@ the copy out of it has finished. An `Uploader` is that per-reader machinery: one
 and one event per slot.
 
 Why not `Tensor.copy_(non_blocking=True)` and torch events: the ring only pays off with small
-slots. 8-16 readers x 2 slots x 4 MiB stay in the CPU's last-level cache, so the page-cache
+slots. 8-16 readers x 2 slots x 4-8 MiB stay in the CPU's last-level cache, so the page-cache
 copy writes to cache and the DMA engine reads from it; with 64 MiB slots both go through DRAM
 (measured on the H200 host, page cache -> pinned: 53 GB/s with 4 MiB slots against 38 GB/s
-with 64 MiB). But small slots mean ~600 copies for a 2.5 GB checkpoint, and torch's `copy_`
+with 64 MiB). But small slots mean 300-600 copies for a 2.5 GB checkpoint, and torch's `copy_`
 costs 0.1-1 ms each when 16 threads contend for the GIL around it, which took the loader from
 31 GB/s down to 15. So `CudartUploader` calls cudaMemcpyAsync, cudaEventRecord and
 cudaEventSynchronize directly through ctypes (which releases the GIL for every call) in the
