@@ -117,6 +117,18 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
         torch.zeros(4, dtype=torch.int64),
     )
     yield f"sample {dtype}", lambda: ops.sample(logits, *per_row)
+    yield (
+        f"sample, no filters {dtype}",
+        lambda: ops.sample(logits, *per_row, any_top_k=False, any_top_p=False),
+    )
+    from sv_kernels.triton_ops.gemv import CONFIGS
+
+    row = torch.zeros(1, hidden, dtype=dtype)
+    for config in CONFIGS:  # every tile the batch-1 tuner may pick
+        yield (
+            f"gemv {config} {dtype}",
+            lambda config=config: ops.gemv(row, torch.zeros(inter, hidden, dtype=dtype), config),
+        )
     for head_dim, hq, hkv in ((64, 32, 8), (128, 24, 8), (64, 9, 3)):
         yield from _attention_cases(dtype, head_dim, hq, hkv)
 
@@ -135,10 +147,13 @@ def _attention_cases(
     slots = torch.arange(t, dtype=torch.int64)
     pos = torch.arange(t, dtype=torch.int64)
     tag = f"D={head_dim} Hq={hq} Hkv={hkv} {dtype}"
-    yield (
-        f"rope_cache_write {tag}",
-        lambda: ops.rope_cache_write(q, kv, kv, pos, cos, sin, cache, cache, slots),
-    )
+    for block_tokens in (None, 4):  # one token per program (decode) and several (prefill)
+        yield (
+            f"rope_cache_write block_tokens={block_tokens} {tag}",
+            lambda block_tokens=block_tokens: ops.rope_cache_write(
+                q, kv, kv, pos, cos, sin, cache, cache, slots, block_tokens=block_tokens
+            ),
+        )
     tables = torch.zeros(4, pages, dtype=torch.int32)
     lens = torch.full((4,), 100, dtype=torch.int32)
     qd = torch.zeros(4, hq, head_dim, dtype=dtype)
