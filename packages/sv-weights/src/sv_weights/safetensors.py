@@ -324,14 +324,14 @@ def _check_data_section_covered(tensors: dict[str, TensorInfo], data_len: int, p
 # How the file moves to a GPU: DEVICE_READERS threads each own DEVICE_SLOTS pinned staging
 # slots of DEVICE_CHUNK_BYTES (see `upload`). One thread copying from the page cache manages a
 # few GB/s, a tenth of what the PCIe link takes, so several read in parallel (`os.preadv`
-# releases the GIL). The slots are small so that the whole ring (16 x 2 x 8 MiB) stays in the
+# releases the GIL). The slots are small so that the whole ring (8 x 2 x 4 MiB) stays in the
 # CPU's last-level cache: measured on the H200 host, page cache -> pinned copies ran at 53 GB/s
-# with such a ring against 38 GB/s with 64 MiB slots, which go through DRAM. The loader is
-# bound by the host's copy rate, which varied from run to run on that machine (2026-11-30:
-# this setting gave 40.5 GB/s in a fast-host run and 30-32 GB/s in slower ones, where
-# 8 x 4 MiB gave 41-45 and 25-28).
-DEVICE_CHUNK_BYTES = 8 * 1024 * 1024
-DEVICE_READERS = min(16, os.cpu_count() or 1)
+# with such a ring against 38 GB/s with 64 MiB slots, which go through DRAM. A small ring is
+# also cheap to pin, which the first load of every process pays: 109 ms for the 1B checkpoint
+# with this ring against 185-208 ms with 16 x 2 x 8 MiB (2026-11-30), whose later loads were
+# no faster on a slow host (31 vs 32 GB/s) and only sometimes faster elsewhere.
+DEVICE_CHUNK_BYTES = 4 * 1024 * 1024
+DEVICE_READERS = min(8, os.cpu_count() or 1)
 DEVICE_SLOTS = 2
 
 
