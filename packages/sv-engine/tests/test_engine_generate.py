@@ -137,6 +137,9 @@ def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
 
     assert run(1) == run(1)
     assert run(1) != run(2)
+    # Seeds of any size work; only their low 32 bits (two's complement) reach the sampler.
+    assert run(2**70 + 1) == run(1)
+    assert run(-1) == run(2**32 - 1)
 
 
 def test_prefix_cache_serves_a_repeated_prompt(engine: Engine) -> None:

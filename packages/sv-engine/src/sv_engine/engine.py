@@ -169,7 +169,10 @@ class Engine:
                 ignore_eos=params.ignore_eos,
             )
         )
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        # Any Python int is a valid seed. The sampler hashes only its low 32 bits and the step
+        # inputs carry int64: reducing mod 2**63 keeps those bits (negative seeds included, as
+        # two's complement) and fits.
+        seed = params.seed % 2**63 if params.seed is not None else random.getrandbits(63)
         self._live[request_id] = _Live(
             params=params,
             seed=seed,
