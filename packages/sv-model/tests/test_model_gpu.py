@@ -239,3 +239,62 @@ def test_engine_generation_agrees_with_teacher_forcing(
     assert checked > 100
     assert ours_flips <= 2 * hf_flips + 2
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
+    """Decode steps that sample (temperature, top-k, top-p, per-row seeds) draw through a
+    captured sampling graph; its ids equal an eager `ops.sample` on the very same logits, for
+    every mix of filters (each mix is its own graph) and a batch padded to its bucket."""
+    from sv_kernels import ops
+    from sv_model import SamplingRows, StepInputs
+
+    runner = _runner(llama_1b_dir)
+    rng = random.Random(3)
+    batch = 5  # the bucket of 8: 3 padding rows
+    seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 200))] for _ in range(batch)]
+    runner.set_block_tables([(i, list(range(i * 20, i * 20 + 20))) for i in range(batch)])  # type: ignore[attr-defined]
+    lens = [len(s) for s in seqs]
+    runner.execute(  # type: ignore[attr-defined]
+        StepInputs(
+            [t for s in seqs for t in s],
+            [p for s in seqs for p in range(len(s))],
+            list(range(batch)),
+            lens,
+            lens,
+            list(range(batch)),
+        )
+    )
+    mixes = [
+        ([0.8, 1.0, 0.0, 1.3, 0.6], [0] * 5, [1.0] * 5),  # temperature only (one greedy row)
+        ([0.8, 1.0, 0.7, 1.3, 0.6], [40, 0, 5, 1, 100], [1.0] * 5),  # top-k
+        ([0.8, 1.0, 0.7, 1.3, 0.6], [0] * 5, [0.9, 1.0, 0.5, 0.95, 0.1]),  # top-p
+        ([0.8, 1.0, 0.0, 1.3, 0.6], [40, 0, 5, 1, 100], [0.9, 1.0, 0.5, 0.95, 0.1]),  # both
+    ]
+    for step_index, (temperature, top_k, top_p) in enumerate(mixes * 2):
+        n = [len(s) for s in seqs]
+        sampling = SamplingRows(
+            temperature, top_k, top_p, [2**40 + i for i in range(batch)], [step_index] * batch
+        )
+        step = StepInputs(
+            [s[-1] for s in seqs],
+            [x - 1 for x in n],
+            list(range(batch)),
+            [1] * batch,
+            n,
+            list(range(batch)),
+            sampling,
+        )
+        ids = runner.execute(step)  # type: ignore[attr-defined]
+        logits = runner._graphs[8].logits[:batch].clone()  # type: ignore[attr-defined]
+        want = ops.sample(
+            logits,
+            torch.tensor(temperature, device="cuda"),
+            torch.tensor(top_k, dtype=torch.int32, device="cuda"),
+            torch.tensor(top_p, device="cuda"),
+            torch.tensor(sampling.seeds, device="cuda"),
+            torch.tensor(sampling.steps, device="cuda"),
+        )
+        assert ids == want.tolist(), f"mix {step_index % len(mixes)}"
+        for s, t in zip(seqs, ids, strict=True):
+            s.append(t)
+    assert len(runner._graphs[8]._samplers) == 4  # type: ignore[attr-defined]

@@ -4,7 +4,8 @@ It owns everything that lives on the device across steps:
 - the paged KV pool (plus one scratch page that padding rows of a CUDA graph write into);
 - the block table of every scheduler slot, kept on the device and updated only when a
   sequence gets a new page, so a decode step never re-uploads block tables;
-- on CUDA, one captured graph per decode batch-size bucket. A decode step is ~10 kernel
+- on CUDA, one captured graph per decode batch-size bucket (and, once a step samples, one
+  sampling graph per bucket and mix of filters). A decode step is ~10 kernel
   launches per layer; for a 1B model at small batch the launch gaps would cost more than the
   kernels themselves, so decode replays graphs and only prefill (long, few launches per FLOP)
   runs eagerly.
@@ -202,13 +203,16 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> list[int]:
         """Run one step; return the sampled token id of each row in `step.sample_rows`."""
+        graph: _DecodeGraph | None = None
         if step.is_decode:
-            logits, greedy_ids = self._decode(step)
+            logits, greedy_ids, graph = self._decode(step)
         else:
             logits = self._prefill(step)
             greedy_ids = None
         if step.sampling is None or step.sampling.all_greedy():
             ids = greedy_ids if greedy_ids is not None else ops.argmax(logits)
+        elif graph is not None:  # the logits are the graph's own buffer: sample in a graph too
+            ids = graph.sample(len(step.seq_slots), step.sampling)
         else:
             ids = self._sample(logits, step.sampling)
         result: list[int] = ids.tolist()
@@ -269,8 +273,9 @@ class ModelRunner:
         )
         return self.model.forward(token_ids, positions, self.kv, attn, logits_idx)
 
-    def _decode(self, step: StepInputs) -> tuple[Tensor, Tensor]:
-        """A step where every sequence feeds one token: returns (logits, greedy ids)."""
+    def _decode(self, step: StepInputs) -> tuple[Tensor, Tensor, _DecodeGraph | None]:
+        """A step where every sequence feeds one token: returns (logits, greedy ids, and the
+        graph that made them when its logits buffer holds exactly this step's rows)."""
         batch = len(step.seq_slots)
         if not self.use_cuda_graphs:
             dev = self._upload(
@@ -278,7 +283,7 @@ class ModelRunner:
             )
             logits = _decode_forward(self, dev[0], dev[1], dev[2])
             logits = logits.index_select(0, self._rows(step, batch))
-            return logits, ops.argmax(logits)
+            return logits, ops.argmax(logits), None
         bucket = next(b for b in self._buckets if b >= batch)
         graph = self._graphs.get(bucket)
         if graph is None:
@@ -290,8 +295,8 @@ class ModelRunner:
         logits, ids = graph.replay(batch)
         if len(step.sample_rows) != batch:
             rows = self._rows(step, batch)
-            return logits.index_select(0, rows), ids.index_select(0, rows)
-        return logits, ids
+            return logits.index_select(0, rows), ids.index_select(0, rows), None
+        return logits, ids, graph
 
     def _rows(self, step: StepInputs, batch: int) -> Tensor:
         if len(step.sample_rows) == batch:
@@ -352,11 +357,21 @@ class _DecodeGraph:
         with torch.cuda.graph(self.graph, pool=runner._graph_pool):
             self.logits, self.ids = self._run()
         runner._graph_pool = self.graph.pool()
+        self._samplers: dict[tuple[bool, bool], _SampleGraph] = {}
 
     def _run(self) -> tuple[Tensor, Tensor]:
         d = self.dev_inputs
         logits = _decode_forward(self.runner, d[0], d[1], d[2])
         return logits, ops.argmax(logits)
+
+    def sample(self, batch: int, sampling: SamplingRows) -> Tensor:
+        """Sample the rows of the last replay's logits, through a captured sampling graph (one
+        per combination of filters in use, captured on first need)."""
+        key = (sampling.any_top_k(), sampling.any_top_p())
+        sampler = self._samplers.get(key)
+        if sampler is None:
+            sampler = self._samplers[key] = _SampleGraph(self.logits, *key)
+        return sampler.replay(batch, sampling)
 
     def _pad(self, start: int = 0) -> None:
         """Padding rows: token 0 at position 0 of the scratch slot (writes only the scratch page)."""
@@ -369,3 +384,72 @@ class _DecodeGraph:
         self.dev_inputs.copy_(self.host_inputs, non_blocking=True)
         self.graph.replay()
         return self.logits[:batch], self.ids[:batch]
+
+
+class _SampleGraph:
+    """`ops.sample` over a decode graph's logits buffer, captured once and replayed.
+
+    With top-k / top-p the sampler is 19 small kernels (2 without); launched from Python they
+    cost more host time than GPU time (0.7 ms a step at batch 1 on the H200 host, 2026-11-30).
+    The per-row parameters live in pinned host buffers copied in before each replay; padding
+    rows of the bucket sample greedily. `any_top_k` / `any_top_p` are fixed per graph, since
+    they decide which kernels exist in it. Its own memory pool: its scratch must not alias the
+    decode graphs' buffers, whose logits it reads.
+    """
+
+    def __init__(self, logits: Tensor, any_top_k: bool, any_top_p: bool) -> None:
+        bucket = logits.shape[0]
+        self.host_floats = torch.zeros((2, bucket), dtype=torch.float32).pin_memory()
+        self.host_top_k = torch.zeros((bucket,), dtype=torch.int32).pin_memory()
+        self.host_ints = torch.zeros((2, bucket), dtype=torch.int64).pin_memory()
+        self.dev = [
+            t.to(logits.device) for t in (self.host_floats, self.host_top_k, self.host_ints)
+        ]
+        self._pad(0)
+        for dev, host in zip(self.dev, self._hosts(), strict=True):
+            dev.copy_(host)
+        floats, top_k, ints = self.dev
+
+        def draw() -> Tensor:
+            return ops.sample(
+                logits,
+                floats[0],
+                top_k,
+                floats[1],
+                ints[0],
+                ints[1],
+                any_top_k=any_top_k,
+                any_top_p=any_top_p,
+            )
+
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: compiles the kernels outside the capture
+            draw()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.ids = draw()
+
+    def _hosts(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.host_floats, self.host_top_k, self.host_ints
+
+    def _pad(self, start: int) -> None:
+        """Rows from `start` on: greedy (temperature 0), no filters."""
+        self.host_floats[0, start:] = 0.0
+        self.host_floats[1, start:] = 1.0
+        self.host_top_k[start:] = 0
+        self.host_ints[:, start:] = 0
+
+    def replay(self, batch: int, sampling: SamplingRows) -> Tensor:
+        floats, ints = self.host_floats.numpy(), self.host_ints.numpy()
+        floats[0, :batch] = sampling.temperature
+        floats[1, :batch] = sampling.top_p
+        self.host_top_k.numpy()[:batch] = sampling.top_k
+        ints[0, :batch] = sampling.seeds
+        ints[1, :batch] = sampling.steps
+        self._pad(batch)
+        for dev, host in zip(self.dev, self._hosts(), strict=True):
+            dev.copy_(host, non_blocking=True)
+        self.graph.replay()
+        return self.ids[:batch]
