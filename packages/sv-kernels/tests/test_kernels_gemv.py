@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels_testing import GPU, assert_close, gpu_test, randn
+from kernels_testing import GPU, TOLERANCE, assert_close, gpu_test, randn
 from sv_kernels import ops, reference, triton_ops
 from sv_kernels.triton_ops.gemv import CONFIGS
 
@@ -32,7 +32,14 @@ def test_gemv_matches_linear(
     w = randn(gen, n, k, dtype=dtype)
     out = triton_ops.gemv(x, w, config)
     assert out.shape == (1, n) and out.dtype == dtype
-    assert_close(out, reference.linear(x, w), f"gemv {config}")
+    assert not torch.isnan(out).any()
+    # Against an FP64 product, relative to sum |x| |w| per output: a dot product's rounding
+    # error scales with that, not with the result, which cancellation can make arbitrarily
+    # small (one output of 16 terms once measured 7e-5 "relative error" that way in FP32).
+    exact = reference.linear(x.double(), w.double())
+    scale = reference.linear(x.double().abs(), w.double().abs())
+    err = float((out.double() - exact).norm() / scale.norm())
+    assert err <= TOLERANCE[dtype], f"gemv {config}: error {err:.3g} of sum |x||w|"
 
 
 @gpu_test
