@@ -175,9 +175,39 @@ def _attention_cases(
         )
 
 
+def _sampler_variants_per_kernel() -> dict[str, int]:
+    """Compiled variants of each sampling kernel over batch sizes 1..256 (Llama 3.2 vocab):
+    the chunk width, chunk count and round shift are run-time arguments, so batch size must
+    not multiply compiles (only TOP_P, a constexpr, makes two of the round kernels)."""
+    from sv_kernels import triton_ops as ops
+
+    variants: dict[str, set[str]] = {}
+    for batch in (1, 5, 40, 256):
+        logits = torch.zeros(batch, 128256, dtype=torch.bfloat16)
+        per_row = (
+            torch.ones(batch),
+            torch.zeros(batch, dtype=torch.int32),
+            torch.ones(batch),
+            torch.zeros(batch, dtype=torch.int64),
+            torch.zeros(batch, dtype=torch.int64),
+        )
+        with compile_only() as compiled:
+            ops.sample(logits, *per_row)
+        for name, _grid, kernel in compiled:
+            variants.setdefault(name, set()).add(kernel.hash)
+    return {name: len(hashes) for name, hashes in variants.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     del argv
     failures = 0
+    variants = _sampler_variants_per_kernel()
+    print(f"sampler: compiled variants over batch sizes 1..256: {variants}")
+    allowed = {"_radix_histogram_kernel": 2, "_radix_select_kernel": 2}
+    for name, count in variants.items():
+        if count > allowed.get(name, 1):
+            failures += 1
+            print(f"FAIL {name}: {count} compiled variants across batch sizes")
     seen: set[str] = set()
     for label, thunk in _cases():
         with compile_only() as compiled:

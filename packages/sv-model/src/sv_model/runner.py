@@ -147,7 +147,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warmup(self, max_prefill_tokens: int = 2048) -> None:
-        """Compile every kernel variant and capture every decode graph now, not mid-request.
+        """Compile every kernel variant (the sampler's too) and capture every decode graph now,
+        not mid-request. Sampling graphs are captured on first need (cheap once compiled).
 
         Triton specializes a kernel on its block sizes (chosen from the prompt length) and on
         integer arguments that are 1 or multiples of 16; a first request of each kind would
@@ -173,6 +174,12 @@ class ModelRunner:
             m for layer in w.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
         ]
         self.linear_choices = ops.tune_linear(matrices)
+        if self.is_cuda:  # the sampler's kernels (one compile per vocabulary, any batch size)
+            rows = torch.ones(1, device=self.device)
+            index = torch.zeros(1, dtype=torch.int64, device=self.device)
+            logits = torch.zeros((1, self.config.vocab_size), device=self.device)
+            top_k = torch.full((1,), 50, dtype=torch.int32, device=self.device)
+            ops.sample(logits, rows, top_k, rows * 0.9, index, index)
         if self.use_cuda_graphs:
             for bucket in self._buckets:
                 if bucket not in self._graphs:

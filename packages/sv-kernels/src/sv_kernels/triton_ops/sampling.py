@@ -65,6 +65,12 @@ _MAX_CHUNK = 32768
 # The radix select: 8 key bits per round, 4 rounds for a 32-bit key.
 _RADIX_BITS = 8
 _ROUND_SHIFTS = (24, 16, 8, 0)
+# Sizes passed as plain (run-time) arguments and kept out of Triton's specialization (which
+# would compile a variant for a value of 1 or a multiple of 16): the chunk width and count
+# change with the batch size, and the round's shift with the round, but none needs to be a
+# compile-time constant. So the sampler compiles once per vocabulary and dtype, not once per
+# batch size and round (19 kernels for each of 5 chunk widths, seconds on a first request).
+_RUNTIME_SIZES = ["num_chunks", "chunk_size"]
 # Fixed-point scale of the top-p mass exp(x - max) <= 1. A row's total must fit in int64:
 # vocab * 2^40 < 2^63 allows up to 2^23 columns.
 _MASS_SCALE = 2.0**40
@@ -186,7 +192,7 @@ def _scaled_logits(row_ptr, cols, vocab, temperature):
     return tl.math.div_rn(raw, temperature)  # IEEE division, bit-equal to torch's
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def _chunk_max_kernel(
     logits_ptr,
     temperature_ptr,
@@ -196,7 +202,7 @@ def _chunk_max_kernel(
     vocab,
     stride_row,
     num_chunks,
-    CHUNK: tl.constexpr,
+    chunk_size,
     BLOCK_V: tl.constexpr,
 ):
     """Chunk maxima of x, for the rows that use top-p (their mass is exp(x - row max))."""
@@ -208,13 +214,13 @@ def _chunk_max_kernel(
     if use_top_p:
         row_ptr = logits_ptr + row * stride_row
         top = tl.full([BLOCK_V], float("-inf"), tl.float32)
-        for offset in range(0, CHUNK, BLOCK_V):
-            cols = chunk * CHUNK + offset + tl.arange(0, BLOCK_V)
+        for offset in range(0, chunk_size, BLOCK_V):
+            cols = chunk * chunk_size + offset + tl.arange(0, BLOCK_V)
             top = tl.maximum(top, _scaled_logits(row_ptr, cols, vocab, temperature))
         tl.store(chunk_max_ptr + row * num_chunks + chunk, tl.max(top, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[*_RUNTIME_SIZES, "shift"])
 def _radix_histogram_kernel(
     logits_ptr,
     temperature_ptr,
@@ -227,9 +233,9 @@ def _radix_histogram_kernel(
     vocab,
     stride_row,
     num_chunks,
-    SHIFT: tl.constexpr,
+    chunk_size,
+    shift,
     TOP_P: tl.constexpr,
-    CHUNK: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """One round, one (row, chunk): the weight per next-8-bit digit of the keys in the prefix.
@@ -248,7 +254,7 @@ def _radix_histogram_kernel(
         bins = tl.arange(0, 256)
         slot = hist_ptr + (row * num_chunks + chunk) * 256  # this program's histogram
         # The first round has no prefix yet (key >> 32 is 0 for every key).
-        prefix = tl.load(prefix_ptr + row) if SHIFT < 24 else tl.full([], 0, tl.int64)
+        prefix = tl.load(prefix_ptr + row, mask=shift < 24, other=0)
         if TOP_P:
             c = tl.arange(0, 64)
             row_max = tl.full([], float("-inf"), tl.float32)
@@ -266,13 +272,13 @@ def _radix_histogram_kernel(
             tl.debug_barrier()
         else:
             counts = tl.zeros([256], tl.int32)
-        for offset in range(0, CHUNK, BLOCK_V):
-            cols = chunk * CHUNK + offset + tl.arange(0, BLOCK_V)
+        for offset in range(0, chunk_size, BLOCK_V):
+            cols = chunk * chunk_size + offset + tl.arange(0, BLOCK_V)
             x = _scaled_logits(row_ptr, cols, vocab, temperature)
             key = _float_to_key(x)
             # Count only real columns (the padding reads -inf, which is also a real value).
-            match = (cols < vocab) & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
-            digit = ((key >> SHIFT) & 255).to(tl.int32)
+            match = (cols < vocab) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+            digit = ((key >> shift) & 255).to(tl.int32)
             if TOP_P:
                 mass = (tl.exp(x - row_max) * 2.0**40).to(tl.int64)
                 add = match & (x >= floor) & (mass > 0)
@@ -283,7 +289,7 @@ def _radix_histogram_kernel(
             tl.store(slot + bins, counts.to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks", "shift"])
 def _radix_select_kernel(
     temperature_ptr,
     top_k_ptr,
@@ -294,22 +300,22 @@ def _radix_select_kernel(
     threshold_ptr,
     vocab,
     num_chunks,
-    SHIFT: tl.constexpr,
+    shift,
     TOP_P: tl.constexpr,
 ):
     """One round, one row: pick the next 8 bits of the threshold's key from the histograms.
 
     The threshold is the largest key t whose weight at or above t reaches the target (k for
     top-k; ceil(p * total mass) for top-p). `wanted` is what is still missing inside the prefix.
-    The last round (SHIFT 0) writes the threshold. Rows without this filter write nothing,
+    The last round (shift 0) writes the threshold. Rows without this filter write nothing,
     except that the first top-k round sets their threshold to -inf (keep everything).
     """
     row = tl.program_id(0).to(tl.int64)
     _, _, k, use_top_k, top_p, use_top_p = _row_filters(
         temperature_ptr, top_k_ptr, top_p_ptr, row, vocab
     )
-    if not TOP_P and SHIFT == 24:
-        tl.store(threshold_ptr + row, float("-inf"), mask=~use_top_k)
+    if not TOP_P:
+        tl.store(threshold_ptr + row, float("-inf"), mask=(~use_top_k) & (shift == 24))
     active = use_top_p if TOP_P else use_top_k
     if active:
         bins = tl.arange(0, 256)
@@ -317,7 +323,7 @@ def _radix_select_kernel(
         for chunk in range(0, num_chunks):  # a fixed order (integers: any order is exact)
             weight += tl.load(hist_ptr + (row * num_chunks + chunk) * 256 + bins)
         total = tl.sum(weight, axis=0)
-        if SHIFT == 24:
+        if shift == 24:
             prefix = tl.full([], 0, tl.int64)
             if TOP_P:
                 # The first round sees every survivor: total is their whole mass. The target
@@ -337,14 +343,13 @@ def _radix_select_kernel(
         at_or_above = total - tl.cumsum(weight, axis=0) + weight
         digit = tl.max(tl.where(at_or_above >= wanted, bins, 0), axis=0)
         above = tl.sum(tl.where(bins == digit, at_or_above - weight, 0), axis=0)
-        prefix = prefix | (digit.to(tl.int64) << SHIFT)
+        prefix = prefix | (digit.to(tl.int64) << shift)
         tl.store(prefix_ptr + row, prefix)
         tl.store(wanted_ptr + row, wanted - above)
-        if SHIFT == 0:
-            tl.store(threshold_ptr + row, _key_to_float(prefix))
+        tl.store(threshold_ptr + row, _key_to_float(prefix), mask=shift == 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def _draw_chunks_kernel(
     logits_ptr,
     temperature_ptr,
@@ -358,7 +363,7 @@ def _draw_chunks_kernel(
     vocab,
     stride_row,
     num_chunks,
-    CHUNK: tl.constexpr,
+    chunk_size,
     BLOCK_V: tl.constexpr,
     PRECISE_LOG: tl.constexpr,
 ):
@@ -378,9 +383,9 @@ def _draw_chunks_kernel(
     step = tl.load(steps_ptr + row).to(tl.uint32)
     row_hash = _hash32(_hash32(seed) ^ step)
     best = tl.full([], float("-inf"), tl.float32)
-    best_col = tl.full([], 0, tl.int32) + chunk * CHUNK
-    for offset in range(0, CHUNK, BLOCK_V):
-        cols = chunk * CHUNK + offset + tl.arange(0, BLOCK_V)
+    best_col = tl.full([], 0, tl.int32) + chunk * chunk_size
+    for offset in range(0, chunk_size, BLOCK_V):
+        cols = chunk * chunk_size + offset + tl.arange(0, BLOCK_V)
         x = _scaled_logits(row_ptr, cols, vocab, temperature)
         h = _hash32(row_hash ^ cols.to(tl.uint32))
         u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # as reference.uniform_noise
@@ -395,7 +400,7 @@ def _draw_chunks_kernel(
         block_best, block_col = tl.max(
             score, axis=0, return_indices=True, return_indices_tie_break_left=True
         )
-        best_col = tl.where(block_best > best, chunk * CHUNK + offset + block_col, best_col)
+        best_col = tl.where(block_best > best, chunk * chunk_size + offset + block_col, best_col)
         best = tl.maximum(best, block_best)
     tl.store(chunk_best_ptr + row * num_chunks + chunk, best)
     tl.store(chunk_arg_ptr + row * num_chunks + chunk, best_col)
@@ -459,7 +464,7 @@ def sample(
             vocab,
             logits.stride(0),
             num_chunks,
-            CHUNK=chunk,
+            chunk,
             BLOCK_V=block_v,
             num_warps=num_warps,
         )
@@ -478,9 +483,9 @@ def sample(
                 vocab,
                 logits.stride(0),
                 num_chunks,
-                SHIFT=shift,
+                chunk,
+                shift,
                 TOP_P=top_p_phase,
-                CHUNK=chunk,
                 BLOCK_V=block_v,
                 num_warps=num_warps,
             )
@@ -492,7 +497,7 @@ def sample(
                 threshold,
                 vocab,
                 num_chunks,
-                SHIFT=shift,
+                shift,
                 TOP_P=top_p_phase,
                 num_warps=2,
             )
@@ -507,12 +512,15 @@ def sample(
         vocab,
         logits.stride(0),
         num_chunks,
-        CHUNK=chunk,
+        chunk,
         BLOCK_V=block_v,
         PRECISE_LOG=not INTERPRET,
         num_warps=num_warps,
     )
+    # BLOCK_C from the vocabulary alone (the most chunks any batch size gets), not from this
+    # batch's chunk count: one compiled merge for every batch size.
+    max_chunks = cdiv(vocab, min(_MIN_CHUNK, next_pow2(vocab)))
     _argmax_merge_kernel[(batch,)](
-        chunk_best, chunk_arg, out, num_chunks, BLOCK_C=next_pow2(num_chunks), num_warps=1
+        chunk_best, chunk_arg, out, num_chunks, BLOCK_C=next_pow2(max_chunks), num_warps=1
     )
     return out
