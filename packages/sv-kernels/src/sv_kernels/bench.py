@@ -101,8 +101,7 @@ class Row:
     gbps: float | None = None
     frac_copy: float | None = None
     tflops: float | None = None
-    eager_ms: float | None = None
-    timing: str = "eager"
+    eager_ms: float | None = None  # set when `ms` is a graph replay's (see the module doc)
     note: str = ""
 
 
@@ -185,7 +184,7 @@ class Bench:
             if self.device.type == "cuda" and ms < GRAPH_BELOW_MS:
                 graph_ms = self.time_graph_ms(fn_sets)
                 if graph_ms is not None:
-                    row.eager_ms, row.timing, ms = ms, "graph", graph_ms
+                    row.eager_ms, ms = ms, graph_ms
             row.ms = ms
             row.gbps = nbytes / (ms * 1e-3) / 1e9
             if self.copy_gbps:
