@@ -39,10 +39,11 @@ from typing import Any
 
 import torch
 
+from sv_kernels import graphs
+
 PAGE = 16
 GRAPH_BELOW_MS = 0.5
 GRAPH_CALLS = 20
-L2_BYTES = 60 * 2**20
 BF16 = torch.bfloat16
 
 
@@ -129,30 +130,15 @@ class Bench:
 
         None when the op cannot be captured (a host sync inside, say): the eager time stands.
         """
-        import triton.testing
-
-        calls = max(GRAPH_CALLS, len(fn_sets))
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(side):  # warm up off the capture: allocator, autotune caches
-                for fn in fn_sets:
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for i in range(calls):
-                    fn_sets[i % len(fn_sets)]()
-            graph.replay()
-            torch.cuda.synchronize()
+            return graphs.graph_ms_per_call(fn_sets, GRAPH_CALLS, self.rep_ms)
         except Exception:  # not capturable (a host sync inside): the eager time stands
             torch.cuda.synchronize()
             return None
-        ms = float(
-            triton.testing.do_bench(graph.replay, warmup=10, rep=self.rep_ms, return_mode="median")
-        )
-        del graph
-        return ms / calls
+
+    def sets_for(self, nbytes: int) -> int:
+        """Input sets to rotate so that together they exceed L2 twice over (at most 16)."""
+        return max(1, min(16, math.ceil(2 * graphs.l2_bytes(self.device) / max(nbytes, 1))))
 
     def randn(self, *shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
         return torch.randn(*shape, device=self.device, dtype=torch.float32).to(dtype)
@@ -197,11 +183,6 @@ class Bench:
         print(_format_row(row), flush=True)
 
 
-def _sets_for(nbytes: int) -> int:
-    """Input sets to rotate so that together they exceed L2 twice over (at most 16)."""
-    return max(1, min(16, math.ceil(2 * L2_BYTES / max(nbytes, 1))))
-
-
 # --- the measurements -----------------------------------------------------------------------
 
 
@@ -225,7 +206,7 @@ def bench_norm_swiglu_embedding(b: Bench) -> None:
         nbytes = (4 * tokens * s.hidden + s.hidden) * 2  # read x, residual, w; write out, sum
         sets = [
             (b.randn(tokens, s.hidden), b.randn(tokens, s.hidden), b.randn(s.hidden))
-            for _ in range(_sets_for(nbytes))
+            for _ in range(b.sets_for(nbytes))
         ]
         for impl, norm in (("triton", triton_ops.rms_norm), ("torch-ref", reference.rms_norm)):
             fns = [lambda x=x, norm=norm: norm(x[0], x[2], 1e-5, x[1]) for x in sets]
@@ -233,7 +214,7 @@ def bench_norm_swiglu_embedding(b: Bench) -> None:
 
     for tokens in s.swiglu_tokens:
         nbytes = 3 * tokens * s.inter * 2  # read gate and up, write the product
-        inputs = [b.randn(tokens, 2 * s.inter) for _ in range(_sets_for(nbytes))]
+        inputs = [b.randn(tokens, 2 * s.inter) for _ in range(b.sets_for(nbytes))]
         for impl, act in (("triton", triton_ops.swiglu), ("torch-ref", reference.swiglu)):
             fns = [lambda x=x, act=act: act(x) for x in inputs]
             b.add("swiglu", f"T={tokens} I={s.inter}", impl, fns, nbytes)
@@ -261,7 +242,7 @@ def bench_rope_cache_write(b: Bench) -> None:
         # read q, k, v, positions, slots and the cos/sin rows; write q_rot, and k, v to the cache
         nbytes = 2 * qkv_elems * 2 + tokens * (8 + 8 + s.head_dim * 4)
         sets = []
-        for _ in range(_sets_for(nbytes)):
+        for _ in range(b.sets_for(nbytes)):
             qkv = b.randn(tokens, s.hq + 2 * s.hkv, s.head_dim)
             positions = torch.randint(0, 100000, (tokens,), device=b.device)
             if label == "decode":  # one token per sequence, anywhere in the pool
@@ -386,7 +367,7 @@ def bench_attention(b: Bench, with_flex: bool) -> None:
         nbytes = kv_bytes + 2 * batch * s.hq * s.head_dim * 2  # K, V; q and the output
         sets = [
             (b.randn(batch, s.hq, s.head_dim), *_paged_kv(b, batch, context))
-            for _ in range(_sets_for(nbytes))
+            for _ in range(b.sets_for(nbytes))
         ]
         splits = triton_ops.choose_num_splits(batch, s.hkv, context, b.sms())
         fns = [partial(triton_ops.paged_decode_attention, *x, scale) for x in sets]
@@ -432,7 +413,7 @@ def bench_sampling(b: Bench) -> None:
     s = b.shapes
     for batch in s.sample_batches:
         nbytes = batch * s.vocab * 2
-        sets = [b.randn(batch, s.vocab) * 3 for _ in range(_sets_for(nbytes))]
+        sets = [b.randn(batch, s.vocab) * 3 for _ in range(b.sets_for(nbytes))]
         for impl, pick in (("triton", triton_ops.argmax), ("torch-ref", reference.argmax)):
             fns = [lambda x=x, pick=pick: pick(x) for x in sets]
             b.add("argmax", f"B={batch} V={s.vocab}", impl, fns, nbytes)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from sv_kernels import ops
+from sv_kernels import graphs, ops
 from sv_weights import LlamaConfig
 from torch import Tensor
 
@@ -354,15 +354,10 @@ class _DecodeGraph:
         self.dev_inputs = torch.zeros((3, batch), dtype=torch.int32, device=runner.device)
         self._pad()
         self.dev_inputs.copy_(self.host_inputs)
-        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up: compiles kernels, sets up cuBLAS workspaces
-            for _ in range(2):
-                self._run()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=runner._graph_pool):
-            self.logits, self.ids = self._run()
+        # Decode graphs share one memory pool: they never run at the same time.
+        self.graph, (self.logits, self.ids) = graphs.capture(
+            self._run, warmups=2, pool=runner._graph_pool
+        )
         runner._graph_pool = self.graph.pool()
         self._samplers: dict[tuple[bool, bool], _SampleGraph] = {}
 
@@ -429,14 +424,7 @@ class _SampleGraph:
                 any_top_p=any_top_p,
             )
 
-        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up: compiles the kernels outside the capture
-            draw()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.ids = draw()
+        self.graph, self.ids = graphs.capture(draw)
 
     def _hosts(self) -> tuple[Tensor, Tensor, Tensor]:
         return self.host_floats, self.host_top_k, self.host_ints

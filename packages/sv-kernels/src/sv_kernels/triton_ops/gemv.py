@@ -17,12 +17,12 @@ Whether it beats cuBLAS depends on the shape and the chip, so nothing assumes it
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
+from ..graphs import graph_ms_per_call, l2_bytes
 from ._common import cdiv
 
 
@@ -95,7 +95,6 @@ def gemv_config(w: torch.Tensor) -> tuple[int, int, int] | None:
 # _TUNE_CALLS calls over enough copies of the weight to overflow L2, as a decode step, which
 # streams 2.5 GB of weights, sees them: from DRAM.
 _TUNE_CALLS = 20
-_L2_BYTES = 60 * 2**20
 
 
 def tune_gemv(weights: list[torch.Tensor]) -> dict[tuple[int, int], str]:
@@ -121,33 +120,13 @@ def tune_gemv(weights: list[torch.Tensor]) -> dict[tuple[int, int], str]:
 def _time_candidates(w: torch.Tensor) -> tuple[float, tuple[int, int, int] | None, float]:
     """(cuBLAS ms, the best config or None if cuBLAS won, its ms) per call, for weight w."""
     nbytes = w.numel() * w.element_size()
-    copies = [w] + [w.clone() for _ in range(min(15, 2 * _L2_BYTES // nbytes))]
+    copies = [w] + [w.clone() for _ in range(min(15, 2 * l2_bytes(w.device) // nbytes))]
     x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
     linear = torch.nn.functional.linear
-    cublas = _graph_replay_ms([functools.partial(linear, x, c) for c in copies])
+    cublas = graph_ms_per_call([functools.partial(linear, x, c) for c in copies], _TUNE_CALLS)
     best, best_ms = None, cublas
     for config in CONFIGS:
-        ms = _graph_replay_ms([functools.partial(gemv, x, c, config) for c in copies])
+        ms = graph_ms_per_call([functools.partial(gemv, x, c, config) for c in copies], _TUNE_CALLS)
         if ms < best_ms:
             best, best_ms = config, ms
     return cublas, best, best_ms
-
-
-def _graph_replay_ms(calls: list[Callable[[], object]]) -> float:
-    """Median time per call of _TUNE_CALLS calls (cycling through `calls`) in one CUDA graph."""
-    from triton.testing import do_bench
-
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch requires
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    count = max(_TUNE_CALLS, len(calls))
-    with torch.cuda.graph(graph):
-        for i in range(count):
-            calls[i % len(calls)]()
-    ms = float(do_bench(graph.replay, return_mode="median"))
-    del graph
-    return ms / count
