@@ -4,7 +4,8 @@ Runs each launch wrapper of `sv_kernels.triton_ops` on small CPU tensors with Tr
 replaced by a stand-in that reports an sm_90 target and never launches: every kernel is
 specialized and compiled exactly as it would be on the device (same constexprs, same
 16-byte-alignment specialization), down to a cubin via the ptxas that ships with Triton. Prints
-per kernel: registers, spilled bytes and shared memory. Catches what the interpreter cannot
+per kernel: registers, spilled bytes, shared memory, and "pdl" where the kernel waits for the
+previous one under programmatic dependent launch (on, as on the H200). Catches what the interpreter cannot
 (Triton front-end errors in compiled mode, layout / shared-memory limits, spills).
 
     python packages/sv-kernels/tools/compile_check.py
@@ -61,12 +62,16 @@ def compile_only() -> Iterator[list[Any]]:
         compiled.append((self.fn.__name__, grid, kernel))
         return kernel
 
+    from sv_kernels.triton_ops import _common
+
     previous_driver = triton_driver._active  # None on a machine without a GPU
     triton_driver.set_active(_CompileOnlyDriver())
     JITFunction.run = run  # type: ignore[method-assign]
+    _common.PDL_OVERRIDE = True  # as on the H200: programmatic dependent launch where wired
     try:
         yield compiled
     finally:
+        _common.PDL_OVERRIDE = None
         JITFunction.run = original_run  # type: ignore[method-assign]
         triton_driver._active = previous_driver
 
@@ -223,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             seen.add(key)
             shared = kernel.metadata.shared
-            print(
-                f"ok   {label:<40} {name:<28} shared={shared}B {_ptxas_report(kernel.asm['ptx'])}"
-            )
+            ptx = kernel.asm["ptx"]
+            pdl = " pdl" if "griddepcontrol.wait" in ptx else ""
+            print(f"ok   {label:<40} {name:<28} shared={shared}B {_ptxas_report(ptx)}{pdl}")
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 

@@ -20,7 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, dot_dtype, dot_precision, next_pow2, num_sms, unit_last_stride
+from ._common import (
+    cdiv,
+    dot_dtype,
+    dot_precision,
+    next_pow2,
+    num_sms,
+    unit_last_stride,
+    use_pdl,
+    wait_for_prior_kernels,
+)
 
 # A split should stream at least this many tokens, else the merge costs more than it saves.
 # Measured on the H200 (graph-timed, batch 1, 8k context): 128-token splits (64 of them) took
@@ -61,7 +70,9 @@ def _decode_attention_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_prior_kernels(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -132,7 +143,9 @@ def _merge_splits_kernel(
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_prior_kernels(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     first_row = (seq * tl.num_programs(1) + head) * NUM_SPLITS
@@ -215,6 +228,7 @@ def paged_decode_attention(
         partial_acc = partial_max = partial_sum = out
     block_d = max(16, next_pow2(head_dim))  # tl.dot needs K >= 16
     block_n = 64 if block_d <= 64 else 32
+    pdl = use_pdl(q.device)
     _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -247,8 +261,10 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits,
         DOT_DTYPE=dot_dtype(q.dtype),
         PRECISION=dot_precision(q.dtype),
+        USE_PDL=pdl,
         num_warps=4,
         num_stages=3,
+        launch_pdl=pdl,
     )
     if num_splits > 1:
         _merge_splits_kernel[(batch, num_q_heads)](
@@ -262,6 +278,8 @@ def paged_decode_attention(
             BLOCK_D=block_d,
             NUM_SPLITS=num_splits,
             BLOCK_S=next_pow2(num_splits),
+            USE_PDL=pdl,
             num_warps=4 if block_d >= 128 else 2,
+            launch_pdl=pdl,
         )
     return out

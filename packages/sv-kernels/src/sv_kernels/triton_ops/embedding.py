@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, next_pow2, unit_last_stride
+from ._common import cdiv, next_pow2, unit_last_stride, use_pdl, wait_for_prior_kernels
 
 # Elements per program along the hidden dim: 2048 bf16 = 4 KiB, one 16-byte vector per thread
 # with 8 warps. Wider rows are split over a second grid axis.
@@ -25,7 +25,9 @@ def _embedding_kernel(
     stride_w,
     stride_o,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_prior_kernels(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_row = cols < hidden
@@ -46,6 +48,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return out
     block_h = min(next_pow2(hidden), _MAX_BLOCK_H)
     grid = (num_tokens, cdiv(hidden, block_h))
+    pdl = use_pdl(weight.device)
     _embedding_kernel[grid](
         ids,
         weight,
@@ -55,6 +58,8 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         weight.stride(0),
         out.stride(0),
         BLOCK_H=block_h,
+        USE_PDL=pdl,
         num_warps=max(1, min(8, block_h // 256)),
+        launch_pdl=pdl,
     )
     return out

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..graphs import graph_ms_per_call, l2_bytes
-from ._common import cdiv
+from ._common import cdiv, use_pdl, wait_for_prior_kernels
 
 
 @triton.jit
@@ -36,12 +36,20 @@ def _gemv_kernel(
     stride_wn,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # The first slice of weights is loaded before waiting for the kernel that writes x: under
+    # PDL that load overlaps the previous kernel's tail (weights are never written in a step).
+    cols = tl.arange(0, BLOCK_K)
+    col_mask = cols < K
+    w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+    wait_for_prior_kernels(USE_PDL)
+    x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    acc = w.to(tl.float32) * x[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         col_mask = cols < K
         x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -78,8 +86,19 @@ def gemv(
     if w.stride(1) != 1:
         w = w.contiguous()
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    pdl = use_pdl(x.device)
     _gemv_kernel[(cdiv(n, block_n),)](
-        x, w, out, n, k, w.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps
+        x,
+        w,
+        out,
+        n,
+        k,
+        w.stride(0),
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        USE_PDL=pdl,
+        num_warps=warps,
+        launch_pdl=pdl,
     )
     return out
 

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import next_pow2, rows_2d
+from ._common import next_pow2, rows_2d, use_pdl, wait_for_prior_kernels
 
 
 @triton.jit
@@ -26,10 +26,13 @@ def _rms_norm_kernel(
     stride_s,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     in_row = cols < hidden
+    w = tl.load(weight_ptr + cols, mask=in_row, other=0.0).to(tl.float32)  # a weight: no wait
+    wait_for_prior_kernels(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=in_row, other=0.0)
     s = x.to(tl.float32)
     if HAS_RESIDUAL:
@@ -42,7 +45,6 @@ def _rms_norm_kernel(
     inv_rms = 1.0 / tl.sqrt_rn(mean_square + eps)
     # Round to x's dtype before the weight multiply, as Hugging Face Llama does.
     normed = (s * inv_rms).to(x_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(weight_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
     tl.store(
         out_ptr + row * stride_o + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=in_row
     )
@@ -66,6 +68,7 @@ def rms_norm(
         s2 = torch.empty((num_rows, hidden), dtype=x.dtype, device=x.device)
     if num_rows > 0 and hidden > 0:
         block_h = next_pow2(hidden)
+        pdl = use_pdl(x.device)
         _rms_norm_kernel[(num_rows,)](
             x2,
             r2,
@@ -80,7 +83,9 @@ def rms_norm(
             s2.stride(0),
             HAS_RESIDUAL=residual is not None,
             BLOCK_H=block_h,
+            USE_PDL=pdl,
             num_warps=max(1, min(16, block_h // 256)),
+            launch_pdl=pdl,
         )
     s = x if residual is None else s2.view(x.shape)
     return out.view(x.shape), s

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, next_pow2, num_sms, unit_last_stride
+from ._common import cdiv, next_pow2, num_sms, unit_last_stride, use_pdl, wait_for_prior_kernels
 
 # Token blocks are grown while the grid keeps at least this many programs per SM. Measured on
 # the H200 (graph-timed, run of 2026-11-30): at 2,048 tokens one token per program did best
@@ -77,7 +77,9 @@ def _rope_cache_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HKV: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_prior_kernels(USE_PDL)
     part = tl.program_id(1)
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = tokens < num_tokens
@@ -184,6 +186,7 @@ def rope_cache_write(
         block_tokens = choose_block_tokens(num_tokens, parts, num_sms(q.device))
     block_tokens = next_pow2(block_tokens)
     grid = (cdiv(num_tokens, block_tokens), parts)
+    pdl = use_pdl(q.device)
     _rope_cache_kernel[grid](
         q,
         k,
@@ -220,6 +223,8 @@ def rope_cache_write(
         BLOCK_T=block_tokens,
         BLOCK_HQ=block_hq,
         BLOCK_HKV=block_hkv,
+        USE_PDL=pdl,
         num_warps=num_warps,
+        launch_pdl=pdl,
     )
     return q_out

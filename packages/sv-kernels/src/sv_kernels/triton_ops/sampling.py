@@ -56,7 +56,15 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..errors import KernelError
-from ._common import INTERPRET, cdiv, next_pow2, num_sms, unit_last_stride
+from ._common import (
+    INTERPRET,
+    cdiv,
+    next_pow2,
+    num_sms,
+    unit_last_stride,
+    use_pdl,
+    wait_for_prior_kernels,
+)
 
 # Sampling: columns per load inside a chunk program, and the bounds on a chunk's width.
 _BLOCK_V = 1024
@@ -82,8 +90,16 @@ _MAX_VOCAB = 2**23
 
 @triton.jit
 def _argmax_chunks_kernel(
-    logits_ptr, chunk_max_ptr, chunk_arg_ptr, vocab, stride_row, num_chunks, CHUNK: tl.constexpr
+    logits_ptr,
+    chunk_max_ptr,
+    chunk_arg_ptr,
+    vocab,
+    stride_row,
+    num_chunks,
+    CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -96,7 +112,10 @@ def _argmax_chunks_kernel(
 
 
 @triton.jit
-def _argmax_merge_kernel(chunk_max_ptr, chunk_arg_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexpr):
+def _argmax_merge_kernel(
+    chunk_max_ptr, chunk_arg_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr
+):
+    wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     maxima = tl.load(chunk_max_ptr + row * num_chunks + c, mask=c < num_chunks, other=float("-inf"))
@@ -119,6 +138,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     num_chunks = cdiv(vocab, chunk)
     chunk_max = torch.empty((batch, num_chunks), dtype=torch.float32, device=logits.device)
     chunk_arg = torch.empty((batch, num_chunks), dtype=torch.int32, device=logits.device)
+    pdl = use_pdl(logits.device)
     _argmax_chunks_kernel[(batch, num_chunks)](
         logits,
         chunk_max,
@@ -127,10 +147,19 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
         logits.stride(0),
         num_chunks,
         CHUNK=chunk,
+        USE_PDL=pdl,
         num_warps=max(1, min(8, chunk // 512)),
+        launch_pdl=pdl,
     )
     _argmax_merge_kernel[(batch,)](
-        chunk_max, chunk_arg, out, num_chunks, BLOCK_C=next_pow2(num_chunks), num_warps=1
+        chunk_max,
+        chunk_arg,
+        out,
+        num_chunks,
+        BLOCK_C=next_pow2(num_chunks),
+        USE_PDL=pdl,
+        num_warps=1,
+        launch_pdl=pdl,
     )
     return out
 
@@ -521,6 +550,12 @@ def sample(
     # batch's chunk count: one compiled merge for every batch size.
     max_chunks = cdiv(vocab, min(_MIN_CHUNK, next_pow2(vocab)))
     _argmax_merge_kernel[(batch,)](
-        chunk_best, chunk_arg, out, num_chunks, BLOCK_C=next_pow2(max_chunks), num_warps=1
+        chunk_best,
+        chunk_arg,
+        out,
+        num_chunks,
+        BLOCK_C=next_pow2(max_chunks),
+        USE_PDL=False,  # the sampler's own kernels launch without PDL
+        num_warps=1,
     )
     return out

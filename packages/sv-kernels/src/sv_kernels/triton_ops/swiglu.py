@@ -8,14 +8,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, next_pow2, rows_2d
+from ._common import cdiv, next_pow2, rows_2d, use_pdl, wait_for_prior_kernels
 
 # 1024 bf16 per program: 4 warps x 32 threads x one 16-byte vector of gate and one of up.
 _BLOCK = 1024
 
 
 @triton.jit
-def _swiglu_kernel(gate_up_ptr, out_ptr, inter, stride_in, stride_out, BLOCK: tl.constexpr):
+def _swiglu_kernel(
+    gate_up_ptr, out_ptr, inter, stride_in, stride_out, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
+):
+    wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_row = cols < inter
@@ -36,6 +39,7 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((num_rows, inter), dtype=gate_up.dtype, device=gate_up.device)
     if num_rows > 0 and inter > 0:
         block = min(_BLOCK, next_pow2(inter))
+        pdl = use_pdl(gate_up.device)
         _swiglu_kernel[(num_rows, cdiv(inter, block))](
             x2,
             out,
@@ -43,6 +47,8 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
             x2.stride(0),
             out.stride(0),
             BLOCK=block,
+            USE_PDL=pdl,
             num_warps=max(1, min(4, block // 256)),
+            launch_pdl=pdl,
         )
     return out.view(*gate_up.shape[:-1], inter)
