@@ -60,6 +60,15 @@ def _runner(model_dir: Path, **kwargs: object) -> object:
     return ModelRunner(config, weights, num_pages=2048, max_model_len=16384, **kwargs)  # type: ignore[arg-type]
 
 
+def _tune(runner: object) -> None:
+    """Choose cuBLAS or the Triton GEMV per weight shape, as `ModelRunner.warmup` does."""
+    from sv_kernels import ops
+
+    w = runner.model.weights  # type: ignore[attr-defined]
+    layers = [m for layer in w.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    ops.tune_linear([w.lm_head, *layers])
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
@@ -209,6 +218,7 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches(llama_1b_dir: Path)
     if not _common.use_pdl(torch.device("cuda")):
         pytest.skip("PDL needs a Hopper or later GPU (and SV_PDL not 0)")
     with_pdl = _runner(llama_1b_dir)
+    _tune(with_pdl)  # batch 1 then runs the Triton GEMVs and their fused epilogues
     _common.PDL_OVERRIDE = False
     try:
         plain = _runner(llama_1b_dir)
@@ -247,6 +257,23 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches(llama_1b_dir: Path)
                 s.append(t)
             with_pdl.execute(step)  # type: ignore[attr-defined]
             plain.execute(step)  # type: ignore[attr-defined]
+
+
+def test_decode_replay_recomputes_the_loaded_step(llama_1b_dir: Path) -> None:
+    """The bare replay the benchmark times computes the step that `decode_replay` loaded."""
+    from sv_model import StepInputs
+
+    runner = _runner(llama_1b_dir)
+    _tune(runner)
+    runner.set_block_tables([(0, list(range(8)))])  # type: ignore[attr-defined]
+    step = StepInputs([5], [40], [0], [1], [41], [0])
+    expected = runner.logits(step)  # type: ignore[attr-defined]
+    replay = runner.decode_replay(step)  # type: ignore[attr-defined]
+    graph = runner._graphs[1]  # type: ignore[attr-defined]
+    with torch.inference_mode():
+        graph.logits.zero_()
+    replay()
+    assert torch.equal(graph.logits[:1], expected)
 
 
 def test_engine_generation_agrees_with_teacher_forcing(

@@ -147,3 +147,10 @@ def test_batch_composition_does_not_change_logits(tiny_dir: Path) -> None:
     for i, s in enumerate(seqs):
         alone = prefill(runner, [s], [i])
         assert rel(together[i], alone[0]) < 1e-5
+
+
+def test_decode_replay_needs_cuda_graphs(tiny_dir: Path) -> None:
+    runner = make_runner(tiny_dir)
+    step = StepInputs([1], [0], [0], [1], [1], [0])
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        runner.decode_replay(step)

@@ -17,7 +17,7 @@ the block tables.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,6 +232,18 @@ class ModelRunner:
             if step.is_decode and not every_token:
                 return self._decode(step)[0].clone()
             return self._prefill(step, every_token=every_token)
+
+    def decode_replay(self, step: StepInputs) -> Callable[[], None]:
+        """Load a decode step's inputs into its CUDA graph and return the bare replay: no input
+        copy, no host work, the graph alone (what benchmarks time as a step's GPU cost; every
+        call recomputes the same step). Needs CUDA graphs and a step of one token per sequence."""
+        if not self.use_cuda_graphs or not step.is_decode:
+            raise ValueError("decode_replay needs CUDA graphs and a decode step")
+        with torch.inference_mode():
+            graph = self._decode(step)[2]
+        if graph is None:
+            raise ValueError("decode_replay needs a step whose sample_rows are all its rows")
+        return graph.graph.replay
 
     def _upload(self, host: np.ndarray) -> Tensor:
         """One host-to-device copy of a small int32 array (block-table rows, a prefill step's
