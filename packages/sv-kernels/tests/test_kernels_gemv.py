@@ -42,6 +42,33 @@ def test_gemv_matches_linear(
     assert err <= TOLERANCE[dtype], f"gemv {config}: error {err:.3g} of sum |x||w|"
 
 
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("inter", "k"),
+    [(1, 16), (37, 100), (64, 1024), pytest.param(8192, 2048, marks=GPU)],  # last: Llama 1B
+)
+def test_gemv_swiglu_epilogue_equals_the_two_ops(
+    gen: torch.Generator, config: tuple[int, int, int], dtype: torch.dtype, inter: int, k: int
+) -> None:
+    """The fused epilogue computes the same dot products in the same order and rounds gate and
+    up to the output dtype as the unfused path stores them: the same bits."""
+    x = randn(gen, 1, k, dtype=dtype)
+    gate_up = randn(gen, 2 * inter, k, dtype=dtype)
+    fused = triton_ops.gemv(x, gate_up, config, swiglu=True)
+    assert fused.shape == (1, inter) and fused.dtype == dtype
+    unfused = triton_ops.swiglu(triton_ops.gemv(x, gate_up, config))
+    assert torch.equal(fused, unfused), f"{config}: max diff {(fused - unfused).abs().max()}"
+    # and both against the reference ops, to the kernels' tolerance
+    assert_close(fused, reference.swiglu(reference.linear(x, gate_up)), "gemv swiglu")
+
+
+def test_gemv_swiglu_rejects_an_odd_row_count(gen: torch.Generator) -> None:
+    x = randn(gen, 1, 16, dtype=torch.float32)
+    with pytest.raises(ValueError, match="even row count"):
+        triton_ops.gemv(x, randn(gen, 5, 16, dtype=torch.float32), swiglu=True)
+
+
 @gpu_test
 def test_tuned_linear_dispatch_and_graph_capture(gen: torch.Generator) -> None:
     """After tuning, ops.linear on one row uses whatever won, gives the reference's result, and

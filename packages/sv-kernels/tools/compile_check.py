@@ -134,6 +134,12 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
             f"gemv {config} {dtype}",
             lambda config=config: ops.gemv(row, torch.zeros(inter, hidden, dtype=dtype), config),
         )
+        yield (
+            f"gemv+swiglu {config} {dtype}",
+            lambda config=config: ops.gemv(
+                row, torch.zeros(2 * inter, hidden, dtype=dtype), config, swiglu=True
+            ),
+        )
     for head_dim, hq, hkv in ((64, 32, 8), (128, 24, 8), (64, 9, 3)):
         yield from _attention_cases(dtype, head_dim, hq, hkv)
 

@@ -138,6 +138,21 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     return reference.linear(x, weight)
 
 
+def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
+    """swiglu(linear(x, gate_up)) for a packed [gate; up] projection [2I, K] -> [T, I].
+
+    A one-row CUDA call whose shape the GEMV tuner gave to Triton runs as one kernel: the GEMV
+    applies SwiGLU to its own outputs (same bits as the two ops); anything else runs both ops.
+    """
+    if _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
+        from . import triton_ops
+
+        config = triton_ops.gemv_config(gate_up)
+        if config is not None and gate_up.shape[0] % 2 == 0:
+            return triton_ops.gemv(x, gate_up, config, swiglu=True)
+    return swiglu(linear(x, gate_up))
+
+
 def tune_linear(weights: list[Tensor]) -> dict[tuple[int, int], str]:
     """Measure, for each distinct CUDA weight shape, whether the Triton GEMV beats cuBLAS at
     one row (see `triton_ops.gemv`). Call before capturing CUDA graphs; a no-op on the CPU."""

@@ -162,7 +162,7 @@ class LlamaModel:
             x, residual = ops.rms_norm(
                 hidden, layer.post_attention_norm, self.config.rms_norm_eps, residual
             )
-            hidden = ops.linear(ops.swiglu(ops.linear(x, layer.gate_up)), layer.down)
+            hidden = ops.linear(ops.linear_swiglu(x, layer.gate_up), layer.down)
         x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices)

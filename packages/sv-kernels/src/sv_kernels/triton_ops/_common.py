@@ -44,11 +44,19 @@ def use_pdl(device: torch.device) -> bool:
 
 @triton.jit  # type: ignore[untyped-decorator]
 def wait_for_prior_kernels(USE_PDL: tl.constexpr) -> None:
-    """Under PDL: block until the previous kernel in the stream has finished and its writes are
-    visible, then allow the next kernel to launch (see PDL above). A no-op otherwise."""
+    """Under PDL: let the next kernel launch, then block until the previous kernel in the
+    stream has finished and its writes are visible (see PDL above). A no-op otherwise.
+
+    Letting the next kernel launch before waiting (not after) measured 839 -> 788 us per batch-1
+    decode step on the H200 (2026-11-30): the next kernel's programs are resident and, for a
+    GEMV, already streaming weights while this one still waits for its own predecessor. It is
+    safe by induction: a kernel passes its wait only once its predecessor has finished, and a
+    predecessor finishes only after passing its own wait, so past the wait every earlier kernel
+    of the stream is done; and the launch only happens once every program of this kernel has
+    started, so early launches never keep this kernel's programs off the GPU."""
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
 
 
 # H200 = 132 SMs; used when there is no device to ask (the interpreter).
