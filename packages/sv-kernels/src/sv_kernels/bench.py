@@ -167,7 +167,11 @@ class Bench:
                 return fn_sets[counter[0] % len(fn_sets)]()
 
             ms = self.time_ms(rotating)
-            if self.device.type == "cuda" and ms < GRAPH_BELOW_MS:
+            # The torch references stay eager: some synchronize with the host (boolean
+            # indexing), and a capture that fails that way leaves torch's CUDA generator
+            # unusable for the rest of the process ("Offset increment outside graph capture",
+            # torch 2.11, 2026-11-30), which broke the engine benchmarks that follow.
+            if self.device.type == "cuda" and ms < GRAPH_BELOW_MS and impl != "torch-ref":
                 graph_ms = self.time_graph_ms(fn_sets)
                 if graph_ms is not None:
                     row.eager_ms, ms = ms, graph_ms
