@@ -60,6 +60,27 @@ def _runner(model_dir: Path, **kwargs: object) -> object:
     return ModelRunner(config, weights, num_pages=2048, max_model_len=16384, **kwargs)  # type: ignore[arg-type]
 
 
+def _prefill_step(seqs: list[list[int]], sampling: object = None) -> object:
+    """One packed prefill of whole sequences; sequence i in slot i, every one sampled."""
+    from sv_model import StepInputs
+
+    lens = [len(s) for s in seqs]
+    rows = list(range(len(seqs)))
+    tokens = [t for s in seqs for t in s]
+    positions = [p for s in seqs for p in range(len(s))]
+    return StepInputs(tokens, positions, rows, lens, lens, rows, sampling)  # type: ignore[arg-type]
+
+
+def _decode_step(seqs: list[list[int]], sampling: object = None) -> object:
+    """Each sequence (slot i) feeds its last token."""
+    from sv_model import StepInputs
+
+    n = [len(s) for s in seqs]
+    rows = list(range(len(seqs)))
+    last = [s[-1] for s in seqs]
+    return StepInputs(last, [x - 1 for x in n], rows, [1] * len(seqs), n, rows, sampling)  # type: ignore[arg-type]
+
+
 def _tune(runner: object) -> None:
     """Choose cuBLAS or the Triton GEMV per weight shape, as `ModelRunner.warmup` does."""
     from sv_kernels import ops
@@ -174,7 +195,6 @@ def test_positions_past_8192_bf16(
 def test_cuda_graph_decode_equals_eager(llama_1b_dir: Path) -> None:
     """Graph replay runs the same kernels on the same inputs: identical logits; padding rows of
     a bucket do not disturb the real rows."""
-    from sv_model import StepInputs
 
     graphed = _runner(llama_1b_dir)
     eager = _runner(llama_1b_dir, use_cuda_graphs=False)
@@ -182,22 +202,9 @@ def test_cuda_graph_decode_equals_eager(llama_1b_dir: Path) -> None:
     seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 300))] for _ in range(5)]
     for r in (graphed, eager):
         r.set_block_tables([(i, list(range(i * 40, i * 40 + 40))) for i in range(5)])  # type: ignore[attr-defined]
-        lens = [len(s) for s in seqs]
-        r.execute(  # type: ignore[attr-defined]
-            StepInputs(
-                [t for s in seqs for t in s],
-                [p for s in seqs for p in range(len(s))],
-                list(range(5)),
-                lens,
-                lens,
-                list(range(5)),
-            )
-        )
+        r.execute(_prefill_step(seqs))  # type: ignore[attr-defined]
     for _ in range(3):  # batch 5 -> the bucket of 8 (3 padding rows)
-        n = [len(s) for s in seqs]
-        step = StepInputs(
-            [s[-1] for s in seqs], [x - 1 for x in n], list(range(5)), [1] * 5, n, list(range(5))
-        )
+        step = _decode_step(seqs)
         g = graphed.logits(step)  # type: ignore[attr-defined]
         e = eager.logits(step)  # type: ignore[attr-defined]
         assert torch.equal(g, e) or rel(g, e) < 1e-3
@@ -213,7 +220,6 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches(llama_1b_dir: Path)
     captured with and without PDL: bit-identical logits at batch 1 (the GEMV path, which
     prefetches weights before its wait) and batch 5, over many steps."""
     from sv_kernels.triton_ops import _common
-    from sv_model import StepInputs
 
     if not _common.use_pdl(torch.device("cuda")):
         pytest.skip("PDL needs a Hopper or later GPU (and SV_PDL not 0)")
@@ -228,28 +234,11 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches(llama_1b_dir: Path)
     for batch in (1, 5):
         seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 300))] for _ in range(batch)]
         tables = [(i, list(range(i * 40, i * 40 + 40))) for i in range(batch)]
-        lens = [len(s) for s in seqs]
-        prefill = StepInputs(
-            [t for s in seqs for t in s],
-            [p for s in seqs for p in range(len(s))],
-            list(range(batch)),
-            lens,
-            lens,
-            list(range(batch)),
-        )
         for r in (with_pdl, plain):
             r.set_block_tables(tables)  # type: ignore[attr-defined]
-            r.execute(prefill)  # type: ignore[attr-defined]
+            r.execute(_prefill_step(seqs))  # type: ignore[attr-defined]
         for _ in range(16):
-            n = [len(s) for s in seqs]
-            step = StepInputs(
-                [s[-1] for s in seqs],
-                [x - 1 for x in n],
-                list(range(batch)),
-                [1] * batch,
-                n,
-                list(range(batch)),
-            )
+            step = _decode_step(seqs)
             a = with_pdl.logits(step)  # type: ignore[attr-defined]
             b = plain.logits(step)  # type: ignore[attr-defined]
             assert torch.equal(a, b), f"batch {batch}: PDL changed the logits (rel {rel(a, b)})"
@@ -324,24 +313,14 @@ def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
     captured sampling graph; its ids equal an eager `ops.sample` on the very same logits, for
     every mix of filters (each mix is its own graph) and a batch padded to its bucket."""
     from sv_kernels import ops
-    from sv_model import SamplingRows, StepInputs
+    from sv_model import SamplingRows
 
     runner = _runner(llama_1b_dir)
     rng = random.Random(3)
     batch = 5  # the bucket of 8: 3 padding rows
     seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 200))] for _ in range(batch)]
     runner.set_block_tables([(i, list(range(i * 20, i * 20 + 20))) for i in range(batch)])  # type: ignore[attr-defined]
-    lens = [len(s) for s in seqs]
-    runner.execute(  # type: ignore[attr-defined]
-        StepInputs(
-            [t for s in seqs for t in s],
-            [p for s in seqs for p in range(len(s))],
-            list(range(batch)),
-            lens,
-            lens,
-            list(range(batch)),
-        )
-    )
+    runner.execute(_prefill_step(seqs))  # type: ignore[attr-defined]
     mixes = [
         ([0.8, 1.0, 0.0, 1.3, 0.6], [0] * 5, [1.0] * 5),  # temperature only (one greedy row)
         ([0.8, 1.0, 0.7, 1.3, 0.6], [40, 0, 5, 1, 100], [1.0] * 5),  # top-k
@@ -349,19 +328,10 @@ def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
         ([0.8, 1.0, 0.0, 1.3, 0.6], [40, 0, 5, 1, 100], [0.9, 1.0, 0.5, 0.95, 0.1]),  # both
     ]
     for step_index, (temperature, top_k, top_p) in enumerate(mixes * 2):
-        n = [len(s) for s in seqs]
         sampling = SamplingRows(
             temperature, top_k, top_p, [2**40 + i for i in range(batch)], [step_index] * batch
         )
-        step = StepInputs(
-            [s[-1] for s in seqs],
-            [x - 1 for x in n],
-            list(range(batch)),
-            [1] * batch,
-            n,
-            list(range(batch)),
-            sampling,
-        )
+        step = _decode_step(seqs, sampling)
         ids = runner.execute(step)  # type: ignore[attr-defined]
         logits = runner._graphs[8].logits[:batch].clone()  # type: ignore[attr-defined]
         want = ops.sample(
