@@ -143,6 +143,8 @@ def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
 
     A one-row CUDA call whose shape the GEMV tuner gave to Triton runs as one kernel: the GEMV
     applies SwiGLU to its own outputs (same bits as the two ops); anything else runs both ops.
+    The fused kernel uses the tile tuned for the plain GEMV of this shape: its programs stream
+    the same number of weight rows (half gate, half up), so the timing carries over.
     """
     if _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
         from . import triton_ops

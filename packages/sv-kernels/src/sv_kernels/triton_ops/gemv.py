@@ -26,12 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..errors import KernelError
 from ..graphs import graph_ms_per_call, l2_bytes
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
 
 
 @triton.jit
-def dot_rows(
+def _dot_rows(
     x_ptr,
     w_ptr,
     rows,
@@ -69,7 +70,7 @@ def dot_rows(
 
 
 @triton.jit
-def paired_halves(y, HALF_BLOCK: tl.constexpr):
+def _paired_halves(y, HALF_BLOCK: tl.constexpr):
     """Split y [2 * HALF_BLOCK] (FP32) into its first and second halves."""
     halves = tl.reshape(y, (2, HALF_BLOCK))
     which = tl.arange(0, 2)[:, None]
@@ -103,11 +104,11 @@ def _gemv_kernel(
     else:
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < N
-    y = dot_rows(x_ptr, w_ptr, rows, row_mask, K, stride_wn, BLOCK_N, BLOCK_K, USE_PDL)
+    y = _dot_rows(x_ptr, w_ptr, rows, row_mask, K, stride_wn, BLOCK_N, BLOCK_K, USE_PDL)
     if GATED:
         # Round gate and up to the output dtype first, as the unfused path stores them, so
         # that fused and unfused give the same bits (see `swiglu`).
-        gate, up = paired_halves(y.to(out_ptr.dtype.element_ty).to(tl.float32), HALF_BLOCK)
+        gate, up = _paired_halves(y.to(out_ptr.dtype.element_ty).to(tl.float32), HALF_BLOCK)
         out_features = tl.program_id(0) * HALF_BLOCK + tl.arange(0, HALF_BLOCK)
         silu = gate / (1.0 + tl.exp(-gate))
         tl.store(
@@ -150,7 +151,10 @@ def gemv(
     n, k = w.shape
     block_n, block_k, warps = config or CONFIGS[0]
     if swiglu and (n % 2 or block_n < 2):
-        raise ValueError(f"gemv(swiglu=True) needs an even row count and BLOCK_N >= 2, got {n}")
+        raise KernelError(
+            f"gemv(swiglu=True): w must have an even row count ([gate; up]) and the tile "
+            f"BLOCK_N >= 2; got {n} rows and BLOCK_N {block_n}"
+        )
     x = x.contiguous()
     if w.stride(1) != 1:
         w = w.contiguous()
