@@ -25,3 +25,20 @@ def test_every_kernel_compiles_for_hopper() -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert done.stdout.rstrip().endswith("0 failure(s)")
     assert "_rope_cache_kernel" in done.stdout and "_gemv_kernel" in done.stdout
+    # Every kernel of a decode step waits for its predecessor under programmatic dependent
+    # launch (the compile check compiles with PDL on, as on the H200); one that did not would
+    # still be correct, but would stall the overlap for the whole chain behind it.
+    decode_path = {
+        "_embedding_kernel",
+        "_rms_norm_kernel",
+        "_gemv_kernel",
+        "_rope_cache_kernel",
+        "_decode_attention_kernel",
+        "_merge_splits_kernel",
+        "_swiglu_kernel",
+        "_argmax_chunks_kernel",
+    }
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        if line.startswith("ok") and any(name in fields for name in decode_path):
+            assert line.endswith(" pdl"), f"a decode-path kernel compiled without PDL: {line}"
