@@ -29,6 +29,7 @@ def test_every_kernel_compiles_for_hopper() -> None:
     # launch (the compile check compiles with PDL on, as on the H200); one that did not would
     # still be correct, but would stall the overlap for the whole chain behind it.
     decode_path = {
+        "_decode_metadata_kernel",
         "_embedding_kernel",
         "_rms_norm_kernel",
         "_gemv_kernel",

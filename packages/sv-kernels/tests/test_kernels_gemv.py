@@ -63,6 +63,22 @@ def test_gemv_swiglu_epilogue_equals_the_two_ops(
     assert_close(fused, reference.swiglu(reference.linear(x, gate_up)), "gemv swiglu")
 
 
+@pytest.mark.parametrize("config", CONFIGS[:3])
+@pytest.mark.parametrize(("n", "k"), [(37, 100), pytest.param(128256, 2048, marks=GPU)])
+def test_gemv_fp32_output_equals_converting_afterwards(
+    gen: torch.Generator, config: tuple[int, int, int], n: int, k: int
+) -> None:
+    """The LM head's FP32 logits straight from the kernel: the bits of `gemv(...).float()`."""
+    x = randn(gen, 1, k, dtype=BF16)
+    w = randn(gen, n, k, dtype=BF16)
+    direct = triton_ops.gemv(x, w, config, out_dtype=torch.float32)
+    assert direct.dtype == torch.float32
+    assert torch.equal(direct, triton_ops.gemv(x, w, config).float())
+    x_cpu, w_cpu = x.cpu(), w.cpu()  # and the ops-level fallback (cuBLAS / CPU) converts after
+    want = reference.linear(x_cpu, w_cpu).float()
+    assert torch.equal(ops.linear(x_cpu, w_cpu, out_dtype=torch.float32), want)
+
+
 def test_gemv_swiglu_rejects_an_odd_row_count(gen: torch.Generator) -> None:
     x = randn(gen, 1, 16, dtype=torch.float32)
     with pytest.raises(KernelError, match="even row count"):

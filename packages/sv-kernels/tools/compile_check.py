@@ -112,6 +112,11 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
     yield f"rms_norm+residual {dtype}", lambda: ops.rms_norm(x, w, 1e-5, x)
     yield f"rms_norm {dtype}", lambda: ops.rms_norm(x, w, 1e-5)
     yield f"swiglu {dtype}", lambda: ops.swiglu(torch.zeros(8, 2 * inter, dtype=dtype))
+    tables = torch.zeros(9, 8192, dtype=torch.int32)
+    yield (
+        "decode_metadata",
+        lambda: ops.decode_metadata(tables, ids[:4].int(), ids[:4].int(), 16),
+    )
     logits = torch.zeros(4, vocab, dtype=dtype)
     yield f"argmax {dtype}", lambda: ops.argmax(logits)
     per_row = (
@@ -129,6 +134,10 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
     from sv_kernels.triton_ops.gemv import CONFIGS
 
     row = torch.zeros(1, hidden, dtype=dtype)
+    yield (
+        f"gemv -> fp32 {dtype}",
+        lambda: ops.gemv(row, torch.zeros(inter, hidden, dtype=dtype), out_dtype=torch.float32),
+    )
     for config in CONFIGS:  # every tile the batch-1 tuner may pick
         yield (
             f"gemv {config} {dtype}",

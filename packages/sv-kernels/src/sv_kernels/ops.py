@@ -123,19 +123,21 @@ def rms_norm(
     return reference.rms_norm(x, weight, eps, residual)
 
 
-def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """x [T, K] @ weight [N, K]^T, as `torch.nn.functional.linear` (cuBLAS on CUDA).
+def linear(x: Tensor, weight: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+    """x [T, K] @ weight [N, K]^T, as `torch.nn.functional.linear` (cuBLAS on CUDA), then
+    `.to(out_dtype)` if given (the LM head's FP32 logits).
 
     A one-row CUDA call (a batch-1 decode step) goes to the Triton GEMV instead when
-    `tune_linear` measured it faster for this weight's shape.
+    `tune_linear` measured it faster for this weight's shape; it writes out_dtype itself.
     """
     if _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
         from . import triton_ops
 
         config = triton_ops.gemv_config(weight)
         if config is not None:
-            return triton_ops.gemv(x, weight, config)
-    return reference.linear(x, weight)
+            return triton_ops.gemv(x, weight, config, out_dtype=out_dtype)
+    out = reference.linear(x, weight)
+    return out if out_dtype is None else out.to(out_dtype)
 
 
 def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
@@ -310,6 +312,29 @@ def prefill_attention(
     return reference.prefill_attention(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q
     )
+
+
+def decode_metadata(
+    block_tables: Tensor, seq_slots: Tensor, positions: Tensor, page_size: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(block-table rows, cache slots, context lengths) of a decode step: one token per
+    sequence; see `reference.decode_metadata`. Positions must lie inside each row's pages."""
+    op = "decode_metadata"
+    _check_dims(op, "block_tables", block_tables, 2, "[S, max_pages]")
+    _check_int(op, "block_tables", block_tables)
+    _check_dims(op, "seq_slots", seq_slots, 1, "[B]")
+    _check_int(op, "seq_slots", seq_slots)
+    _check_dims(op, "positions", positions, 1, "[B]")
+    _check_int(op, "positions", positions)
+    _check_len(op, "positions", positions, 0, seq_slots.shape[0], "one per sequence")
+    if page_size < 1:
+        _fail(op, f"page_size must be positive, got {page_size}")
+    _check_device(op, block_tables=block_tables, seq_slots=seq_slots, positions=positions)
+    if _on_cuda(block_tables):
+        from . import triton_ops
+
+        return triton_ops.decode_metadata(block_tables, seq_slots, positions, page_size)
+    return reference.decode_metadata(block_tables, seq_slots, positions, page_size)
 
 
 def argmax(logits: Tensor) -> Tensor:

@@ -166,4 +166,4 @@ class LlamaModel:
         x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices)
-        return ops.linear(x, w.lm_head).float()
+        return ops.linear(x, w.lm_head, out_dtype=torch.float32)

@@ -345,12 +345,11 @@ def _decode_forward(
     runner: ModelRunner, token_ids: Tensor, positions: Tensor, slots: Tensor
 ) -> Tensor:
     """The decode forward pass on device tensors only (what a CUDA graph captures)."""
-    block_tables = runner.block_tables.index_select(0, slots)
-    rows = torch.arange(token_ids.shape[0], device=token_ids.device)
+    block_tables, slot_mapping, seq_lens = ops.decode_metadata(
+        runner.block_tables, slots, positions, runner.page_size
+    )
     attn = AttentionMetadata(
-        slot_mapping=runner._slot_mapping(block_tables, rows, positions),
-        seq_lens=positions + 1,
-        block_tables=block_tables,
+        slot_mapping=slot_mapping, seq_lens=seq_lens, block_tables=block_tables
     )
     return runner.model.forward(token_ids, positions, runner.kv, attn)
 

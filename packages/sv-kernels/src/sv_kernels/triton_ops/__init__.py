@@ -12,6 +12,7 @@ if INTERPRET:
     apply_interpreter_fixes()
 
 from .decode_attention import choose_num_splits, paged_decode_attention
+from .decode_metadata import decode_metadata
 from .embedding import embedding
 from .gemv import gemv, gemv_config, tune_gemv
 from .prefill_attention import prefill_attention
@@ -23,6 +24,7 @@ from .swiglu import swiglu
 __all__ = [
     "argmax",
     "choose_num_splits",
+    "decode_metadata",
     "embedding",
     "gemv",
     "gemv_config",

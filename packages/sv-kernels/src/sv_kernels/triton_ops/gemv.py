@@ -117,7 +117,9 @@ def _gemv_kernel(
             mask=out_features < N // 2,
         )
     else:
-        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_mask)
+        # Rounded to x's dtype first, then to the output's: `linear(x, w).to(out.dtype)`.
+        out = y.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + rows, out, mask=row_mask)
 
 
 # (BLOCK_N, BLOCK_K, num_warps) candidates; the tuner keeps the fastest per shape.
@@ -142,8 +144,12 @@ def gemv(
     w: torch.Tensor,
     config: tuple[int, int, int] | None = None,
     swiglu: bool = False,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x [1, K] @ w[N, K]^T -> [1, N] in x's dtype. `config` = (BLOCK_N, BLOCK_K, num_warps).
+
+    out_dtype: the result as `gemv(x, w).to(out_dtype)` gives it (rounded to x's dtype first),
+    written by the kernel itself: the LM head's FP32 logits without a conversion kernel.
 
     swiglu=True: w is a packed [gate; up] projection [2I, K] and the result is
     silu(gate) * up [1, I], computed in the same kernel (the same bits as `swiglu(gemv(...))`).
@@ -158,7 +164,9 @@ def gemv(
     x = x.contiguous()
     if w.stride(1) != 1:
         w = w.contiguous()
-    out = torch.empty((1, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
+    if swiglu and out_dtype not in (None, x.dtype):
+        raise KernelError("gemv(swiglu=True) writes x's dtype; out_dtype must be None")
+    out = torch.empty((1, n // 2 if swiglu else n), dtype=out_dtype or x.dtype, device=x.device)
     pdl = use_pdl(x.device)
     grid = (cdiv(n // 2, block_n // 2) if swiglu else cdiv(n, block_n),)
     _gemv_kernel[grid](
