@@ -81,15 +81,6 @@ def _decode_step(seqs: list[list[int]], sampling: object = None) -> object:
     return StepInputs(last, [x - 1 for x in n], rows, [1] * len(seqs), n, rows, sampling)  # type: ignore[arg-type]
 
 
-def _tune(runner: object) -> None:
-    """Choose cuBLAS or the Triton GEMV per weight shape, as `ModelRunner.warmup` does."""
-    from sv_kernels import ops
-
-    w = runner.model.weights  # type: ignore[attr-defined]
-    layers = [m for layer in w.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    ops.tune_linear([w.lm_head, *layers])
-
-
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
@@ -224,7 +215,8 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches(llama_1b_dir: Path)
     if not _common.use_pdl(torch.device("cuda")):
         pytest.skip("PDL needs a Hopper or later GPU (and SV_PDL not 0)")
     with_pdl = _runner(llama_1b_dir)
-    _tune(with_pdl)  # batch 1 then runs the Triton GEMVs and their fused epilogues
+    # Tuned, batch 1 runs the Triton GEMVs and their fused epilogues.
+    with_pdl.tune_linear()  # type: ignore[attr-defined]
     _common.PDL_OVERRIDE = False
     try:
         plain = _runner(llama_1b_dir)
@@ -253,7 +245,7 @@ def test_decode_replay_recomputes_the_loaded_step(llama_1b_dir: Path) -> None:
     from sv_model import StepInputs
 
     runner = _runner(llama_1b_dir)
-    _tune(runner)
+    runner.tune_linear()  # type: ignore[attr-defined]
     runner.set_block_tables([(0, list(range(8)))])  # type: ignore[attr-defined]
     step = StepInputs([5], [40], [0], [1], [41], [0])
     expected = runner.logits(step)  # type: ignore[attr-defined]

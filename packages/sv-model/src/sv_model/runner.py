@@ -169,11 +169,7 @@ class ModelRunner:
                     sample_rows=list(range(seqs)),
                 )
                 ops.argmax(self._prefill(step))
-        w = self.model.weights
-        matrices = [w.lm_head] + [
-            m for layer in w.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        ]
-        self.linear_choices = ops.tune_linear(matrices)
+        self.tune_linear()
         if self.is_cuda:  # the sampler's kernels (one compile per vocabulary, any batch size)
             rows = torch.ones(1, device=self.device)
             index = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -188,6 +184,15 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     # --- block tables -----------------------------------------------------------------------
+
+    def tune_linear(self) -> None:
+        """Choose cuBLAS or the Triton GEMV for each of the model's matrix shapes at batch 1
+        (`ops.tune_linear`; part of `warmup`, a no-op on the CPU). Fills `linear_choices`."""
+        w = self.model.weights
+        matrices = [w.lm_head] + [
+            m for layer in w.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ]
+        self.linear_choices = ops.tune_linear(matrices)
 
     def set_block_tables(self, rows: Sequence[tuple[int, Sequence[int]]]) -> None:
         """Replace the block tables of the given slots (slot, pages) in one upload."""
