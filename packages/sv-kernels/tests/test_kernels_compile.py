@@ -30,6 +30,7 @@ def test_every_kernel_compiles_for_hopper() -> None:
     # still be correct, but would stall the overlap for the whole chain behind it.
     decode_path = {
         "_decode_metadata_kernel",
+        "_feed_tokens_kernel",
         "_embedding_kernel",
         "_rms_norm_kernel",
         "_gemv_kernel",

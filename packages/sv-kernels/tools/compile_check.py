@@ -117,6 +117,10 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
         "decode_metadata",
         lambda: ops.decode_metadata(tables, ids[:4].int(), ids[:4].int(), 16),
     )
+    yield (
+        "feed_tokens",
+        lambda: ops.feed_tokens(ids[:4].int(), ids[:4].int(), ids),
+    )
     logits = torch.zeros(4, vocab, dtype=dtype)
     yield f"argmax {dtype}", lambda: ops.argmax(logits)
     per_row = (

@@ -337,6 +337,26 @@ def decode_metadata(
     return reference.decode_metadata(block_tables, seq_slots, positions, page_size)
 
 
+def feed_tokens(token_ids: Tensor, source_rows: Tensor, sampled: Tensor) -> Tensor:
+    """`reference.feed_tokens`: token ids with the pending entries read from `sampled` (the
+    previous step's ids, still on the device). Rows of `sampled` are not range-checked here
+    (that would need a sync); the caller's source rows must index it."""
+    op = "feed_tokens"
+    _check_dims(op, "token_ids", token_ids, 1, "[T]")
+    _check_int(op, "token_ids", token_ids)
+    _check_dims(op, "source_rows", source_rows, 1, "[T]")
+    _check_int(op, "source_rows", source_rows)
+    _check_len(op, "source_rows", source_rows, 0, token_ids.shape[0], "one per token")
+    _check_dims(op, "sampled", sampled, 1, "[N]")
+    _check_int(op, "sampled", sampled)
+    _check_device(op, token_ids=token_ids, source_rows=source_rows, sampled=sampled)
+    if _on_cuda(token_ids):
+        from . import triton_ops
+
+        return triton_ops.feed_tokens(token_ids, source_rows, sampled)
+    return reference.feed_tokens(token_ids, source_rows, sampled)
+
+
 def argmax(logits: Tensor) -> Tensor:
     op = "argmax"
     _check_dims(op, "logits", logits, 2, "[B, V]")

@@ -188,6 +188,17 @@ def decode_metadata(
     return rows, pages * page_size + pos % page_size, pos + 1
 
 
+def feed_tokens(token_ids: Tensor, source_rows: Tensor, sampled: Tensor) -> Tensor:
+    """A step's input ids with the pending ones filled in from the device.
+
+    Entry i is sampled[source_rows[i]] where source_rows[i] >= 0 (a token the previous step
+    sampled and the host has not seen yet), else token_ids[i]. Same shape and dtype as token_ids.
+    """
+    pending = source_rows >= 0
+    fed = sampled[source_rows.clamp(min=0).long()].to(token_ids.dtype)
+    return torch.where(pending, fed, token_ids)
+
+
 def argmax(logits: Tensor) -> Tensor:
     """Greedy choice per row of logits [B, V] -> [B] int64 (the lowest index among ties)."""
     return torch.argmax(logits.float(), dim=-1)

@@ -14,6 +14,7 @@ if INTERPRET:
 from .decode_attention import choose_num_splits, paged_decode_attention
 from .decode_metadata import decode_metadata
 from .embedding import embedding
+from .feed_tokens import feed_tokens
 from .gemv import gemv, gemv_config, tune_gemv
 from .prefill_attention import prefill_attention
 from .rms_norm import rms_norm
@@ -26,6 +27,7 @@ __all__ = [
     "choose_num_splits",
     "decode_metadata",
     "embedding",
+    "feed_tokens",
     "gemv",
     "gemv_config",
     "paged_decode_attention",
