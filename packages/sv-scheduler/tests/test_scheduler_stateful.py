@@ -2,7 +2,10 @@
 
 Random arrivals (prompts built on a few shared prefixes so the prefix cache gets hits), lengths,
 early stops (the engine samples a request's stop ids with some probability), cancellations (also
-while a step runs), both policies, prefix caching on and off, conservative and optimistic.
+while a step runs), both policies, prefix caching on and off, conservative and optimistic, and
+both ways of driving it: `complete_step` after each step, or pipelined as the engine does it
+(the next step scheduled and run before the previous one's tokens are resolved; the fake engine
+then reads each PENDING_TOKEN from the previous step's sampled tokens, as the GPU does).
 
 The fake engine is the oracle for the pages: it keeps a KV store of page x offset and, for each
 position a plan says to compute, writes hash((value at position-1 read through the block table,
@@ -26,6 +29,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from sv_scheduler import (
+    PENDING_TOKEN,
     AdmissionError,
     FinishedRequest,
     Request,
@@ -89,11 +93,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         p_stop=st.sampled_from([0.0, 0.05, 0.3]),
         seed=st.integers(0, 2**32 - 1),
         initial=st.lists(request_specs, min_size=1, max_size=8),
+        pipelined=st.booleans(),
     )
     def setup(
-        self, config: SchedulerConfig, p_stop: float, seed: int, initial: list[RequestSpec]
+        self,
+        config: SchedulerConfig,
+        p_stop: float,
+        seed: int,
+        initial: list[RequestSpec],
+        pipelined: bool,
     ) -> None:
         self.config = config
+        self.pipelined = pipelined
+        # pipelined: the step advanced and not yet resolved, with the tokens it sampled
+        self.inflight: tuple[StepPlan, list[int]] | None = None
         self.sched = Scheduler(config)
         self.p_stop = p_stop
         self.rng = random.Random(seed)
@@ -154,12 +167,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.max_new[rid] = clamped
         self.sampled[rid] = []
 
-    @precondition(lambda self: self.sched.has_unfinished())
+    @precondition(lambda self: self.sched.has_unfinished() or self.inflight is not None)
     @rule()
     def step(self) -> None:
         self.run_step(cancel=None)
 
-    @precondition(lambda self: self.sched.has_unfinished())
+    @precondition(lambda self: self.sched.has_unfinished() or self.inflight is not None)
     @rule(pick=st.integers(0, 1000))
     def step_and_cancel_while_it_runs(self, pick: int) -> None:
         self.run_step(cancel=pick)
@@ -178,6 +191,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     # -- one step through the fake engine -------------------------------------------------------
 
     def run_step(self, cancel: int | None) -> None:
+        if self.pipelined:
+            self.run_pipelined_step(cancel)
+            return
         sched = self.sched
         running_before = {s.request_id for s in sched.running()}
         plan = sched.schedule()
@@ -196,6 +212,48 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert f.request_id not in self.results
             self.results[f.request_id] = f
             self.check_finished(f)
+
+    def run_pipelined_step(self, cancel: int | None) -> None:
+        """As the engine does it: with step i advanced and unresolved, schedule and run step
+        i+1, then resolve step i, then advance step i+1."""
+        sched = self.sched
+        if self.inflight is None:
+            running_before = {s.request_id for s in sched.running()}
+            plan = sched.schedule()
+            self.check_plan(plan, running_before)
+            tokens = self.run_engine(plan)
+            sched.advance(plan)
+            self.inflight = (plan, tokens)
+        previous, previous_tokens = self.inflight
+        following: tuple[StepPlan, list[int]] | None = None
+        if sched.has_unfinished():
+            running_before = {s.request_id for s in sched.running()}
+            plan = sched.schedule()
+            self.check_plan(plan, running_before)
+            on_device = {id(s): t for s, t in zip(previous.sampling, previous_tokens, strict=True)}
+            following = (plan, self.run_engine(plan, on_device))
+        if cancel is not None and previous.sampling:
+            victim = previous.sampling[cancel % len(previous.sampling)]
+            rid = victim.request_id
+            assert isinstance(rid, int)
+            if sched.cancel(rid):  # False: it finished by length when step i was advanced
+                self.cancelled.add(rid)
+                assert PENDING_TOKEN not in victim.token_ids
+        finished = sched.resolve(previous, previous_tokens)
+        self.inflight = None
+        for f in finished:
+            assert isinstance(f.request_id, int)
+            assert f.request_id not in self.results
+            assert PENDING_TOKEN not in f.output_ids
+            self.results[f.request_id] = f
+            if following is not None and any(
+                s.request_id == f.request_id for s in following[0].sampling
+            ):
+                self.sampled[f.request_id].pop()  # stopped at step i: its step i+1 token is dropped
+            self.check_finished(f)
+        if following is not None:
+            sched.advance(following[0])
+            self.inflight = following
 
     def check_plan(self, plan: StepPlan, running_before: set[object]) -> None:
         cfg = self.config
@@ -263,14 +321,21 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert id(seq) in changed, f"{seq} changed but is not in block_table_changed"
         self.tables_at_last_plan = now
 
-    def run_engine(self, plan: StepPlan) -> list[int]:
-        """Compute the planned positions into the fake KV store, then sample."""
+    def run_engine(self, plan: StepPlan, on_device: dict[int, int] | None = None) -> list[int]:
+        """Compute the planned positions into the fake KV store, then sample. A PENDING_TOKEN
+        may only be a sequence's newest token, sampled by the previous step: its value comes
+        from `on_device` (id(seq) -> the token the previous step sampled for it)."""
         pool = self.sched.pool
         size = self.config.page_size
         work = [(c.seq, c.start, c.end) for c in plan.prefills]
         work += [(s, len(s.token_ids) - 1, len(s.token_ids)) for s in plan.decodes]
         for seq, start, end in work:
-            expected = kv_chain(seq.token_ids[:end])
+            fed = list(seq.token_ids[:end])
+            if PENDING_TOKEN in fed:
+                assert fed.index(PENDING_TOKEN) == len(seq.token_ids) - 1, "an old pending token"
+                assert on_device is not None and id(seq) in on_device, "pending, not on device"
+                fed[-1] = on_device[id(seq)]
+            expected = kv_chain(fed)
             table = seq.block_table
             for position in range(start, end):
                 page, offset = table[position // size], position % size
@@ -280,7 +345,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     prev = ROOT
                 else:
                     prev = self.kv[(table[(position - 1) // size], (position - 1) % size)]
-                self.kv[(page, offset)] = hash((prev, seq.token_ids[position]))
+                self.kv[(page, offset)] = hash((prev, fed[position]))
                 assert self.kv[(page, offset)] == expected[position], (
                     f"{seq}: KV at position {position} is not its own (wrong page shared?)"
                 )
@@ -357,6 +422,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         if cfg.optimistic:
             budget = budget * 20 + 100
         steps = 0
+        while self.pipelined and (sched.has_unfinished() or self.inflight is not None):
+            assert steps < budget, "no progress: deadlock or livelock"
+            self.run_pipelined_step(cancel=None)
+            self.pages_and_credits()
+            steps += 1
         while sched.has_unfinished():
             assert steps < budget, "no progress: deadlock or livelock"
             running_before = {s.request_id for s in sched.running()}
@@ -370,6 +440,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.pages_and_credits()
             steps += 1
         assert set(self.results) | self.cancelled == set(self.seqs)
+        for rid, f in self.results.items():  # nothing appended after the end, no placeholder
+            assert self.seqs[rid].token_ids == f.prompt_ids + f.output_ids
         assert not set(self.results) & self.cancelled
         stats = sched.stats
         assert stats.assigned_pages == 0
@@ -388,6 +460,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         event(f"admission waits: {stats.admission_waits > 0}")
         event(f"stops: {any(f.finish_reason == 'stop' for f in self.results.values())}")
         event(f"cancellations: {bool(self.cancelled)}")
+        event(f"pipelined: {self.pipelined}")
         event(f"requests admitted: {min(len(self.seqs), 5)}{'+' if len(self.seqs) >= 5 else ''}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from sv_scheduler import (
+    PENDING_TOKEN,
     Request,
     Scheduler,
     SchedulerConfig,
@@ -130,7 +131,9 @@ def test_misuse_is_reported() -> None:
     sched = make(8)
     sched.add(Request("A", [1] * 4, 3))
     plan = sched.schedule()
-    with pytest.raises(SchedulerError, match=r"schedule\(\) called again before complete_step"):
+    with pytest.raises(
+        SchedulerError, match=r"schedule\(\) called again before advance\(\) or complete_step"
+    ):
         sched.schedule()
     with pytest.raises(SchedulerError, match=r"needs 1 sampled tokens .* got 2"):
         sched.complete_step(plan, [1, 2])
@@ -274,3 +277,78 @@ def test_optimistic_lone_sequence_preempts_nobody_but_itself_never() -> None:
         sched.complete_step(plan, [NO_STOP] * len(plan.sampling))
         n += 1
     assert n == 8 and sched.stats.preemptions == 0
+
+
+# -- pipelined: advance, schedule the next step, then resolve ---------------------------------------
+
+
+def test_pipelined_stop_is_applied_one_step_late_and_its_next_token_dropped() -> None:
+    sched = make(16, page_size=4)
+    a = sched.add(Request("A", [1] * 4, 10, stop_ids=frozenset({7})))
+    plan0 = sched.schedule()
+    sched.advance(plan0)
+    assert a.token_ids == [1] * 4 + [PENDING_TOKEN] and a.num_output_tokens == 1
+    plan1 = sched.schedule()  # A feeds its pending token at position 4
+    assert ids(plan1.decodes) == ["A"] and a.num_computed_tokens == 4
+    with pytest.raises(SchedulerError, match="step 0 is unresolved"):
+        sched.advance(plan1)
+    finished = sched.resolve(plan0, [7])  # a stop token: A ends now, with pages back
+    assert [(f.request_id, f.output_ids, f.finish_reason) for f in finished] == [("A", [7], "stop")]
+    assert a.status is SequenceStatus.FINISHED and sched.pool.num_assigned == 0
+    sched.advance(plan1)  # A's token of step 1 is dropped
+    assert a.token_ids == [1] * 4 + [7]
+    assert sched.resolve(plan1, [9]) == [] and a.token_ids == [1] * 4 + [7]
+    assert not sched.has_unfinished() and sched.free_credits == 16
+
+
+def test_pipelined_length_limit_is_known_at_advance() -> None:
+    sched = make(16, page_size=4)
+    a = sched.add(Request("A", [1] * 4, 2))
+    sched.complete_step(sched.schedule(), [NO_STOP])
+    plan = sched.schedule()
+    sched.advance(plan)  # A's second and last token: it leaves before its value is known
+    assert not sched.has_unfinished() and sched.pool.num_assigned == 0
+    assert sched.cancel("A") is False  # already finished, reported by resolve
+    assert sched.schedule().is_empty
+    (done,) = sched.resolve(plan, [55])
+    assert (done.output_ids, done.finish_reason) == ([NO_STOP, 55], "length")
+    assert a.token_ids[-1] == 55
+
+
+def test_pipelined_cancel_drops_the_pending_token() -> None:
+    sched = make(16, page_size=4)
+    a = sched.add(Request("A", [1] * 4, 10))
+    sched.complete_step(sched.schedule(), [NO_STOP])
+    plan = sched.schedule()
+    sched.advance(plan)
+    assert sched.cancel("A")
+    assert a.output_ids == [NO_STOP] and sched.pool.num_assigned == 0
+    assert sched.resolve(plan, [55]) == [] and a.output_ids == [NO_STOP]
+
+
+def test_pipelined_stop_of_a_sequence_preempted_meanwhile() -> None:
+    """Optimistic policy: B is preempted (back to the queue) while its newest token is still
+    pending; that token turns out to be a stop token, so B finishes instead of recomputing."""
+    sched = make(4, page_size=4, optimistic=True, max_num_seqs=2, max_step_tokens=16)
+    sched.add(Request("A", [1] * 4, 8))
+    b = sched.add(Request("B", [2] * 4, 8, stop_ids=frozenset({7})))
+    sched.add(Request("C", [3] * 4, 8))
+    for _ in range(4):
+        plan = sched.schedule()
+        sched.complete_step(plan, [NO_STOP] * len(plan.sampling))
+    plan = sched.schedule()  # positions 4..: no page needed yet
+    assert plan.preempted == []
+    sched.advance(plan)
+    following = sched.schedule()  # A needs its third page: B, the newest, is preempted
+    assert ids(following.preempted) == ["B"] and ids(sched.waiting()) == ["B", "C"]
+    assert b.token_ids[-1] == PENDING_TOKEN
+    finished = sched.resolve(plan, [NO_STOP, 7])
+    assert [(f.request_id, f.finish_reason) for f in finished] == [("B", "stop")]
+    assert b.output_ids == [NO_STOP] * 4 + [7]
+    assert ids(sched.waiting()) == ["C"] and b.status is SequenceStatus.FINISHED
+    sched.advance(following)
+    sched.resolve(following, [NO_STOP] * len(following.sampling))
+    while sched.has_unfinished():
+        plan = sched.schedule()
+        sched.complete_step(plan, [NO_STOP] * len(plan.sampling))
+    assert sched.pool.num_available == 4 and sched.stats.finished_requests == 3

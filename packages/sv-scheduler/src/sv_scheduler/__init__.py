@@ -1,7 +1,8 @@
 """sv_scheduler: requests, a FIFO queue, page-budget admission, static and continuous batching.
 
 Pure Python (stdlib + sv-kvcache). The engine calls `add`, then loops `schedule` /
-`complete_step` while `has_unfinished()`; see `Scheduler`.
+`complete_step` (or its two halves, `advance` and `resolve`) while `has_unfinished()`; see
+`Scheduler`.
 """
 
 from .admission import check_request, clamp_max_new_tokens, credits_for
@@ -10,10 +11,11 @@ from .errors import AdmissionError, SchedulerError
 from .plan import PrefillChunk, StepPlan
 from .request import FinishedRequest, FinishReason, Request, RequestId
 from .scheduler import Scheduler
-from .sequence import Sequence, SequenceStatus
+from .sequence import PENDING_TOKEN, Sequence, SequenceStatus
 from .stats import SchedulerStats
 
 __all__ = [
+    "PENDING_TOKEN",
     "AdmissionError",
     "FinishReason",
     "FinishedRequest",

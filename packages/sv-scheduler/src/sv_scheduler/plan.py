@@ -41,7 +41,7 @@ class StepPlan:
                          a slot may be reused by a sequence in block_table_changed, so clear first.
     preempted:           sequences sent back to the queue by this plan (optimistic policy only).
 
-    The plan is the engine's to read until it calls `complete_step` with it.
+    The plan is the engine's to read until it calls `resolve` (or `complete_step`) with it.
     """
 
     step: int

@@ -7,6 +7,16 @@ The engine drives it in a loop:
         tokens = run_model_and_sample(plan)           # one token per plan.sampling entry
         finished = sched.complete_step(plan, tokens)  # record them; finished requests leave
 
+`complete_step` is two halves that may be called apart: `advance(plan)` counts the step's
+tokens before their values are known (each sampling sequence gets a PENDING_TOKEN placeholder;
+lengths, pages and length limits move on), and `resolve(plan, tokens)` fills in the values and
+applies stop tokens. Between the two the next step can be scheduled, which is how the engine
+keeps the GPU busy while the host catches up (see sv_engine): one step's tokens are still on
+the device while the next step is planned and launched. A sequence that turns out to have
+stopped was then planned into that next step too; its token there is dropped, and the KV the
+GPU writes for it lands in pages it has already given back, before any later step (which runs
+after it on the same stream) can reuse them. At most one step is advanced and unresolved.
+
 Admission (conservative, the default): each request reserves its credits,
 ceil((prompt + max_new' - 1) / page_size) pages (see admission.py), out of a counter separate
 from the physical pages, which are assigned lazily as the sequence grows. The head of the queue
@@ -36,7 +46,7 @@ from .config import SchedulerConfig
 from .errors import AdmissionError, SchedulerError
 from .plan import PrefillChunk, StepPlan
 from .request import FinishedRequest, FinishReason, Request, RequestId
-from .sequence import Sequence, SequenceStatus
+from .sequence import PENDING_TOKEN, Sequence, SequenceStatus
 from .stats import SchedulerStats
 
 _WAITING = SequenceStatus.WAITING
@@ -64,11 +74,14 @@ class Scheduler:
         self._due: dict[int, list[Sequence]] = {}
         # every stop id of every request: one set test tells the step loop whether to look closer
         self._stop_ids: set[int] = set()
-        self._drop_token: list[Sequence] = []  # decoders cancelled while their step ran
+        self._drop_token: list[Sequence] = []  # decoders that left while a plan was out
+        # finished (by length at advance(), or stopped) and not yet reported by resolve()
+        self._finishing: list[tuple[Sequence, FinishReason]] = []
         self._free_slots = list(range(config.max_num_seqs))  # a heap: lowest free slot first
         self._freed_slots: list[int] = []  # since the previous plan
         self._free_credits = config.num_pages
-        self._plan: StepPlan | None = None  # the plan handed out and not yet completed
+        self._plan: StepPlan | None = None  # the plan handed out and not yet advanced
+        self._unresolved: StepPlan | None = None  # advanced, its sampled tokens not yet known
         self._step = 0
         self._arrivals = 0
         self._admissions = 0
@@ -115,7 +128,8 @@ class Scheduler:
         """Drop a waiting or running request now, returning its pages, credits and slot.
 
         Returns False if no unfinished request has this id. Safe while a plan is out: the token
-        `complete_step` then receives for this request is dropped.
+        `complete_step` then receives for this request is dropped. A token still pending (its
+        step advanced, not resolved) is dropped too: the request ends with the tokens resolved.
         """
         seq = self._unfinished.pop(request_id, None)
         if seq is None:
@@ -124,8 +138,10 @@ class Scheduler:
             self._waiting.remove(seq)
         else:
             if self._plan is not None and seq.decoding:
-                self._drop_token.append(seq)  # complete_step will get a token for it: drop that
+                self._drop_token.append(seq)  # advance() will give it a token: drop that
             self._stop_running(seq)
+        if seq.token_ids[-1] == PENDING_TOKEN:
+            seq.token_ids.pop()
         seq.status = _FINISHED
         seq.finish_reason = "cancelled"
         self._cancelled_requests += 1
@@ -140,7 +156,8 @@ class Scheduler:
         """Plan the next step: assign pages, admit from the queue, split the token budget."""
         if self._plan is not None:
             raise SchedulerError(
-                f"schedule() called again before complete_step() for step {self._plan.step}"
+                f"schedule() called again before advance() or complete_step() for step "
+                f"{self._plan.step}"
             )
         step = self._step
         changed: list[Sequence] = []
@@ -191,7 +208,8 @@ class Scheduler:
             freed_slots=freed_slots,
             preempted=preempted,
         )
-        self._plan = plan
+        if not plan.is_empty:  # an empty plan computes nothing: nothing to advance or resolve
+            self._plan = plan
         return plan
 
     def complete_step(
@@ -199,26 +217,40 @@ class Scheduler:
     ) -> list[FinishedRequest]:
         """Record a finished step: KV written for every planned position, and one sampled token
         for each `plan.sampling` entry, in that order (a list of ints: the engine's `.tolist()`).
-        Returns the requests that finished; their pages and credits are already back."""
+        Returns the requests that finished; their pages and credits are already back.
+        The same as `advance(plan)` then `resolve(plan, sampled_tokens)`."""
+        self._check_token_count("complete_step", plan, sampled_tokens)
+        self.advance(plan)
+        return self.resolve(plan, sampled_tokens)
+
+    def advance(self, plan: StepPlan) -> None:
+        """The step of `plan` is under way: count its tokens before their values are known.
+
+        Prompt chunks count as computed; each sequence in `plan.sampling` gets a PENDING_TOKEN
+        at the end of its token_ids, which `resolve` replaces; length limits and page needs are
+        applied (a sequence that reached its limit gives its pages back now, and is reported by
+        `resolve`). The next `schedule()` may be called before `resolve`. An empty plan
+        (nothing to run) needs neither call; both accept it and do nothing."""
+        if plan.is_empty:
+            return
         if plan is not self._plan:
             raise SchedulerError(
-                f"complete_step() got step {plan.step}, which is not the plan that schedule() "
+                f"advance() got step {plan.step}, which is not the plan that schedule() "
                 f"handed out last"
             )
-        sampling = plan.sampling
-        if len(sampled_tokens) != len(sampling):
+        if self._unresolved is not None:
             raise SchedulerError(
-                f"complete_step() for step {plan.step} needs {len(sampling)} sampled tokens "
-                f"(one per plan.sampling entry), got {len(sampled_tokens)}"
+                f"advance() for step {plan.step} while step {self._unresolved.step} is "
+                f"unresolved: call resolve() first"
             )
         self._plan = None
+        self._unresolved = plan
         self._step += 1
-        finished: list[FinishedRequest] = []
 
         # Prefill chunks: their KV is written now, so their full pages may enter the prefix cache.
         for chunk in plan.prefills:
             seq = chunk.seq
-            if seq.status is not _RUNNING:  # cancelled while the step ran
+            if seq.status is not _RUNNING:  # stopped or cancelled while the plan was out
                 continue
             seq.prefilled_tokens = chunk.end
             if self._prefix_caching:
@@ -226,32 +258,24 @@ class Scheduler:
 
         # Chunks that finished a prompt sampled the first new token: the sequence now decodes.
         step = plan.step
-        num_prefill_samples = plan.num_prefill_samples
-        for i in range(num_prefill_samples):
+        sampling = plan.sampling
+        for i in range(plan.num_prefill_samples):
             seq = sampling[i]
             if seq.status is not _RUNNING:
                 continue
             self._prefilling.remove(seq)
             self._decoding.append(seq)
             seq.decoding = True
-            seq.token_ids.append(sampled_tokens[i])
-            self._after_first_token(seq, step + 1, finished)
+            seq.token_ids.append(PENDING_TOKEN)
+            self._after_first_token(seq, step + 1)
 
         # The hot loop: one append per decode. Everything else is rare and handled below.
-        decodes = plan.decodes
-        tokens = sampled_tokens[num_prefill_samples:] if num_prefill_samples else sampled_tokens
-        for seq, token in zip(decodes, tokens, strict=True):
-            seq.token_ids.append(token)
+        for seq in plan.decodes:
+            seq.token_ids.append(PENDING_TOKEN)
         if self._drop_token:
             for seq in self._drop_token:
                 seq.token_ids.pop()
             self._drop_token.clear()
-
-        # Stop tokens: one C-level set test over all sampled tokens says whether to look closer.
-        if not self._stop_ids.isdisjoint(tokens):
-            for seq, token in zip(decodes, tokens, strict=True):
-                if token in seq.stop_ids and seq.status is _RUNNING:
-                    self._finish(seq, "stop", finished)
 
         # Decoders filed under this step: finished by length, or their next token needs a page.
         due = self._due.pop(step, None)
@@ -261,10 +285,74 @@ class Scheduler:
                     continue  # filed again since, finished, cancelled or preempted
                 seq.due_step = -1
                 if len(seq.token_ids) >= seq.finish_len:
-                    self._finish(seq, "length", finished)
+                    self._finish(seq, "length")
                 else:
                     self._needs_page.append(seq)
+
+    def resolve(self, plan: StepPlan, sampled_tokens: SequenceOf[int]) -> list[FinishedRequest]:
+        """The sampled tokens of the advanced step `plan`, one per `plan.sampling` entry in that
+        order: they replace the placeholders, and stop tokens end their sequences. Returns every
+        request that finished in this step (by length or by stop), with its real tokens."""
+        if plan.is_empty:
+            self._check_token_count("resolve", plan, sampled_tokens)
+            return []
+        if plan is not self._unresolved:
+            raise SchedulerError(
+                f"resolve() got step {plan.step}, which is not the step advanced last"
+                + ("" if self._unresolved is not None else " (none is unresolved)")
+            )
+        self._check_token_count("resolve", plan, sampled_tokens)
+        sampling = plan.sampling
+        self._unresolved = None
+        # A sequence without a placeholder left (cancelled) keeps its tokens as they are.
+        for seq, token in zip(sampling, sampled_tokens, strict=True):
+            token_ids = seq.token_ids
+            if token_ids[-1] == PENDING_TOKEN:
+                token_ids[-1] = token
+
+        # Stop tokens: one C-level set test over all sampled tokens says whether to look closer.
+        if not self._stop_ids.isdisjoint(sampled_tokens):
+            for seq, token in zip(sampling, sampled_tokens, strict=True):
+                if token in seq.stop_ids and seq.token_ids[-1] == token:
+                    self._stop(seq)
+
+        finished = [self._finished_request(seq, reason) for seq, reason in self._finishing]
+        self._finishing.clear()
         return finished
+
+    @staticmethod
+    def _check_token_count(call: str, plan: StepPlan, sampled_tokens: SequenceOf[int]) -> None:
+        if len(sampled_tokens) != len(plan.sampling):
+            raise SchedulerError(
+                f"{call}() for step {plan.step} needs {len(plan.sampling)} sampled tokens "
+                f"(one per plan.sampling entry), got {len(sampled_tokens)}"
+            )
+
+    def abandon(self) -> None:
+        """The steps handed out (scheduled, or advanced and unresolved) will never complete:
+        forget them. For an engine whose step failed; it then cancels its requests (a pending
+        token is dropped by `cancel`), and finishes not yet reported are dropped here."""
+        self._plan = None
+        self._unresolved = None
+        self._drop_token.clear()
+        self._finishing.clear()
+
+    def _stop(self, seq: Sequence) -> None:
+        """`seq`'s newest token, just resolved, is one of its stop ids."""
+        if seq.status is _RUNNING:
+            self._finish(seq, "stop")
+        elif seq.status is _WAITING:  # preempted after its token was sampled (optimistic)
+            self._waiting.remove(seq)
+            del self._unfinished[seq.request_id]
+            seq.status = _FINISHED
+            seq.finish_reason = "stop"
+            self._finished_requests += 1
+            self._finishing.append((seq, "stop"))
+        elif seq.finish_reason == "length":  # hit its limit with a stop token: that is a stop
+            for i, (other, _) in enumerate(self._finishing):
+                if other is seq:
+                    seq.finish_reason = "stop"
+                    self._finishing[i] = (seq, "stop")
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -466,34 +554,36 @@ class Scheduler:
         self._prefilling.append(seq)
         self._mark_changed(seq, step, changed)
 
-    def _after_first_token(
-        self, seq: Sequence, next_step: int, finished: list[FinishedRequest]
-    ) -> None:
-        """A prefill just sampled `seq`'s next token: stop, finish, or file it as a decoder."""
+    def _after_first_token(self, seq: Sequence, next_step: int) -> None:
+        """A prefill just sampled `seq`'s next token (pending): finish at the length limit, or
+        file it as a decoder. A stop token is `resolve`'s business."""
         token_ids = seq.token_ids
-        if token_ids[-1] in seq.stop_ids:
-            self._finish(seq, "stop", finished)
-        elif len(token_ids) >= seq.finish_len:
-            self._finish(seq, "length", finished)
+        if len(token_ids) >= seq.finish_len:
+            self._finish(seq, "length")
         elif len(token_ids) > seq.table.capacity:  # the prompt filled its last page exactly
             self._needs_page.append(seq)
         else:
             self._file_due(seq, next_step)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, finished: list[FinishedRequest]) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End a running sequence now; `resolve` reports it (once its last token is known)."""
+        if self._plan is not None and seq.decoding:
+            self._drop_token.append(seq)  # stopped while the next plan was out: drop its token
         self._stop_running(seq)
         del self._unfinished[seq.request_id]
         seq.status = _FINISHED
         seq.finish_reason = reason
         self._finished_requests += 1
-        finished.append(
-            FinishedRequest(
-                request_id=seq.request_id,
-                prompt_ids=seq.token_ids[: seq.num_prompt_tokens],
-                output_ids=seq.output_ids,
-                finish_reason=reason,
-                num_cached_tokens=seq.num_cached_tokens,
-            )
+        self._finishing.append((seq, reason))
+
+    @staticmethod
+    def _finished_request(seq: Sequence, reason: FinishReason) -> FinishedRequest:
+        return FinishedRequest(
+            request_id=seq.request_id,
+            prompt_ids=seq.token_ids[: seq.num_prompt_tokens],
+            output_ids=seq.output_ids,
+            finish_reason=reason,
+            num_cached_tokens=seq.num_cached_tokens,
         )
 
     def _stop_running(self, seq: Sequence) -> None:

@@ -8,6 +8,10 @@ from sv_kvcache import BlockTable, PagePool
 
 from .request import FinishReason, Request
 
+# The value a sampled token has in `Sequence.token_ids` between `Scheduler.advance` and
+# `Scheduler.resolve`: counted, not yet known (still on the GPU). Never a real token id.
+PENDING_TOKEN = -1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued (or preempted, back at the front of the queue)
@@ -26,6 +30,9 @@ class Sequence:
       sequence that resumes prefills its prompt *and* its output so far (recompute).
     - decode (`decoding` is True): every token but the newest has its KV in the cache, so
       `num_computed_tokens == len(token_ids) - 1`; each step feeds the newest token.
+
+    While a step is advanced and not resolved, the newest entry of token_ids of each sequence
+    that step samples is PENDING_TOKEN (see `Scheduler.advance`).
 
     `due_step` is the step after which the scheduler must look at a decoder again: when its next
     token needs a new page, or when it reaches its length limit. Every decoder advances exactly one
