@@ -338,3 +338,57 @@ def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
         for s, t in zip(seqs, ids, strict=True):
             s.append(t)
     assert len(runner._graphs[8]._samplers) == 4  # type: ignore[attr-defined]
+
+
+def test_decode_graph_feeds_tokens_still_on_the_device(llama_1b_dir: Path) -> None:
+    """A decode step launched before the host has seen the previous step's tokens: the graph
+    reads them from `last_ids` (StepInputs.feed). Same logits as feeding the real tokens, at
+    batch 1 (tuned GEMV path) and 5 (bucket 8), after a prefill and after a decode."""
+    from sv_model import StepInputs
+
+    runner = _runner(llama_1b_dir)
+    runner.tune_linear()  # type: ignore[attr-defined]
+    rng = random.Random(4)
+    for batch in (1, 5):
+        seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 300))] for _ in range(batch)]
+        runner.set_block_tables([(i, list(range(i * 40, i * 40 + 40))) for i in range(batch)])  # type: ignore[attr-defined]
+        pending = runner.launch(_prefill_step(seqs))  # type: ignore[attr-defined]
+        for _ in range(3):
+            known = pending.result()
+            fed = _decode_step([[*s, -1] for s in seqs])  # -1: a placeholder
+            fed.feed = [(i, i) for i in range(batch)]  # type: ignore[attr-defined]
+            got = runner.logits(fed).clone()  # type: ignore[attr-defined]
+            for s, t in zip(seqs, known, strict=True):
+                s.append(t)
+            plain: StepInputs = _decode_step(seqs)  # type: ignore[assignment]
+            want = runner.logits(plain)  # type: ignore[attr-defined]
+            assert torch.equal(got, want)
+            pending = runner.launch(plain)  # type: ignore[attr-defined]
+
+
+def test_overlapped_engine_equals_the_plain_loop(llama_1b_dir: Path) -> None:
+    """With every request added up front and no stops, both loops plan the very same steps:
+    bit-identical outputs, greedy and seeded sampling, batch 1 and a continuous batch."""
+    from sv_engine import Engine, SamplingParams
+
+    tok_dir = Path(os.environ.get("SV_TOKENIZER_DIR", ".assets/llama-3.2-tokenizer"))
+    if not (tok_dir / "tokenizer.json").exists():
+        pytest.skip(f"no Llama tokenizer in {tok_dir}")
+    import shutil
+
+    if not (llama_1b_dir / "tokenizer.json").exists():
+        shutil.copy(tok_dir / "tokenizer.json", llama_1b_dir / "tokenizer.json")
+    engine = Engine.from_model_dir(llama_1b_dir, device="cuda", kv_cache_mib=4096, max_num_seqs=32)
+    rng = random.Random(5)
+    prompts = [[rng.randint(0, 127999) for _ in range(rng.randint(10, 600))] for _ in range(20)]
+    greedy = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    sampled = SamplingParams(max_new_tokens=40, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)
+    for params in (greedy, sampled):
+        for batch in (prompts[:1], prompts):
+            runs = []
+            for overlap in (False, True):
+                engine.overlap = overlap
+                runs.append([c.output_ids for c in engine.generate(batch, params)])
+                engine.clear_prefix_cache()
+            assert runs[0] == runs[1]
+    assert engine.stats.free_pages == engine.stats.pool_pages

@@ -13,6 +13,13 @@ It owns everything that lives on the device across steps:
 Host-side inputs of a step are packed into one int32 array and uploaded with a single copy (a
 decode graph has its own pinned input buffer); slot mappings are computed on the device from
 the block tables.
+
+Nothing in a step waits for the GPU: `launch` queues the step and returns its sampled ids as
+`PendingTokens`, still on their way to the host, so the engine can plan and launch the next
+step while this one runs (see sv_engine). Every upload is an asynchronous copy from pinned
+memory, and a pinned buffer is refilled only once the copy out of it has finished. The next
+step may feed tokens the host has not seen yet: `StepInputs.feed` names them, and the model
+reads them from `last_ids`, the device buffer where every launch leaves its sampled ids.
 """
 
 from __future__ import annotations
@@ -70,6 +77,9 @@ class StepInputs:
     seq_lens: Sequence[int]
     sample_rows: Sequence[int]
     sampling: SamplingRows | None = None  # None: greedy for every row
+    # (index into token_ids, row of the previous launch's sampled ids): tokens whose value is
+    # still on the device; their token_ids entries are placeholders.
+    feed: Sequence[tuple[int, int]] = ()
 
     @property
     def is_decode(self) -> bool:
@@ -121,6 +131,8 @@ class ModelRunner:
         self._buckets = _decode_buckets(max_num_seqs)
         self._graph_pool: Any = None  # one memory pool shared by every captured graph
         self.linear_choices: dict[tuple[int, int], str] = {}  # filled by warmup (CUDA)
+        # The sampled ids of the latest launch, row by row: what `StepInputs.feed` reads.
+        self.last_ids = torch.zeros(max_num_seqs, dtype=torch.int64, device=self.device)
 
     # --- sizes (for benchmarks and stats) -----------------------------------------------------
 
@@ -155,11 +167,18 @@ class ModelRunner:
         otherwise pay the compile (~0.5 s) in its time to first token. The prefills run on the
         scratch slot, whose block table points every position at the scratch page.
         """
-        lengths = [
-            n for n in (1, 7, 16, 17, 40, 64, 100, 128, 300, 2048) if n <= max_prefill_tokens
-        ]
+        # Past 2,048 tokens only the token count matters (RoPE's tokens per program grow with
+        # it), each in both kinds: a multiple of 16 and not.
+        large = (4095, 4096, 8191, 8192, max_prefill_tokens - 1, max_prefill_tokens)
+        lengths = sorted(
+            {
+                n
+                for n in (1, 7, 16, 17, 40, 64, 100, 128, 300, 2048, *large)
+                if 0 < n <= max_prefill_tokens
+            }
+        )
         for n in lengths:
-            for seqs in (1, 2):
+            for seqs in (1, 2) if n <= 2048 else (1,):
                 step = StepInputs(
                     token_ids=[0] * (n * seqs),
                     positions=list(range(n)) * seqs,
@@ -167,6 +186,7 @@ class ModelRunner:
                     query_lens=[n] * seqs,
                     seq_lens=[n] * seqs,
                     sample_rows=list(range(seqs)),
+                    feed=[(0, 0)],  # and `ops.feed_tokens` (a step after an overlapped one)
                 )
                 ops.argmax(self._prefill(step))
         self.tune_linear()
@@ -204,17 +224,29 @@ class ModelRunner:
                 f"a block table of {width} pages exceeds the {self.max_pages_per_seq} pages of "
                 f"max_model_len={self.max_model_len}"
             )
-        host = np.full((len(rows), width), self.scratch_page, dtype=np.int32)
-        for i, (_, pages) in enumerate(rows):
-            host[i, : len(pages)] = pages
-        slots = torch.tensor([s for s, _ in rows], dtype=torch.long)
-        self.block_tables[slots.to(self.device), :width] = self._upload(host)
+        host = np.full((len(rows), width + 1), self.scratch_page, dtype=np.int32)
+        for i, (slot, pages) in enumerate(rows):
+            host[i, 0] = slot
+            host[i, 1 : len(pages) + 1] = pages
+        dev = self._upload(host)
+        self.block_tables[dev[:, 0].long(), :width] = dev[:, 1:]
 
     # --- one step -------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, step: StepInputs) -> list[int]:
         """Run one step; return the sampled token id of each row in `step.sample_rows`."""
+        return self.launch(step).result()
+
+    @torch.inference_mode()
+    def launch(self, step: StepInputs) -> PendingTokens:
+        """Queue one step on the device; its sampled ids (one per `step.sample_rows` entry)
+        come back through the returned PendingTokens. They are also left in `last_ids`, for
+        the next step's `feed`."""
+        if len(step.sample_rows) > self.last_ids.shape[0]:
+            raise ValueError(
+                f"a step samples {len(step.sample_rows)} rows; at most max_num_seqs="
+                f"{self.max_num_seqs}"
+            )
         graph: _DecodeGraph | None = None
         if step.is_decode:
             logits, greedy_ids, graph = self._decode(step)
@@ -227,8 +259,8 @@ class ModelRunner:
             ids = graph.sample(len(step.seq_slots), step.sampling)
         else:
             ids = self._sample(logits, step.sampling)
-        result: list[int] = ids.tolist()
-        return result
+        self.last_ids[: ids.shape[0]].copy_(ids)
+        return PendingTokens(ids)
 
     def logits(self, step: StepInputs, *, every_token: bool = False) -> Tensor:
         """FP32 logits of a step, for tests and debugging: [len(sample_rows), V], or with
@@ -251,11 +283,41 @@ class ModelRunner:
         return graph.graph.replay
 
     def _upload(self, host: np.ndarray) -> Tensor:
-        """One host-to-device copy of a small int32 array (block-table rows, a prefill step's
-        inputs: kilobytes). From pageable memory the copy is synchronous, which costs nothing
-        here: each step starts with an idle stream (the previous step ended in a sync). Pinning
-        a fresh buffer per call would cost a pinned allocation instead."""
-        return torch.from_numpy(host).to(self.device)
+        """One asynchronous host-to-device copy of a small array (block-table rows, a prefill
+        step's inputs: kilobytes). A copy from pageable memory would wait for the stream to
+        drain, i.e. for the step still running; so the array is first copied into pinned memory
+        from torch's caching host allocator, which keeps that block until the copy is done."""
+        tensor = torch.from_numpy(host)
+        if not self.is_cuda:
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
+    def _pack(self, parts: list[np.ndarray]) -> list[Tensor]:
+        """Upload int32 arrays in one copy; returns a device view of each. Every view starts on
+        a 16-byte boundary: Triton specializes a kernel on whether each pointer argument is
+        16-byte aligned, and offsets that moved with the step's sizes would compile new
+        variants mid-run (seen on the H200: ~2 s in the first large batch after warm-up)."""
+        padded = [-(-len(part) // 4) * 4 for part in parts]
+        host = np.zeros(sum(padded), dtype=np.int32)
+        start = 0
+        for part, size in zip(parts, padded, strict=True):
+            host[start : start + len(part)] = part
+            start += size
+        dev = self._upload(host)
+        views = []
+        start = 0
+        for part, size in zip(parts, padded, strict=True):
+            views.append(dev[start : start + len(part)])
+            start += size
+        return views
+
+    def _source_rows(self, step: StepInputs, length: int) -> np.ndarray:
+        """Per fed token: the row of `last_ids` holding its value, or -1 (see StepInputs.feed)."""
+        rows = np.full(length, -1, dtype=np.int32)
+        if step.feed:
+            index, source = zip(*step.feed, strict=True)
+            rows[list(index)] = source
+        return rows
 
     def _slot_mapping(self, block_tables: Tensor, token_seq: Tensor, positions: Tensor) -> Tensor:
         pages = block_tables[token_seq, positions // self.page_size]
@@ -272,7 +334,7 @@ class ModelRunner:
         logits_rows = (
             np.arange(num_tokens, dtype=np.int32) if every_token else cu[1:][sample_rows] - 1
         )
-        packed = np.concatenate(
+        token_ids, positions, token_seq, cu_q, seq_lens, slots, logits_idx, sources = self._pack(
             [
                 np.asarray(step.token_ids, dtype=np.int32),
                 np.asarray(step.positions, dtype=np.int32),
@@ -281,12 +343,11 @@ class ModelRunner:
                 np.asarray(step.seq_lens, dtype=np.int32),
                 np.asarray(step.seq_slots, dtype=np.int32),
                 logits_rows,
+                self._source_rows(step, num_tokens if step.feed else 0),
             ]
         )
-        dev = self._upload(packed)
-        sizes = [num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs]
-        sizes.append(len(logits_rows))
-        token_ids, positions, token_seq, cu_q, seq_lens, slots, logits_idx = torch.split(dev, sizes)
+        if step.feed:
+            token_ids = ops.feed_tokens(token_ids, sources, self.last_ids)
         block_tables = self.block_tables.index_select(0, slots)
         attn = AttentionMetadata(
             slot_mapping=self._slot_mapping(block_tables, token_seq, positions),
@@ -303,19 +364,28 @@ class ModelRunner:
         batch = len(step.seq_slots)
         if not self.use_cuda_graphs:
             dev = self._upload(
-                np.asarray([step.token_ids, step.positions, step.seq_slots], dtype=np.int32)
+                np.stack(
+                    [
+                        np.asarray(step.token_ids, dtype=np.int32),
+                        np.asarray(step.positions, dtype=np.int32),
+                        np.asarray(step.seq_slots, dtype=np.int32),
+                        self._source_rows(step, batch),
+                    ]
+                )
             )
-            logits = _decode_forward(self, dev[0], dev[1], dev[2])
+            token_ids = ops.feed_tokens(dev[0], dev[3], self.last_ids) if step.feed else dev[0]
+            logits = _decode_forward(self, token_ids, dev[1], dev[2])
             logits = logits.index_select(0, self._rows(step, batch))
             return logits, ops.argmax(logits), None
         bucket = next(b for b in self._buckets if b >= batch)
         graph = self._graphs.get(bucket)
         if graph is None:
             graph = self._graphs[bucket] = _DecodeGraph(self, bucket)
-        host = graph.host_array
+        host = graph.host_inputs_to_fill()
         host[0, :batch] = step.token_ids
         host[1, :batch] = step.positions
         host[2, :batch] = step.seq_slots
+        host[3, :batch] = self._source_rows(step, batch)
         logits, ids = graph.replay(batch)
         if len(step.sample_rows) != batch:
             rows = self._rows(step, batch)
@@ -325,15 +395,13 @@ class ModelRunner:
     def _rows(self, step: StepInputs, batch: int) -> Tensor:
         if len(step.sample_rows) == batch:
             return torch.arange(batch, device=self.device)
-        return torch.tensor(list(step.sample_rows), device=self.device)
+        return self._upload(np.asarray(step.sample_rows, dtype=np.int64))
 
     def _sample(self, logits: Tensor, sampling: SamplingRows) -> Tensor:
-        floats = torch.tensor(
-            [list(sampling.temperature), list(sampling.top_p)], dtype=torch.float32
-        ).to(self.device)
-        ints = torch.tensor(
-            [list(sampling.top_k), list(sampling.seeds), list(sampling.steps)], dtype=torch.int64
-        ).to(self.device)
+        floats = self._upload(np.asarray([sampling.temperature, sampling.top_p], dtype=np.float32))
+        ints = self._upload(
+            np.asarray([sampling.top_k, sampling.seeds, sampling.steps], dtype=np.int64)
+        )
         return ops.sample(
             logits,
             floats[0],
@@ -359,15 +427,42 @@ def _decode_forward(
     return runner.model.forward(token_ids, positions, runner.kv, attn)
 
 
+class PendingTokens:
+    """The sampled ids of a launched step, on their way to the host: `result()` waits for them.
+
+    On CUDA the ids are copied into pinned memory behind the step, and an event marks the copy's
+    end; on the CPU the step has already run."""
+
+    def __init__(self, ids: Tensor) -> None:
+        self._ready: torch.cuda.Event | None = None
+        if ids.is_cuda:
+            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self._host.copy_(ids, non_blocking=True)
+            self._ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._ready.record()
+        else:
+            self._host = ids
+
+    def result(self) -> list[int]:
+        if self._ready is not None:
+            self._ready.synchronize()
+        ids: list[int] = self._host.tolist()
+        return ids
+
+
 class _DecodeGraph:
-    """A decode step at a fixed batch size, captured once and replayed."""
+    """A decode step at a fixed batch size, captured once and replayed.
+
+    Inputs, one row each: token ids, positions, scheduler slots, and the `last_ids` row of each
+    token still on the device (-1: the token id row holds it); see `StepInputs.feed`."""
 
     def __init__(self, runner: ModelRunner, batch: int) -> None:
         self.batch = batch
         self.runner = runner
-        self.host_inputs = torch.zeros((3, batch), dtype=torch.int32).pin_memory()
+        self.host_inputs = torch.zeros((4, batch), dtype=torch.int32).pin_memory()
         self.host_array = self.host_inputs.numpy()  # the same pinned memory, filled from lists
-        self.dev_inputs = torch.zeros((3, batch), dtype=torch.int32, device=runner.device)
+        self.dev_inputs = torch.zeros((4, batch), dtype=torch.int32, device=runner.device)
+        self._inputs_copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self._pad()
         self.dev_inputs.copy_(self.host_inputs)
         # Decode graphs share one memory pool: they never run at the same time.
@@ -379,8 +474,15 @@ class _DecodeGraph:
 
     def _run(self) -> tuple[Tensor, Tensor]:
         d = self.dev_inputs
-        logits = _decode_forward(self.runner, d[0], d[1], d[2])
+        token_ids = ops.feed_tokens(d[0], d[3], self.runner.last_ids)
+        logits = _decode_forward(self.runner, token_ids, d[1], d[2])
         return logits, ops.argmax(logits)
+
+    def host_inputs_to_fill(self) -> np.ndarray:
+        """The pinned input rows, once the previous replay's copy out of them has finished
+        (with a step in flight, that copy may still be queued behind it)."""
+        self._inputs_copied.synchronize()
+        return self.host_array
 
     def sample(self, batch: int, sampling: SamplingRows) -> Tensor:
         """Sample the rows of the last replay's logits, through a captured sampling graph (one
@@ -396,10 +498,12 @@ class _DecodeGraph:
         self.host_array[0, start:] = 0
         self.host_array[1, start:] = 0
         self.host_array[2, start:] = self.runner.scratch_slot
+        self.host_array[3, start:] = -1
 
     def replay(self, batch: int) -> tuple[Tensor, Tensor]:
         self._pad(batch)
         self.dev_inputs.copy_(self.host_inputs, non_blocking=True)
+        self._inputs_copied.record()
         self.graph.replay()
         return self.logits[:batch], self.ids[:batch]
 
@@ -423,6 +527,7 @@ class _SampleGraph:
         self.dev = [
             t.to(logits.device) for t in (self.host_floats, self.host_top_k, self.host_ints)
         ]
+        self._inputs_copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self._pad(0)
         for dev, host in zip(self.dev, self._hosts(), strict=True):
             dev.copy_(host)
@@ -453,6 +558,7 @@ class _SampleGraph:
         self.host_ints[:, start:] = 0
 
     def replay(self, batch: int, sampling: SamplingRows) -> Tensor:
+        self._inputs_copied.synchronize()  # see _DecodeGraph
         floats, ints = self.host_floats.numpy(), self.host_ints.numpy()
         floats[0, :batch] = sampling.temperature
         floats[1, :batch] = sampling.top_p
@@ -462,5 +568,6 @@ class _SampleGraph:
         self._pad(batch)
         for dev, host in zip(self.dev, self._hosts(), strict=True):
             dev.copy_(host, non_blocking=True)
+        self._inputs_copied.record()
         self.graph.replay()
         return self.ids[:batch]
