@@ -228,13 +228,16 @@ def bench_decode_b1(report: Report, engine: Any, roof: dict[str, float], new_tok
         max_new_tokens=new_tokens, ignore_eos=True, temperature=0.7, top_k=50, top_p=0.9, seed=0
     )
     roofline = roof["copy_bw"] / weight_bytes  # every weight read once per token
-    for name, p in (
-        ("decode-b1", params),
-        ("decode-b1 sampled (T 0.7, top-k 50, top-p 0.9)", sampled),
+    for name, p, overlap in (
+        ("decode-b1", params, True),
+        ("decode-b1 sampled (T 0.7, top-k 50, top-p 0.9)", sampled, True),
+        ("decode-b1, plain step loop (no overlap)", params, False),
     ):
+        engine.overlap = overlap
         engine.generate([warm], replace(p, max_new_tokens=8))  # also captures the sampling graph
         t0 = time.perf_counter()
         times = [time.perf_counter() for _event in engine.stream([prompt], p)]
+        engine.overlap = True
         ttft = times[0] - t0
         decode = (len(times) - 1) / (times[-1] - times[0])
         report.add(
@@ -496,7 +499,9 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     p.add_argument("--peer", action="store_true", help="also run the transformers peer")
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
-    p.add_argument("--only", help="comma-separated subset: load,decode,prefill,throughput,var")
+    p.add_argument(
+        "--only", help="comma-separated subset: load,decode,prefill,throughput,plain,var"
+    )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
     args = p.parse_args(argv)
@@ -525,7 +530,7 @@ def bench_main(argv: list[str]) -> int:
         from sv_kernels import bench as kernel_bench
 
         kernel_bench.main(["--json", str(Path(args.workdir) / "kernels.json")])
-    engine_workloads = {"decode", "prefill", "throughput", "var"}
+    engine_workloads = {"decode", "prefill", "throughput", "plain", "var"}
     if args.profile or any(want(name) for name in engine_workloads):
         engine = _engine(model_dir, max_num_seqs=256)
         report.info["kv_pool_gib"] = engine.runner.kv_pool_bytes() / 2**30
@@ -540,6 +545,17 @@ def bench_main(argv: list[str]) -> int:
         count = 32 if args.quick else 256
         if want("throughput"):
             bench_throughput(report, engine, "throughput", count, False, 64 if args.quick else 512)
+        if want("plain"):  # the same without the overlapped step loop, for comparison
+            engine.overlap = False
+            bench_throughput(
+                report,
+                engine,
+                "throughput, plain step loop",
+                count,
+                False,
+                64 if args.quick else 512,
+            )
+            engine.overlap = True
         if want("var"):
             bench_throughput(report, engine, "throughput-var", count, True, 0)
         if args.profile:
