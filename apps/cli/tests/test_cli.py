@@ -60,6 +60,17 @@ def test_single_prompt_streams_and_prints_ids(
     assert re.search(r"\[request 0\] finish=(stop|length) ids=\[\d", out)
 
 
+def test_no_overlap_flag_gives_the_same_output(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["generate", "--kv-cache-mib", "8", "Name a colour.", "10", "Say hello."]
+    assert main(argv) == 0
+    overlapped = re.findall(r"ids=(\[[\d, ]*\])", capsys.readouterr().out)
+    assert main([argv[0], "--no-overlap", *argv[1:]]) == 0
+    plain = re.findall(r"ids=(\[[\d, ]*\])", capsys.readouterr().out)
+    assert len(plain) == 2 and plain == overlapped
+
+
 def test_static_policy_flag(default_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--static", "--stats", "Say hi.", "4", "Say bye."]) == 0
     out = capsys.readouterr().out

@@ -42,7 +42,7 @@ def positive_float(text: str) -> float:
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """--model, --kv-cache-mib, --device, --max-model-len."""
+    """--model, --kv-cache-mib, --device, --max-model-len, --no-overlap."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -63,6 +63,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="N",
         help="context limit in tokens (default: the model's, capped by the pool)",
+    )
+    p.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="run the plain step loop: wait for each step's tokens before planning the next "
+        "(same output, slower; for debugging and comparison)",
     )
 
 
@@ -88,4 +95,5 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         max_model_len=args.max_model_len,
         **overrides,
     )
+    engine.overlap = getattr(args, "overlap", True)
     return engine, model_dir
