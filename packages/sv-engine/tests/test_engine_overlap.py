@@ -122,3 +122,19 @@ def test_a_failed_step_ends_every_request_and_the_engine_goes_on(tiny_llama_dir:
     assert stats.free_pages == stats.pool_pages and stats.assigned_pages == 0
     got = engine.generate(PROMPTS[:2], params)
     assert [c.output_ids for c in got] == [c.output_ids for c in want]
+
+
+def test_overlap_can_be_turned_off_between_steps(tiny_llama_dir: Path) -> None:
+    engine = make(tiny_llama_dir, overlap=True, kv_cache_mib=64)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    want = [c.output_ids for c in engine.generate(PROMPTS[:2], params)]
+    ids = [engine.add_request(p, params) for p in PROMPTS[:2]]
+    tokens: dict[int, list[int]] = {rid: [] for rid in ids}
+    calls = 0
+    while engine.has_unfinished():
+        for e in engine.step():
+            if e.token_id is not None:
+                tokens[e.request_id].append(e.token_id)
+        calls += 1
+        engine.overlap = calls % 3 != 0  # off every third step, on again after
+    assert [tokens[rid] for rid in ids] == want

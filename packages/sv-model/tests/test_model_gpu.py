@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -48,6 +49,21 @@ def oracle_bf16(llama_1b_dir: Path) -> torch.nn.Module:
 
     model = transformers.LlamaForCausalLM.from_pretrained(llama_1b_dir, dtype=torch.bfloat16)
     return model.cuda().eval()
+
+
+@pytest.fixture(scope="module")
+def engine_1b(llama_1b_dir: Path) -> Any:
+    """An engine on the 1B checkpoint with the Llama tokenizer (a 4 GiB pool, 32 sequences)."""
+    import shutil
+
+    from sv_engine import Engine
+
+    tok_dir = Path(os.environ.get("SV_TOKENIZER_DIR", ".assets/llama-3.2-tokenizer"))
+    if not (tok_dir / "tokenizer.json").exists():
+        pytest.skip(f"no Llama tokenizer in {tok_dir}")
+    if not (llama_1b_dir / "tokenizer.json").exists():
+        shutil.copy(tok_dir / "tokenizer.json", llama_1b_dir / "tokenizer.json")
+    return Engine.from_model_dir(llama_1b_dir, device="cuda", kv_cache_mib=4096, max_num_seqs=32)
 
 
 def _runner(model_dir: Path, **kwargs: object) -> object:
@@ -258,21 +274,14 @@ def test_decode_replay_recomputes_the_loaded_step(llama_1b_dir: Path) -> None:
 
 
 def test_engine_generation_agrees_with_teacher_forcing(
-    llama_1b_dir: Path, oracle_fp32: torch.nn.Module, oracle_bf16: torch.nn.Module
+    engine_1b: Any, oracle_fp32: torch.nn.Module, oracle_bf16: torch.nn.Module
 ) -> None:
     """A continuous batch of 24 requests (mixed prefill + graph decode): every generated token is
     the FP32 oracle's argmax on our own sequence, wherever the oracle's top two are not a near
     tie (BF16 may legitimately flip those)."""
-    from sv_engine import Engine, SamplingParams
+    from sv_engine import SamplingParams
 
-    tok_dir = Path(os.environ.get("SV_TOKENIZER_DIR", ".assets/llama-3.2-tokenizer"))
-    if not (tok_dir / "tokenizer.json").exists():
-        pytest.skip(f"no Llama tokenizer in {tok_dir}")
-    import shutil
-
-    if not (llama_1b_dir / "tokenizer.json").exists():
-        shutil.copy(tok_dir / "tokenizer.json", llama_1b_dir / "tokenizer.json")
-    engine = Engine.from_model_dir(llama_1b_dir, device="cuda", kv_cache_mib=4096, max_num_seqs=32)
+    engine = engine_1b
     rng = random.Random(3)
     prompts = [[rng.randint(0, 127999) for _ in range(rng.randint(10, 600))] for _ in range(24)]
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=24, ignore_eos=True))
@@ -366,19 +375,12 @@ def test_decode_graph_feeds_tokens_still_on_the_device(llama_1b_dir: Path) -> No
             pending = runner.launch(plain)  # type: ignore[attr-defined]
 
 
-def test_overlapped_engine_equals_the_plain_loop(llama_1b_dir: Path) -> None:
+def test_overlapped_engine_equals_the_plain_loop(engine_1b: Any) -> None:
     """With every request added up front and no stops, both loops plan the very same steps:
     bit-identical outputs, greedy and seeded sampling, batch 1 and a continuous batch."""
-    from sv_engine import Engine, SamplingParams
+    from sv_engine import SamplingParams
 
-    tok_dir = Path(os.environ.get("SV_TOKENIZER_DIR", ".assets/llama-3.2-tokenizer"))
-    if not (tok_dir / "tokenizer.json").exists():
-        pytest.skip(f"no Llama tokenizer in {tok_dir}")
-    import shutil
-
-    if not (llama_1b_dir / "tokenizer.json").exists():
-        shutil.copy(tok_dir / "tokenizer.json", llama_1b_dir / "tokenizer.json")
-    engine = Engine.from_model_dir(llama_1b_dir, device="cuda", kv_cache_mib=4096, max_num_seqs=32)
+    engine = engine_1b
     rng = random.Random(5)
     prompts = [[rng.randint(0, 127999) for _ in range(rng.randint(10, 600))] for _ in range(20)]
     greedy = SamplingParams(max_new_tokens=40, ignore_eos=True)

@@ -264,6 +264,10 @@ class Engine:
         finished). With `overlap`, the next step is already launched when this returns."""
         try:
             if not self.overlap:
+                draining = self._in_flight
+                if draining is not None:  # overlap was just turned off: drain first
+                    self._in_flight = None
+                    return self._resolve(draining)
                 launched = self._launch_next(None)
                 if launched is None:
                     return []

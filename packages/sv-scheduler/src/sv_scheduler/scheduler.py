@@ -54,6 +54,14 @@ _RUNNING = SequenceStatus.RUNNING
 _FINISHED = SequenceStatus.FINISHED
 
 
+def _known(seq: Sequence, n: int) -> int:
+    """How many of `seq`'s first n tokens have known values: a page whose hash took in a pending
+    token (a preempted sequence recomputing it, optimistic policy) must never enter the prefix
+    cache, or another sequence with the same placeholder there could share it."""
+    token_ids = seq.token_ids
+    return min(n, len(token_ids) - 1) if token_ids[-1] == PENDING_TOKEN else n
+
+
 class Scheduler:
     """Decides, step by step, which tokens of which requests the model computes."""
 
@@ -254,7 +262,7 @@ class Scheduler:
                 continue
             seq.prefilled_tokens = chunk.end
             if self._prefix_caching:
-                seq.table.register_full_pages(seq.token_ids, chunk.end)
+                seq.table.register_full_pages(seq.token_ids, _known(seq, chunk.end))
 
         # Chunks that finished a prompt sampled the first new token: the sequence now decodes.
         step = plan.step
@@ -591,7 +599,7 @@ class Scheduler:
         if self._prefix_caching:
             # Generated tokens' pages enter the cache here, once, rather than in the step loop:
             # only a later prompt that contains this output could use them anyway.
-            seq.table.register_full_pages(seq.token_ids, seq.num_computed_tokens)
+            seq.table.register_full_pages(seq.token_ids, _known(seq, seq.num_computed_tokens))
         seq.table.release()
         if not self._optimistic:
             self._free_credits += seq.credits
