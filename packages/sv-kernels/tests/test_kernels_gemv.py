@@ -79,6 +79,22 @@ def test_gemv_fp32_output_equals_converting_afterwards(
     assert torch.equal(ops.linear(x_cpu, w_cpu, out_dtype=torch.float32), want)
 
 
+@gpu_test
+def test_linear_fp32_output_beyond_one_row_comes_from_the_accumulator(
+    gen: torch.Generator,
+) -> None:
+    """Several rows (cuBLAS): FP32 logits straight from the GEMM, at least as close to the exact
+    product as BF16 logits widened afterwards, and within FP32-accumulation error of it."""
+    x = randn(gen, 5, 2048, dtype=BF16)
+    w = randn(gen, 4096, 2048, dtype=BF16)
+    got = ops.linear(x, w, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and got.shape == (5, 4096)
+    exact = x.double() @ w.double().T
+    widened = reference.linear(x, w).float()
+    assert (got - exact).abs().max() <= (widened - exact).abs().max()
+    assert torch.allclose(got.double(), exact, rtol=1e-4, atol=1e-3)
+
+
 def test_gemv_swiglu_rejects_an_odd_row_count(gen: torch.Generator) -> None:
     x = randn(gen, 1, 16, dtype=torch.float32)
     with pytest.raises(KernelError, match="even row count"):

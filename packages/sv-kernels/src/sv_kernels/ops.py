@@ -129,6 +129,10 @@ def linear(x: Tensor, weight: Tensor, out_dtype: torch.dtype | None = None) -> T
 
     A one-row CUDA call (a batch-1 decode step) goes to the Triton GEMV instead when
     `tune_linear` measured it faster for this weight's shape; it writes out_dtype itself.
+    FP32 out of 16-bit inputs on CUDA comes straight from cuBLAS's FP32 accumulator
+    (`torch.mm`'s out_dtype): at batch 256 the LM head's BF16 logits are 66 MB, and widening
+    them afterwards was a ~95 us kernel per step on the H200. Those logits are then not rounded
+    to BF16 first, unlike the GEMV's (BF16 results may differ across batch sizes anyway).
     """
     if _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
         from . import triton_ops
@@ -136,6 +140,14 @@ def linear(x: Tensor, weight: Tensor, out_dtype: torch.dtype | None = None) -> T
         config = triton_ops.gemv_config(weight)
         if config is not None:
             return triton_ops.gemv(x, weight, config, out_dtype=out_dtype)
+    if (
+        out_dtype == torch.float32
+        and _on_cuda(x)
+        and x.dim() == 2
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+    ):
+        return torch.mm(x, weight.t(), torch.float32)
     out = reference.linear(x, weight)
     return out if out_dtype is None else out.to(out_dtype)
 
