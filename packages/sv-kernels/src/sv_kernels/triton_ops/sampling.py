@@ -233,8 +233,10 @@ def _chunk_max_kernel(
     num_chunks,
     chunk_size,
     BLOCK_V: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Chunk maxima of x, for the rows that use top-p (their mass is exp(x - row max))."""
+    wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     temperature, _, _, _, _, use_top_p = _row_filters(
@@ -266,12 +268,14 @@ def _radix_histogram_kernel(
     shift,
     TOP_P: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One round, one (row, chunk): the weight per next-8-bit digit of the keys in the prefix.
 
     top-k (TOP_P false): the count of values. top-p: the fixed-point mass of the values that
     survived top-k (x >= the top-k threshold). Writes hist[row, chunk, 0:256] (int64).
     """
+    wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     temperature, _, _, use_top_k, _, use_top_p = _row_filters(
@@ -331,6 +335,7 @@ def _radix_select_kernel(
     num_chunks,
     shift,
     TOP_P: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One round, one row: pick the next 8 bits of the threshold's key from the histograms.
 
@@ -339,6 +344,7 @@ def _radix_select_kernel(
     The last round (shift 0) writes the threshold. Rows without this filter write nothing,
     except that the first top-k round sets their threshold to -inf (keep everything).
     """
+    wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     _, _, k, use_top_k, top_p, use_top_p = _row_filters(
         temperature_ptr, top_k_ptr, top_p_ptr, row, vocab
@@ -395,12 +401,14 @@ def _draw_chunks_kernel(
     chunk_size,
     BLOCK_V: tl.constexpr,
     PRECISE_LOG: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """The Gumbel-max draw over one chunk: the best x + noise among x >= threshold, and where.
 
     Greedy rows score x alone (T = 1): an argmax. The lowest column wins ties, here and in the
     merge (`_argmax_merge_kernel`), as torch.argmax does.
     """
+    wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     row_ptr = logits_ptr + row * stride_row
@@ -484,6 +492,9 @@ def sample(
     chunk_arg = torch.empty((batch, num_chunks), dtype=torch.int32, device=device)
     params = (temperature, top_k, top_p)
     grid = (batch, num_chunks)
+    # Under PDL each kernel launches while its predecessor drains and waits before reading
+    # anything (19 launches with both filters: their gaps are most of a batch-1 draw).
+    pdl = use_pdl(device)
 
     if any_top_p:
         _chunk_max_kernel[grid](
@@ -495,7 +506,9 @@ def sample(
             num_chunks,
             chunk,
             BLOCK_V=block_v,
+            USE_PDL=pdl,
             num_warps=num_warps,
+            launch_pdl=pdl,
         )
     if not any_top_k:  # the first top-k round is what sets "keep everything" otherwise
         threshold.fill_(float("-inf"))
@@ -516,7 +529,9 @@ def sample(
                 shift,
                 TOP_P=top_p_phase,
                 BLOCK_V=block_v,
+                USE_PDL=pdl,
                 num_warps=num_warps,
+                launch_pdl=pdl,
             )
             _radix_select_kernel[(batch,)](
                 *params,
@@ -528,7 +543,9 @@ def sample(
                 num_chunks,
                 shift,
                 TOP_P=top_p_phase,
+                USE_PDL=pdl,
                 num_warps=2,
+                launch_pdl=pdl,
             )
     _draw_chunks_kernel[grid](
         logits,
@@ -544,7 +561,9 @@ def sample(
         chunk,
         BLOCK_V=block_v,
         PRECISE_LOG=not INTERPRET,
+        USE_PDL=pdl,
         num_warps=num_warps,
+        launch_pdl=pdl,
     )
     # BLOCK_C from the vocabulary alone (the most chunks any batch size gets), not from this
     # batch's chunk count: one compiled merge for every batch size.
@@ -555,7 +574,8 @@ def sample(
         out,
         num_chunks,
         BLOCK_C=next_pow2(max_chunks),
-        USE_PDL=False,  # the sampler's own kernels launch without PDL
+        USE_PDL=pdl,
         num_warps=1,
+        launch_pdl=pdl,
     )
     return out
