@@ -12,6 +12,18 @@ def test_l2_bytes_off_the_gpu_is_the_default() -> None:
     assert graphs.l2_bytes(torch.device("cpu")) == graphs.DEFAULT_L2_BYTES
 
 
+def test_sets_to_overflow_l2_by_hand() -> None:
+    """Twice the (default, 60 MiB) L2 over the set size, rounded up, within 1..most."""
+    cpu, mib = torch.device("cpu"), 1 << 20
+    assert 60 * mib == graphs.DEFAULT_L2_BYTES
+    assert graphs.sets_to_overflow_l2(12 * mib, cpu) == 10  # 120 / 12
+    assert graphs.sets_to_overflow_l2(33 * mib, cpu) == 4  # 120 / 33 = 3.6
+    assert graphs.sets_to_overflow_l2(525 * mib, cpu) == 1  # bigger than L2 alone
+    assert graphs.sets_to_overflow_l2(1, cpu) == 16
+    assert graphs.sets_to_overflow_l2(1, cpu, most=3) == 3
+    assert graphs.sets_to_overflow_l2(0, cpu) == 16
+
+
 @gpu_test
 def test_l2_bytes_of_the_gpu_is_plausible() -> None:
     assert 1 << 20 <= graphs.l2_bytes(torch.device("cuda")) <= 1 << 30

@@ -171,9 +171,9 @@ def test_sample_several_chunks_odd_vocab(
     gen: torch.Generator, dtype: torch.dtype, batch: int, vocab: int
 ) -> None:
     """Rows split over several chunks, the last one partial: every kind of row still matches."""
-    from sv_kernels.triton_ops.sampling import _sampling_chunk
+    from sv_kernels.triton_ops.sampling import _MAX_CHUNK, _MIN_CHUNK, _vocab_chunk
 
-    chunk = _sampling_chunk(batch, vocab, DEVICE)
+    chunk = _vocab_chunk(batch, vocab, DEVICE, _MIN_CHUNK, _MAX_CHUNK)
     assert vocab > chunk and vocab % chunk != 0  # the shape exercises what it is meant to
     for scale in (1.0, 4.0):
         logits = randn(gen, batch, vocab, dtype=dtype, scale=scale)

@@ -138,7 +138,7 @@ class Bench:
 
     def sets_for(self, nbytes: int) -> int:
         """Input sets to rotate so that together they exceed L2 twice over (at most 16)."""
-        return max(1, min(16, math.ceil(2 * graphs.l2_bytes(self.device) / max(nbytes, 1))))
+        return graphs.sets_to_overflow_l2(nbytes, self.device)
 
     def randn(self, *shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
         return torch.randn(*shape, device=self.device, dtype=torch.float32).to(dtype)

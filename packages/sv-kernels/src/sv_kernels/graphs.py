@@ -18,6 +18,7 @@ launch cost, and timing one input set over and over measures L2.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -36,6 +37,13 @@ def l2_bytes(device: torch.device) -> int:
     index = device.index if device.index is not None else torch.cuda.current_device()
     size = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0)
     return int(size) or DEFAULT_L2_BYTES
+
+
+def sets_to_overflow_l2(nbytes: int, device: torch.device, most: int = 16) -> int:
+    """How many distinct input sets of `nbytes` each, rotated from call to call, together
+    exceed L2 twice over (at least 1, at most `most`): so a timed op reads from DRAM, as it
+    does in the engine."""
+    return max(1, min(most, math.ceil(2 * l2_bytes(device) / max(nbytes, 1))))
 
 
 def capture(

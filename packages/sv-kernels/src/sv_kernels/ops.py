@@ -124,8 +124,8 @@ def rms_norm(
 
 
 def linear(x: Tensor, weight: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
-    """x [T, K] @ weight [N, K]^T, as `torch.nn.functional.linear` (cuBLAS on CUDA), then
-    `.to(out_dtype)` if given (the LM head's FP32 logits).
+    """x [T, K] @ weight [N, K]^T, as `torch.nn.functional.linear` (cuBLAS on CUDA), in
+    out_dtype if given (the LM head's FP32 logits; on the CPU, `.to(out_dtype)` afterwards).
 
     A one-row CUDA call (a batch-1 decode step) goes to the Triton GEMV instead when
     `tune_linear` measured it faster for this weight's shape; it writes out_dtype itself.

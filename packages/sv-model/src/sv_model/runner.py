@@ -297,19 +297,16 @@ class ModelRunner:
         a 16-byte boundary: Triton specializes a kernel on whether each pointer argument is
         16-byte aligned, and offsets that moved with the step's sizes would compile new
         variants mid-run (seen on the H200: ~2 s in the first large batch after warm-up)."""
-        padded = [-(-len(part) // 4) * 4 for part in parts]
-        host = np.zeros(sum(padded), dtype=np.int32)
-        start = 0
-        for part, size in zip(parts, padded, strict=True):
+        starts = [0]
+        for part in parts:
+            starts.append(starts[-1] + -(-len(part) // 4) * 4)
+        host = np.zeros(starts[-1], dtype=np.int32)
+        for part, start in zip(parts, starts[:-1], strict=True):
             host[start : start + len(part)] = part
-            start += size
         dev = self._upload(host)
-        views = []
-        start = 0
-        for part, size in zip(parts, padded, strict=True):
-            views.append(dev[start : start + len(part)])
-            start += size
-        return views
+        return [
+            dev[start : start + len(part)] for part, start in zip(parts, starts[:-1], strict=True)
+        ]
 
     def _source_rows(self, step: StepInputs, length: int) -> np.ndarray:
         """Per fed token: the row of `last_ids` holding its value, or -1 (see StepInputs.feed)."""

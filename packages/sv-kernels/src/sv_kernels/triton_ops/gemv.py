@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..errors import KernelError
-from ..graphs import graph_ms_per_call, l2_bytes
+from ..graphs import graph_ms_per_call, sets_to_overflow_l2
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
 
 
@@ -222,7 +222,7 @@ def tune_gemv(weights: list[torch.Tensor]) -> dict[tuple[int, int], str]:
 def _time_candidates(w: torch.Tensor) -> tuple[float, tuple[int, int, int] | None, float]:
     """(cuBLAS ms, the best config or None if cuBLAS won, its ms) per call, for weight w."""
     nbytes = w.numel() * w.element_size()
-    copies = [w] + [w.clone() for _ in range(min(15, 2 * l2_bytes(w.device) // nbytes))]
+    copies = [w] + [w.clone() for _ in range(sets_to_overflow_l2(nbytes, w.device) - 1)]
     x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
     linear = torch.nn.functional.linear
     cublas = graph_ms_per_call([functools.partial(linear, x, c) for c in copies], _TUNE_CALLS)

@@ -131,10 +131,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     out = torch.empty((batch,), dtype=torch.int64, device=logits.device)
     if batch == 0 or vocab == 0:
         return out
-    # About four chunk programs per SM in all, each chunk 1k..16k columns.
-    wanted_chunks = cdiv(4 * num_sms(logits.device), batch)
-    chunk = min(16384, max(1024, next_pow2(cdiv(vocab, wanted_chunks))))
-    chunk = min(chunk, next_pow2(vocab))
+    chunk = _vocab_chunk(batch, vocab, logits.device, 1024, 16384)
     num_chunks = cdiv(vocab, chunk)
     chunk_max = torch.empty((batch, num_chunks), dtype=torch.float32, device=logits.device)
     chunk_arg = torch.empty((batch, num_chunks), dtype=torch.int32, device=logits.device)
@@ -443,10 +440,11 @@ def _draw_chunks_kernel(
     tl.store(chunk_arg_ptr + row * num_chunks + chunk, best_col)
 
 
-def _sampling_chunk(batch: int, vocab: int, device: torch.device) -> int:
-    """Columns per (row, chunk) program: about four programs per SM in all, 2k..32k columns."""
+def _vocab_chunk(batch: int, vocab: int, device: torch.device, least: int, most: int) -> int:
+    """Columns per (row, chunk) program of a pass over the logits: about four programs per SM
+    in all, a power of two from `least` to `most` (and no wider than the vocabulary needs)."""
     wanted_chunks = cdiv(4 * num_sms(device), batch)
-    chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, next_pow2(cdiv(vocab, wanted_chunks))))
+    chunk = min(most, max(least, next_pow2(cdiv(vocab, wanted_chunks))))
     return min(chunk, next_pow2(vocab))
 
 
@@ -478,7 +476,7 @@ def sample(
         return out
     if vocab > _MAX_VOCAB:
         raise KernelError(f"sample: vocabulary {vocab} > {_MAX_VOCAB} (the top-p mass is int64)")
-    chunk = _sampling_chunk(batch, vocab, device)
+    chunk = _vocab_chunk(batch, vocab, device, _MIN_CHUNK, _MAX_CHUNK)
     num_chunks = cdiv(vocab, chunk)
     block_v = min(_BLOCK_V, chunk)
     num_warps = 4 if block_v >= 512 else 2
