@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import safetensors.torch
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sv_weights import WeightsError, load_file, read_header, save_file, upload
+from sv_weights import WeightsError, device_load, load_file, read_header, save_file
 from sv_weights import safetensors as sv_st
 
 ALL_DTYPES = sorted(sv_st.DTYPES)
@@ -197,40 +199,100 @@ def test_misaligned_tensor_is_copied_and_still_correct(tmp_path: Path) -> None:
     assert_same_tensors(loaded, safetensors.torch.load_file(str(path)))
 
 
-@pytest.mark.parametrize(("readers", "slots"), [(1, 1), (1, 2), (3, 2), (4, 3)])
+def set_ring(monkeypatch: pytest.MonkeyPatch, chunk: int, readers: int, slots: int) -> None:
+    monkeypatch.setattr(device_load, "DEVICE_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(device_load, "DEVICE_READERS", readers)
+    monkeypatch.setattr(device_load, "DEVICE_SLOTS", slots)
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("sv-load-")]
+
+
+@pytest.mark.parametrize(("readers", "slots"), [(1, 1), (1, 2), (3, 1), (3, 2), (4, 3), (2, 16)])
 def test_chunked_device_path_reassembles_the_file_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, slots: int
 ) -> None:
     """The parallel GPU loader with its staging ring, run on the CPU with chunks smaller than
-    any tensor, by one reader and by several, through one slot and several."""
+    any tensor: one reader and several, one slot and several, more readers than slots."""
     tensors = {
         f"t{i}": random_tensor(dtype, (i + 3, 5), seed=i) for i, dtype in enumerate(ALL_DTYPES)
     }
     path = tmp_path / "w.safetensors"
     save_file(tensors, path)
-    monkeypatch.setattr(sv_st, "DEVICE_CHUNK_BYTES", 7)  # odd size: chunks straddle tensors
-    monkeypatch.setattr(sv_st, "DEVICE_READERS", readers)
-    monkeypatch.setattr(sv_st, "DEVICE_SLOTS", slots)
+    set_ring(monkeypatch, 7, readers, slots)  # odd size: chunks straddle tensors
     loaded = sv_st._load_via_pinned_buffers(read_header(path), torch.device("cpu"))
     assert_same_tensors(loaded, tensors)
+    assert not loader_threads()
 
 
 def test_a_failing_copy_is_a_weights_error_naming_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A CUDA call failing inside a reader surfaces once, as a WeightsError with the file."""
+    """A copy failing in the submitter surfaces once, as a WeightsError with the file, after
+    every reader has stopped."""
 
-    class Failing(upload.HostUploader):
-        def upload(self, slot: int, dest: torch.Tensor, src: torch.Tensor) -> None:
-            raise upload.UploadError("cudaMemcpyAsync failed: out of memory")
+    class Failing(device_load._HostSubmitter):
+        def submit(self, slot: int, src: torch.Tensor, dest: torch.Tensor) -> None:
+            if slot == 1:
+                raise RuntimeError("CUDA error: out of memory")
+            super().submit(slot, src, dest)
 
     path = tmp_path / "w.safetensors"
     save_file({"a": torch.arange(100.0)}, path)
-    monkeypatch.setattr(sv_st, "make_uploader", lambda device, depth: Failing())
-    monkeypatch.setattr(sv_st, "DEVICE_CHUNK_BYTES", 64)
-    monkeypatch.setattr(sv_st, "DEVICE_READERS", 3)
-    with pytest.raises(WeightsError, match=r"w\.safetensors: cannot copy to cpu: cudaMemcpyAsync"):
+    monkeypatch.setattr(device_load, "_make_submitter", lambda device: Failing())
+    set_ring(monkeypatch, 64, 3, 2)
+    with pytest.raises(WeightsError, match=r"w\.safetensors: cannot copy to cpu: CUDA error"):
         sv_st._load_via_pinned_buffers(read_header(path), torch.device("cpu"))
+    assert not loader_threads()
+
+
+@pytest.mark.parametrize(("readers", "slots"), [(1, 1), (3, 1), (3, 2)])
+def test_a_file_truncated_during_the_load_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, slots: int
+) -> None:
+    """Someone truncating the file while readers copy from its mapping: a WeightsError (the
+    size check before each chunk), never SIGBUS, and no reader left waiting for a slot."""
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.arange(1000.0)}, path)
+    header = read_header(path)
+    original = device_load._MappedFile.read_into
+    calls = []
+
+    def truncating(
+        self: device_load._MappedFile, slot: torch.Tensor, start: int, size: int
+    ) -> None:
+        calls.append(start)
+        if len(calls) == 3:
+            os.truncate(path, header.data_start + 100)
+        original(self, slot, start, size)
+
+    monkeypatch.setattr(device_load._MappedFile, "read_into", truncating)
+    set_ring(monkeypatch, 256, readers, slots)
+    raised: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            sv_st._load_via_pinned_buffers(header, torch.device("cpu"))
+        except BaseException as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=load, daemon=True)  # a deadlock fails, not hangs, the test
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "the loader deadlocked after a reader failed"
+    assert len(raised) == 1 and isinstance(raised[0], WeightsError), raised
+    assert re.search(r"w\.safetensors: file ended early", str(raised[0]))
+    assert not loader_threads()
+
+
+def test_a_file_shorter_than_its_header_says_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.arange(1000.0)}, path)
+    header = read_header(path)
+    os.truncate(path, header.data_start + 100)
+    with pytest.raises(WeightsError, match=r"w\.safetensors: file ended early"):
+        sv_st._load_via_pinned_buffers(header, torch.device("cpu"))
 
 
 @pytest.mark.gpu
@@ -241,16 +303,17 @@ def test_cuda_load_matches_cpu_load(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     }
     path = tmp_path / "w.safetensors"
     save_file(tensors, path)
-    assert upload.loaded_cudart() is not None, "the direct CUDA runtime path should be found"
-    for direct in (True, False):  # cudaMemcpyAsync through ctypes, and torch's copy_ fallback
-        if not direct:
-            monkeypatch.setattr(upload, "loaded_cudart", lambda: None)
-        for chunk, readers in ((1 << 10, 3), (4099, 2), (sv_st.DEVICE_CHUNK_BYTES, 1)):
-            monkeypatch.setattr(sv_st, "DEVICE_CHUNK_BYTES", chunk)
-            monkeypatch.setattr(sv_st, "DEVICE_READERS", readers)
-            on_gpu = load_file(path, device="cuda")
-            assert all(t.device.type == "cuda" for t in on_gpu.values())
-            assert_same_tensors({k: v.cpu() for k, v in on_gpu.items()}, tensors)
+    for chunk, readers, slots in (
+        (1 << 10, 3, 2),
+        (4099, 2, 16),
+        (1 << 10, 4, 1),
+        (device_load.DEVICE_CHUNK_BYTES, 1, 1),
+    ):
+        set_ring(monkeypatch, chunk, readers, slots)
+        on_gpu = load_file(path, device="cuda")
+        assert all(t.device.type == "cuda" for t in on_gpu.values())
+        assert_same_tensors({k: v.cpu() for k, v in on_gpu.items()}, tensors)
+    assert not loader_threads()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CPU-only message")

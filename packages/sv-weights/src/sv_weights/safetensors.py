@@ -27,15 +27,14 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
+from sv_weights.device_load import copy_file_range_to
 from sv_weights.errors import WeightsError
-from sv_weights.upload import UploadError, make_uploader
 
 # A header is JSON text describing tensors; even a 10,000-tensor checkpoint needs about 1 MB.
 # The cap stops a corrupt length field from making us allocate gigabytes (the reference
@@ -321,19 +320,6 @@ def _check_data_section_covered(tensors: dict[str, TensorInfo], data_len: int, p
 # Loading tensors
 # --------------------------------------------------------------------------------------------
 
-# How the file moves to a GPU: DEVICE_READERS threads each own DEVICE_SLOTS pinned staging
-# slots of DEVICE_CHUNK_BYTES (see `upload`). One thread copying from the page cache manages a
-# few GB/s, a tenth of what the PCIe link takes, so several read in parallel (`os.preadv`
-# releases the GIL). The slots are small so that the whole ring (8 x 2 x 4 MiB) stays in the
-# CPU's last-level cache: measured on the H200 host, page cache -> pinned copies ran at 53 GB/s
-# with such a ring against 38 GB/s with 64 MiB slots, which go through DRAM. A small ring is
-# also cheap to pin, which the first load of every process pays: 109 ms for the 1B checkpoint
-# with this ring against 185-208 ms with 16 x 2 x 8 MiB (2026-11-30), whose later loads were
-# no faster on a slow host (31 vs 32 GB/s) and only sometimes faster elsewhere.
-DEVICE_CHUNK_BYTES = 4 * 1024 * 1024
-DEVICE_READERS = min(8, os.cpu_count() or 1)
-DEVICE_SLOTS = 2
-
 
 def load_file(
     path: str | os.PathLike[str], device: str | torch.device = "cpu"
@@ -348,11 +334,11 @@ def load_file(
     the file by rename (as `save_file` does) is safe; truncating it in place while its tensors
     live is not (touching a vanished page kills the process with SIGBUS, as with any mapping).
 
-    device="cuda[:N]": no host copy of the checkpoint. The data section is read from the file
-    by several readers in parallel, each through a small ring of pinned staging slots (a few
-    MiB, never the whole file), and each slot is copied asynchronously into one device
-    allocation while the reader fills the next (see `_copy_file_range_to`). The tensors are
-    views of that device allocation. On return every copy has finished.
+    device="cuda[:N]": no host copy of the checkpoint. Several readers copy the data section
+    from the page cache into a small shared ring of pinned staging slots (a few MiB each, never
+    the whole file), and one submitter copies each filled slot asynchronously into one device
+    allocation (see `device_load`). The tensors are views of that device allocation. On return
+    every copy has finished.
 
     Any other device: mapped on the CPU as above, then copied with `Tensor.to`.
 
@@ -402,88 +388,8 @@ def _load_via_pinned_buffers(
     header: SafetensorsHeader, device: torch.device
 ) -> dict[str, torch.Tensor]:
     device_bytes = torch.empty(header.data_len, dtype=torch.uint8, device=device)
-    _copy_file_range_to(header.path, header.data_start, device_bytes)
+    copy_file_range_to(header.path, header.data_start, device_bytes)
     return _tensors_from_bytes(header, device_bytes, base=0)
-
-
-def _copy_file_range_to(path: Path, offset: int, dest: torch.Tensor) -> None:
-    """Fill the 1-D uint8 tensor `dest` with the file's bytes from `offset` on.
-
-    The range is cut into chunks of DEVICE_CHUNK_BYTES; reader r of DEVICE_READERS takes chunks
-    r, r + readers, ... Each reader cycles through its DEVICE_SLOTS staging slots: it reads a
-    chunk (`os.preadv`, straight from the page cache) into a slot, starts the slot's copy to
-    `dest`, and moves on to the next slot, first waiting for the copy out of it to finish (an
-    `upload.Uploader` per reader: a CUDA stream and an event per slot). On a CUDA `dest` the
-    slots are pinned, which is what lets the copies run asynchronously; the file's bytes cross
-    host memory once. On a CPU `dest` the same loop runs with plain buffers and synchronous
-    copies (the tests exercise the chunking that way).
-    """
-    total = dest.numel()
-    if total == 0:
-        return
-    chunk = max(1, min(DEVICE_CHUNK_BYTES, total))
-    num_chunks = -(-total // chunk)
-    readers = max(1, min(DEVICE_READERS, num_chunks))
-    slots = max(1, DEVICE_SLOTS)
-    # One allocation for every reader's slots. Pinned memory comes from torch's caching host
-    # allocator, which keeps it for reuse by the next load in this process.
-    staging = torch.empty(
-        (readers, slots, chunk), dtype=torch.uint8, pin_memory=dest.device.type == "cuda"
-    )
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise WeightsError(f"{path}: cannot read the file ({exc.strerror or exc})") from exc
-
-    def reader(r: int) -> None:
-        _copy_chunks(fd, path, offset, dest, staging[r], range(r, num_chunks, readers))
-
-    try:
-        if readers == 1:
-            reader(0)
-        else:
-            with ThreadPoolExecutor(readers, thread_name_prefix="sv-load") as pool:
-                for job in [pool.submit(reader, r) for r in range(readers)]:
-                    job.result()  # re-raises a reader's WeightsError here
-    finally:
-        os.close(fd)
-
-
-def _copy_chunks(
-    fd: int, path: Path, offset: int, dest: torch.Tensor, slots: torch.Tensor, indices: range
-) -> None:
-    """One reader of `_copy_file_range_to`: chunks `indices`, through the staging `slots`."""
-    num_slots, chunk = slots.shape
-    total = dest.numel()
-    try:
-        uploader = make_uploader(dest.device, num_slots)
-        try:
-            for turn, index in enumerate(indices):
-                start = index * chunk
-                size = min(chunk, total - start)
-                slot = turn % num_slots
-                uploader.wait(slot)  # the copy out of this slot has finished: refill it
-                buffer = slots[slot, :size]
-                _read_exactly(fd, buffer.numpy().data, offset + start, path)
-                uploader.upload(slot, dest[start : start + size], buffer)
-        finally:
-            uploader.close()
-    except UploadError as exc:
-        raise WeightsError(f"{path}: cannot copy to {dest.device}: {exc}") from exc
-
-
-def _read_exactly(fd: int, view: memoryview, position: int, path: Path) -> None:
-    filled = 0
-    try:
-        while filled < len(view):
-            count = os.preadv(fd, [view[filled:]], position + filled)
-            if not count:
-                raise WeightsError(
-                    f"{path}: file ended early (it changed after its header was read)"
-                )
-            filled += count
-    except OSError as exc:
-        raise WeightsError(f"{path}: cannot read the file ({exc.strerror or exc})") from exc
 
 
 def _tensors_from_bytes(

@@ -1,0 +1,292 @@
+"""Copying a file's bytes onto a GPU: parallel readers feed one submitter through a pinned ring.
+
+One thread copying from the page cache manages a few GB/s; the PCIe link takes about 55. So
+DEVICE_READERS threads copy the file, chunk by chunk, into a shared ring of DEVICE_SLOTS
+pinned staging slots, and one thread, the submitter (the caller's), starts each slot's copy to
+the GPU and hands the slot back to the readers once that copy has finished:
+
+    page cache --memmove, 8 readers--> pinned ring (16 x 4 MiB) --DMA, 1 submitter--> GPU
+
+Each choice here was measured on the H200 host (2026-11-30, BENCHMARKS.md runs 43-45):
+
+- Readers make no CUDA calls; the submitter makes all of them. When every reader started its
+  own copies and waited on its own events, CUDA calls from 8 threads queued behind the driver's
+  lock and the host copies stalled with them: 29-30 GB/s, against 39-50 GB/s for the same
+  readers feeding one submitter. With one caller, torch's `copy_` and events are as fast as
+  direct runtime calls were, so no ctypes is needed.
+- Readers `memmove` from a read-only mapping of the file rather than `preadv` into the slot:
+  10-15% faster in the same runs. The per-chunk size check in `_MappedFile.read_into` keeps a
+  file truncated by someone else a clear error (touching a vanished page would be SIGBUS).
+- Slots are small and the ring is 64 MiB, so it stays in the CPU's last-level cache: readers
+  write to cache and the DMA reads from it. 24 slots, or 8 MiB slots, were slower.
+
+On a CPU destination the same pipeline runs with unpinned slots and synchronous copies (the
+tests exercise the chunking, the ring and the error paths that way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import queue
+import threading
+from collections import deque
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from sv_weights.errors import WeightsError
+
+DEVICE_CHUNK_BYTES = 4 * 1024 * 1024
+DEVICE_READERS = min(8, os.cpu_count() or 1)
+DEVICE_SLOTS = 16
+
+
+def copy_file_range_to(path: Path, offset: int, dest: torch.Tensor) -> None:
+    """Fill the 1-D uint8 tensor `dest` with the file's bytes from `offset` on.
+
+    On return every copy has finished. A reader's or a copy's failure raises WeightsError naming
+    the file, after every thread has stopped and every started copy has finished.
+    """
+    total = dest.numel()
+    if total == 0:
+        return
+    chunk = max(1, min(DEVICE_CHUNK_BYTES, total))
+    num_chunks = -(-total // chunk)
+    ring = torch.empty(
+        (max(1, min(DEVICE_SLOTS, num_chunks)), chunk),
+        dtype=torch.uint8,
+        pin_memory=dest.device.type == "cuda",  # from torch's caching host allocator: reused
+    )
+    source = _MappedFile(path, offset, total)
+    try:
+        _Transfer(source, ring, dest, readers=max(1, min(DEVICE_READERS, num_chunks))).run()
+    finally:
+        source.close()
+
+
+class _MappedFile:
+    """`size` bytes of a file from `offset` on, mapped read-only for the readers to copy from."""
+
+    def __init__(self, path: Path, offset: int, size: int) -> None:
+        self.path, self._offset, self._end = path, offset, offset + size
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise WeightsError(f"{path}: cannot read the file ({exc.strerror or exc})") from exc
+        try:
+            self._check_size()
+            self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        except BaseException as exc:
+            os.close(self._fd)
+            if isinstance(exc, OSError):
+                raise WeightsError(f"{path}: cannot map the file ({exc.strerror or exc})") from exc
+            raise
+        # A read-only view of the mapping, for its address (ctypes wants a writable buffer).
+        self._view: npt.NDArray[np.uint8] | None = np.frombuffer(self._map, dtype=np.uint8)
+        self._address = self._view.ctypes.data + offset
+
+    def _check_size(self) -> None:
+        if os.fstat(self._fd).st_size < self._end:
+            raise WeightsError(
+                f"{self.path}: file ended early (it changed after its header was read)"
+            )
+
+    def read_into(self, slot: torch.Tensor, start: int, size: int) -> None:
+        """Copy bytes [start, start + size) of the range into the host tensor `slot`."""
+        self._check_size()  # a file truncated meanwhile: an error, not SIGBUS on its pages
+        ctypes.memmove(slot.data_ptr(), self._address + start, size)  # releases the GIL
+
+    def close(self) -> None:
+        self._view = None  # the mapping cannot close while a view exports its buffer
+        self._map.close()
+        os.close(self._fd)
+
+
+class _Submitter(Protocol):
+    def active(self) -> AbstractContextManager[object]:
+        """Entered around all of a transfer's `submit` calls."""
+
+    def submit(self, slot: int, src: torch.Tensor, dest: torch.Tensor) -> None:
+        """Start copying `src` (staging slot `slot`'s bytes) into `dest`."""
+
+    def finished(self) -> list[int]:
+        """The slots whose copies have finished since the last call, without blocking."""
+
+    def wait_oldest(self) -> int | None:
+        """Block until the oldest running copy has finished; its slot (None: none runs)."""
+
+    def close(self) -> None:
+        """Wait for every copy started here."""
+
+
+class _HostSubmitter:
+    """A CPU destination: each copy is done when `submit` returns."""
+
+    def __init__(self) -> None:
+        self._done: list[int] = []
+
+    def active(self) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()
+
+    def submit(self, slot: int, src: torch.Tensor, dest: torch.Tensor) -> None:
+        dest.copy_(src)
+        self._done.append(slot)
+
+    def finished(self) -> list[int]:
+        done, self._done = self._done, []
+        return done
+
+    def wait_oldest(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class _CudaSubmitter:
+    """Copies on one side stream, in order, each followed by an event."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self._running: deque[tuple[int, torch.cuda.Event]] = deque()
+
+    def active(self) -> AbstractContextManager[object]:
+        return torch.cuda.stream(self._stream)  # once, not per copy: it costs a few µs
+
+    def submit(self, slot: int, src: torch.Tensor, dest: torch.Tensor) -> None:
+        dest.copy_(src, non_blocking=True)  # on the side stream (`active`)
+        self._running.append((slot, self._stream.record_event()))
+
+    def finished(self) -> list[int]:
+        done = []
+        while self._running and self._running[0][1].query():  # type: ignore[no-untyped-call]
+            done.append(self._running.popleft()[0])
+        return done
+
+    def wait_oldest(self) -> int | None:
+        if not self._running:
+            return None
+        slot, event = self._running.popleft()
+        event.synchronize()
+        return slot
+
+    def close(self) -> None:
+        self._stream.synchronize()
+        self._running.clear()
+
+
+def _make_submitter(device: torch.device) -> _Submitter:
+    return _CudaSubmitter(device) if device.type == "cuda" else _HostSubmitter()
+
+
+# A filled slot on its way to the submitter: (slot, start, size); None: a reader has stopped.
+_Filled = tuple[int, int, int] | None
+
+
+class _Transfer:
+    """One `copy_file_range_to`: the readers' threads and the submitter's loop."""
+
+    def __init__(
+        self, source: _MappedFile, ring: torch.Tensor, dest: torch.Tensor, readers: int
+    ) -> None:
+        self._source, self._ring, self._dest, self._readers = source, ring, dest, readers
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for slot in range(ring.shape[0]):
+            self._free.put(slot)
+        self._filled: queue.SimpleQueue[_Filled] = queue.SimpleQueue()
+        self._chunks = iter(range(-(-dest.numel() // ring.shape[1])))
+        self._chunks_lock = threading.Lock()
+        self._stop = threading.Event()  # set on the first failure: readers take no more chunks
+        self._errors: list[BaseException] = []
+
+    def run(self) -> None:
+        threads = [
+            threading.Thread(target=self._read, name=f"sv-load-{r}", daemon=True)
+            for r in range(self._readers)
+        ]
+        for thread in threads:
+            thread.start()
+        submitter = _make_submitter(self._dest.device)
+        try:
+            with submitter.active():
+                self._submit_all(submitter)
+        except BaseException as exc:
+            self._stop.set()
+            for _ in threads:  # wake readers waiting for a slot; they see the stop and leave
+                self._free.put(0)
+            if isinstance(exc, RuntimeError) and not isinstance(exc, WeightsError):
+                raise self._copy_error(exc) from exc
+            raise
+        finally:
+            for thread in threads:
+                thread.join()
+            try:
+                submitter.close()
+            except RuntimeError as exc:
+                if not self._errors:
+                    raise self._copy_error(exc) from exc
+        if self._errors:
+            raise self._errors[0]
+
+    def _copy_error(self, exc: BaseException) -> WeightsError:
+        return WeightsError(f"{self._source.path}: cannot copy to {self._dest.device}: {exc}")
+
+    def _submit_all(self, submitter: _Submitter) -> None:
+        stopped = 0
+        while stopped < self._readers:
+            for slot in submitter.finished():
+                self._free.put(slot)
+            item = self._next_filled(submitter)
+            if item is None:
+                stopped += 1
+                continue
+            slot, start, size = item
+            if self._stop.is_set():  # a reader failed: let the others drain, copy nothing more
+                self._free.put(slot)
+                continue
+            submitter.submit(slot, self._ring[slot, :size], self._dest[start : start + size])
+
+    def _next_filled(self, submitter: _Submitter) -> _Filled:
+        """The next filled slot; while none is ready, hand back slots as their copies finish."""
+        while True:
+            try:
+                return self._filled.get_nowait()
+            except queue.Empty:
+                pass
+            slot = submitter.wait_oldest()
+            if slot is None:  # nothing in flight: every busy slot is with a reader
+                return self._filled.get()
+            self._free.put(slot)
+
+    def _read(self) -> None:
+        chunk = self._ring.shape[1]
+        total = self._dest.numel()
+        slot: int | None = None  # the slot this reader holds, if any
+        try:
+            while not self._stop.is_set():
+                with self._chunks_lock:
+                    index = next(self._chunks, None)
+                if index is None:
+                    break
+                slot = self._free.get()
+                if self._stop.is_set():
+                    break
+                start = index * chunk
+                size = min(chunk, total - start)
+                self._source.read_into(self._ring[slot], start, size)
+                self._filled.put((slot, start, size))
+                slot = None
+        except BaseException as exc:
+            self._errors.append(exc)
+            self._stop.set()
+        finally:
+            if slot is not None:  # hand it back, or a reader waiting for a slot never wakes
+                self._free.put(slot)
+            self._filled.put(None)
