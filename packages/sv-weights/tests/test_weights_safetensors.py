@@ -240,7 +240,7 @@ def test_a_failing_copy_is_a_weights_error_naming_the_file(
 
     path = tmp_path / "w.safetensors"
     save_file({"a": torch.arange(100.0)}, path)
-    monkeypatch.setattr(device_load, "_make_submitter", lambda device: Failing())
+    monkeypatch.setattr(device_load, "_make_submitter", lambda device, slots: Failing())
     set_ring(monkeypatch, 64, 3, 2)
     with pytest.raises(WeightsError, match=r"w\.safetensors: cannot copy to cpu: CUDA error"):
         sv_st._load_via_pinned_buffers(read_header(path), torch.device("cpu"))
