@@ -247,6 +247,25 @@ def test_a_failing_copy_is_a_weights_error_naming_the_file(
     assert not loader_threads()
 
 
+def test_a_submitter_that_cannot_start_is_a_weights_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No stream (say, a broken device): a WeightsError before any reader has started."""
+
+    def broken(device: torch.device, slots: int) -> device_load._HostSubmitter:
+        raise RuntimeError("CUDA error: invalid device ordinal")
+
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.arange(100.0)}, path)
+    monkeypatch.setattr(device_load, "_make_submitter", broken)
+    set_ring(monkeypatch, 64, 3, 2)
+    started = []
+    monkeypatch.setattr(device_load._Transfer, "_read", lambda self: started.append(1))
+    with pytest.raises(WeightsError, match=r"w\.safetensors: cannot copy to cpu: CUDA error"):
+        sv_st._load_via_pinned_buffers(read_header(path), torch.device("cpu"))
+    assert not started and not loader_threads()
+
+
 @pytest.mark.parametrize(("readers", "slots"), [(1, 1), (3, 1), (3, 2)])
 def test_a_file_truncated_during_the_load_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, slots: int

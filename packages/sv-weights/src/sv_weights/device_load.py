@@ -18,7 +18,9 @@ Each choice here was measured on the H200 host (2026-11-30, BENCHMARKS.md runs 4
   10-15% faster in the same runs. The per-chunk size check in `_MappedFile.read_into` keeps a
   file truncated by someone else a clear error (touching a vanished page would be SIGBUS).
 - Slots are small and the ring is 64 MiB, so it stays in the CPU's last-level cache: readers
-  write to cache and the DMA reads from it. 24 slots, or 8 MiB slots, were slower.
+  write to cache and the DMA reads from it. 8 MiB slots were slower; 24 slots were no faster
+  and pin half as much again. 2 MiB slots halve the rate: the submitter's Python time per
+  chunk then dominates.
 
 On a CPU destination the same pipeline runs with unpinned slots and synchronous copies (the
 tests exercise the chunking, the ring and the error paths that way).
@@ -26,14 +28,13 @@ tests exercise the chunking, the ring and the error paths that way).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import mmap
 import os
 import queue
 import threading
 from collections import deque
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Protocol
 
@@ -133,7 +134,7 @@ class _HostSubmitter:
         self._done: list[int] = []
 
     def active(self) -> AbstractContextManager[object]:
-        return contextlib.nullcontext()
+        return nullcontext()
 
     def submit(self, slot: int, src: torch.Tensor, dest: torch.Tensor) -> None:
         dest.copy_(src)
@@ -214,14 +215,15 @@ class _Transfer:
         self._errors: list[BaseException] = []
 
     def run(self) -> None:
-        threads = [
-            threading.Thread(target=self._read, name=f"sv-load-{r}", daemon=True)
-            for r in range(self._readers)
-        ]
-        for thread in threads:
-            thread.start()
-        submitter = _make_submitter(self._dest.device, self._ring.shape[0])
+        # Every thread is joined before this returns or raises: the caller unmaps the file next.
+        threads: list[threading.Thread] = []
+        submitter: _Submitter | None = None
         try:
+            submitter = _make_submitter(self._dest.device, self._ring.shape[0])
+            for r in range(self._readers):
+                thread = threading.Thread(target=self._read, name=f"sv-load-{r}", daemon=True)
+                thread.start()
+                threads.append(thread)
             with submitter.active():
                 self._submit_all(submitter)
         except BaseException as exc:
@@ -234,11 +236,12 @@ class _Transfer:
         finally:
             for thread in threads:
                 thread.join()
-            try:
-                submitter.close()
-            except RuntimeError as exc:
-                if not self._errors:
-                    raise self._copy_error(exc) from exc
+            if submitter is not None:
+                try:
+                    submitter.close()
+                except RuntimeError as exc:
+                    if not self._errors:
+                        raise self._copy_error(exc) from exc
         if self._errors:
             raise self._errors[0]
 
