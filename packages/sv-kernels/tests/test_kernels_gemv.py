@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
+
 import pytest
 import torch
 from kernels_testing import GPU, TOLERANCE, assert_close, gpu_test, randn
-from sv_kernels import KernelError, ops, reference, triton_ops
+from sv_kernels import KernelError, ops, reference, triton_ops, tuning_cache
 from sv_kernels.triton_ops.gemv import CONFIGS
+from sv_kernels.tuning_cache import TunedShape
 
 BF16 = torch.bfloat16
 
@@ -122,3 +126,72 @@ def test_tuned_linear_dispatch_and_graph_capture(gen: torch.Generator) -> None:
     # more than one row always goes to cuBLAS
     two = randn(gen, 2, 2048, dtype=BF16)
     assert torch.equal(ops.linear(two, weights[0]), reference.linear(two, weights[0]))
+
+
+# `triton_ops.gemv` is the function; the module holds the tuner's state.
+GEMV_MODULE = importlib.import_module("sv_kernels.triton_ops.gemv")
+
+
+def _tune_in_a_new_process(
+    monkeypatch: pytest.MonkeyPatch, weights: list[torch.Tensor], path: Path, retune: bool = False
+) -> dict[tuple[int, int], str]:
+    monkeypatch.setattr(GEMV_MODULE, "_CHOICE", {})  # the tuner's memory, as a new process has it
+    return GEMV_MODULE.tune_gemv(weights, path, retune)  # type: ignore[no-any-return]
+
+
+def test_tuner_keeps_its_choices_for_the_next_process(
+    gen: torch.Generator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the timing faked (this runs on the CPU): a new process takes the kept choices and
+    times nothing; retune=True times again and replaces them; a kept choice that is not one of
+    this code's candidates is timed again."""
+    timed: list[tuple[int, int]] = []
+    winner: list[tuple[int, int, int] | None] = [CONFIGS[1]]
+
+    def fake_timing(w: torch.Tensor) -> tuple[float, tuple[int, int, int] | None, float]:
+        timed.append((w.shape[0], w.shape[1]))
+        return 0.002, winner[0], 0.001
+
+    monkeypatch.setattr(GEMV_MODULE, "_time_candidates", fake_timing)
+    monkeypatch.setattr(GEMV_MODULE, "tuning_fingerprint", lambda device: "test GPU")
+    weights = [randn(gen, 48, 32, dtype=BF16), randn(gen, 32, 32, dtype=BF16)]
+    weights.append(randn(gen, 48, 32, dtype=BF16))  # a shape seen twice is timed once
+    path = tmp_path / "tuning.json"
+
+    first = _tune_in_a_new_process(monkeypatch, weights, path)
+    assert timed == [(48, 32), (32, 32)]
+    assert first[(48, 32)] == f"triton gemv {CONFIGS[1]}: 1.0 us (cuBLAS 2.0 us), measured"
+    second = _tune_in_a_new_process(monkeypatch, weights, path)
+    assert len(timed) == 2, "kept shapes must not be timed again"
+    assert second[(48, 32)].endswith("kept from the tuning cache")
+    assert GEMV_MODULE.gemv_config(weights[0]) == CONFIGS[1]
+
+    winner[0] = None  # cuBLAS wins the re-measurement
+    _tune_in_a_new_process(monkeypatch, weights, path, retune=True)
+    assert len(timed) == 4 and GEMV_MODULE.gemv_config(weights[0]) is None
+    kept = tuning_cache.load(path, "test GPU")
+    assert {tuned.choice for tuned in kept.values()} == {None}
+
+    tuning_cache.store(path, "test GPU", {"32x32 torch.bfloat16": TunedShape((3, 3, 3), 1, 1)})
+    _tune_in_a_new_process(monkeypatch, weights, path)
+    assert timed[4:] == [(32, 32)], "a kept choice that is no candidate is measured again"
+
+
+@gpu_test
+def test_real_tuning_is_kept_for_the_next_process(
+    gen: torch.Generator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the GPU: real timings, kept under this GPU's fingerprint, are taken as they are."""
+    weights = [randn(gen, 3072, 2048, dtype=BF16), randn(gen, 2048, 2048, dtype=BF16)]
+    path = tmp_path / "tuning.json"
+    first = _tune_in_a_new_process(monkeypatch, weights, path)
+    assert all(note.endswith("measured") for note in first.values()), first
+    chosen = dict(GEMV_MODULE._CHOICE)
+
+    def no_timing(w: torch.Tensor) -> None:
+        raise AssertionError("a kept shape was timed again")
+
+    monkeypatch.setattr(GEMV_MODULE, "_time_candidates", no_timing)
+    second = _tune_in_a_new_process(monkeypatch, weights, path)
+    assert chosen == GEMV_MODULE._CHOICE
+    assert [n.split(", ")[0] for n in second.values()] == [n.split(", ")[0] for n in first.values()]

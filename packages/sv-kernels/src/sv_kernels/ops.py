@@ -10,6 +10,7 @@ so CPU users never import triton.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -169,15 +170,20 @@ def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
     return swiglu(linear(x, gate_up))
 
 
-def tune_linear(weights: list[Tensor]) -> dict[tuple[int, int], str]:
+def tune_linear(
+    weights: list[Tensor], cache_file: Path | None = None, retune: bool = False
+) -> dict[tuple[int, int], str]:
     """Measure, for each distinct CUDA weight shape, whether the Triton GEMV beats cuBLAS at
-    one row (see `triton_ops.gemv`). Call before capturing CUDA graphs; a no-op on the CPU."""
+    one row (see `triton_ops.gemv`). Call before capturing CUDA graphs; a no-op on the CPU.
+
+    cache_file: where results are kept between processes (see `tuning_cache`); shapes found
+    there for this GPU and software are not measured again, unless `retune`."""
     cuda = [w for w in weights if _on_cuda(w)]
     if not cuda:
         return {}
     from . import triton_ops
 
-    return triton_ops.tune_gemv(cuda)
+    return triton_ops.tune_gemv(cuda, cache_file, retune)
 
 
 def swiglu(gate_up: Tensor) -> Tensor:

@@ -24,6 +24,7 @@ reads them from `last_ids`, the device buffer where every launch leaves its samp
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 from sv_kernels import graphs, ops
-from sv_weights import LlamaConfig
+from sv_weights import LlamaConfig, cache_dir
 from torch import Tensor
 
 from sv_model.llama import AttentionMetadata, KVCache, LlamaModel
@@ -84,6 +85,10 @@ class StepInputs:
     @property
     def is_decode(self) -> bool:
         return len(self.token_ids) == len(self.seq_slots)
+
+
+# The batch-1 GEMV tuner's results, kept between processes (see `ModelRunner.tune_linear`).
+GEMV_TUNING_FILE = "gemv-tuning.json"
 
 
 def _decode_buckets(max_batch: int) -> list[int]:
@@ -207,12 +212,17 @@ class ModelRunner:
 
     def tune_linear(self) -> None:
         """Choose cuBLAS or the Triton GEMV for each of the model's matrix shapes at batch 1
-        (`ops.tune_linear`; part of `warmup`, a no-op on the CPU). Fills `linear_choices`."""
+        (`ops.tune_linear`; part of `warmup`, a no-op on the CPU). Fills `linear_choices`.
+
+        The choices are kept in GEMV_TUNING_FILE under sv's cache folder ($SV_CACHE_DIR, else
+        ~/.cache/sv), so later processes on this GPU skip the ~5 s of timing; SV_RETUNE=1 in
+        the environment measures again (and replaces what was kept)."""
         w = self.model.weights
         matrices = [w.lm_head] + [
             m for layer in w.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
         ]
-        self.linear_choices = ops.tune_linear(matrices)
+        retune = os.environ.get("SV_RETUNE", "") not in ("", "0")
+        self.linear_choices = ops.tune_linear(matrices, cache_dir() / GEMV_TUNING_FILE, retune)
 
     def set_block_tables(self, rows: Sequence[tuple[int, Sequence[int]]]) -> None:
         """Replace the block tables of the given slots (slot, pages) in one upload."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from sv_weights.checkpoint import expected_tensors, load_checkpoint, validate_checkpoint
 from sv_weights.config import LlamaConfig, RopeScaling
-from sv_weights.default_model import default_model_dir
+from sv_weights.default_model import cache_dir, default_model_dir
 from sv_weights.errors import WeightsError
 from sv_weights.inspect import inspect_main
 from sv_weights.presets import llama_3_2_1b_config, tiny_llama_config
@@ -21,6 +21,7 @@ __all__ = [
     "SafetensorsHeader",
     "TensorInfo",
     "WeightsError",
+    "cache_dir",
     "convert_gguf_to_hf",
     "default_model_dir",
     "expected_tensors",

@@ -36,7 +36,8 @@ _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeni
 
 
 def cache_dir() -> Path:
-    """Where sv keeps converted models: $SV_CACHE_DIR, else ~/.cache/sv."""
+    """sv's cache folder (converted models, kernel tuning results): $SV_CACHE_DIR, else
+    ~/.cache/sv."""
     configured = os.environ.get("SV_CACHE_DIR")
     return Path(configured) if configured else Path.home() / ".cache" / "sv"
 

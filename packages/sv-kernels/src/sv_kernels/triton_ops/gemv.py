@@ -21,11 +21,14 @@ matching up rows and writes silu(gate) * up, which saves the decode step one lau
 from __future__ import annotations
 
 import functools
+import hashlib
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+from .. import tuning_cache
 from ..errors import KernelError
 from ..graphs import graph_ms_per_call, sets_to_overflow_l2
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
@@ -199,24 +202,63 @@ def gemv_config(w: torch.Tensor) -> tuple[int, int, int] | None:
 _TUNE_CALLS = 20
 
 
-def tune_gemv(weights: list[torch.Tensor]) -> dict[tuple[int, int], str]:
+def tune_gemv(
+    weights: list[torch.Tensor], cache_file: Path | None = None, retune: bool = False
+) -> dict[tuple[int, int], str]:
     """Time cuBLAS and every config on each distinct weight shape; remember the winners.
+
+    cache_file: a `tuning_cache` file. Shapes it holds for this GPU and software (see
+    `tuning_fingerprint`) are not timed again; shapes timed here are added to it. retune=True
+    times every shape anyway (and rewrites the file's entries).
 
     Returns shape -> a short description of the choice, for logs. Must not run while a CUDA
     graph is being captured (it synchronizes and captures graphs of its own).
     """
     report: dict[tuple[int, int], str] = {}
-    for w in weights:
-        key = (w.shape[0], w.shape[1], w.dtype)
-        if key in _CHOICE or w.dim() != 2:
+    todo = [w for w in weights if w.dim() == 2 and _key(w) not in _CHOICE]
+    if not todo:
+        return report
+    fingerprint = tuning_fingerprint(todo[0].device)
+    kept = {}
+    if cache_file is not None and not retune:
+        kept = tuning_cache.load(cache_file, fingerprint)
+    measured: dict[str, tuning_cache.TunedShape] = {}
+    for w in todo:
+        if _key(w) in _CHOICE:  # a second matrix of a shape already done
             continue
-        cublas, best, best_ms = _time_candidates(w)
-        _CHOICE[key] = best
-        name = "cuBLAS" if best is None else f"triton gemv {best}"
+        shape = f"{w.shape[0]}x{w.shape[1]} {w.dtype}"
+        tuned = kept.get(shape)
+        if tuned is not None and tuned.choice is not None and tuned.choice not in CONFIGS:
+            tuned = None  # not a candidate of this code (a hand-edited file): time it
+        source = "kept from the tuning cache"
+        if tuned is None:
+            cublas, best, best_ms = _time_candidates(w)
+            tuned = measured[shape] = tuning_cache.TunedShape(best, best_ms * 1e3, cublas * 1e3)
+            source = "measured"
+        _CHOICE[_key(w)] = None if tuned.choice is None else CONFIGS[CONFIGS.index(tuned.choice)]
+        name = "cuBLAS" if tuned.choice is None else f"triton gemv {tuned.choice}"
         report[(w.shape[0], w.shape[1])] = (
-            f"{name}: {best_ms * 1e3:.1f} us (cuBLAS {cublas * 1e3:.1f} us)"
+            f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}"
         )
+    if cache_file is not None and measured:
+        tuning_cache.store(cache_file, fingerprint, measured)
     return report
+
+
+def _key(w: torch.Tensor) -> tuple[int, int, torch.dtype]:
+    return (w.shape[0], w.shape[1], w.dtype)
+
+
+def tuning_fingerprint(device: torch.device) -> str:
+    """What a kept tuning result is valid for: this GPU model, these torch and Triton versions
+    and this candidate list (its hash)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    configs = hashlib.sha256(repr(CONFIGS).encode()).hexdigest()[:8]
+    return (
+        f"{torch.cuda.get_device_name(index)} (sm {major}.{minor}), torch {torch.__version__}, "
+        f"triton {triton.__version__}, configs {configs}"
+    )
 
 
 def _time_candidates(w: torch.Tensor) -> tuple[float, tuple[int, int, int] | None, float]:
