@@ -133,10 +133,15 @@ GEMV_MODULE = importlib.import_module("sv_kernels.triton_ops.gemv")
 
 
 def _tune_in_a_new_process(
-    monkeypatch: pytest.MonkeyPatch, weights: list[torch.Tensor], path: Path, retune: bool = False
+    monkeypatch: pytest.MonkeyPatch,
+    weights: list[torch.Tensor],
+    path: Path,
+    retune: bool = False,
+    heard: list[str] | None = None,
 ) -> dict[tuple[int, int], str]:
     monkeypatch.setattr(GEMV_MODULE, "_CHOICE", {})  # the tuner's memory, as a new process has it
-    return GEMV_MODULE.tune_gemv(weights, path, retune)  # type: ignore[no-any-return]
+    progress = None if heard is None else heard.append
+    return GEMV_MODULE.tune_gemv(weights, path, retune, progress)  # type: ignore[no-any-return]
 
 
 def test_tuner_keeps_its_choices_for_the_next_process(
@@ -158,11 +163,14 @@ def test_tuner_keeps_its_choices_for_the_next_process(
     weights.append(randn(gen, 48, 32, dtype=BF16))  # a shape seen twice is timed once
     path = tmp_path / "tuning.json"
 
-    first = _tune_in_a_new_process(monkeypatch, weights, path)
+    heard: list[str] = []
+    first = _tune_in_a_new_process(monkeypatch, weights, path, heard=heard)
     assert timed == [(48, 32), (32, 32)]
+    assert heard == [f"timing the batch-1 GEMV tiles against cuBLAS (kept in {path})"]
     assert first[(48, 32)] == f"triton gemv {CONFIGS[1]}: 1.0 us (cuBLAS 2.0 us), measured"
-    second = _tune_in_a_new_process(monkeypatch, weights, path)
+    second = _tune_in_a_new_process(monkeypatch, weights, path, heard=heard)
     assert len(timed) == 2, "kept shapes must not be timed again"
+    assert len(heard) == 1, "nothing timed, nothing to announce"
     assert second[(48, 32)].endswith("kept from the tuning cache")
     assert GEMV_MODULE.gemv_config(weights[0]) == CONFIGS[1]
 

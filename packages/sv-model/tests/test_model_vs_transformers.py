@@ -154,3 +154,15 @@ def test_decode_replay_needs_cuda_graphs(tiny_dir: Path) -> None:
     step = StepInputs([1], [0], [0], [1], [1], [0])
     with pytest.raises(ValueError, match="CUDA graphs"):
         runner.decode_replay(step)
+
+
+def test_warmup_reports_its_phases_and_touches_only_the_scratch_page(tiny_dir: Path) -> None:
+    """Warm-up (run on the CPU here: the same prefills, no graphs or tuning) tells its caller
+    what it is doing, and writes the KV cache only through the scratch slot's page."""
+    runner = make_runner(tiny_dir, num_pages=64)
+    heard: list[str] = []
+    runner.warmup(max_prefill_tokens=64, progress=heard.append)
+    assert heard[0].startswith("warm-up on cpu: compiling kernels for 7 prompt lengths"), heard
+    assert heard[-1].startswith("warm-up done in ") and len(heard) == 2, heard
+    assert runner.kv.k[:, runner.scratch_page].abs().sum() > 0  # the prefills did run
+    assert not runner.kv.k[:, : runner.num_pages].any() and not runner.kv.v[:, :64].any()

@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,13 +122,15 @@ class Engine:
         optimistic: bool = False,
         use_cuda_graphs: bool = True,
         warmup: bool = True,
+        progress: Callable[[str], None] | None = None,
     ) -> Engine:
         """Load a Llama checkpoint folder (config.json, safetensors, tokenizer) into a ready engine.
 
         device "auto" picks CUDA when present, else the CPU. The KV pool is `kv_cache_mib` MiB
         when given; otherwise most of the free GPU memory on CUDA, a modest default on the CPU.
         On CUDA, `warmup` compiles the kernels and captures the decode graphs before returning,
-        so no request pays for them.
+        so no request pays for them; `progress` hears a line per phase (see
+        `ModelRunner.warmup`: seconds, or about half a minute the first time on a machine).
         """
         cfg = EngineConfig(
             device=device,
@@ -156,7 +158,7 @@ class Engine:
             )
         )
         if warmup and loaded.runner.is_cuda:
-            loaded.runner.warmup(min(cfg.max_step_tokens, loaded.max_model_len))
+            loaded.runner.warmup(min(cfg.max_step_tokens, loaded.max_model_len), progress)
         stop_ids = frozenset(loaded.tokenizer.eos_ids) | frozenset(loaded.config.eos_token_ids)
         return cls(loaded.tokenizer, loaded.runner, scheduler, stop_ids)
 

@@ -77,7 +77,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
     """The engine the options of `add_engine_arguments` ask for, and its model folder.
 
     Without --model the embedded default model is used (converted into the cache on first
-    use, with a progress line on stderr). Every failure is an EngineError with a one-line
+    use, with a progress line on stderr). A GPU warm-up reports its phases on stderr too. Every failure is an EngineError with a one-line
     message."""
     from sv_weights import WeightsError, default_model_dir
 
@@ -93,6 +93,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         device=args.device,
         kv_cache_mib=args.kv_cache_mib,
         max_model_len=args.max_model_len,
+        progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
         **overrides,
     )
     engine.overlap = getattr(args, "overlap", True)

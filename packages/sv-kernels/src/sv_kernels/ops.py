@@ -10,6 +10,7 @@ so CPU users never import triton.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -171,19 +172,23 @@ def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
 
 
 def tune_linear(
-    weights: list[Tensor], cache_file: Path | None = None, retune: bool = False
+    weights: list[Tensor],
+    cache_file: Path | None = None,
+    retune: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[tuple[int, int], str]:
     """Measure, for each distinct CUDA weight shape, whether the Triton GEMV beats cuBLAS at
     one row (see `triton_ops.gemv`). Call before capturing CUDA graphs; a no-op on the CPU.
 
     cache_file: where results are kept between processes (see `tuning_cache`); shapes found
-    there for this GPU and software are not measured again, unless `retune`."""
+    there for this GPU and software are not measured again, unless `retune`. `progress` hears
+    a line before any timing starts."""
     cuda = [w for w in weights if _on_cuda(w)]
     if not cuda:
         return {}
     from . import triton_ops
 
-    return triton_ops.tune_gemv(cuda, cache_file, retune)
+    return triton_ops.tune_gemv(cuda, cache_file, retune, progress)
 
 
 def swiglu(gate_up: Tensor) -> Tensor:

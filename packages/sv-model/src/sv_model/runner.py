@@ -25,6 +25,7 @@ reads them from `last_ids`, the device buffer where every launch leaves its samp
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -163,7 +164,9 @@ class ModelRunner:
     # --- warm-up ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def warmup(self, max_prefill_tokens: int = 2048) -> None:
+    def warmup(
+        self, max_prefill_tokens: int = 2048, progress: Callable[[str], None] | None = None
+    ) -> None:
         """Compile every kernel variant (the sampler's too) and capture every decode graph now,
         not mid-request. Sampling graphs are captured on first need (cheap once compiled).
 
@@ -171,7 +174,13 @@ class ModelRunner:
         integer arguments that are 1 or multiples of 16; a first request of each kind would
         otherwise pay the compile (~0.5 s) in its time to first token. The prefills run on the
         scratch slot, whose block table points every position at the scratch page.
+
+        `progress` hears a line as each phase starts and when all is done: on the H200 about
+        25 s the first time on a machine (compiling), 4 s once Triton's cache and the GEMV
+        tuning cache are warm (BENCHMARKS.md runs 54-55).
         """
+        say = progress or (lambda message: None)
+        started = time.perf_counter()
         # Past 2,048 tokens only the token count matters (RoPE's tokens per program grow with
         # it), each in both kinds: a multiple of 16 and not.
         large = (4095, 4096, 8191, 8192, max_prefill_tokens - 1, max_prefill_tokens)
@@ -181,6 +190,11 @@ class ModelRunner:
                 for n in (1, 7, 16, 17, 40, 64, 100, 128, 300, 2048, *large)
                 if 0 < n <= max_prefill_tokens
             }
+        )
+        say(
+            f"warm-up on {self._device_name()}: compiling kernels for {len(lengths)} prompt "
+            "lengths (about half a minute in all the first time on a machine, a few seconds "
+            "once Triton has them cached)"
         )
         for n in lengths:
             for seqs in (1, 2) if n <= 2048 else (1,):
@@ -194,7 +208,7 @@ class ModelRunner:
                     feed=[(0, 0)],  # and `ops.feed_tokens` (a step after an overlapped one)
                 )
                 ops.argmax(self._prefill(step))
-        self.tune_linear()
+        self.tune_linear(progress)
         if self.is_cuda:  # the sampler's kernels (one compile per vocabulary, any batch size)
             rows = torch.ones(1, device=self.device)
             index = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -202,15 +216,23 @@ class ModelRunner:
             top_k = torch.full((1,), 50, dtype=torch.int32, device=self.device)
             ops.sample(logits, rows, top_k, rows * 0.9, index, index)
         if self.use_cuda_graphs:
+            say(
+                f"warm-up: capturing {len(self._buckets)} decode graphs (batch sizes "
+                f"{self._buckets[0]} to {self._buckets[-1]})"
+            )
             for bucket in self._buckets:
                 if bucket not in self._graphs:
                     self._graphs[bucket] = _DecodeGraph(self, bucket)
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
+        say(f"warm-up done in {time.perf_counter() - started:.1f} s")
 
-    # --- block tables -----------------------------------------------------------------------
+    def _device_name(self) -> str:
+        if self.is_cuda:
+            return f"{self.device} ({torch.cuda.get_device_name(self.device)})"
+        return str(self.device)
 
-    def tune_linear(self) -> None:
+    def tune_linear(self, progress: Callable[[str], None] | None = None) -> None:
         """Choose cuBLAS or the Triton GEMV for each of the model's matrix shapes at batch 1
         (`ops.tune_linear`; part of `warmup`, a no-op on the CPU). Fills `linear_choices`.
 
@@ -222,7 +244,11 @@ class ModelRunner:
             m for layer in w.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
         ]
         retune = os.environ.get("SV_RETUNE", "") not in ("", "0")
-        self.linear_choices = ops.tune_linear(matrices, cache_dir() / GEMV_TUNING_FILE, retune)
+        self.linear_choices = ops.tune_linear(
+            matrices, cache_dir() / GEMV_TUNING_FILE, retune, progress
+        )
+
+    # --- block tables -----------------------------------------------------------------------
 
     def set_block_tables(self, rows: Sequence[tuple[int, Sequence[int]]]) -> None:
         """Replace the block tables of the given slots (slot, pages) in one upload."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -203,13 +204,17 @@ _TUNE_CALLS = 20
 
 
 def tune_gemv(
-    weights: list[torch.Tensor], cache_file: Path | None = None, retune: bool = False
+    weights: list[torch.Tensor],
+    cache_file: Path | None = None,
+    retune: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[tuple[int, int], str]:
     """Time cuBLAS and every config on each distinct weight shape; remember the winners.
 
     cache_file: a `tuning_cache` file. Shapes it holds for this GPU and software (see
     `tuning_fingerprint`) are not timed again; shapes timed here are added to it. retune=True
-    times every shape anyway (and rewrites the file's entries).
+    times every shape anyway (and rewrites the file's entries). `progress` hears one line
+    before the first shape that has to be timed (a few seconds in all).
 
     Returns shape -> a short description of the choice, for logs. Must not run while a CUDA
     graph is being captured (it synchronizes and captures graphs of its own).
@@ -232,6 +237,9 @@ def tune_gemv(
             tuned = None  # not a candidate of this code (a hand-edited file): time it
         source = "kept from the tuning cache"
         if tuned is None:
+            if progress is not None and not measured:
+                where = f" (kept in {cache_file})" if cache_file is not None else ""
+                progress(f"timing the batch-1 GEMV tiles against cuBLAS{where}")
             cublas, best, best_ms = _time_candidates(w)
             tuned = measured[shape] = tuning_cache.TunedShape(best, best_ms * 1e3, cublas * 1e3)
             source = "measured"
