@@ -193,7 +193,8 @@ def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
             size / best / 1e9,
             "GB/s",
             roof["h2d"] / 1e9,
-            f"{size / 1e9:.2f} GB in {best * 1e3:.0f} ms (page cache, {setting}, best of {rounds} rounds)",
+            f"{size / 1e9:.2f} GB in {best * 1e3:.0f} ms "
+            f"(page cache, {setting}, best of {rounds} rounds)",
         )
     )
     report.add(

@@ -77,8 +77,8 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
     """The engine the options of `add_engine_arguments` ask for, and its model folder.
 
     Without --model the embedded default model is used (converted into the cache on first
-    use, with a progress line on stderr). A GPU warm-up reports its phases on stderr too. Every failure is an EngineError with a one-line
-    message."""
+    use, with a progress line on stderr). A GPU warm-up reports its phases on stderr too.
+    Every failure is an EngineError with a one-line message."""
     from sv_weights import WeightsError, default_model_dir
 
     try:

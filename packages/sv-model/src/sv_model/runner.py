@@ -176,8 +176,8 @@ class ModelRunner:
         scratch slot, whose block table points every position at the scratch page.
 
         `progress` hears a line as each phase starts and when all is done: on the H200 about
-        25 s the first time on a machine (compiling), 4 s once Triton's cache and the GEMV
-        tuning cache are warm (BENCHMARKS.md runs 54-55).
+        25 s the first time on a machine (compiling), 2-2.5 s once Triton's cache and the GEMV
+        tuning cache are warm (BENCHMARKS.md runs 54-58).
         """
         say = progress or (lambda message: None)
         started = time.perf_counter()
