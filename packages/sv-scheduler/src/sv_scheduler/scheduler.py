@@ -351,11 +351,7 @@ class Scheduler:
             self._finish(seq, "stop")
         elif seq.status is _WAITING:  # preempted after its token was sampled (optimistic)
             self._waiting.remove(seq)
-            del self._unfinished[seq.request_id]
-            seq.status = _FINISHED
-            seq.finish_reason = "stop"
-            self._finished_requests += 1
-            self._finishing.append((seq, "stop"))
+            self._record_finish(seq, "stop")
         elif seq.finish_reason == "length":  # hit its limit with a stop token: that is a stop
             for i, (other, _) in enumerate(self._finishing):
                 if other is seq:
@@ -578,6 +574,10 @@ class Scheduler:
         if self._plan is not None and seq.decoding:
             self._drop_token.append(seq)  # stopped while the next plan was out: drop its token
         self._stop_running(seq)
+        self._record_finish(seq, reason)
+
+    def _record_finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """`seq`, out of the running or waiting set, ends with `reason`; `resolve` reports it."""
         del self._unfinished[seq.request_id]
         seq.status = _FINISHED
         seq.finish_reason = reason
