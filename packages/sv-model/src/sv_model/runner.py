@@ -414,7 +414,7 @@ class ModelRunner:
         graph = self._graphs.get(bucket)
         if graph is None:
             graph = self._graphs[bucket] = _DecodeGraph(self, bucket)
-        host = graph.host_inputs_to_fill()
+        host = graph.inputs_to_fill(batch)
         host[0, :batch] = step.token_ids
         host[1, :batch] = step.positions
         host[2, :batch] = step.seq_slots
@@ -483,6 +483,28 @@ class PendingTokens:
         return ids
 
 
+class _GraphInputs:
+    """The inputs of a captured graph: pinned host buffers, and their device twins that the
+    graph reads, refreshed by one asynchronous copy each before every replay. With a step in
+    flight that copy may still be queued behind it, so `to_fill` waits for it to finish before
+    handing the host buffers out to be written again."""
+
+    def __init__(self, hosts: Sequence[Tensor], device: torch.device) -> None:
+        self.host = [host.pin_memory() for host in hosts]
+        self.dev = [host.to(device) for host in self.host]
+        self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+
+    def to_fill(self) -> list[np.ndarray]:
+        """The host buffers (as numpy views of the same pinned memory), safe to write."""
+        self._copied.synchronize()
+        return [host.numpy() for host in self.host]
+
+    def upload(self) -> None:
+        for dev, host in zip(self.dev, self.host, strict=True):
+            dev.copy_(host, non_blocking=True)
+        self._copied.record()
+
+
 class _DecodeGraph:
     """A decode step at a fixed batch size, captured once and replayed.
 
@@ -492,12 +514,9 @@ class _DecodeGraph:
     def __init__(self, runner: ModelRunner, batch: int) -> None:
         self.batch = batch
         self.runner = runner
-        self.host_inputs = torch.zeros((4, batch), dtype=torch.int32).pin_memory()
-        self.host_array = self.host_inputs.numpy()  # the same pinned memory, filled from lists
-        self.dev_inputs = torch.zeros((4, batch), dtype=torch.int32, device=runner.device)
-        self._inputs_copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self._pad()
-        self.dev_inputs.copy_(self.host_inputs)
+        self.inputs = _GraphInputs([torch.zeros((4, batch), dtype=torch.int32)], runner.device)
+        self.inputs_to_fill(0)  # every row padding
+        self.inputs.upload()
         # Decode graphs share one memory pool: they never run at the same time.
         self.graph, (self.logits, self.ids) = graphs.capture(
             self._run, warmups=2, pool=runner._graph_pool
@@ -506,16 +525,21 @@ class _DecodeGraph:
         self._samplers: dict[tuple[bool, bool], _SampleGraph] = {}
 
     def _run(self) -> tuple[Tensor, Tensor]:
-        d = self.dev_inputs
+        d = self.inputs.dev[0]
         token_ids = ops.feed_tokens(d[0], d[3], self.runner.last_ids)
         logits = _decode_forward(self.runner, token_ids, d[1], d[2])
         return logits, ops.argmax(logits)
 
-    def host_inputs_to_fill(self) -> np.ndarray:
-        """The pinned input rows, once the previous replay's copy out of them has finished
-        (with a step in flight, that copy may still be queued behind it)."""
-        self._inputs_copied.synchronize()
-        return self.host_array
+    def inputs_to_fill(self, batch: int) -> np.ndarray:
+        """The pinned input rows for a replay of `batch` sequences: columns from `batch` on are
+        set to padding (token 0 at position 0 of the scratch slot, which writes only the scratch
+        page); the caller fills the first `batch`."""
+        host = self.inputs.to_fill()[0]
+        host[0, batch:] = 0
+        host[1, batch:] = 0
+        host[2, batch:] = self.runner.scratch_slot
+        host[3, batch:] = -1
+        return host
 
     def sample(self, batch: int, sampling: SamplingRows) -> Tensor:
         """Sample the rows of the last replay's logits, through a captured sampling graph (one
@@ -526,17 +550,9 @@ class _DecodeGraph:
             sampler = self._samplers[key] = _SampleGraph(self.logits, *key)
         return sampler.replay(batch, sampling)
 
-    def _pad(self, start: int = 0) -> None:
-        """Padding rows: token 0 at position 0 of the scratch slot (writes only the scratch page)."""
-        self.host_array[0, start:] = 0
-        self.host_array[1, start:] = 0
-        self.host_array[2, start:] = self.runner.scratch_slot
-        self.host_array[3, start:] = -1
-
     def replay(self, batch: int) -> tuple[Tensor, Tensor]:
-        self._pad(batch)
-        self.dev_inputs.copy_(self.host_inputs, non_blocking=True)
-        self._inputs_copied.record()
+        """Run the graph on the inputs filled since `inputs_to_fill(batch)`."""
+        self.inputs.upload()
         self.graph.replay()
         return self.logits[:batch], self.ids[:batch]
 
@@ -554,17 +570,17 @@ class _SampleGraph:
 
     def __init__(self, logits: Tensor, any_top_k: bool, any_top_p: bool) -> None:
         bucket = logits.shape[0]
-        self.host_floats = torch.zeros((2, bucket), dtype=torch.float32).pin_memory()
-        self.host_top_k = torch.zeros((bucket,), dtype=torch.int32).pin_memory()
-        self.host_ints = torch.zeros((2, bucket), dtype=torch.int64).pin_memory()
-        self.dev = [
-            t.to(logits.device) for t in (self.host_floats, self.host_top_k, self.host_ints)
-        ]
-        self._inputs_copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self._pad(0)
-        for dev, host in zip(self.dev, self._hosts(), strict=True):
-            dev.copy_(host)
-        floats, top_k, ints = self.dev
+        self.inputs = _GraphInputs(
+            [
+                torch.zeros((2, bucket), dtype=torch.float32),  # temperature, top_p
+                torch.zeros((bucket,), dtype=torch.int32),  # top_k
+                torch.zeros((2, bucket), dtype=torch.int64),  # seeds, steps
+            ],
+            logits.device,
+        )
+        self._fill(0, None)  # every row padding
+        self.inputs.upload()
+        floats, top_k, ints = self.inputs.dev
 
         def draw() -> Tensor:
             return ops.sample(
@@ -580,27 +596,22 @@ class _SampleGraph:
 
         self.graph, self.ids = graphs.capture(draw)
 
-    def _hosts(self) -> tuple[Tensor, Tensor, Tensor]:
-        return self.host_floats, self.host_top_k, self.host_ints
-
-    def _pad(self, start: int) -> None:
-        """Rows from `start` on: greedy (temperature 0), no filters."""
-        self.host_floats[0, start:] = 0.0
-        self.host_floats[1, start:] = 1.0
-        self.host_top_k[start:] = 0
-        self.host_ints[:, start:] = 0
+    def _fill(self, batch: int, sampling: SamplingRows | None) -> None:
+        """The first `batch` rows from `sampling`; the rest greedy (temperature 0, no filters)."""
+        floats, top_k, ints = self.inputs.to_fill()
+        if sampling is not None:
+            floats[0, :batch] = sampling.temperature
+            floats[1, :batch] = sampling.top_p
+            top_k[:batch] = sampling.top_k
+            ints[0, :batch] = sampling.seeds
+            ints[1, :batch] = sampling.steps
+        floats[0, batch:] = 0.0
+        floats[1, batch:] = 1.0
+        top_k[batch:] = 0
+        ints[:, batch:] = 0
 
     def replay(self, batch: int, sampling: SamplingRows) -> Tensor:
-        self._inputs_copied.synchronize()  # see _DecodeGraph
-        floats, ints = self.host_floats.numpy(), self.host_ints.numpy()
-        floats[0, :batch] = sampling.temperature
-        floats[1, :batch] = sampling.top_p
-        self.host_top_k.numpy()[:batch] = sampling.top_k
-        ints[0, :batch] = sampling.seeds
-        ints[1, :batch] = sampling.steps
-        self._pad(batch)
-        for dev, host in zip(self.dev, self._hosts(), strict=True):
-            dev.copy_(host, non_blocking=True)
-        self._inputs_copied.record()
+        self._fill(batch, sampling)
+        self.inputs.upload()
         self.graph.replay()
         return self.ids[:batch]
