@@ -34,7 +34,7 @@ def test_metrics_text_parses_as_prometheus() -> None:
     metrics.finished["stop"] += 2
     stats = SchedulerStats(
         pool_pages=10, peak_running=1, largest_decode_batch=1, peak_assigned_pages=3,
-        admission_waits=0, waited_requests=0, prefix_cache_hit_tokens=32, preemptions=0,
+        admission_waits=0, waited_requests=0, prefix_cache_hit_tokens=32, preemptions=0, recomputed_tokens=0,
         steps=9, finished_requests=2, cancelled_requests=0, free_pages=8, cached_pages=2,
         assigned_pages=2, free_credits=10,
     )  # fmt: skip

@@ -17,6 +17,7 @@ from sv_scheduler import (
     StepPlan,
     clamp_max_new_tokens,
     credits_for,
+    max_new_tokens_that_fit,
 )
 
 NO_STOP = 100  # a token id that is nobody's stop id
@@ -79,6 +80,32 @@ def test_context_limit_clamps_the_budget() -> None:
     assert len(finished[0].prompt_ids) + 4 == 64
 
 
+@pytest.mark.parametrize(
+    ("prompt", "num_pages", "max_model_len", "fit"),
+    [
+        (10, 4, 1000, 55),  # 10 + 55 - 1 = 64 tokens = the 4 pages exactly
+        (10, 4, 40, 30),  # the context is the tighter limit
+        (64, 4, 1000, 1),  # the prompt fills the pool: one output token (never fed back)
+        (65, 4, 1000, 0),  # nothing fits
+    ],
+)
+def test_max_new_tokens_that_fit_by_hand(
+    prompt: int, num_pages: int, max_model_len: int, fit: int
+) -> None:
+    config = SchedulerConfig(num_pages=num_pages, max_model_len=max_model_len)
+    assert max_new_tokens_that_fit(prompt, config) == fit
+    if fit < 1:
+        return
+    sched = Scheduler(config)
+    assert sched.add(Request("fits", [1] * prompt, fit)).max_new_tokens == fit
+    over = Request("over", [1] * prompt, fit + 1)
+    if prompt + fit < max_model_len:  # the pool is the limit: one token more is rejected
+        with pytest.raises(AdmissionError, match="pool has only"):
+            sched.add(over)
+    else:  # the context is the limit: one token more is clamped back
+        assert sched.add(over).max_new_tokens == fit
+
+
 def test_rejections_name_the_request_and_the_numbers() -> None:
     sched = make(4, max_model_len=64)
     with pytest.raises(AdmissionError, match=r"request 'e' rejected: the prompt is empty"):
@@ -116,6 +143,8 @@ def test_config_errors() -> None:
         SchedulerConfig(num_pages=0, max_model_len=64)
     with pytest.raises(SchedulerError, match="max_model_len must be at least 2"):
         SchedulerConfig(num_pages=4, max_model_len=1)
+    with pytest.raises(SchedulerError, match="admission must be 'conservative' or 'preemptive'"):
+        SchedulerConfig(num_pages=4, max_model_len=64, admission="optimistic")  # type: ignore[arg-type]
 
 
 # -- FIFO waits, lazy pages, early stop -------------------------------------------------------------
@@ -235,7 +264,7 @@ def test_stop_on_the_first_token_and_at_the_limit() -> None:
 
 
 @pytest.mark.parametrize(
-    ("policy", "c_admitted_at", "waits"), [("continuous", 2, 2), ("static", 10, 1)]
+    ("policy", "c_admitted_at", "waits"), [("continuous", 2, 2), ("static", 10, 10)]
 )
 def test_static_vs_continuous_on_a_tiny_pool(policy: str, c_admitted_at: int, waits: int) -> None:
     sched = make(4, policy=policy)
@@ -254,7 +283,10 @@ def test_static_vs_continuous_on_a_tiny_pool(policy: str, c_admitted_at: int, wa
         t += 1
     assert admitted_at == {"A": 0, "B": 0, "C": c_admitted_at}
     assert finished_at["A"] == 1 and finished_at["B"] == 9
-    assert sched.stats.admission_waits == waits
+    # C waited in every schedule() call before its admission: continuous for credits (0-1),
+    # static for credits (0) and then for the running group (1-9).
+    assert sched.stats.admission_waits == waits == c_admitted_at
+    assert sched.stats.waited_requests == 1
 
 
 def test_static_admits_the_whole_group_beyond_the_step_budget() -> None:
@@ -277,3 +309,45 @@ def test_max_num_seqs_is_not_a_credit_wait() -> None:
     plan, _ = step(sched)
     assert admitted(plan) == [0, 1]
     assert sched.stats.admission_waits == 0
+
+
+# -- conservative vs preemptive ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("admission", "short_admitted_at"), [("conservative", 80), ("preemptive", 1)]
+)
+def test_a_long_budget_holds_back_others_only_under_conservative(
+    admission: str, short_admitted_at: int
+) -> None:
+    """A request with the whole context as its budget (a chat without max_tokens) reserves the
+    pool under the conservative policy: a 2-token request behind it waits for it to finish.
+    The preemptive policy admits it on its prompt's page at once."""
+    sched = make(8, admission=admission)
+    sched.add(Request("long", [1] * 48, 80))  # 127 tokens: all 8 pages, eventually
+    step(sched)
+    sched.add(Request("short", [2] * 4, 2))
+    t = 1
+    while sched.get("short") is None or sched.get("short").status is SequenceStatus.WAITING:  # type: ignore[union-attr]
+        step(sched)
+        t += 1
+    assert t == short_admitted_at + 1
+    while sched.has_unfinished():
+        step(sched)
+    assert sched.stats.free_pages == 8 and sched.stats.preemptions == 0
+
+
+def test_preemptive_keeps_a_watermark_free_for_running_sequences() -> None:
+    """With 200 pages the watermark is 2: a head that would leave fewer free waits, unless
+    nothing runs."""
+    sched = make(200, admission="preemptive", max_model_len=4000)
+    sched.add(Request("A", [1] * (150 * 16 - 1), 10))  # 150 pages, its next token too
+    step(sched)
+    sched.add(Request("B", [2] * (48 * 16), 2))  # 48 pages: 2 left, = the watermark
+    sched.add(Request("C", [3] * 16, 2))  # 1 page: it would leave 1 < 2
+    plan, _ = step(sched)
+    assert admitted(plan) == ["B"] and sched.stats.admission_waits == 1
+    assert sched.pool.num_available == 2
+    lone = make(3, admission="preemptive")  # no watermark below 100 pages
+    lone.add(Request("A", [1] * 48, 1))
+    assert admitted(lone.schedule()) == ["A"]

@@ -2,12 +2,18 @@
 
 Random arrivals (prompts built on a few shared prefixes so the prefix cache gets hits), lengths,
 early stops (the engine samples a request's stop ids with some probability), cancellations (also
-while a step runs), both policies, prefix caching on and off, conservative and optimistic, and
-both ways of driving it: `complete_step` after each step, or pipelined as the engine does it
-(the next step scheduled and run before the previous one's tokens are resolved; the fake engine
-then reads each PENDING_TOKEN from the previous step's sampled tokens, as the GPU does).
+while a step runs), static and continuous batching, prefix caching on and off, conservative and
+preemptive admission on pools small enough to preempt often, and both ways of driving it:
+`complete_step` after each step, or pipelined as the engine does it (the next step scheduled and
+run before the previous one's tokens are resolved; the fake engine then reads each pending token
+from the previous step's sampled tokens, as the GPU does).
 
-The fake engine is the oracle for the pages: it keeps a KV store of page x offset and, for each
+The fake engine samples like a model: a request's next token is a function of its tokens so far
+(seeded by the KV value at its last position), so however it was scheduled, preempted and
+recomputed, a request's output must equal what it generates alone (`generate_alone`): the same
+outputs under both admission policies.
+
+The fake engine is also the oracle for the pages: it keeps a KV store of page x offset and, for each
 position a plan says to compute, writes hash((value at position-1 read through the block table,
 token)). That is how real K/V behave: a position's KV depends on the token and, through
 attention, on everything before it. So if a block table ever points at a page holding someone
@@ -18,7 +24,8 @@ Checked after every step: free + cached + assigned == pool; refcounts == block-t
 only prefix-cached pages are shared; credits never negative and equal to the pool minus the
 running requests' credits; slots unique; FIFO first admissions; every planned position has a slot;
 the plan's shape (decodes first, sampling order, budget). At the end: everything finishes (no
-deadlock), outputs equal the sampled tokens, finish reasons are right, and all pages are back.
+deadlock, no starvation), outputs equal the sampled tokens and the request's output alone,
+finish reasons are right, and all pages are back.
 """
 
 from __future__ import annotations
@@ -29,7 +36,6 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from sv_scheduler import (
-    PENDING_TOKEN,
     AdmissionError,
     FinishedRequest,
     Request,
@@ -71,7 +77,7 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
         max_num_seqs=max_num_seqs,
         max_step_tokens=max_num_seqs + draw(st.integers(0, 40)),
         prefix_caching=draw(st.booleans()),
-        optimistic=draw(st.booleans()),
+        admission=draw(st.sampled_from(["conservative", "preemptive"])),
     )
 
 
@@ -110,6 +116,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched = Scheduler(config)
         self.p_stop = p_stop
         self.rng = random.Random(seed)
+        self.sample_seed = seed
         # A few shared prefixes, so prompts often begin with the same full pages.
         self.prefixes = [[self.rng.randint(10, 60) for _ in range(48)] for _ in range(3)]
         self.kv: dict[tuple[int, int], int] = {}
@@ -119,7 +126,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sampled: dict[int, list[int]] = {}
         self.results: dict[int, FinishedRequest] = {}
         self.cancelled: set[int] = set()
-        self.first_admissions: list[int] = []  # arrival order of first admissions
+        self.first_admissions: list[int] = []  # request ids (arrival order) of first admissions
         self.tables_at_last_plan: dict[int, tuple[int, tuple[int, ...]]] = {}
         self.next_id = 0
         for spec in initial:
@@ -238,13 +245,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert isinstance(rid, int)
             if sched.cancel(rid):  # False: it finished by length when step i was advanced
                 self.cancelled.add(rid)
-                assert PENDING_TOKEN not in victim.token_ids
+                assert victim.num_pending == 0
         finished = sched.resolve(previous, previous_tokens)
         self.inflight = None
         for f in finished:
             assert isinstance(f.request_id, int)
             assert f.request_id not in self.results
-            assert PENDING_TOKEN not in f.output_ids
             self.results[f.request_id] = f
             if following is not None and any(
                 s.request_id == f.request_id for s in following[0].sampling
@@ -264,19 +270,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         for chunk in plan.prefills:
             seq = chunk.seq
             assert seq.status is SequenceStatus.RUNNING and not seq.decoding
-            assert chunk.start == seq.num_computed_tokens < chunk.end <= len(seq.token_ids)
-            assert chunk.samples == (chunk.end == len(seq.token_ids))
+            assert chunk.start == seq.num_computed_tokens < chunk.end <= seq.num_tokens
+            assert chunk.samples == (chunk.end == seq.num_tokens)
             assert seq.table.capacity >= chunk.end, "a prefill position without a slot"
         for seq in plan.decodes:
             assert seq.status is SequenceStatus.RUNNING and seq.decoding
-            assert seq.num_computed_tokens == len(seq.token_ids) - 1
-            assert seq.table.capacity >= len(seq.token_ids), "a decode position without a slot"
+            assert seq.num_computed_tokens == seq.num_tokens - 1
+            assert seq.table.capacity >= seq.num_tokens, "a decode position without a slot"
         # Every decoder runs every step; sampling order is finishing prefills, then decodes.
         assert {id(s) for s in sched.running() if s.decoding} == {id(s) for s in plan.decodes}
         assert plan.sampling == [c.seq for c in plan.prefills if c.samples] + plan.decodes
         assert plan.num_prefill_samples == sum(c.samples for c in plan.prefills)
         for seq in plan.preempted:
-            assert cfg.optimistic
+            assert cfg.admission == "preemptive"
             assert seq.status is SequenceStatus.RUNNING or seq not in in_plan
         # Preempted sequences still waiting are at the front of the queue, oldest first.
         requeued = [s for s in plan.preempted if s.status is SequenceStatus.WAITING]
@@ -297,18 +303,20 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert not (running_before & {s.request_id for s in sched.running()})
         for seq in sorted(newly, key=lambda s: s.admit_index):
             assert seq in plan.block_table_changed
-            if seq.arrival_index not in self.first_admissions:
-                self.first_admissions.append(seq.arrival_index)
+            assert isinstance(seq.request_id, int)
+            if seq.request_id not in self.first_admissions:
+                self.first_admissions.append(seq.request_id)
         assert self.first_admissions == sorted(self.first_admissions), "admission skipped ahead"
 
         # Continuous and conservative: the head is only left waiting for a reason.
         waiting = sched.waiting()
-        if cfg.policy == "continuous" and not cfg.optimistic and waiting:
+        if cfg.policy == "continuous" and cfg.admission == "conservative" and waiting:
             head = waiting[0]
             assert (
                 sched.num_running == cfg.max_num_seqs
                 or plan.num_tokens == cfg.max_step_tokens
                 or head.credits > sched.free_credits
+                or self.computing_its_next_page(head)
             ), "the queue head could have been admitted"
 
         # Rows the engine must refresh: every running sequence whose table or slot changed.
@@ -321,21 +329,39 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert id(seq) in changed, f"{seq} changed but is not in block_table_changed"
         self.tables_at_last_plan = now
 
+    def computing_its_next_page(self, head: Sequence) -> bool:
+        """Whether a running prompt is about to compute, with the same tokens before it, the
+        first page `head` would have to compute itself (so head waits to share it)."""
+        if not self.config.prefix_caching:
+            return False
+        size = self.config.page_size
+        cached = self.sched.pool.match_prefix(head.token_ids, head.num_tokens - 1).num_tokens
+        end = cached + size
+        return end <= head.num_tokens - 1 and any(
+            not other.decoding
+            and other.prefilled_tokens < end <= other.num_tokens
+            and other.token_ids[:end] == head.token_ids[:end]
+            for other in self.sched.running()
+        )
+
     def run_engine(self, plan: StepPlan, on_device: dict[int, int] | None = None) -> list[int]:
-        """Compute the planned positions into the fake KV store, then sample. A PENDING_TOKEN
+        """Compute the planned positions into the fake KV store, then sample. A pending token
         may only be a sequence's newest token, sampled by the previous step: its value comes
         from `on_device` (id(seq) -> the token the previous step sampled for it)."""
         pool = self.sched.pool
         size = self.config.page_size
         work = [(c.seq, c.start, c.end) for c in plan.prefills]
-        work += [(s, len(s.token_ids) - 1, len(s.token_ids)) for s in plan.decodes]
+        work += [(s, s.num_tokens - 1, s.num_tokens) for s in plan.decodes]
+        last_kv: dict[int, int] = {}
         for seq, start, end in work:
             fed = list(seq.token_ids[:end])
-            if PENDING_TOKEN in fed:
-                assert fed.index(PENDING_TOKEN) == len(seq.token_ids) - 1, "an old pending token"
+            if seq.num_pending:
+                assert end == len(fed) + 1, "a pending token that is not the newest"
                 assert on_device is not None and id(seq) in on_device, "pending, not on device"
-                fed[-1] = on_device[id(seq)]
+                fed.append(on_device[id(seq)])
+            assert len(fed) == end
             expected = kv_chain(fed)
+            last_kv[id(seq)] = expected[-1]
             table = seq.block_table
             for position in range(start, end):
                 page, offset = table[position // size], position % size
@@ -351,20 +377,39 @@ class SchedulerMachine(RuleBasedStateMachine):
                 )
         tokens = []
         for seq in plan.sampling:
-            stops = sorted(self.requests[seq.request_id].stop_ids)  # type: ignore[index]
-            if stops and self.rng.random() < self.p_stop:
-                token = self.rng.choice(stops)
-            else:
-                token = self.rng.randint(4, 60)
+            token = self.sample(seq.request_id, last_kv[id(seq)])  # type: ignore[arg-type]
             self.sampled[seq.request_id].append(token)  # type: ignore[index]
             tokens.append(token)
         return tokens
+
+    def sample(self, rid: int, kv: int) -> int:
+        """The next token of request `rid`, given the KV value at its newest position: a function
+        of its tokens so far, as a model's greedy choice is."""
+        rng = random.Random(kv ^ self.sample_seed)
+        stops = sorted(self.requests[rid].stop_ids)
+        if stops and rng.random() < self.p_stop:
+            return rng.choice(stops)
+        return rng.randint(4, 60)
+
+    def generate_alone(self, rid: int) -> list[int]:
+        """What request `rid` generates with nobody else around: the oracle for its output."""
+        request = self.requests[rid]
+        tokens = list(request.prompt_ids)
+        stops = frozenset() if request.ignore_eos else request.stop_ids
+        output: list[int] = []
+        while len(output) < self.max_new[rid]:
+            output.append(self.sample(rid, kv_chain(tokens)[-1]))
+            tokens.append(output[-1])
+            if output[-1] in stops:
+                break
+        return output
 
     def check_finished(self, f: FinishedRequest) -> None:
         assert isinstance(f.request_id, int)
         request = self.requests[f.request_id]
         assert f.prompt_ids == list(request.prompt_ids)
         assert f.output_ids == self.sampled[f.request_id]
+        assert f.output_ids == self.generate_alone(f.request_id), "scheduling changed the output"
         stops = frozenset() if request.ignore_eos else request.stop_ids
         assert not any(t in stops for t in f.output_ids[:-1]), "generation went past a stop"
         assert 1 <= len(f.output_ids) <= self.max_new[f.request_id]
@@ -397,7 +442,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert cfg.prefix_caching and pool.is_registered(page), f"page {page} shared"
         if not cfg.prefix_caching:
             assert pool.num_cached == 0
-        if cfg.optimistic:
+        if cfg.admission == "preemptive":
             assert sched.free_credits == cfg.num_pages
         else:
             assert sched.free_credits == cfg.num_pages - sum(s.credits for s in running) >= 0
@@ -419,7 +464,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # Drain: every admitted request must finish. Conservative: each step feeds at least one
         # token and nothing is recomputed, so the total tokens bound the number of steps.
         budget = sum(len(s.token_ids) + s.max_new_tokens for s in self.seqs.values()) + 1
-        if cfg.optimistic:
+        if cfg.admission == "preemptive":
             budget = budget * 20 + 100
         steps = 0
         while self.pipelined and (sched.has_unfinished() or self.inflight is not None):
@@ -449,12 +494,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert stats.free_credits == cfg.num_pages
         assert stats.finished_requests == len(self.results)
         assert stats.cancelled_requests == len(self.cancelled)
-        if not cfg.optimistic:
-            assert stats.preemptions == 0
+        if cfg.admission == "conservative":
+            assert stats.preemptions == stats.recomputed_tokens == 0
         assert stats.peak_running <= cfg.max_num_seqs
         assert stats.peak_assigned_pages <= cfg.num_pages
         # What this example exercised (pytest --hypothesis-show-statistics).
-        event(f"policy={cfg.policy} optimistic={cfg.optimistic} caching={cfg.prefix_caching}")
+        event(f"policy={cfg.policy} admission={cfg.admission} caching={cfg.prefix_caching}")
         event(f"prefix-cache hits: {stats.prefix_cache_hit_tokens > 0}")
         event(f"preemptions: {stats.preemptions > 0}")
         event(f"admission waits: {stats.admission_waits > 0}")

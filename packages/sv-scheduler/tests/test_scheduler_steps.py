@@ -1,11 +1,10 @@
 """Step plans: chunked prefill, sampling order, slots, changed rows, cancellation, misuse,
-prefix caching through the scheduler, and the optimistic policy's preemption."""
+prefix caching through the scheduler, and the preemptive policy's preemption."""
 
 from __future__ import annotations
 
 import pytest
 from sv_scheduler import (
-    PENDING_TOKEN,
     Request,
     Scheduler,
     SchedulerConfig,
@@ -76,14 +75,12 @@ def test_slots_are_stable_and_reused_lowest_first() -> None:
     plan = sched.schedule()
     assert [s.slot for s in (a, b, c)] == [0, 1, 2] and d.slot == -1
     assert ids(plan.block_table_changed) == ["A", "B", "C"]
-    assert plan.freed_slots == []
     sched.complete_step(plan, [NO_STOP] * 3)
     plan = sched.schedule()
     assert plan.block_table_changed == [] and [s.slot for s in (a, b, c)] == [0, 1, 2]
     finished = sched.complete_step(plan, [NO_STOP] * 3)
     assert ids(finished) == ["B"] and b.slot == -1
     plan = sched.schedule()
-    assert plan.freed_slots == [1]
     assert d.slot == 1 and ids(plan.block_table_changed) == ["D"]
 
 
@@ -101,7 +98,7 @@ def test_cancel_waiting_running_and_unknown() -> None:
     assert sched.free_credits == 8 and sched.pool.num_assigned == 0
     assert not sched.has_unfinished()
     plan = sched.schedule()
-    assert plan.is_empty and plan.freed_slots == [0]
+    assert plan.is_empty
     assert sched.complete_step(plan, []) == []
     assert sched.stats.cancelled_requests == 2
 
@@ -168,13 +165,48 @@ def test_second_request_shares_the_computed_prefix() -> None:
     assert stats.assigned_pages == 0 and stats.free_pages == 16 and stats.cached_pages > 0
 
 
-def test_prefix_not_shared_before_it_is_computed() -> None:
+def test_same_step_prompts_wait_for_the_shared_pages() -> None:
+    """B arrives with A and starts like it: its pages are not written yet, so B waits one step
+    (not an admission wait) and then starts on A's computed pages instead of computing them."""
     sched = make(16, prefix_caching=True)
     sched.add(Request("A", PROMPT, 5))
-    sched.add(Request("B", PROMPT, 5))  # same step: A's pages are not written yet
+    sched.add(Request("B", PROMPT[:32] + [7] * 8, 5))
+    sched.add(Request("C", [9] * 8, 5))  # behind B: FIFO, so it waits too
     plan = sched.schedule()
-    assert chunks(plan) == [("A", 0, 40, True), ("B", 0, 40, True)]
-    assert sched.stats.prefix_cache_hit_tokens == 0
+    assert chunks(plan) == [("A", 0, 40, True)]
+    sched.complete_step(plan, [NO_STOP])
+    plan = sched.schedule()
+    assert chunks(plan) == [("B", 32, 40, True), ("C", 0, 8, True)]
+    assert sched.stats.prefix_cache_hit_tokens == 32 and sched.stats.admission_waits == 0
+
+
+def test_same_step_prompts_wait_only_for_a_page_still_to_compute() -> None:
+    """A's prompt prefills in chunks of 16: B waits while A's first page is being computed,
+    then shares it; D, whose start no one is computing, never waits for that."""
+    sched = make(16, prefix_caching=True, max_num_seqs=2, max_step_tokens=16)
+    sched.add(Request("A", PROMPT, 5))
+    sched.add(Request("B", PROMPT[:16] + [7] * 4, 5))
+    plan = sched.schedule()
+    assert chunks(plan) == [("A", 0, 16, False)]
+    sched.complete_step(plan, [])
+    plan = sched.schedule()  # A's first page is cached now; B starts on it
+    assert chunks(plan) == [("A", 16, 32, False)]
+    sched.complete_step(plan, [])
+    plan = sched.schedule()
+    assert chunks(plan) == [("A", 32, 40, True), ("B", 16, 20, True)]
+    assert sched.stats.prefix_cache_hit_tokens == 16
+    other = make(16, prefix_caching=True, max_num_seqs=2, max_step_tokens=16)
+    other.add(Request("A", PROMPT, 5))
+    other.add(Request("D", [5] * 20, 5))
+    assert chunks(other.schedule()) == [("A", 0, 16, False)]  # budget spent: D waits for it
+
+
+def test_static_group_admits_together_even_with_a_shared_start() -> None:
+    """Static: B joins A's group at once (waiting for A's page would hold B back a group)."""
+    sched = make(16, prefix_caching=True, policy="static")
+    sched.add(Request("A", PROMPT, 5))
+    sched.add(Request("B", PROMPT, 5))
+    assert chunks(sched.schedule()) == [("A", 0, 40, True), ("B", 0, 40, True)]
 
 
 def test_identical_prompt_recomputes_its_last_page() -> None:
@@ -215,11 +247,11 @@ def test_cached_pages_count_as_available() -> None:
     assert sched.pool.num_evictions == 2 and sched.stats.cached_pages == 0
 
 
-# -- optimistic policy ------------------------------------------------------------------------------
+# -- preemptive policy ------------------------------------------------------------------------------
 
 
-def test_optimistic_preempts_the_newest_and_recomputes() -> None:
-    sched = make(4, page_size=4, optimistic=True, max_num_seqs=2, max_step_tokens=16)
+def test_preemptive_preempts_the_newest_and_recomputes() -> None:
+    sched = make(4, page_size=4, admission="preemptive", max_num_seqs=2, max_step_tokens=16)
     a = sched.add(Request("A", [1] * 4, 8))  # 11 tokens: 3 pages
     b = sched.add(Request("B", [2] * 4, 8))  # 3 pages; the pool cannot hold both budgets
     sched.add(Request("C", [3] * 4, 8))  # waits: max_num_seqs is 2
@@ -247,15 +279,20 @@ def test_optimistic_preempts_the_newest_and_recomputes() -> None:
     assert b.status is SequenceStatus.WAITING and b.block_table == [] and b.slot == -1
     assert b.output_ids == [21, 22, 23, 24, 25]  # kept
     assert ids(sched.waiting()) == ["B", "C"]  # back at the front of the queue
-    assert sched.stats.preemptions == 1 and plan.freed_slots == [1]
+    assert sched.stats.preemptions == 1 and sched.stats.recomputed_tokens == 0
     # B needs 3 pages to recompute 9 tokens; 1 is free. C would fit, but waits behind B (FIFO).
     assert chunks(plan) == []
     run(plan)
     finished = []
     while sched.has_unfinished():
         finished += run(sched.schedule())
-    # B recomputed its prompt and its 5 outputs (9 tokens) in one chunk, then went on.
+    # B recomputed its prompt and its 5 outputs (9 tokens) in one chunk, then went on: 8 of
+    # them had KV before (the newest output had not been fed yet). C then started on the one
+    # free page and, needing a second while B held 3, preempted itself (the newest) once: its
+    # 4 prompt tokens were computed again, with its first output.
     assert ("B", 0, 9, True) in prefill_chunks
+    assert prefill_chunks[-2:] == [("C", 0, 4, True), ("C", 0, 5, True)]
+    assert (sched.stats.preemptions, sched.stats.recomputed_tokens) == (2, 8 + 4)
     assert prefill_chunks.index(("B", 0, 9, True)) < prefill_chunks.index(("C", 0, 4, True))
     assert {f.request_id: f.output_ids for f in finished} == {
         "A": list(range(11, 19)),
@@ -266,9 +303,9 @@ def test_optimistic_preempts_the_newest_and_recomputes() -> None:
     assert sched.pool.num_available == 4
 
 
-def test_optimistic_lone_sequence_preempts_nobody_but_itself_never() -> None:
+def test_preemptive_lone_sequence_preempts_nobody_but_itself_never() -> None:
     """A request whose budget fits the pool always completes alone."""
-    sched = make(3, page_size=4, optimistic=True)
+    sched = make(3, page_size=4, admission="preemptive")
     sched.add(Request("A", [1] * 5, 8))  # 12 tokens: 3 pages = the pool
     n = 0
     while sched.has_unfinished():
@@ -287,7 +324,7 @@ def test_pipelined_stop_is_applied_one_step_late_and_its_next_token_dropped() ->
     a = sched.add(Request("A", [1] * 4, 10, stop_ids=frozenset({7})))
     plan0 = sched.schedule()
     sched.advance(plan0)
-    assert a.token_ids == [1] * 4 + [PENDING_TOKEN] and a.num_output_tokens == 1
+    assert a.token_ids == [1] * 4 and a.num_pending == 1 and a.num_output_tokens == 1
     plan1 = sched.schedule()  # A feeds its pending token at position 4
     assert ids(plan1.decodes) == ["A"] and a.num_computed_tokens == 4
     with pytest.raises(SchedulerError, match="step 0 is unresolved"):
@@ -327,9 +364,9 @@ def test_pipelined_cancel_drops_the_pending_token() -> None:
 
 
 def test_pipelined_stop_of_a_sequence_preempted_meanwhile() -> None:
-    """Optimistic policy: B is preempted (back to the queue) while its newest token is still
+    """Preemptive policy: B is preempted (back to the queue) while its newest token is still
     pending; that token turns out to be a stop token, so B finishes instead of recomputing."""
-    sched = make(4, page_size=4, optimistic=True, max_num_seqs=2, max_step_tokens=16)
+    sched = make(4, page_size=4, admission="preemptive", max_num_seqs=2, max_step_tokens=16)
     sched.add(Request("A", [1] * 4, 8))
     b = sched.add(Request("B", [2] * 4, 8, stop_ids=frozenset({7})))
     sched.add(Request("C", [3] * 4, 8))
@@ -341,7 +378,7 @@ def test_pipelined_stop_of_a_sequence_preempted_meanwhile() -> None:
     sched.advance(plan)
     following = sched.schedule()  # A needs its third page: B, the newest, is preempted
     assert ids(following.preempted) == ["B"] and ids(sched.waiting()) == ["B", "C"]
-    assert b.token_ids[-1] == PENDING_TOKEN
+    assert b.num_pending == 1 and b.num_tokens == len(b.token_ids) + 1
     finished = sched.resolve(plan, [NO_STOP, 7])
     assert [(f.request_id, f.finish_reason) for f in finished] == [("B", "stop")]
     assert b.output_ids == [NO_STOP] * 4 + [7]

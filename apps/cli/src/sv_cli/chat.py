@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
         help="interactive multi-turn chat",
         description="Interactive multi-turn chat with streaming. " + HELP,
     )
-    add_engine_arguments(p)
+    add_engine_arguments(p, admission="conservative")
     add_sampling_arguments(p)
     p.add_argument("--system", metavar="TEXT", help="a system message for the conversation")
     p.add_argument(

@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
         ),
         usage="sv generate [options] PROMPT [MAX_NEW] [PROMPT ...]",
     )
-    add_engine_arguments(p)
+    add_engine_arguments(p, admission="conservative")
     policy = p.add_mutually_exclusive_group()
     policy.add_argument(
         "--continuous",
@@ -123,4 +123,5 @@ def print_stats(engine: Any) -> None:
     print(f"peak assigned pages:    {s.peak_assigned_pages}")
     print(f"admission waits:        {s.admission_waits}")
     print(f"prefix-cache hit tokens:{s.prefix_cache_hit_tokens:>7}")
+    print(f"preemptions:            {s.preemptions} ({s.recomputed_tokens} tokens recomputed)")
     print(f"final free pages:       {s.free_pages}")

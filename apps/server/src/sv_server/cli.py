@@ -36,7 +36,7 @@ def build_parser() -> OneLineErrorParser:
         description="Serve a model over an OpenAI-compatible HTTP API "
         "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).",
     )
-    add_engine_arguments(p)
+    add_engine_arguments(p, admission="preemptive")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free)")
     p.add_argument(

@@ -98,6 +98,16 @@ class Metrics:
                 "Prompt tokens served from the prefix cache instead of computed.",
                 stats.prefix_cache_hit_tokens,
             )
+            out.counter(
+                "sv_preemptions_total",
+                "Running requests sent back to the queue to free pages (preemptive admission).",
+                stats.preemptions,
+            )
+            out.counter(
+                "sv_recomputed_tokens_total",
+                "Tokens whose KV a preempted request computed again on resuming.",
+                stats.recomputed_tokens,
+            )
             out.counter("sv_engine_steps_total", "Engine steps run.", stats.steps)
         out.counter(
             "sv_engine_step_failures_total", "Engine steps that raised.", snapshot.failed_steps

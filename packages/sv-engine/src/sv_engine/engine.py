@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from sv_model import ModelRunner, PendingTokens, SamplingRows, StepInputs
 from sv_scheduler import (
-    PENDING_TOKEN,
+    Admission,
     AdmissionError,
     FinishedRequest,
     Request,
@@ -119,7 +119,7 @@ class Engine:
         max_model_len: int | None = None,
         max_step_tokens: int = 8192,
         prefix_caching: bool = True,
-        optimistic: bool = False,
+        admission: Admission = "conservative",
         use_cuda_graphs: bool = True,
         warmup: bool = True,
         progress: Callable[[str], None] | None = None,
@@ -128,7 +128,9 @@ class Engine:
 
         device "auto" picks CUDA when present, else the CPU. The KV pool is `kv_cache_mib` MiB
         when given; otherwise most of the free GPU memory on CUDA, a modest default on the CPU.
-        On CUDA, `warmup` compiles the kernels and captures the decode graphs before returning,
+        `admission` is the scheduler's policy: "conservative" reserves each request's whole
+        budget up front, "preemptive" admits on the prompt's pages and preempts when pages run
+        out (see sv_scheduler.admission). On CUDA, `warmup` compiles the kernels and captures the decode graphs before returning,
         so no request pays for them; `progress` hears a line per phase (see
         `ModelRunner.warmup`: seconds, or about half a minute the first time on a machine).
         """
@@ -141,7 +143,7 @@ class Engine:
             max_model_len=max_model_len,
             max_step_tokens=max_step_tokens,
             prefix_caching=prefix_caching,
-            optimistic=optimistic,
+            admission=admission,
             use_cuda_graphs=use_cuda_graphs,
         )
         loaded = load_model(Path(model_dir), cfg)
@@ -154,7 +156,7 @@ class Engine:
                 max_num_seqs=cfg.max_num_seqs,
                 max_step_tokens=max(cfg.max_step_tokens, cfg.max_num_seqs),
                 prefix_caching=cfg.prefix_caching,
-                optimistic=cfg.optimistic,
+                admission=cfg.admission,
             )
         )
         if warmup and loaded.runner.is_cuda:
@@ -347,9 +349,10 @@ class Engine:
         for row, chunk in enumerate(plan.prefills):
             seq = chunk.seq
             token_ids.extend(seq.token_ids[chunk.start : chunk.end])
-            if token_ids[-1] == PENDING_TOKEN:  # a preempted sequence resuming (optimistic)
+            if chunk.end > len(seq.token_ids):  # a preempted sequence resuming, its token pending
                 assert previous is not None
-                feed.append((len(token_ids) - 1, previous.row_of(seq)))
+                feed.append((len(token_ids), previous.row_of(seq)))
+                token_ids.append(0)  # a stand-in: the device writes the sampled id here
             positions.extend(range(chunk.start, chunk.end))
             slots.append(seq.slot)
             query_lens.append(chunk.end - chunk.start)
@@ -358,12 +361,13 @@ class Engine:
                 sample_rows.append(row)
         first = len(plan.prefills)
         for seq in plan.decodes:
-            n = len(seq.token_ids)
-            token = seq.token_ids[-1]
-            if token == PENDING_TOKEN:
+            n = seq.num_tokens
+            if seq.num_pending:
                 assert previous is not None
                 feed.append((len(token_ids), previous.row_of(seq)))
-            token_ids.append(token)
+                token_ids.append(0)  # a stand-in: the device writes the sampled id here
+            else:
+                token_ids.append(seq.token_ids[-1])
             positions.append(n - 1)
             slots.append(seq.slot)
             seq_lens.append(n)

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from sv_kvcache import KVCacheError, bytes_per_page, pages_for_free_memory, pages_for_mib
 from sv_model import LlamaWeights, ModelRunner
+from sv_scheduler import Admission
 from sv_tokenizer import Tokenizer, TokenizerError
 from sv_weights import LlamaConfig, WeightsError, load_checkpoint
 
@@ -32,7 +33,7 @@ class EngineConfig:
     max_model_len: int | None = None
     max_step_tokens: int = 8192
     prefix_caching: bool = True
-    optimistic: bool = False
+    admission: Admission = "conservative"
     use_cuda_graphs: bool = True
 
 

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from sv_scheduler import Admission
+
 from sv_engine.engine import Engine
 from sv_engine.errors import EngineError
 
@@ -41,8 +43,17 @@ def positive_float(text: str) -> float:
     return value
 
 
-def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """--model, --kv-cache-mib, --device, --max-model-len, --no-overlap."""
+ADMISSION_HELP = {
+    "conservative": "reserve each request's whole budget (prompt + max new tokens) when it "
+    "starts: never preempts, but a long request holds pages it may never use",
+    "preemptive": "start a request when its prompt's pages fit, grow on demand, and when pages "
+    "run out preempt the newest running request (it recomputes later)",
+}
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
+    """--model, --kv-cache-mib, --device, --max-model-len, --admission, --no-overlap.
+    `admission` is this app's default policy."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -63,6 +74,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="N",
         help="context limit in tokens (default: the model's, capped by the pool)",
+    )
+    p.add_argument(
+        "--admission",
+        choices=sorted(ADMISSION_HELP),
+        default=admission,
+        help=f"how requests share the KV-cache pool (default {admission}): "
+        + "; ".join(f"{name}: {text}" for name, text in sorted(ADMISSION_HELP.items())),
     )
     p.add_argument(
         "--no-overlap",
@@ -93,6 +111,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         device=args.device,
         kv_cache_mib=args.kv_cache_mib,
         max_model_len=args.max_model_len,
+        admission=args.admission,
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
         **overrides,
     )

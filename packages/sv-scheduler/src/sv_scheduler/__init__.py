@@ -1,25 +1,37 @@
-"""sv_scheduler: requests, a FIFO queue, page-budget admission, static and continuous batching.
+"""sv_scheduler: requests, a FIFO queue, page-budget admission (conservative or preemptive),
+static and continuous batching.
 
 Pure Python (stdlib + sv-kvcache). The engine calls `add`, then loops `schedule` /
 `complete_step` (or its two halves, `advance` and `resolve`) while `has_unfinished()`; see
 `Scheduler`.
 """
 
-from .admission import check_request, clamp_max_new_tokens, credits_for
-from .config import Policy, SchedulerConfig
+from .admission import (
+    AdmissionPolicy,
+    ConservativeAdmission,
+    PreemptiveAdmission,
+    check_request,
+    clamp_max_new_tokens,
+    credits_for,
+    max_new_tokens_that_fit,
+)
+from .config import Admission, Policy, SchedulerConfig
 from .errors import AdmissionError, SchedulerError
 from .plan import PrefillChunk, StepPlan
 from .request import FinishedRequest, FinishReason, Request, RequestId
 from .scheduler import Scheduler
-from .sequence import PENDING_TOKEN, Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus
 from .stats import SchedulerStats
 
 __all__ = [
-    "PENDING_TOKEN",
+    "Admission",
     "AdmissionError",
+    "AdmissionPolicy",
+    "ConservativeAdmission",
     "FinishReason",
     "FinishedRequest",
     "Policy",
+    "PreemptiveAdmission",
     "PrefillChunk",
     "Request",
     "RequestId",
@@ -33,4 +45,5 @@ __all__ = [
     "check_request",
     "clamp_max_new_tokens",
     "credits_for",
+    "max_new_tokens_that_fit",
 ]

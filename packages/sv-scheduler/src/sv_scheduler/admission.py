@@ -1,4 +1,5 @@
-"""Admission arithmetic: how many pages ("credits") a request may ever need.
+"""Admission: how many pages ("credits") a request may ever need, and the two policies that
+decide when a request may start and where its pages come from.
 
 A request writes KV for every prompt token and for every output token except the last one (the
 last sampled token is returned, never fed back). With the output budget clamped to the context
@@ -8,14 +9,22 @@ limit,
     credits  = ceil((prompt_tokens + max_new' - 1) / page_size)
 
 The conservative policy reserves all of them at admission, so a running request can never run out
-of pages: no preemption, no deadlock. Physical pages are still assigned lazily as it grows.
+of pages: no preemption, no deadlock. Physical pages are still assigned lazily as it grows. The
+preemptive policy reserves nothing and preempts when pages run out. Under both, a request whose
+credits exceed the whole pool is rejected at arrival: it could never finish.
 """
 
 from __future__ import annotations
 
-from .config import SchedulerConfig
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from sv_kvcache import PagePool, PrefixMatch
+
+from .config import Admission, SchedulerConfig
 from .errors import AdmissionError
 from .request import Request
+from .sequence import Sequence, SequenceStatus
 
 
 def clamp_max_new_tokens(prompt_tokens: int, max_new_tokens: int, max_model_len: int) -> int:
@@ -26,6 +35,15 @@ def clamp_max_new_tokens(prompt_tokens: int, max_new_tokens: int, max_model_len:
 def credits_for(prompt_tokens: int, max_new_tokens: int, page_size: int) -> int:
     """Pages a request may ever write: ceil((prompt + max_new - 1) / page_size)."""
     return -(-(prompt_tokens + max_new_tokens - 1) // page_size)
+
+
+def max_new_tokens_that_fit(prompt_tokens: int, config: SchedulerConfig) -> int:
+    """The most output tokens a request with this prompt may ask for: within the context limit,
+    and with credits that fit the pool (prompt + max_new - 1 <= num_pages * page_size). Below 1
+    when nothing fits. For callers that choose a default, such as a server whose client gave no
+    max_tokens."""
+    in_pool = config.num_pages * config.page_size + 1 - prompt_tokens
+    return min(config.max_model_len - prompt_tokens, in_pool)
 
 
 def check_request(request: Request, config: SchedulerConfig) -> tuple[int, int]:
@@ -64,3 +82,119 @@ def check_request(request: Request, config: SchedulerConfig) -> tuple[int, int]:
             f"shorten the prompt or max_new_tokens, or give the KV cache more memory"
         )
     return clamped, credits
+
+
+# -- the two policies ----------------------------------------------------------------------------
+
+
+class AdmissionPolicy(ABC):
+    """How running sequences share the pool's pages: when the head of the queue may start, and
+    where a growing sequence's next page comes from. The scheduler holds one and asks it."""
+
+    def __init__(self, pool: PagePool) -> None:
+        self.pool = pool
+
+    @abstractmethod
+    def fits(self, seq: Sequence, match: PrefixMatch, num_running: int) -> bool:
+        """Whether `seq`, the head of the queue, may start now on `match`'s cached pages."""
+
+    @abstractmethod
+    def admit(self, seq: Sequence) -> None:
+        """`seq` starts running; its block table already holds the cached prefix."""
+
+    @abstractmethod
+    def release(self, seq: Sequence) -> None:
+        """`seq` stopped running (finished, cancelled or preempted); its pages are back."""
+
+    @abstractmethod
+    def grow(self, seqs: list[Sequence], make_room: Callable[[Sequence], bool]) -> list[Sequence]:
+        """Give each running sequence of `seqs` one more page; returns those that got it.
+        `make_room(seq)` frees pages by preempting newer sequences and says whether `seq` is
+        still running (a policy that can run out of pages calls it; one that cannot never does)."""
+
+    @property
+    def free_credits(self) -> int:
+        """Pages not promised to a running sequence (all of them, if the policy promises none)."""
+        return self.pool.num_pages
+
+
+class ConservativeAdmission(AdmissionPolicy):
+    """The reference design's policy: admission reserves a request's whole budget, its credits
+    (see `credits_for`), out of a counter separate from the physical pages. The credits of
+    running requests never exceed the pool, so every page a running request will ever ask for
+    exists: no preemption, no deadlock. The price: a request that may run long (no max_tokens)
+    holds its whole budget from the start, and requests behind it wait."""
+
+    def __init__(self, pool: PagePool) -> None:
+        super().__init__(pool)
+        self._free_credits = pool.num_pages
+
+    def fits(self, seq: Sequence, match: PrefixMatch, num_running: int) -> bool:
+        # Shared prefix pages still count fully: the sum of credits bounds the sum of pages
+        # held, counting a shared page once per holder, which bounds the distinct pages in use.
+        return seq.credits <= self._free_credits
+
+    def admit(self, seq: Sequence) -> None:
+        self._free_credits -= seq.credits
+
+    def release(self, seq: Sequence) -> None:
+        self._free_credits += seq.credits
+
+    def grow(self, seqs: list[Sequence], make_room: Callable[[Sequence], bool]) -> list[Sequence]:
+        # The credits guarantee these pages exist: take them in one call.
+        for seq, page in zip(seqs, self.pool.allocate_many(len(seqs)), strict=True):
+            seq.table.pages.append(page)
+        return seqs
+
+    @property
+    def free_credits(self) -> int:
+        return self._free_credits
+
+
+class PreemptiveAdmission(AdmissionPolicy):
+    """vLLM's policy: admit when the pages of the request's tokens so far fit, keeping a small
+    watermark free for running sequences to grow into; assign pages as sequences grow; when
+    none is left, preempt the most recently admitted running sequence (the scheduler requeues
+    it at the head of the queue, and it recomputes its prompt and output so far on resuming,
+    from the prefix cache where its pages survive).
+
+    Progress: the oldest running sequence is preempted only when it is the only one left, and
+    then every page is available to it; `check_request` rejects at arrival a request whose whole
+    budget does not fit the pool alone. So the oldest always finishes, and FIFO admission with
+    preempted sequences at the head means no request starves."""
+
+    # vLLM keeps 1% of the pool free at admission; a smaller pool keeps none.
+    WATERMARK_FRACTION = 0.01
+
+    def __init__(self, pool: PagePool) -> None:
+        super().__init__(pool)
+        self.watermark = int(pool.num_pages * self.WATERMARK_FRACTION)
+
+    def fits(self, seq: Sequence, match: PrefixMatch, num_running: int) -> bool:
+        fresh = -(-seq.num_tokens // self.pool.page_size) - len(match.pages)
+        room = self.pool.num_available - match.num_revived - fresh
+        # The watermark is for running sequences: with none, a request that fits runs.
+        return room >= (self.watermark if num_running else 0)
+
+    def admit(self, seq: Sequence) -> None:
+        # Pages for every token it has now, so its prefill chunks never need to preempt.
+        seq.table.ensure_capacity(seq.num_tokens)
+
+    def release(self, seq: Sequence) -> None:
+        pass  # nothing reserved: the pages went back with the block table
+
+    def grow(self, seqs: list[Sequence], make_room: Callable[[Sequence], bool]) -> list[Sequence]:
+        grown = []
+        for seq in seqs:
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted just now, to make room for an older one
+            if self.pool.num_available == 0 and not make_room(seq):
+                continue
+            seq.table.append_page()
+            grown.append(seq)
+        return grown
+
+
+def make_admission_policy(name: Admission, pool: PagePool) -> AdmissionPolicy:
+    """The policy `SchedulerConfig.admission` names."""
+    return ConservativeAdmission(pool) if name == "conservative" else PreemptiveAdmission(pool)

@@ -8,6 +8,7 @@ from typing import Literal
 from .errors import SchedulerError
 
 Policy = Literal["continuous", "static"]
+Admission = Literal["conservative", "preemptive"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,8 +24,9 @@ class SchedulerConfig:
     max_step_tokens: tokens fed to the model in one step (decodes + prefill chunks). At least
                      max_num_seqs, so every running decode fits in every step.
     prefix_caching:  share full prompt pages between requests with the same prefix.
-    optimistic:      admit on the prompt's pages only and preempt (recompute) when pages run out,
-                     instead of reserving every request's whole budget up front (the default).
+    admission:       "conservative" reserves each request's whole budget at admission (never
+                     preempts); "preemptive" admits on the prompt's pages and preempts the newest
+                     running request (it recomputes later) when pages run out. See admission.py.
     """
 
     num_pages: int
@@ -34,7 +36,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_step_tokens: int = 8192
     prefix_caching: bool = True
-    optimistic: bool = False
+    admission: Admission = "conservative"
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "max_model_len", "page_size", "max_num_seqs", "max_step_tokens"):
@@ -57,6 +59,10 @@ class SchedulerConfig:
                 f"SchedulerConfig.max_step_tokens ({self.max_step_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs}): every running decode needs one token per step"
             )
-        for name in ("prefix_caching", "optimistic"):
-            if not isinstance(getattr(self, name), bool):
-                raise SchedulerError(f"SchedulerConfig.{name} must be a bool")
+        if self.admission not in ("conservative", "preemptive"):
+            raise SchedulerError(
+                f"SchedulerConfig.admission must be 'conservative' or 'preemptive', "
+                f"got {self.admission!r}"
+            )
+        if not isinstance(self.prefix_caching, bool):
+            raise SchedulerError("SchedulerConfig.prefix_caching must be a bool")

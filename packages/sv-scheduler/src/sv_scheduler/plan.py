@@ -37,9 +37,7 @@ class StepPlan:
     num_prefill_samples: how many of `sampling` come from prefill chunks (the rest are decodes).
     block_table_changed: sequences whose block table (or slot) changed since the previous plan:
                          newly admitted or resumed, or given a page. Update only these rows.
-    freed_slots:         slots given up since the previous plan (finished, cancelled, preempted);
-                         a slot may be reused by a sequence in block_table_changed, so clear first.
-    preempted:           sequences sent back to the queue by this plan (optimistic policy only).
+    preempted:           sequences sent back to the queue by this plan (preemptive policy only).
 
     The plan is the engine's to read until it calls `resolve` (or `complete_step`) with it.
     """
@@ -50,7 +48,6 @@ class StepPlan:
     sampling: list[Sequence]
     num_prefill_samples: int
     block_table_changed: list[Sequence]
-    freed_slots: list[int]
     preempted: list[Sequence]
 
     @property

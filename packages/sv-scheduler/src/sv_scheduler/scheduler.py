@@ -8,25 +8,27 @@ The engine drives it in a loop:
         finished = sched.complete_step(plan, tokens)  # record them; finished requests leave
 
 `complete_step` is two halves that may be called apart: `advance(plan)` counts the step's
-tokens before their values are known (each sampling sequence gets a PENDING_TOKEN placeholder;
-lengths, pages and length limits move on), and `resolve(plan, tokens)` fills in the values and
-applies stop tokens. Between the two the next step can be scheduled, which is how the engine
+tokens before their values are known (each sampling sequence gets a pending token, counted in
+`Sequence.num_pending`; lengths, pages and length limits move on), and `resolve(plan, tokens)`
+appends the values and applies stop tokens. Between the two the next step can be scheduled, which is how the engine
 keeps the GPU busy while the host catches up (see sv_engine): one step's tokens are still on
 the device while the next step is planned and launched. A sequence that turns out to have
 stopped was then planned into that next step too; its token there is dropped, and the KV the
 GPU writes for it lands in pages it has already given back, before any later step (which runs
 after it on the same stream) can reuse them. At most one step is advanced and unresolved.
 
-Admission (conservative, the default): each request reserves its credits,
-ceil((prompt + max_new' - 1) / page_size) pages (see admission.py), out of a counter separate
-from the physical pages, which are assigned lazily as the sequence grows. The head of the queue
-waits until its credits fit; nobody skips ahead. Because the credits of running requests never
-exceed the pool, every page a running request will ever ask for exists: no preemption, no deadlock.
+Admission is FIFO: the head of the queue waits until its admission policy (admission.py) lets
+it start, and nobody skips ahead. `conservative` (the default) reserves each request's credits,
+ceil((prompt + max_new' - 1) / page_size) pages, up front: no preemption, no deadlock.
+`preemptive` admits on the pages of the prompt and, when a growing sequence finds no free page,
+preempts the most recently admitted running sequences: each goes back to the head of the queue
+and recomputes its prompt and output so far when it resumes. Physical pages are assigned lazily
+under both.
 
-With prefix caching, a request may start on pages another request computed. Those shared pages
-still count fully toward its credits (conservative: the sum of credits bounds the sum of pages
-held, counting a shared page once per holder, which bounds the distinct pages in use). Cached pages
-nobody holds are evictable, so they count as available.
+With prefix caching, a request may start on pages another request computed. Cached pages nobody
+holds are evictable, so they count as available. A request whose next full page is being computed
+by a prompt admitted before it (two prompts with one system prompt arriving together) waits for
+that chunk to finish, then starts on the cached page instead of computing it a second time.
 
 Each step feeds decodes first (one token each; max_step_tokens >= max_num_seqs, so all of them
 always fit and a long prompt never stalls running decodes), then prefill chunks of the prompts
@@ -39,27 +41,19 @@ import heapq
 from collections import deque
 from collections.abc import Sequence as SequenceOf
 
-from sv_kvcache import NO_MATCH, PagePool, PrefixMatch
+from sv_kvcache import NO_MATCH, PagePool, PrefixMatch, page_key
 
-from .admission import check_request
+from .admission import check_request, make_admission_policy, max_new_tokens_that_fit
 from .config import SchedulerConfig
 from .errors import AdmissionError, SchedulerError
 from .plan import PrefillChunk, StepPlan
 from .request import FinishedRequest, FinishReason, Request, RequestId
-from .sequence import PENDING_TOKEN, Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus
 from .stats import SchedulerStats
 
 _WAITING = SequenceStatus.WAITING
 _RUNNING = SequenceStatus.RUNNING
 _FINISHED = SequenceStatus.FINISHED
-
-
-def _known(seq: Sequence, n: int) -> int:
-    """How many of `seq`'s first n tokens have known values: a page whose hash took in a pending
-    token (a preempted sequence recomputing it, optimistic policy) must never enter the prefix
-    cache, or another sequence with the same placeholder there could share it."""
-    token_ids = seq.token_ids
-    return min(n, len(token_ids) - 1) if token_ids[-1] == PENDING_TOKEN else n
 
 
 class Scheduler:
@@ -69,7 +63,7 @@ class Scheduler:
         self.config = config
         self.pool = PagePool(config.num_pages, config.page_size)
         self._continuous = config.policy == "continuous"
-        self._optimistic = config.optimistic
+        self._policy = make_admission_policy(config.admission, self.pool)
         self._prefix_caching = config.prefix_caching
 
         self._waiting: deque[Sequence] = deque()  # FIFO; preempted sequences go back in front
@@ -80,18 +74,18 @@ class Scheduler:
         self._needs_page: list[Sequence] = []  # decoders whose next token starts a new page
         # step -> decoders to look at after that step (see _file_due)
         self._due: dict[int, list[Sequence]] = {}
+        # prefix-cache key of the first page a prefilling sequence computes itself -> that
+        # sequence, while it prefills (see _computing_next_page)
+        self._computing: dict[int, Sequence] = {}
         # every stop id of every request: one set test tells the step loop whether to look closer
         self._stop_ids: set[int] = set()
         self._drop_token: list[Sequence] = []  # decoders that left while a plan was out
         # finished (by length at advance(), or stopped) and not yet reported by resolve()
         self._finishing: list[tuple[Sequence, FinishReason]] = []
         self._free_slots = list(range(config.max_num_seqs))  # a heap: lowest free slot first
-        self._freed_slots: list[int] = []  # since the previous plan
-        self._free_credits = config.num_pages
         self._plan: StepPlan | None = None  # the plan handed out and not yet advanced
         self._unresolved: StepPlan | None = None  # advanced, its sampled tokens not yet known
         self._step = 0
-        self._arrivals = 0
         self._admissions = 0
 
         self._peak_running = 0
@@ -101,6 +95,7 @@ class Scheduler:
         self._waited_requests = 0
         self._prefix_cache_hit_tokens = 0
         self._preemptions = 0
+        self._recomputed_tokens = 0
         self._finished_requests = 0
         self._cancelled_requests = 0
 
@@ -114,18 +109,16 @@ class Scheduler:
                 f"request {request.request_id!r} rejected: a request with this id is still "
                 f"{self._unfinished[request.request_id].status.value}"
             )
-        seq = Sequence(
-            request,
-            max_new_tokens=max_new,
-            credits=credits,
-            pool=self.pool,
-            arrival_index=self._arrivals,
-        )
-        self._arrivals += 1
+        seq = Sequence(request, max_new_tokens=max_new, credits=credits, pool=self.pool)
         self._stop_ids.update(seq.stop_ids)
         self._waiting.append(seq)
         self._unfinished[seq.request_id] = seq
         return seq
+
+    def max_new_tokens_that_fit(self, prompt_tokens: int) -> int:
+        """The most output tokens a request with this prompt may ask for (context and pool);
+        below 1 when nothing fits. See `admission.max_new_tokens_that_fit`."""
+        return max_new_tokens_that_fit(prompt_tokens, self.config)
 
     def clear_prefix_cache(self) -> int:
         """Drop every cached prefix page no request holds (e.g. between benchmark runs, so one
@@ -148,8 +141,7 @@ class Scheduler:
             if self._plan is not None and seq.decoding:
                 self._drop_token.append(seq)  # advance() will give it a token: drop that
             self._stop_running(seq)
-        if seq.token_ids[-1] == PENDING_TOKEN:
-            seq.token_ids.pop()
+        seq.num_pending = 0
         seq.status = _FINISHED
         seq.finish_reason = "cancelled"
         self._cancelled_requests += 1
@@ -186,9 +178,12 @@ class Scheduler:
                 break
             budget -= self._add_chunk(seq, budget, prefills, step, changed)
 
-        # 4. Admission, FIFO.
-        if self._waiting and (self._continuous or not self._running):
-            self._admit(budget, prefills, step, changed)
+        # 4. Admission, FIFO. Static: a new group only once the previous one has finished.
+        if self._waiting:
+            if self._continuous or not self._running:
+                self._admit(budget, prefills, step, changed)
+            else:
+                self._count_wait(self._waiting[0])
 
         if preempted:  # a sequence given a page, then preempted for an older one
             changed = [seq for seq in changed if seq.status is _RUNNING]
@@ -196,8 +191,6 @@ class Scheduler:
         sampling = [chunk.seq for chunk in prefills if chunk.samples]
         num_prefill_samples = len(sampling)
         sampling += decodes
-        freed_slots = self._freed_slots
-        self._freed_slots = []
 
         if len(self._running) > self._peak_running:
             self._peak_running = len(self._running)
@@ -213,7 +206,6 @@ class Scheduler:
             sampling=sampling,
             num_prefill_samples=num_prefill_samples,
             block_table_changed=changed,
-            freed_slots=freed_slots,
             preempted=preempted,
         )
         if not plan.is_empty:  # an empty plan computes nothing: nothing to advance or resolve
@@ -234,8 +226,8 @@ class Scheduler:
     def advance(self, plan: StepPlan) -> None:
         """The step of `plan` is under way: count its tokens before their values are known.
 
-        Prompt chunks count as computed; each sequence in `plan.sampling` gets a PENDING_TOKEN
-        at the end of its token_ids, which `resolve` replaces; length limits and page needs are
+        Prompt chunks count as computed; each sequence in `plan.sampling` gets a pending token
+        (`num_pending` 1), whose value `resolve` appends; length limits and page needs are
         applied (a sequence that reached its limit gives its pages back now, and is reported by
         `resolve`). The next `schedule()` may be called before `resolve`. An empty plan
         (nothing to run) needs neither call; both accept it and do nothing."""
@@ -262,7 +254,8 @@ class Scheduler:
                 continue
             seq.prefilled_tokens = chunk.end
             if self._prefix_caching:
-                seq.table.register_full_pages(seq.token_ids, _known(seq, chunk.end))
+                # Only pages of known tokens: a resumed sequence's pending token is not one yet.
+                seq.table.register_full_pages(seq.token_ids, min(chunk.end, len(seq.token_ids)))
 
         # Chunks that finished a prompt sampled the first new token: the sequence now decodes.
         step = plan.step
@@ -272,17 +265,18 @@ class Scheduler:
             if seq.status is not _RUNNING:
                 continue
             self._prefilling.remove(seq)
+            self._computing_done(seq)
             self._decoding.append(seq)
             seq.decoding = True
-            seq.token_ids.append(PENDING_TOKEN)
+            seq.num_pending = 1
             self._after_first_token(seq, step + 1)
 
-        # The hot loop: one append per decode. Everything else is rare and handled below.
+        # The hot loop: one store per decode. Everything else is rare and handled below.
         for seq in plan.decodes:
-            seq.token_ids.append(PENDING_TOKEN)
+            seq.num_pending = 1
         if self._drop_token:
             for seq in self._drop_token:
-                seq.token_ids.pop()
+                seq.num_pending = 0
             self._drop_token.clear()
 
         # Decoders filed under this step: finished by length, or their next token needs a page.
@@ -292,14 +286,14 @@ class Scheduler:
                 if seq.due_step != step or seq.status is not _RUNNING:
                     continue  # filed again since, finished, cancelled or preempted
                 seq.due_step = -1
-                if len(seq.token_ids) >= seq.finish_len:
+                if seq.num_tokens >= seq.finish_len:
                     self._finish(seq, "length")
                 else:
                     self._needs_page.append(seq)
 
     def resolve(self, plan: StepPlan, sampled_tokens: SequenceOf[int]) -> list[FinishedRequest]:
         """The sampled tokens of the advanced step `plan`, one per `plan.sampling` entry in that
-        order: they replace the placeholders, and stop tokens end their sequences. Returns every
+        order: each pending token's value is appended, and stop tokens end their sequences. Returns every
         request that finished in this step (by length or by stop), with its real tokens."""
         if plan.is_empty:
             self._check_token_count("resolve", plan, sampled_tokens)
@@ -312,11 +306,11 @@ class Scheduler:
         self._check_token_count("resolve", plan, sampled_tokens)
         sampling = plan.sampling
         self._unresolved = None
-        # A sequence without a placeholder left (cancelled) keeps its tokens as they are.
+        # A sequence with no token pending any more (cancelled) keeps its tokens as they are.
         for seq, token in zip(sampling, sampled_tokens, strict=True):
-            token_ids = seq.token_ids
-            if token_ids[-1] == PENDING_TOKEN:
-                token_ids[-1] = token
+            if seq.num_pending:
+                seq.token_ids.append(token)
+                seq.num_pending = 0
 
         # Stop tokens: one C-level set test over all sampled tokens says whether to look closer.
         if not self._stop_ids.isdisjoint(sampled_tokens):
@@ -349,7 +343,7 @@ class Scheduler:
         """`seq`'s newest token, just resolved, is one of its stop ids."""
         if seq.status is _RUNNING:
             self._finish(seq, "stop")
-        elif seq.status is _WAITING:  # preempted after its token was sampled (optimistic)
+        elif seq.status is _WAITING:  # preempted after its token was sampled (preemptive)
             self._waiting.remove(seq)
             self._record_finish(seq, "stop")
         elif seq.finish_reason == "length":  # hit its limit with a stop token: that is a stop
@@ -372,19 +366,21 @@ class Scheduler:
             waited_requests=self._waited_requests,
             prefix_cache_hit_tokens=self._prefix_cache_hit_tokens,
             preemptions=self._preemptions,
+            recomputed_tokens=self._recomputed_tokens,
             steps=self._step,
             finished_requests=self._finished_requests,
             cancelled_requests=self._cancelled_requests,
             free_pages=pool.num_available,
             cached_pages=pool.num_cached,
             assigned_pages=pool.num_assigned,
-            free_credits=self._free_credits,
+            free_credits=self._policy.free_credits,
         )
 
     @property
     def free_credits(self) -> int:
-        """Credits (pages) not reserved by running requests."""
-        return self._free_credits
+        """Credits (pages) not reserved by running requests (the whole pool under the
+        preemptive policy, which reserves none)."""
+        return self._policy.free_credits
 
     @property
     def num_waiting(self) -> int:
@@ -417,41 +413,27 @@ class Scheduler:
         self, step: int, changed: list[Sequence], preempted: list[Sequence]
     ) -> None:
         """Give each decoder in `_needs_page` its next page: the token it feeds this step sits at
-        position len-1 == capacity, the first slot past its last page."""
+        position num_tokens-1 == capacity, the first slot past its last page."""
         needs_page = [seq for seq in self._needs_page if seq.status is _RUNNING]
         self._needs_page = []
-        if self._optimistic:
-            # Pages may run out: allocate one at a time, preempting the newest when none is left.
-            for seq in needs_page:
-                if seq.status is not _RUNNING:  # preempted just now, to make room for an older one
-                    continue
-                if self.pool.num_available == 0:
-                    self._preempt_for(seq, preempted)
-                    if seq.status is not _RUNNING:
-                        continue
-                seq.table.append_page()
-                self._file_due(seq, step)
-                seq.changed_at_step = step
-                changed.append(seq)
-            return
-        # Conservative: the credits guarantee these pages exist, so take them in one call.
-        pages = self.pool.allocate_many(len(needs_page))
-        for seq, page in zip(needs_page, pages, strict=True):
-            seq.table.pages.append(page)
+
+        def make_room(seq: Sequence) -> bool:
+            return self._make_room(seq, preempted)
+
+        for seq in self._policy.grow(needs_page, make_room):
             self._file_due(seq, step)
-            seq.changed_at_step = step  # the first change of this plan: no duplicate to check
-        changed.extend(needs_page)
+            self._mark_changed(seq, step, changed)
 
     def _file_due(self, seq: Sequence, next_step: int) -> None:
         """File decoder `seq` under the step after which it needs a look: when the token it will
         then have to feed has no page, or when it reaches its length limit.
 
-        It feeds one token in every step from `next_step` on, holding len(token_ids) tokens
-        before `next_step`. After step next_step + k it has len + k + 1 tokens, so it needs a page
+        It feeds one token in every step from `next_step` on, holding num_tokens tokens before
+        `next_step`. After step next_step + k it has len + k + 1 tokens, so it needs a page
         after the step where len + k == capacity, and finishes after the one where
         len + k + 1 == finish_len.
         """
-        due = next_step + min(seq.table.capacity, seq.finish_len - 1) - len(seq.token_ids)
+        due = next_step + min(seq.table.capacity, seq.finish_len - 1) - seq.num_tokens
         seq.due_step = due
         bucket = self._due.get(due)
         if bucket is None:
@@ -459,16 +441,19 @@ class Scheduler:
         else:
             bucket.append(seq)
 
-    def _preempt_for(self, seq: Sequence, preempted: list[Sequence]) -> None:
-        """Optimistic policy: free pages by preempting the newest running sequences (maybe `seq`)."""
+    def _make_room(self, seq: Sequence, preempted: list[Sequence]) -> bool:
+        """Free a page by preempting the newest running sequences, `seq` itself last; returns
+        whether `seq` still runs."""
         while self.pool.num_available == 0:
             victim = next(reversed(self._running.values()))
             self._preempt(victim, preempted)
             if victim is seq:
-                return
+                return False
+        return True
 
     def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
         """Send `seq` back to the front of the queue; it will recompute prompt + output so far."""
+        seq.num_computed_at_preemption = seq.num_computed_tokens
         self._stop_running(seq)
         seq.status = _WAITING
         seq.decoding = False
@@ -489,7 +474,7 @@ class Scheduler:
     ) -> int:
         """Schedule the next chunk of `seq`'s prefill within `budget` tokens; returns its length."""
         start = seq.prefilled_tokens
-        total = len(seq.token_ids)
+        total = seq.num_tokens
         end = total if total - start <= budget else start + budget
         if seq.table.ensure_capacity(end):
             self._mark_changed(seq, step, changed)
@@ -503,6 +488,8 @@ class Scheduler:
 
         Static policy: called only when nothing runs, and admits the whole group that fits
         regardless of this step's token budget; their prompts then prefill in chunks.
+        Continuous: a head whose next page another prompt is computing waits for it (not an
+        admission wait: it is one step, and saves computing that page twice).
         """
         waiting = self._waiting
         max_num_seqs = self.config.max_num_seqs
@@ -511,31 +498,61 @@ class Scheduler:
                 break
             seq = waiting[0]
             match = self._cached_prefix(seq)
-            if not self._fits(seq, match):
-                self._admission_waits += 1
-                if not seq.waited:
-                    seq.waited = True
-                    self._waited_requests += 1
+            if self._continuous and self._computing_next_page(seq, match) is not None:
+                break
+            if not self._policy.fits(seq, match, len(self._running)):
+                self._count_wait(seq)
                 break
             waiting.popleft()
             self._start_running(seq, match, step, changed)
             if budget > 0:
                 budget -= self._add_chunk(seq, budget, prefills, step, changed)
 
+    def _count_wait(self, head: Sequence) -> None:
+        """The head of the queue could not start in this schedule() call."""
+        self._admission_waits += 1
+        if not head.waited:
+            head.waited = True
+            self._waited_requests += 1
+
     def _cached_prefix(self, seq: Sequence) -> PrefixMatch:
-        """Cached pages `seq` may start on: at most len-1 tokens, so the page holding the last
-        token is always computed and the model produces logits to sample from."""
+        """Cached pages `seq` may start on: at most num_tokens-1 tokens, so the page holding the
+        last token is always computed and the model produces logits to sample from."""
         if not self._prefix_caching:
             return NO_MATCH
-        return self.pool.match_prefix(seq.token_ids, len(seq.token_ids) - 1)
+        return self.pool.match_prefix(seq.token_ids, seq.num_tokens - 1)
 
-    def _fits(self, seq: Sequence, match: PrefixMatch) -> bool:
-        if not self._optimistic:
-            return seq.credits <= self._free_credits
-        # Optimistic: the pages its tokens need now, beyond the cached ones it would share.
-        page_size = self.config.page_size
-        fresh = -(-len(seq.token_ids) // page_size) - len(match.pages)
-        return self.pool.num_available - match.num_revived >= fresh
+    def _next_page_key(self, seq: Sequence, match: PrefixMatch) -> int | None:
+        """The prefix-cache key of the first page `seq` would compute itself after `match`, if
+        that page is one a cache match could cover (full, before the last token)."""
+        size = self.config.page_size
+        index = len(match.pages)
+        end = (index + 1) * size
+        if end > seq.num_tokens - 1:
+            return None
+        parent = match.keys[-1] if match.keys else None
+        return page_key(parent, tuple(seq.token_ids[index * size : end]))
+
+    def _computing_next_page(self, seq: Sequence, match: PrefixMatch) -> Sequence | None:
+        """A prefilling sequence about to compute the page `seq` would compute next, if any."""
+        if not self._computing:
+            return None
+        key = self._next_page_key(seq, match)
+        other = self._computing.get(key) if key is not None else None
+        if (
+            other is None
+            or other.prefilled_tokens >= (len(match.pages) + 1) * self.config.page_size
+        ):
+            return None
+        return other
+
+    def _computing_done(self, seq: Sequence) -> None:
+        """`seq` left the prefill phase: it computes no page another request could wait for."""
+        key = seq.computing_key
+        if key is not None:
+            seq.computing_key = None
+            if self._computing.get(key) is seq:
+                del self._computing[key]
 
     def _start_running(
         self, seq: Sequence, match: PrefixMatch, step: int, changed: list[Sequence]
@@ -544,11 +561,14 @@ class Scheduler:
         seq.prefilled_tokens = match.num_tokens
         seq.num_cached_tokens = match.num_tokens
         self._prefix_cache_hit_tokens += match.num_tokens
-        if self._optimistic:
-            # Pages for the whole prompt now, so prefill chunks never need to preempt.
-            seq.table.ensure_capacity(len(seq.token_ids))
-        else:
-            self._free_credits -= seq.credits
+        if seq.num_preemptions:
+            self._recomputed_tokens += max(0, seq.num_computed_at_preemption - match.num_tokens)
+        if self._prefix_caching and self._continuous:
+            key = self._next_page_key(seq, match)
+            if key is not None and key not in self._computing:
+                self._computing[key] = seq
+                seq.computing_key = key
+        self._policy.admit(seq)
         seq.slot = heapq.heappop(self._free_slots)
         seq.status = _RUNNING
         if seq.admit_index < 0:
@@ -561,10 +581,10 @@ class Scheduler:
     def _after_first_token(self, seq: Sequence, next_step: int) -> None:
         """A prefill just sampled `seq`'s next token (pending): finish at the length limit, or
         file it as a decoder. A stop token is `resolve`'s business."""
-        token_ids = seq.token_ids
-        if len(token_ids) >= seq.finish_len:
+        num_tokens = seq.num_tokens
+        if num_tokens >= seq.finish_len:
             self._finish(seq, "length")
-        elif len(token_ids) > seq.table.capacity:  # the prompt filled its last page exactly
+        elif num_tokens > seq.table.capacity:  # the prompt filled its last page exactly
             self._needs_page.append(seq)
         else:
             self._file_due(seq, next_step)
@@ -599,15 +619,15 @@ class Scheduler:
         if self._prefix_caching:
             # Generated tokens' pages enter the cache here, once, rather than in the step loop:
             # only a later prompt that contains this output could use them anyway.
-            seq.table.register_full_pages(seq.token_ids, _known(seq, seq.num_computed_tokens))
+            known = min(seq.num_computed_tokens, len(seq.token_ids))
+            seq.table.register_full_pages(seq.token_ids, known)
         seq.table.release()
-        if not self._optimistic:
-            self._free_credits += seq.credits
+        self._policy.release(seq)
         del self._running[seq.request_id]
         if seq.decoding:
             self._decoding.remove(seq)
         else:
             self._prefilling.remove(seq)
+            self._computing_done(seq)
         heapq.heappush(self._free_slots, seq.slot)
-        self._freed_slots.append(seq.slot)
         seq.slot = -1

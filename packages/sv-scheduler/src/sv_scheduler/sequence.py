@@ -8,10 +8,6 @@ from sv_kvcache import BlockTable, PagePool
 
 from .request import FinishReason, Request
 
-# The value a sampled token has in `Sequence.token_ids` between `Scheduler.advance` and
-# `Scheduler.resolve`: counted, not yet known (still on the GPU). Never a real token id.
-PENDING_TOKEN = -1
-
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued (or preempted, back at the front of the queue)
@@ -31,8 +27,9 @@ class Sequence:
     - decode (`decoding` is True): every token but the newest has its KV in the cache, so
       `num_computed_tokens == len(token_ids) - 1`; each step feeds the newest token.
 
-    While a step is advanced and not resolved, the newest entry of token_ids of each sequence
-    that step samples is PENDING_TOKEN (see `Scheduler.advance`).
+    token_ids holds real ids only. While a step is advanced and not resolved, each sequence
+    that step samples has one token more than token_ids shows: `num_pending` is 1 and
+    `num_tokens` counts it (its value is still on the GPU; see `Scheduler.advance`).
 
     `due_step` is the step after which the scheduler must look at a decoder again: when its next
     token needs a new page, or when it reaches its length limit. Every decoder advances exactly one
@@ -42,8 +39,8 @@ class Sequence:
 
     __slots__ = (
         "admit_index",
-        "arrival_index",
         "changed_at_step",
+        "computing_key",
         "credits",
         "decoding",
         "due_step",
@@ -52,6 +49,8 @@ class Sequence:
         "ignore_eos",
         "max_new_tokens",
         "num_cached_tokens",
+        "num_computed_at_preemption",
+        "num_pending",
         "num_preemptions",
         "num_prompt_tokens",
         "prefilled_tokens",
@@ -71,10 +70,10 @@ class Sequence:
         max_new_tokens: int,
         credits: int,
         pool: PagePool,
-        arrival_index: int,
     ) -> None:
         self.request_id = request.request_id
         self.token_ids: list[int] = list(request.prompt_ids)
+        self.num_pending = 0  # sampled, counted, value not yet known (0 or 1)
         self.num_prompt_tokens = len(self.token_ids)
         self.max_new_tokens = max_new_tokens  # already clamped to the context limit
         self.ignore_eos = request.ignore_eos
@@ -89,10 +88,13 @@ class Sequence:
         self.due_step = -1
         self.prefilled_tokens = 0  # tokens with KV written, counted in the prefill phase only
         self.num_cached_tokens = 0
-        self.arrival_index = arrival_index  # order of Scheduler.add
         self.admit_index = -1  # order of first admission
         self.changed_at_step = -1
+        # while prefilling: the prefix-cache key of the first page it computes itself, if
+        # requests arriving behind it may wait for that page (see Scheduler._admit)
+        self.computing_key: int | None = None
         self.num_preemptions = 0
+        self.num_computed_at_preemption = 0  # KV computed when last preempted (recompute stat)
         self.waited = False
 
     @property
@@ -101,25 +103,31 @@ class Sequence:
         return self.table.pages
 
     @property
+    def num_tokens(self) -> int:
+        """Prompt plus sampled tokens, the pending one included."""
+        return len(self.token_ids) + self.num_pending
+
+    @property
     def num_computed_tokens(self) -> int:
         """Tokens whose KV is in the cache. In the decode phase that is every token but the newest
         one, derived rather than counted so the step loop does not update it 256 times a step."""
         if self.decoding:
-            return len(self.token_ids) - 1
+            return len(self.token_ids) + self.num_pending - 1
         return self.prefilled_tokens
 
     @property
     def output_ids(self) -> list[int]:
-        """The tokens sampled so far (a copy)."""
+        """The tokens sampled so far whose values are known (a copy)."""
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        """Tokens sampled so far, the pending one included."""
+        return len(self.token_ids) + self.num_pending - self.num_prompt_tokens
 
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, {self.status.value}, slot={self.slot}, "
-            f"tokens={len(self.token_ids)} (prompt {self.num_prompt_tokens}), "
+            f"tokens={self.num_tokens} (prompt {self.num_prompt_tokens}), "
             f"computed={self.num_computed_tokens}, pages={self.table.pages})"
         )

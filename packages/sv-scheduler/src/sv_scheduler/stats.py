@@ -13,14 +13,16 @@ class SchedulerStats:
     peak_running:            most sequences running (admitted, not finished) after any schedule().
     largest_decode_batch:    most decodes in one step.
     peak_assigned_pages:     most pages held by sequences at once (shared pages counted once).
-    admission_waits:         schedule() calls in which the head of the queue could not be admitted
-                             because its credits (optimistic: its prompt's pages) did not fit. Counted
-                             once per call, not per waiting request; a head held back by max_num_seqs,
-                             by the step's token budget, or (static) by the running group is not
-                             a credit wait.
+    admission_waits:         schedule() calls in which the head of the queue could not start for
+                             want of room: its credits (preemptive: its prompt's pages) did not fit,
+                             or (static) the running group has not finished. Counted once per call,
+                             not per waiting request; a head held back by max_num_seqs or by the
+                             step's token budget is not counted.
     waited_requests:         distinct requests that were such a blocked head at least once.
     prefix_cache_hit_tokens: prompt tokens taken from the prefix cache instead of computed.
-    preemptions:             sequences sent back to the queue (optimistic policy only).
+    preemptions:             sequences sent back to the queue (preemptive policy only).
+    recomputed_tokens:       tokens whose KV a preempted sequence had computed and computed again
+                             on resuming (those the prefix cache still held are not counted).
     steps:                   completed steps.
     finished_requests:       requests finished by "stop" or "length".
     cancelled_requests:      requests cancelled.
@@ -30,7 +32,7 @@ class SchedulerStats:
     cached_pages:            of free_pages, those still holding prefix-cache KV.
     assigned_pages:          pages held by sequences now.
     free_credits:            credits not reserved by running requests (conservative policy;
-                             equals pool_pages under the optimistic policy, which reserves none).
+                             equals pool_pages under the preemptive policy, which reserves none).
     """
 
     pool_pages: int
@@ -41,6 +43,7 @@ class SchedulerStats:
     waited_requests: int
     prefix_cache_hit_tokens: int
     preemptions: int
+    recomputed_tokens: int
     steps: int
     finished_requests: int
     cancelled_requests: int
