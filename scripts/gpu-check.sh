@@ -7,7 +7,8 @@
 #   device run:  bash scripts/gpu-check.sh            (carry: .assets, and .http-deps for the
 #                serving benchmark: `make gpu-assets` builds both)
 #   options via env: SV_BENCH_ARGS="--quick" (added), SV_BENCH_FLAGS (replaces the default
-#   "--kernels --peer --profile"), SV_SKIP_TESTS=1, SV_PYTEST_ARGS="-k decode"
+#   "--kernels --peer --profile"), SV_SKIP_TESTS=1, SV_PYTEST_ARGS="-k decode", SV_SERVE_ARGS and
+#   SV_MIX_ARGS (the two serving benchmarks' arguments), SV_SKIP_SERVE=1
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sv-gpu-out}
@@ -46,5 +47,28 @@ if [ -d .http-deps ] && [ -z "${SV_SKIP_SERVE:-}" ]; then
         "$SV_BENCH_WORKDIR/llama-3.2-1b-random" ${SV_SERVE_ARGS:---clients 64 --requests 256 --max-tokens 128} \
         --json "$OUT/serve.json" 2>&1 | tail -5
     serve_rc=${PIPESTATUS[0]}
+    # A realistic mix: half the requests are chats without max_tokens (they run to the context
+    # limit), beside short completions; a pool small enough that admission matters.
+    for admission in conservative preemptive; do
+        echo "== serving mix, --admission $admission (half without max_tokens)"
+        PYTHONPATH="$PYTHONPATH$PWD/.http-deps" python3 apps/server/bench/bench_serve.py \
+            "$SV_BENCH_WORKDIR/llama-3.2-1b-random" --admission $admission \
+            ${SV_MIX_ARGS:---clients 64 --requests 256 --max-tokens 128 --omit-max-tokens 0.5 --max-model-len 2048 --kv-cache-mib 2048} \
+            --json "$OUT/serve-mix-$admission.json" 2>&1 | tail -3
+        [ "${PIPESTATUS[0]}" = 0 ] || serve_rc=1
+    done
+    python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+print(f"{'serving mix':<14}{'req/s':>8}{'TTFT p50':>10}{'p99':>9}{'bounded p50':>13}{'p99':>9}{'preempt':>9}{'recomp':>9}")
+for name in ("conservative", "preemptive"):
+    path = out / f"serve-mix-{name}.json"
+    if not path.is_file():
+        continue
+    r = json.loads(path.read_text())
+    t, b = r["ttft_ms"], r["ttft_ms_with_max_tokens"]
+    print(f"{name:<14}{r['requests_per_s']:>8}{t['p50']:>10}{t['p99']:>9}{b['p50']:>13}{b['p99']:>9}"
+          f"{r.get('server_preemptions')!s:>9}{r.get('server_recomputed_tokens')!s:>9}")
+PY
 fi
 echo "GPU tests: rc=$tests_rc ($(tail -1 "$OUT/gpu-tests.log" 2>/dev/null))   bench: rc=$bench_rc   serve: rc=$serve_rc"

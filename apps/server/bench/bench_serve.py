@@ -1,15 +1,21 @@
 """Serving benchmark: `sv serve` under N concurrent streaming clients.
 
     python apps/server/bench/bench_serve.py MODEL_DIR [--clients 64] [--requests 256]
-        [--prompt-len 100:1024] [--max-tokens 128] [--json out.json]
+        [--prompt-len 100:1024] [--max-tokens 128] [--omit-max-tokens 0.5]
+        [--admission preemptive|conservative] [--json out.json]
 
 Starts the server in a child process (`python -m sv_server`, so the clients here do not share
 its interpreter), waits for /health, warms it up, then sends `--requests` streaming
 /v1/completions requests through `--clients` concurrent connections. Prompts are random token
 ids (`random.Random(seed)`), EOS is ignored so every request generates exactly `--max-tokens`.
+`--omit-max-tokens F` sends that fraction of the requests (every other one for 0.5) as chat
+requests without `max_tokens`, as most chat clients do (a user message of common words, about
+as many tokens as the prompt length drawn): those run to the context limit (`--max-model-len`),
+and show what the admission policy does with requests of unknown length beside short ones.
 
-Reports requests/s, output tokens/s, time to first token (p50/p90/p99), inter-token latency and
-end-to-end latency, as one JSON object (last line of stdout, and `--json`). `client_cpu_fraction`
+Reports requests/s, output tokens/s, time to first token (p50/p90/p99; also for the requests
+with and without max_tokens apart), inter-token latency, end-to-end latency and the server's
+preemptions, as one JSON object (last line of stdout, and `--json`). `client_cpu_fraction`
 is this process's CPU time over the wall time: near 1.0 means the clients, not the server,
 were the bottleneck.
 """
@@ -42,6 +48,7 @@ class Result:
     end: float = 0.0
     tokens: int = 0
     error: str = ""
+    bounded: bool = True  # sent with max_tokens
 
 
 def _free_port() -> int:
@@ -70,6 +77,8 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]
         command += ["--kv-cache-mib", str(args.kv_cache_mib)]
     if args.max_model_len:
         command += ["--max-model-len", str(args.max_model_len)]
+    if args.admission:
+        command += ["--admission", args.admission]
     print(f"[bench_serve] starting: {' '.join(command)}", file=sys.stderr, flush=True)
     return subprocess.Popen(command, env=os.environ.copy())
 
@@ -98,22 +107,40 @@ def make_prompts(
     return [[rng.randint(0, top) for _ in range(rng.randint(*lengths))] for _ in range(count)]
 
 
+WORDS = (
+    *("the", "sea", "river", "light", "stone", "city", "garden", "window", "morning"),
+    *("winter", "paper", "music", "story", "quiet", "bright", "small", "green", "old"),
+    *("house", "road", "north", "summer", "letter", "friend", "table", "water", "mountain"),
+)
+
+
+def chat_text(prompt: list[int]) -> str:
+    """A user message of common words (about one token each), as long as `prompt`, from it."""
+    return " ".join(WORDS[token % len(WORDS)] for token in prompt)
+
+
 async def one_request(
-    http: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int
+    http: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int | None
 ) -> Result:
-    body = {
+    """One streamed request: a completion of token ids with `max_tokens`, or (None) a chat
+    request without it, which the server lets run to the context limit."""
+    body: dict[str, Any] = {
         "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    result = Result(ok=False, sent=time.perf_counter())
+    if max_tokens is not None:
+        path = "/v1/completions"
+        body |= {"prompt": prompt, "max_tokens": max_tokens}
+    else:
+        path = "/v1/chat/completions"
+        body["messages"] = [{"role": "user", "content": chat_text(prompt)}]
+    result = Result(ok=False, sent=time.perf_counter(), bounded=max_tokens is not None)
     tail = b""
     try:
-        async with http.stream("POST", "/v1/completions", json=body) as response:
+        async with http.stream("POST", path, json=body) as response:
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return result
@@ -140,21 +167,31 @@ async def one_request(
     return result
 
 
+def omits_max_tokens(index: int, fraction: float) -> bool:
+    """Whether request `index` goes without max_tokens: spread evenly, `fraction` of them."""
+    return int((index + 1) * fraction) > int(index * fraction)
+
+
 async def drive(
-    url: str, model: str, prompts: list[list[int]], clients: int, max_tokens: int
+    url: str,
+    model: str,
+    prompts: list[list[int]],
+    clients: int,
+    max_tokens: int,
+    omit_fraction: float = 0.0,
 ) -> tuple[list[Result], float]:
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    queue: asyncio.Queue[list[int]] = asyncio.Queue()
-    for prompt in prompts:
-        queue.put_nowait(prompt)
+    queue: asyncio.Queue[tuple[list[int], int | None]] = asyncio.Queue()
+    for i, prompt in enumerate(prompts):
+        queue.put_nowait((prompt, None if omits_max_tokens(i, omit_fraction) else max_tokens))
     results: list[Result] = []
 
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
 
         async def client() -> None:
             while not queue.empty():
-                prompt = queue.get_nowait()
-                results.append(await one_request(http, model, prompt, max_tokens))
+                prompt, limit = queue.get_nowait()
+                results.append(await one_request(http, model, prompt, limit))
 
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))
@@ -180,6 +217,10 @@ def summarize(results: list[Result], wall: float, cpu: float) -> dict[str, Any]:
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value * 1e3, 2)
 
+    def ttft_of(bounded: bool) -> dict[str, float | None]:
+        values = [r.first - r.sent for r in ok if r.first is not None and r.bounded is bounded]
+        return {"p50": ms(_percentile(values, 50)), "p99": ms(_percentile(values, 99))}
+
     return {
         "requests": len(results),
         "succeeded": len(ok),
@@ -191,6 +232,8 @@ def summarize(results: list[Result], wall: float, cpu: float) -> dict[str, Any]:
         "output_tok_per_s": round(tokens / wall, 1),
         "ttft_ms": {"p50": ms(_percentile(ttft, 50)), "p90": ms(_percentile(ttft, 90)),
                     "p99": ms(_percentile(ttft, 99)), "mean": ms(statistics.fmean(ttft) if ttft else None)},
+        "ttft_ms_with_max_tokens": ttft_of(True),
+        "ttft_ms_without_max_tokens": ttft_of(False),
         "itl_ms": {"p50": ms(_percentile(itl, 50)), "p99": ms(_percentile(itl, 99)),
                    "mean": ms(statistics.fmean(itl) if itl else None)},
         "latency_ms": {"p50": ms(_percentile(latency, 50)), "p99": ms(_percentile(latency, 99))},
@@ -216,6 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=256, help="requests in all")
     p.add_argument("--prompt-len", type=_prompt_len, default=(100, 1024), metavar="LO:HI")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per request")
+    p.add_argument(
+        "--omit-max-tokens",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="fraction of requests sent without max_tokens (they run to the context limit)",
+    )
+    p.add_argument("--admission", choices=["conservative", "preemptive"], help="server policy")
     p.add_argument("--warmup", type=int, default=8, help="requests before timing")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--device", default="auto")
@@ -235,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "bench_serve: error: --clients, --requests, --max-tokens must be >= 1", file=sys.stderr
         )
+        return 2
+    if not 0.0 <= args.omit_max_tokens <= 1.0:
+        print("bench_serve: error: --omit-max-tokens is a fraction in 0..1", file=sys.stderr)
         return 2
     server = None
     url = args.url
@@ -263,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
             if failed:
                 raise RuntimeError(f"warm-up requests failed: {failed[:3]}")
         cpu0 = time.process_time()
-        results, wall = asyncio.run(drive(url, model, prompts, args.clients, args.max_tokens))
+        results, wall = asyncio.run(
+            drive(url, model, prompts, args.clients, args.max_tokens, args.omit_max_tokens)
+        )
         report = summarize(results, wall, time.process_time() - cpu0)
         report["config"] = {
             "model": model,
@@ -272,14 +328,21 @@ def main(argv: list[str] | None = None) -> int:
             "clients": args.clients,
             "prompt_len": list(args.prompt_len),
             "max_tokens": args.max_tokens,
+            "omit_max_tokens": args.omit_max_tokens,
+            "admission": args.admission or "the server's default",
             "server_startup_s": round(startup, 1),
         }
         try:
             metrics = httpx.get(f"{url}/metrics", timeout=10).text
-            report["server_prefix_cache_hit_tokens"] = next(
-                (float(line.split()[-1]) for line in metrics.splitlines()
-                 if line.startswith("sv_prefix_cache_hit_tokens_total ")), None
-            )  # fmt: skip
+            for key, name in (
+                ("server_prefix_cache_hit_tokens", "sv_prefix_cache_hit_tokens_total"),
+                ("server_preemptions", "sv_preemptions_total"),
+                ("server_recomputed_tokens", "sv_recomputed_tokens_total"),
+            ):
+                report[key] = next(
+                    (float(line.split()[-1]) for line in metrics.splitlines()
+                     if line.startswith(f"{name} ")), None
+                )  # fmt: skip
         except httpx.HTTPError:
             pass
     except RuntimeError as e:
