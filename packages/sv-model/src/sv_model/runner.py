@@ -24,7 +24,6 @@ reads them from `last_ids`, the device buffer where every launch leaves its samp
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,10 +31,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from sv_kernels import graphs, ops
-from sv_weights import LlamaConfig, cache_dir
+from sv_kernels import TuningCache, graphs, ops
+from sv_weights import LlamaConfig
 from torch import Tensor
 
+from sv_model import linear_plans
 from sv_model.llama import AttentionMetadata, KVCache, LlamaModel
 from sv_model.weights import LlamaWeights
 
@@ -88,10 +88,6 @@ class StepInputs:
         return len(self.token_ids) == len(self.seq_slots)
 
 
-# The batch-1 GEMV tuner's results, kept between processes (see `ModelRunner.tune_linear`).
-GEMV_TUNING_FILE = "gemv-tuning.json"
-
-
 def _decode_buckets(max_batch: int) -> list[int]:
     buckets = [1, 2, 4, 8]
     while buckets[-1] < max_batch:
@@ -110,8 +106,10 @@ class ModelRunner:
         max_num_seqs: int = 256,
         max_model_len: int | None = None,
         use_cuda_graphs: bool = True,
+        tuning_cache: TuningCache | None = None,
     ) -> None:
         self.config = config
+        self.tuning_cache = tuning_cache
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
         self.page_size = page_size
@@ -233,20 +231,13 @@ class ModelRunner:
         return str(self.device)
 
     def tune_linear(self, progress: Callable[[str], None] | None = None) -> None:
-        """Choose cuBLAS or the Triton GEMV for each of the model's matrix shapes at batch 1
-        (`ops.tune_linear`; part of `warmup`, a no-op on the CPU). Fills `linear_choices`.
-
-        The choices are kept in GEMV_TUNING_FILE under sv's cache folder ($SV_CACHE_DIR, else
-        ~/.cache/sv), so later processes on this GPU skip the ~5 s of timing; SV_RETUNE=1 in
-        the environment measures again (and replaces what was kept)."""
-        w = self.model.weights
-        matrices = [w.lm_head] + [
-            m for layer in w.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        ]
-        retune = os.environ.get("SV_RETUNE", "") not in ("", "0")
-        self.linear_choices = ops.tune_linear(
-            matrices, cache_dir() / GEMV_TUNING_FILE, retune, progress
+        """Choose cuBLAS or the Triton GEMV for each of the model's matrices at batch 1
+        (`linear_plans.tune`; part of `warmup`; cuBLAS for all on the CPU) and give the plans
+        to the model. Fills `linear_choices`. Shapes kept in `tuning_cache` are not timed."""
+        plans, self.linear_choices = linear_plans.tune(
+            self.model.weights, self.tuning_cache, progress
         )
+        self.model.linear_plans = plans
 
     # --- block tables -----------------------------------------------------------------------
 
