@@ -275,23 +275,6 @@ def test_pdl_launches_give_the_same_logits_as_plain_launches(
                     r.execute(step)  # type: ignore[attr-defined]
 
 
-def test_decode_replay_recomputes_the_loaded_step(llama_1b_dir: Path) -> None:
-    """The bare replay the benchmark times computes the step that `decode_replay` loaded."""
-    from sv_model import StepInputs
-
-    runner = _runner(llama_1b_dir)
-    runner.tune_linear()  # type: ignore[attr-defined]
-    runner.set_block_tables([(0, list(range(8)))])  # type: ignore[attr-defined]
-    step = StepInputs([5], [40], [0], [1], [41], [0])
-    expected = runner.logits(step)  # type: ignore[attr-defined]
-    replay = runner.decode_replay(step)  # type: ignore[attr-defined]
-    graph = runner._graphs[1]  # type: ignore[attr-defined]
-    with torch.inference_mode():
-        graph.logits.zero_()
-    replay()
-    assert torch.equal(graph.logits[:1], expected)
-
-
 def test_engine_generation_agrees_with_teacher_forcing(
     engine_1b: Any, oracle_fp32: torch.nn.Module, oracle_bf16: torch.nn.Module
 ) -> None:
@@ -341,6 +324,8 @@ def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
     seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 200))] for _ in range(batch)]
     runner.set_block_tables([(i, list(range(i * 20, i * 20 + 20))) for i in range(batch)])  # type: ignore[attr-defined]
     runner.execute(_prefill_step(seqs))  # type: ignore[attr-defined]
+    graph = runner.decode_graphs.for_batch(batch)  # type: ignore[attr-defined]
+    assert graph.batch == 8
     mixes = [
         ([0.8, 1.0, 0.0, 1.3, 0.6], [0] * 5, [1.0] * 5),  # temperature only (one greedy row)
         ([0.8, 1.0, 0.7, 1.3, 0.6], [40, 0, 5, 1, 100], [1.0] * 5),  # top-k
@@ -353,7 +338,7 @@ def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
         )
         step = _decode_step(seqs, sampling)
         ids = runner.execute(step)  # type: ignore[attr-defined]
-        logits = runner._graphs[8].logits[:batch].clone()  # type: ignore[attr-defined]
+        logits = graph.logits[:batch].clone()
         want = ops.sample(
             logits,
             torch.tensor(temperature, device="cuda"),
@@ -365,7 +350,7 @@ def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
         assert ids == want.tolist(), f"mix {step_index % len(mixes)}"
         for s, t in zip(seqs, ids, strict=True):
             s.append(t)
-    assert len(runner._graphs[8]._samplers) == 4  # type: ignore[attr-defined]
+    assert graph.num_sampling_graphs == 4
 
 
 def test_decode_graph_feeds_tokens_still_on_the_device(llama_1b_dir: Path) -> None:
