@@ -29,7 +29,8 @@ if [ -z "${SV_SKIP_TESTS:-}" ]; then
     # Only the suites that hold GPU tests: other suites import packages the image lacks (gguf).
     python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib -ra -rP" \
         --continue-on-collection-errors ${SV_PYTEST_ARGS:-} \
-        packages/sv-kernels/tests packages/sv-model/tests packages/sv-weights/tests/test_weights_safetensors.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -60
+        packages/sv-kernels/tests packages/sv-model/tests packages/sv-weights/tests/test_weights_safetensors.py \
+        apps/cli/tests/test_bench_runner.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -60
     tests_rc=${PIPESTATUS[0]}
 fi
 

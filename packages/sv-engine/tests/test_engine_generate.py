@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 from sv_engine import Engine, EngineError, SamplingParams
+from sv_kernels import reference
 from sv_scheduler import AdmissionError
 
 PROMPTS = [
@@ -128,17 +129,36 @@ def test_cancel_returns_a_cancelled_completion(engine: Engine) -> None:
     assert_all_pages_free(engine)
 
 
-def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
+def test_seeded_sampling_draws_what_the_reference_sampler_draws(
+    engine: Engine, oracle: transformers.LlamaForCausalLM
+) -> None:
+    """Each sampled token is the reference sampler's draw on transformers' logits for the
+    sequence so far, with the request's seed and the token's output index as the step. Another
+    seed draws other tokens; seeds of any size reach the sampler as their low 32 bits."""
+
     def run(seed: int) -> list[int]:
         p = SamplingParams(
             max_new_tokens=10, temperature=1.0, top_p=0.9, seed=seed, ignore_eos=True
         )
         return engine.generate([PROMPTS[0]], p)[0].output_ids
 
-    assert run(1) == run(1)
+    prompt_ids = engine.encode_prompt(PROMPTS[0])
+    got = run(1)
+    with torch.no_grad():
+        ids = torch.tensor([prompt_ids + got])
+        logits = oracle(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    n = len(got)
+    want = reference.sample(
+        logits,
+        torch.full((n,), 1.0),
+        torch.zeros(n, dtype=torch.int32),
+        torch.full((n,), 0.9),
+        torch.full((n,), 1, dtype=torch.int64),
+        torch.arange(n, dtype=torch.int64),
+    )
+    assert got == want.tolist()
     assert run(1) != run(2)
-    # Seeds of any size work; only their low 32 bits (two's complement) reach the sampler.
-    assert run(2**70 + 1) == run(1)
+    assert run(2**70 + 1) == got
     assert run(-1) == run(2**32 - 1)
 
 

@@ -167,17 +167,6 @@ def test_rope_cache_write(
     )
 
 
-def test_rope_block_tokens_choice() -> None:
-    """Decode batches keep one token per program; long prompts get fatter programs."""
-    from sv_kernels.triton_ops.rope_cache import choose_block_tokens
-
-    assert choose_block_tokens(256, 3, 132) == 1
-    assert choose_block_tokens(2048, 3, 132) == 1  # 1,024 blocks x 3 parts < 32 per SM
-    assert choose_block_tokens(8192, 3, 132) == 4  # 2,048 x 3 >= 4,224; 1,024 x 3 is not
-    assert choose_block_tokens(100_000, 3, 132) == 8
-    assert choose_block_tokens(1, 3, 132) == 1
-
-
 @gpu_test
 @pytest.mark.parametrize("tokens", [256, 2048])
 @pytest.mark.parametrize("dtype", DTYPES)

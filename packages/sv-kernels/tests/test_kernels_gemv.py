@@ -9,8 +9,9 @@ import pytest
 import torch
 from kernels_testing import GPU, TOLERANCE, assert_close, gpu_test, randn
 from sv_kernels import KernelError, ops, reference, triton_ops, tuning_cache
+from sv_kernels.linear_plan import GemvTile, LinearPlan, TunedLinear
 from sv_kernels.triton_ops.gemv import CONFIGS
-from sv_kernels.tuning_cache import TunedShape
+from sv_kernels.tuning_cache import TunedShape, TuningCache
 
 BF16 = torch.bfloat16
 
@@ -107,99 +108,144 @@ def test_gemv_swiglu_rejects_an_odd_row_count(gen: torch.Generator) -> None:
 
 @gpu_test
 def test_tuned_linear_dispatch_and_graph_capture(gen: torch.Generator) -> None:
-    """After tuning, ops.linear on one row uses whatever won, gives the reference's result, and
-    captures in a CUDA graph (no tuning or host sync inside the call)."""
+    """With its tuned plan, ops.linear on one row runs whatever won, gives the reference's
+    result, and captures in a CUDA graph (no tuning or host sync inside the call)."""
     weights = [
         randn(gen, n, k, dtype=BF16) for n, k in ((3072, 2048), (2048, 8192), (128256, 2048))
     ]
-    report = ops.tune_linear(weights)
-    assert set(report) == {(3072, 2048), (2048, 8192), (128256, 2048)}
+    tuned = ops.tune_linear(weights)
+    assert len(tuned) == 3 and all(t.summary.endswith("measured") for t in tuned), tuned
+    plan = tuned[0].plan
     x = randn(gen, 1, 2048, dtype=BF16)
     graph = torch.cuda.CUDAGraph()
     static_x = x.clone()
-    ops.linear(static_x, weights[0])  # warm-up outside capture
+    ops.linear(static_x, weights[0], plan=plan)  # warm-up outside capture
     with torch.cuda.graph(graph):
-        out = ops.linear(static_x, weights[0])
+        out = ops.linear(static_x, weights[0], plan=plan)
     static_x.copy_(randn(gen, 1, 2048, dtype=BF16))
     graph.replay()
     assert_close(out, reference.linear(static_x, weights[0]), "graphed linear")
     # more than one row always goes to cuBLAS
     two = randn(gen, 2, 2048, dtype=BF16)
-    assert torch.equal(ops.linear(two, weights[0]), reference.linear(two, weights[0]))
+    assert torch.equal(ops.linear(two, weights[0], plan=plan), reference.linear(two, weights[0]))
 
 
-# `triton_ops.gemv` is the function; the module holds the tuner's state.
+# `triton_ops.gemv` is the function; its module holds the tuner and its timing.
 GEMV_MODULE = importlib.import_module("sv_kernels.triton_ops.gemv")
 
 
-def _tune_in_a_new_process(
-    monkeypatch: pytest.MonkeyPatch,
+def _tune(
     weights: list[torch.Tensor],
-    path: Path,
+    path: Path | None,
     retune: bool = False,
     heard: list[str] | None = None,
-) -> dict[tuple[int, int], str]:
-    monkeypatch.setattr(GEMV_MODULE, "_CHOICE", {})  # the tuner's memory, as a new process has it
+) -> list[TunedLinear]:
     progress = None if heard is None else heard.append
-    return GEMV_MODULE.tune_gemv(weights, path, retune, progress)  # type: ignore[no-any-return]
+    cache = None if path is None else TuningCache(path, retune)
+    return GEMV_MODULE.tune_gemv(weights, cache, progress)  # type: ignore[no-any-return]
 
 
-def test_tuner_keeps_its_choices_for_the_next_process(
-    gen: torch.Generator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With the timing faked (this runs on the CPU): a new process takes the kept choices and
-    times nothing; retune=True times again and replaces them; a kept choice that is not one of
-    this code's candidates is timed again."""
+def _fake_timing(
+    monkeypatch: pytest.MonkeyPatch, winner: list[GemvTile | None]
+) -> list[tuple[int, int]]:
+    """Replace the tuner's timing (this runs on the CPU): cuBLAS 2 us, `winner[0]` 1 us.
+    Returns the list of shapes timed, filled as the tuner times them."""
     timed: list[tuple[int, int]] = []
-    winner: list[tuple[int, int, int] | None] = [CONFIGS[1]]
 
-    def fake_timing(w: torch.Tensor) -> tuple[float, tuple[int, int, int] | None, float]:
+    def fake_timing(w: torch.Tensor) -> tuple[float, GemvTile | None, float]:
         timed.append((w.shape[0], w.shape[1]))
         return 0.002, winner[0], 0.001
 
     monkeypatch.setattr(GEMV_MODULE, "_time_candidates", fake_timing)
     monkeypatch.setattr(GEMV_MODULE, "tuning_fingerprint", lambda device: "test GPU")
+    return timed
+
+
+def test_tuner_keeps_its_choices_for_the_next_process(
+    gen: torch.Generator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the timing faked: a later tuning takes the kept choices and times nothing;
+    retune=True times again and replaces them; a kept choice that is not one of this code's
+    candidates is timed again."""
+    winner: list[GemvTile | None] = [CONFIGS[1]]
+    timed = _fake_timing(monkeypatch, winner)
     weights = [randn(gen, 48, 32, dtype=BF16), randn(gen, 32, 32, dtype=BF16)]
     weights.append(randn(gen, 48, 32, dtype=BF16))  # a shape seen twice is timed once
     path = tmp_path / "tuning.json"
 
     heard: list[str] = []
-    first = _tune_in_a_new_process(monkeypatch, weights, path, heard=heard)
+    first = _tune(weights, path, heard=heard)
     assert timed == [(48, 32), (32, 32)]
     assert heard == [f"timing the batch-1 GEMV tiles against cuBLAS (kept in {path})"]
-    assert first[(48, 32)] == f"triton gemv {CONFIGS[1]}: 1.0 us (cuBLAS 2.0 us), measured"
-    second = _tune_in_a_new_process(monkeypatch, weights, path, heard=heard)
+    assert first[0].summary == f"triton gemv {CONFIGS[1]}: 1.0 us (cuBLAS 2.0 us), measured"
+    assert first[0] == first[2] and len(first) == 3
+    second = _tune(weights, path, heard=heard)
     assert len(timed) == 2, "kept shapes must not be timed again"
     assert len(heard) == 1, "nothing timed, nothing to announce"
-    assert second[(48, 32)].endswith("kept from the tuning cache")
-    assert GEMV_MODULE.gemv_config(weights[0]) == CONFIGS[1]
+    assert second[0].summary.endswith("kept from the tuning cache")
+    assert second[0].plan == LinearPlan(one_row_gemv=CONFIGS[1])
 
     winner[0] = None  # cuBLAS wins the re-measurement
-    _tune_in_a_new_process(monkeypatch, weights, path, retune=True)
-    assert len(timed) == 4 and GEMV_MODULE.gemv_config(weights[0]) is None
+    third = _tune(weights, path, retune=True)
+    assert len(timed) == 4 and third[0].plan == LinearPlan(one_row_gemv=None)
     kept = tuning_cache.load(path, "test GPU")
     assert {tuned.choice for tuned in kept.values()} == {None}
 
     tuning_cache.store(path, "test GPU", {"32x32 torch.bfloat16": TunedShape((3, 3, 3), 1, 1)})
-    _tune_in_a_new_process(monkeypatch, weights, path)
+    _tune(weights, path)
     assert timed[4:] == [(32, 32)], "a kept choice that is no candidate is measured again"
 
 
-@gpu_test
-def test_real_tuning_is_kept_for_the_next_process(
-    gen: torch.Generator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_two_tunings_in_one_process_keep_their_own_plans(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two owners of the same weight shape (two model runners) tuned in one process, to
+    different winners: each gets its own plan, the second tuning times afresh instead of
+    reusing the first's, and ops.linear with each plan runs that plan's kernel (the dispatch
+    taken as on CUDA; the GEMV runs under the Triton interpreter) with the reference's result."""
+    winner: list[GemvTile | None] = [CONFIGS[1]]
+    timed = _fake_timing(monkeypatch, winner)
+    w = randn(gen, 48, 32, dtype=torch.float32)
+    plan_a = _tune([w], None)[0].plan
+    winner[0] = None
+    plan_b = _tune([w], None)[0].plan
+    assert timed == [(48, 32), (48, 32)], "the second tuning must not see the first's result"
+    assert plan_a == LinearPlan(one_row_gemv=CONFIGS[1]) and plan_b == LinearPlan()
+
+    launched: list[GemvTile | None] = []
+    gemv = triton_ops.gemv
+
+    def recording_gemv(
+        x: torch.Tensor, w: torch.Tensor, config: GemvTile | None = None, **kw: object
+    ) -> torch.Tensor:
+        launched.append(config)
+        return gemv(x, w, config, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(triton_ops, "gemv", recording_gemv)
+    monkeypatch.setattr(ops, "_on_cuda", lambda t: True)
+    x = randn(gen, 1, 32, dtype=torch.float32)
+    for plan in (plan_a, plan_b, plan_a):
+        assert_close(ops.linear(x, w, plan=plan), reference.linear(x, w), f"linear {plan}")
+    assert launched == [CONFIGS[1], CONFIGS[1]], "plan b (cuBLAS) must not run the GEMV"
+    gate_up = randn(gen, 64, 32, dtype=torch.float32)
+    want = reference.swiglu(reference.linear(x, gate_up))
+    assert_close(ops.linear_swiglu(x, gate_up, plan=plan_a), want, "fused swiglu")
+    assert launched[-1] == CONFIGS[1]
+
+
+@gpu_test
+def test_real_tuning_is_kept_for_the_next_process(gen: torch.Generator, tmp_path: Path) -> None:
     """On the GPU: real timings, kept under this GPU's fingerprint, are taken as they are."""
     weights = [randn(gen, 3072, 2048, dtype=BF16), randn(gen, 2048, 2048, dtype=BF16)]
     path = tmp_path / "tuning.json"
-    first = _tune_in_a_new_process(monkeypatch, weights, path)
-    assert all(note.endswith("measured") for note in first.values()), first
-    chosen = dict(GEMV_MODULE._CHOICE)
+    first = _tune(weights, path)
+    assert all(t.summary.endswith("measured") for t in first), first
 
     def no_timing(w: torch.Tensor) -> None:
         raise AssertionError("a kept shape was timed again")
 
-    monkeypatch.setattr(GEMV_MODULE, "_time_candidates", no_timing)
-    second = _tune_in_a_new_process(monkeypatch, weights, path)
-    assert chosen == GEMV_MODULE._CHOICE
-    assert [n.split(", ")[0] for n in second.values()] == [n.split(", ")[0] for n in first.values()]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(GEMV_MODULE, "_time_candidates", no_timing)
+        second = _tune(weights, path)
+    assert [t.plan for t in second] == [t.plan for t in first]
+    assert [t.summary.split(", ")[0] for t in second] == [t.summary.split(", ")[0] for t in first]

@@ -9,8 +9,10 @@ rounding, not correctness).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -221,56 +223,56 @@ def test_cuda_graph_decode_equals_eager(llama_1b_dir: Path) -> None:
         eager.execute(step)  # type: ignore[attr-defined]
 
 
-def test_pdl_launches_give_the_same_logits_as_plain_launches(llama_1b_dir: Path) -> None:
+def test_pdl_launches_give_the_same_logits_as_plain_launches(
+    llama_1b_dir: Path, tmp_path: Path
+) -> None:
     """Programmatic dependent launch starts each kernel under the previous one's tail; a kernel
     that read an activation before its wait would race. Same kernels, same inputs, graphs
     captured with and without PDL: bit-identical logits at batch 1 (the GEMV path, which
     prefetches weights before its wait) and batch 5, over many steps."""
+    from sv_kernels import TuningCache
     from sv_kernels.triton_ops import _common
 
     if not _common.use_pdl(torch.device("cuda")):
         pytest.skip("PDL needs a Hopper or later GPU (and SV_PDL not 0)")
-    with_pdl = _runner(llama_1b_dir)
-    # Tuned, batch 1 runs the Triton GEMVs and their fused epilogues.
+    # Both tuned to the same plans (the second reads the first's from the cache), so that
+    # batch 1 runs the same Triton GEMVs and fused epilogues in both.
+    cache = TuningCache(tmp_path / "gemv-tuning.json")
+    with_pdl = _runner(llama_1b_dir, tuning_cache=cache)
+    plain = _runner(llama_1b_dir, tuning_cache=cache)
     with_pdl.tune_linear()  # type: ignore[attr-defined]
-    _common.PDL_OVERRIDE = False
-    try:
-        plain = _runner(llama_1b_dir)
-    finally:
-        _common.PDL_OVERRIDE = None
+    plain.tune_linear()  # type: ignore[attr-defined]
+    assert plain.model.linear_plans == with_pdl.model.linear_plans  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def launches(runner: object) -> Iterator[None]:
+        """Everything `plain` launches or captures goes without PDL."""
+        _common.PDL_OVERRIDE = False if runner is plain else None
+        try:
+            yield
+        finally:
+            _common.PDL_OVERRIDE = None
+
     rng = random.Random(3)
     for batch in (1, 5):
         seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 300))] for _ in range(batch)]
         tables = [(i, list(range(i * 40, i * 40 + 40))) for i in range(batch)]
         for r in (with_pdl, plain):
-            r.set_block_tables(tables)  # type: ignore[attr-defined]
-            r.execute(_prefill_step(seqs))  # type: ignore[attr-defined]
+            with launches(r):
+                r.set_block_tables(tables)  # type: ignore[attr-defined]
+                r.execute(_prefill_step(seqs))  # type: ignore[attr-defined]
         for _ in range(16):
             step = _decode_step(seqs)
-            a = with_pdl.logits(step)  # type: ignore[attr-defined]
-            b = plain.logits(step)  # type: ignore[attr-defined]
+            with launches(with_pdl):
+                a = with_pdl.logits(step)  # type: ignore[attr-defined]
+            with launches(plain):
+                b = plain.logits(step)  # type: ignore[attr-defined]
             assert torch.equal(a, b), f"batch {batch}: PDL changed the logits (rel {rel(a, b)})"
             for s, t in zip(seqs, a.argmax(-1).tolist(), strict=True):
                 s.append(t)
-            with_pdl.execute(step)  # type: ignore[attr-defined]
-            plain.execute(step)  # type: ignore[attr-defined]
-
-
-def test_decode_replay_recomputes_the_loaded_step(llama_1b_dir: Path) -> None:
-    """The bare replay the benchmark times computes the step that `decode_replay` loaded."""
-    from sv_model import StepInputs
-
-    runner = _runner(llama_1b_dir)
-    runner.tune_linear()  # type: ignore[attr-defined]
-    runner.set_block_tables([(0, list(range(8)))])  # type: ignore[attr-defined]
-    step = StepInputs([5], [40], [0], [1], [41], [0])
-    expected = runner.logits(step)  # type: ignore[attr-defined]
-    replay = runner.decode_replay(step)  # type: ignore[attr-defined]
-    graph = runner._graphs[1]  # type: ignore[attr-defined]
-    with torch.inference_mode():
-        graph.logits.zero_()
-    replay()
-    assert torch.equal(graph.logits[:1], expected)
+            for r in (with_pdl, plain):
+                with launches(r):
+                    r.execute(step)  # type: ignore[attr-defined]
 
 
 def test_engine_generation_agrees_with_teacher_forcing(
@@ -322,6 +324,8 @@ def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
     seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 200))] for _ in range(batch)]
     runner.set_block_tables([(i, list(range(i * 20, i * 20 + 20))) for i in range(batch)])  # type: ignore[attr-defined]
     runner.execute(_prefill_step(seqs))  # type: ignore[attr-defined]
+    graph = runner.decode_graphs.for_batch(batch)  # type: ignore[attr-defined]
+    assert graph.batch == 8
     mixes = [
         ([0.8, 1.0, 0.0, 1.3, 0.6], [0] * 5, [1.0] * 5),  # temperature only (one greedy row)
         ([0.8, 1.0, 0.7, 1.3, 0.6], [40, 0, 5, 1, 100], [1.0] * 5),  # top-k
@@ -334,7 +338,7 @@ def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
         )
         step = _decode_step(seqs, sampling)
         ids = runner.execute(step)  # type: ignore[attr-defined]
-        logits = runner._graphs[8].logits[:batch].clone()  # type: ignore[attr-defined]
+        logits = graph.logits[:batch].clone()
         want = ops.sample(
             logits,
             torch.tensor(temperature, device="cuda"),
@@ -346,7 +350,7 @@ def test_graphed_sampling_equals_eager_sampling(llama_1b_dir: Path) -> None:
         assert ids == want.tolist(), f"mix {step_index % len(mixes)}"
         for s, t in zip(seqs, ids, strict=True):
             s.append(t)
-    assert len(runner._graphs[8]._samplers) == 4  # type: ignore[attr-defined]
+    assert graph.num_sampling_graphs == 4
 
 
 def test_decode_graph_feeds_tokens_still_on_the_device(llama_1b_dir: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from sv_model import LlamaWeights, ModelRunner, StepInputs
+from sv_model import LlamaWeights, ModelRunner, StepInputs, warmup
 from sv_weights import LlamaConfig, load_checkpoint
 
 PAGE = 16
@@ -149,20 +149,34 @@ def test_batch_composition_does_not_change_logits(tiny_dir: Path) -> None:
         assert rel(together[i], alone[0]) < 1e-5
 
 
-def test_decode_replay_needs_cuda_graphs(tiny_dir: Path) -> None:
-    runner = make_runner(tiny_dir)
-    step = StepInputs([1], [0], [0], [1], [1], [0])
-    with pytest.raises(ValueError, match="CUDA graphs"):
-        runner.decode_replay(step)
-
-
 def test_warmup_reports_its_phases_and_touches_only_the_scratch_page(tiny_dir: Path) -> None:
     """Warm-up (run on the CPU here: the same prefills, no graphs or tuning) tells its caller
     what it is doing, and writes the KV cache only through the scratch slot's page."""
     runner = make_runner(tiny_dir, num_pages=64)
     heard: list[str] = []
     runner.warmup(max_prefill_tokens=64, progress=heard.append)
-    assert heard[0].startswith("warm-up on cpu: compiling kernels for 7 prompt lengths"), heard
+    lengths = len(warmup.prompt_lengths(64))
+    assert heard[0].startswith(f"warm-up on cpu: compiling kernels for {lengths} prompt"), heard
     assert heard[-1].startswith("warm-up done in ") and len(heard) == 2, heard
     assert runner.kv.k[:, runner.scratch_page].abs().sum() > 0  # the prefills did run
     assert not runner.kv.k[:, : runner.num_pages].any() and not runner.kv.v[:, :64].any()
+
+
+def test_warmup_lengths_reach_every_compile_variant_of_a_single_prompt() -> None:
+    """Every prompt of 1 to 8,192 tokens, alone in a step, compiles nothing the warm-up did
+    not: some warm-up length has the same prefill query tile (the next power of two, 16 to
+    128), the same kind of integer (1, a multiple of 16, neither) and the same RoPE tokens per
+    program (Llama 3.2 1B's 3 program groups per token block on 132 SMs)."""
+    from sv_kernels.triton_ops.rope_cache import choose_block_tokens
+
+    def variant(n: int) -> tuple[int, str, int]:
+        tile = min(128, max(16, 1 << (n - 1).bit_length()))
+        kind = "one" if n == 1 else "multiple of 16" if n % 16 == 0 else "other"
+        return tile, kind, choose_block_tokens(n, 3, 132)
+
+    for largest in (8192, 3000, 64):
+        lengths = warmup.prompt_lengths(largest)
+        assert max(lengths) == largest and min(lengths) >= 1
+        covered = {variant(n) for n in lengths}
+        missed = [n for n in range(1, largest + 1) if variant(n) not in covered]
+        assert not missed, f"up to {largest}: lengths {missed[:5]}... compile after warm-up"

@@ -221,7 +221,9 @@ def _random_prompts(rng: random.Random, count: int, lo: int, hi: int) -> list[li
 def bench_decode_b1(report: Report, engine: Any, roof: dict[str, float], new_tokens: int) -> None:
     from sv_engine import SamplingParams
 
-    weight_bytes = engine.runner.weight_bytes_per_decode_step()
+    from sv_cli.bench_runner import weight_bytes_per_decode_step
+
+    weight_bytes = weight_bytes_per_decode_step(engine.runner.model.weights)
     rng = random.Random(1)
     warm, prompt = _random_prompts(rng, 2, 128, 128)  # distinct: no prefix-cache hit
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
@@ -260,6 +262,8 @@ def bench_decode_step(report: Report, engine: Any, roof: dict[str, float], batch
     import torch
     from sv_model import StepInputs
 
+    from sv_cli.bench_runner import decode_replay, weight_bytes_per_decode_step
+
     runner = engine.runner
     slot = runner.scratch_slot
     step = StepInputs(
@@ -270,7 +274,7 @@ def bench_decode_step(report: Report, engine: Any, roof: dict[str, float], batch
         seq_lens=[701] * batch,
         sample_rows=list(range(batch)),
     )
-    replay = runner.decode_replay(step)
+    replay = decode_replay(runner, step)
     replays = 20
 
     def replay_all() -> None:
@@ -279,7 +283,7 @@ def bench_decode_step(report: Report, engine: Any, roof: dict[str, float], batch
 
     ms = _cuda_ms(replay_all, iters=5, warmup=1) / replays
     del torch
-    weight_bytes = runner.weight_bytes_per_decode_step()
+    weight_bytes = weight_bytes_per_decode_step(runner.model.weights)
     report.add(
         Row(
             f"decode step GPU time, batch {batch}",
@@ -296,6 +300,8 @@ def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
     import torch
     from sv_engine import SamplingParams
 
+    from sv_cli.bench_runner import num_parameters
+
     config = engine.runner.config
     prompt = _random_prompts(random.Random(2), 1, 2048, 2048)[0]
     params = SamplingParams(max_new_tokens=1, ignore_eos=True)
@@ -311,7 +317,7 @@ def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
     # Every matrix but the LM head (which sees only the last token), plus causal attention.
     n = len(prompt)
     matrices = (
-        engine.runner.num_parameters(include_embedding=False)
+        num_parameters(engine.runner.model.weights, include_embedding=False)
         - config.vocab_size * config.hidden_size
     )
     flops = 2 * matrices * n + 2 * config.vocab_size * config.hidden_size
@@ -334,6 +340,8 @@ def bench_throughput(
     import torch
     from sv_engine import SamplingParams
 
+    from sv_cli.bench_runner import kv_pool_bytes
+
     rng = random.Random(0)
     prompts = _random_prompts(rng, count, 100, 1024)
     news = [rng.randint(100, 1024) if variable else new_tokens for _ in prompts]
@@ -355,7 +363,7 @@ def bench_throughput(
                 pending.discard(event.request_id)
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30
-    pool = engine.runner.kv_pool_bytes() / 2**30
+    pool = kv_pool_bytes(engine.runner.kv) / 2**30
     report.add(
         Row(
             name,
@@ -533,8 +541,10 @@ def bench_main(argv: list[str]) -> int:
         kernel_bench.main(["--json", str(Path(args.workdir) / "kernels.json")])
     engine_workloads = {"decode", "prefill", "throughput", "plain", "var"}
     if args.profile or any(want(name) for name in engine_workloads):
+        from sv_cli.bench_runner import kv_pool_bytes
+
         engine = _engine(model_dir, max_num_seqs=256)
-        report.info["kv_pool_gib"] = engine.runner.kv_pool_bytes() / 2**30
+        report.info["kv_pool_gib"] = kv_pool_bytes(engine.runner.kv) / 2**30
         for shape, choice in engine.runner.linear_choices.items():
             print(f"[bench] linear {shape[0]}x{shape[1]} at batch 1: {choice}", flush=True)
         if want("decode"):

@@ -11,7 +11,6 @@ so CPU users never import triton.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -19,6 +18,8 @@ from torch import Tensor
 
 from . import reference
 from .errors import KernelError
+from .linear_plan import CUBLAS, LinearPlan, TunedLinear
+from .tuning_cache import TuningCache
 
 
 def _on_cuda(t: Tensor) -> bool:
@@ -125,23 +126,23 @@ def rms_norm(
     return reference.rms_norm(x, weight, eps, residual)
 
 
-def linear(x: Tensor, weight: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+def linear(
+    x: Tensor, weight: Tensor, out_dtype: torch.dtype | None = None, plan: LinearPlan = CUBLAS
+) -> Tensor:
     """x [T, K] @ weight [N, K]^T, as `torch.nn.functional.linear` (cuBLAS on CUDA), in
     out_dtype if given (the LM head's FP32 logits; on the CPU, `.to(out_dtype)` afterwards).
 
-    A one-row CUDA call (a batch-1 decode step) goes to the Triton GEMV instead when
-    `tune_linear` measured it faster for this weight's shape; it writes out_dtype itself.
+    `plan` is this weight's (see `linear_plan`): a one-row CUDA call (a batch-1 decode step)
+    goes to the Triton GEMV with the plan's tile when it has one; it writes out_dtype itself.
     FP32 out of 16-bit inputs on CUDA comes straight from cuBLAS's FP32 accumulator
     (`torch.mm`'s out_dtype): at batch 256 the LM head's BF16 logits are 66 MB, and widening
     them afterwards was a ~95 us kernel per step on the H200. Those logits are then not rounded
     to BF16 first, unlike the GEMV's (BF16 results may differ across batch sizes anyway).
     """
-    if _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
+    if plan.one_row_gemv is not None and _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
         from . import triton_ops
 
-        config = triton_ops.gemv_config(weight)
-        if config is not None:
-            return triton_ops.gemv(x, weight, config, out_dtype=out_dtype)
+        return triton_ops.gemv(x, weight, plan.one_row_gemv, out_dtype=out_dtype)
     if (
         out_dtype == torch.float32
         and _on_cuda(x)
@@ -154,41 +155,44 @@ def linear(x: Tensor, weight: Tensor, out_dtype: torch.dtype | None = None) -> T
     return out if out_dtype is None else out.to(out_dtype)
 
 
-def linear_swiglu(x: Tensor, gate_up: Tensor) -> Tensor:
+def linear_swiglu(x: Tensor, gate_up: Tensor, plan: LinearPlan = CUBLAS) -> Tensor:
     """swiglu(linear(x, gate_up)) for a packed [gate; up] projection [2I, K] -> [T, I].
 
-    A one-row CUDA call whose shape the GEMV tuner gave to Triton runs as one kernel: the GEMV
-    applies SwiGLU to its own outputs (same bits as the two ops); anything else runs both ops.
-    The fused kernel uses the tile tuned for the plain GEMV of this shape: its programs stream
+    A one-row CUDA call whose plan gives the GEMV a tile runs as one kernel: the GEMV applies
+    SwiGLU to its own outputs (same bits as the two ops); anything else runs both ops. The
+    fused kernel uses the tile tuned for the plain GEMV of this weight: its programs stream
     the same number of weight rows (half gate, half up), so the timing carries over.
     """
-    if _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
+    tile = plan.one_row_gemv
+    one_row = _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1
+    if tile is not None and one_row and gate_up.shape[0] % 2 == 0:
         from . import triton_ops
 
-        config = triton_ops.gemv_config(gate_up)
-        if config is not None and gate_up.shape[0] % 2 == 0:
-            return triton_ops.gemv(x, gate_up, config, swiglu=True)
-    return swiglu(linear(x, gate_up))
+        return triton_ops.gemv(x, gate_up, tile, swiglu=True)
+    return swiglu(linear(x, gate_up, plan=plan))
 
 
 def tune_linear(
     weights: list[Tensor],
-    cache_file: Path | None = None,
-    retune: bool = False,
+    cache: TuningCache | None = None,
     progress: Callable[[str], None] | None = None,
-) -> dict[tuple[int, int], str]:
+) -> list[TunedLinear]:
     """Measure, for each distinct CUDA weight shape, whether the Triton GEMV beats cuBLAS at
-    one row (see `triton_ops.gemv`). Call before capturing CUDA graphs; a no-op on the CPU.
+    one row (see `triton_ops.gemv`); returns one `TunedLinear` per weight, in order (cuBLAS,
+    untimed, for a weight not on CUDA). Call before capturing CUDA graphs.
 
-    cache_file: where results are kept between processes (see `tuning_cache`); shapes found
-    there for this GPU and software are not measured again, unless `retune`. `progress` hears
+    cache: where results are kept between processes (see `tuning_cache`); shapes found there
+    for this GPU and software are not measured again, unless `cache.retune`. `progress` hears
     a line before any timing starts."""
     cuda = [w for w in weights if _on_cuda(w)]
-    if not cuda:
-        return {}
-    from . import triton_ops
+    tuned: list[TunedLinear] = []
+    if cuda:
+        from . import triton_ops
 
-    return triton_ops.tune_gemv(cuda, cache_file, retune, progress)
+        tuned = triton_ops.tune_gemv(cuda, cache, progress)
+    on_cuda = iter(tuned)
+    untimed = TunedLinear(CUBLAS, "cuBLAS: not on CUDA, not timed")
+    return [next(on_cuda) if _on_cuda(w) else untimed for w in weights]
 
 
 def swiglu(gate_up: Tensor) -> Tensor:

@@ -12,6 +12,10 @@ candidate list is another fingerprint, and its shapes are timed afresh.
          "3072x2048 torch.bfloat16": {"choice": [2, 512, 2], "us": 4.5, "cublas_us": 6.9},
          "2048x2048 torch.bfloat16": {"choice": null, "us": 6.5, "cublas_us": 6.5}}}}
 
+Where the file lives and whether to trust it are the caller's to decide (an app reads its
+cache folder and a "measure again" switch from its settings), given to the tuner as a
+`TuningCache`; nothing here reads the environment.
+
 A cache is only ever a shortcut: a file that cannot be read or parsed, or an entry that does not
 look right, is a warning and a fresh measurement; a file that cannot be written is a warning.
 Writes go to a temporary file renamed into place, so a reader never sees half a file.
@@ -29,6 +33,15 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TuningCache:
+    """A tuning cache file and whether to use what it holds: `retune` measures every shape
+    again (and replaces the file's entries for them)."""
+
+    path: Path
+    retune: bool = False
 
 
 @dataclass(frozen=True)

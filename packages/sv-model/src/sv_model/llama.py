@@ -17,6 +17,7 @@ from sv_kernels.rope_tables import Llama3RopeScaling, rope_tables
 from sv_weights import LlamaConfig
 from torch import Tensor
 
+from sv_model.linear_plans import LinearPlans
 from sv_model.weights import LlamaWeights
 
 
@@ -83,11 +84,15 @@ class AttentionMetadata:
 
 
 class LlamaModel:
-    """Llama 3 / SmolLM2-style decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP."""
+    """Llama 3 / SmolLM2-style decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP.
+
+    `linear_plans` says how each matrix is multiplied (cuBLAS until its owner tunes them); a
+    CUDA graph captured earlier keeps the kernels it was captured with."""
 
     def __init__(self, config: LlamaConfig, weights: LlamaWeights, max_positions: int) -> None:
         self.config = config
         self.weights = weights
+        self.linear_plans = LinearPlans.untuned(config.num_hidden_layers)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -127,15 +132,15 @@ class LlamaModel:
         Only the rows named by `logits_indices` go through the LM head (for a prompt, just its
         last token); `None` means every token (used by teacher-forced tests).
         """
-        w = self.weights
+        w, plans = self.weights, self.linear_plans
         num_tokens = input_ids.shape[0]
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         hidden = ops.embedding(input_ids, w.embed)
         residual: Tensor | None = None
-        for layer_idx, layer in enumerate(w.layers):
+        for layer_idx, (layer, plan) in enumerate(zip(w.layers, plans.layers, strict=True)):
             x, residual = ops.rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps, residual)
-            qkv = ops.linear(x, layer.qkv)
+            qkv = ops.linear(x, layer.qkv, plan=plan.qkv)
             q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
             v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -158,12 +163,13 @@ class LlamaModel:
                     self.scale,
                     attn.max_seqlen_q,
                 )
-            hidden = ops.linear(o.view(num_tokens, q_size), layer.o)
+            hidden = ops.linear(o.view(num_tokens, q_size), layer.o, plan=plan.o)
             x, residual = ops.rms_norm(
                 hidden, layer.post_attention_norm, self.config.rms_norm_eps, residual
             )
-            hidden = ops.linear(ops.linear_swiglu(x, layer.gate_up), layer.down)
+            mlp = ops.linear_swiglu(x, layer.gate_up, plan=plan.gate_up)
+            hidden = ops.linear(mlp, layer.down, plan=plan.down)
         x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices)
-        return ops.linear(x, w.lm_head, out_dtype=torch.float32)
+        return ops.linear(x, w.lm_head, out_dtype=torch.float32, plan=plans.lm_head)

@@ -15,7 +15,7 @@ from .decode_attention import choose_num_splits, paged_decode_attention
 from .decode_metadata import decode_metadata
 from .embedding import embedding
 from .feed_tokens import feed_tokens
-from .gemv import gemv, gemv_config, tune_gemv
+from .gemv import gemv, tune_gemv
 from .prefill_attention import prefill_attention
 from .rms_norm import rms_norm
 from .rope_cache import rope_cache_write
@@ -29,7 +29,6 @@ __all__ = [
     "embedding",
     "feed_tokens",
     "gemv",
-    "gemv_config",
     "paged_decode_attention",
     "prefill_attention",
     "rms_norm",

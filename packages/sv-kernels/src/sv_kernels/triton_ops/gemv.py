@@ -10,8 +10,8 @@ program p owns BLOCK_N consecutive output features (rows of W), walks K in BLOCK
 16-byte loads, accumulates in FP32 and reduces once at the end.
 
 Whether it beats cuBLAS depends on the shape and the chip, so nothing assumes it does:
-`tune_gemv` times both (and a few tile shapes) for each weight shape the model has, and
-`gemv_config` tells the caller what won. The model asks only outside CUDA-graph capture.
+`tune_gemv` times both (and a few tile shapes) for each weight shape the model has and returns
+a `LinearPlan` per weight; its caller keeps them and passes each to `ops.linear`.
 
 `swiglu=True` gives the gate/up projection a SwiGLU epilogue: a program takes gate rows and the
 matching up rows and writes silu(gate) * up, which saves the decode step one launch per layer
@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import triton
@@ -32,6 +31,7 @@ import triton.language as tl
 from .. import tuning_cache
 from ..errors import KernelError
 from ..graphs import graph_ms_per_call, sets_to_overflow_l2
+from ..linear_plan import GemvTile, LinearPlan, TunedLinear
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
 
 
@@ -129,7 +129,7 @@ def _gemv_kernel(
 # (BLOCK_N, BLOCK_K, num_warps) candidates; the tuner keeps the fastest per shape.
 # On the H200 the narrowest, longest tiles won on every Llama 3.2 1B shape (2 x 1024, 4 warps:
 # many programs in flight, each streaming two long rows), so the list leans that way.
-CONFIGS: tuple[tuple[int, int, int], ...] = (
+CONFIGS: tuple[GemvTile, ...] = (
     (2, 1024, 4),
     (2, 2048, 4),
     (2, 2048, 8),
@@ -139,14 +139,11 @@ CONFIGS: tuple[tuple[int, int, int], ...] = (
     (8, 512, 8),
 )
 
-# (N, K, dtype) -> the winning config, or None where cuBLAS won.
-_CHOICE: dict[tuple[int, int, torch.dtype], tuple[int, int, int] | None] = {}
-
 
 def gemv(
     x: torch.Tensor,
     w: torch.Tensor,
-    config: tuple[int, int, int] | None = None,
+    config: GemvTile | None = None,
     swiglu: bool = False,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
@@ -190,11 +187,6 @@ def gemv(
     return out
 
 
-def gemv_config(w: torch.Tensor) -> tuple[int, int, int] | None:
-    """The tuned config for w's shape, None if cuBLAS won or the shape was never tuned."""
-    return _CHOICE.get((w.shape[0], w.shape[1], w.dtype))
-
-
 # Tuning replays each candidate from a CUDA graph, as the decode step runs it: timing eager
 # calls measured the host's launch cost too, which on a slow host made cuBLAS (a cheaper launch
 # from Python) "win" shapes where its kernel is the slower one. Each replay makes
@@ -205,56 +197,56 @@ _TUNE_CALLS = 20
 
 def tune_gemv(
     weights: list[torch.Tensor],
-    cache_file: Path | None = None,
-    retune: bool = False,
+    cache: tuning_cache.TuningCache | None = None,
     progress: Callable[[str], None] | None = None,
-) -> dict[tuple[int, int], str]:
-    """Time cuBLAS and every config on each distinct weight shape; remember the winners.
+) -> list[TunedLinear]:
+    """Time cuBLAS and every config on each distinct weight shape; one result per weight.
 
-    cache_file: a `tuning_cache` file. Shapes it holds for this GPU and software (see
-    `tuning_fingerprint`) are not timed again; shapes timed here are added to it. retune=True
-    times every shape anyway (and rewrites the file's entries). `progress` hears one line
-    before the first shape that has to be timed (a few seconds in all).
+    cache: a `tuning_cache` file. Shapes it holds for this GPU and software (see
+    `tuning_fingerprint`) are not timed again, unless `cache.retune`; shapes timed here are
+    added to it. `progress` hears one line before the first shape that has to be timed (a few
+    seconds in all). Weights of one shape share one result. Remembers nothing itself.
 
-    Returns shape -> a short description of the choice, for logs. Must not run while a CUDA
-    graph is being captured (it synchronizes and captures graphs of its own).
+    Must not run while a CUDA graph is being captured (it synchronizes and captures graphs of
+    its own).
     """
-    report: dict[tuple[int, int], str] = {}
-    todo = [w for w in weights if w.dim() == 2 and _key(w) not in _CHOICE]
-    if not todo:
-        return report
-    fingerprint = tuning_fingerprint(todo[0].device)
+    if not weights:
+        return []
+    fingerprint = tuning_fingerprint(weights[0].device)
     kept = {}
-    if cache_file is not None and not retune:
-        kept = tuning_cache.load(cache_file, fingerprint)
+    if cache is not None and not cache.retune:
+        kept = tuning_cache.load(cache.path, fingerprint)
     measured: dict[str, tuning_cache.TunedShape] = {}
-    for w in todo:
-        if _key(w) in _CHOICE:  # a second matrix of a shape already done
+    by_shape: dict[str, TunedLinear] = {}
+    for w in weights:
+        shape = _shape_key(w)
+        if shape in by_shape:  # a second matrix of a shape already done
             continue
-        shape = f"{w.shape[0]}x{w.shape[1]} {w.dtype}"
         tuned = kept.get(shape)
         if tuned is not None and tuned.choice is not None and tuned.choice not in CONFIGS:
             tuned = None  # not a candidate of this code (a hand-edited file): time it
         source = "kept from the tuning cache"
         if tuned is None:
             if progress is not None and not measured:
-                where = f" (kept in {cache_file})" if cache_file is not None else ""
+                where = f" (kept in {cache.path})" if cache is not None else ""
                 progress(f"timing the batch-1 GEMV tiles against cuBLAS{where}")
             cublas, best, best_ms = _time_candidates(w)
             tuned = measured[shape] = tuning_cache.TunedShape(best, best_ms * 1e3, cublas * 1e3)
             source = "measured"
-        _CHOICE[_key(w)] = None if tuned.choice is None else CONFIGS[CONFIGS.index(tuned.choice)]
-        name = "cuBLAS" if tuned.choice is None else f"triton gemv {tuned.choice}"
-        report[(w.shape[0], w.shape[1])] = (
-            f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}"
+        tile = None if tuned.choice is None else CONFIGS[CONFIGS.index(tuned.choice)]
+        name = "cuBLAS" if tile is None else f"triton gemv {tile}"
+        by_shape[shape] = TunedLinear(
+            LinearPlan(one_row_gemv=tile),
+            f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}",
         )
-    if cache_file is not None and measured:
-        tuning_cache.store(cache_file, fingerprint, measured)
-    return report
+    if cache is not None and measured:
+        tuning_cache.store(cache.path, fingerprint, measured)
+    return [by_shape[_shape_key(w)] for w in weights]
 
 
-def _key(w: torch.Tensor) -> tuple[int, int, torch.dtype]:
-    return (w.shape[0], w.shape[1], w.dtype)
+def _shape_key(w: torch.Tensor) -> str:
+    """A weight shape as the tuning cache names it: "3072x2048 torch.bfloat16"."""
+    return f"{w.shape[0]}x{w.shape[1]} {w.dtype}"
 
 
 def tuning_fingerprint(device: torch.device) -> str:
@@ -269,7 +261,7 @@ def tuning_fingerprint(device: torch.device) -> str:
     )
 
 
-def _time_candidates(w: torch.Tensor) -> tuple[float, tuple[int, int, int] | None, float]:
+def _time_candidates(w: torch.Tensor) -> tuple[float, GemvTile | None, float]:
     """(cuBLAS ms, the best config or None if cuBLAS won, its ms) per call, for weight w."""
     nbytes = w.numel() * w.element_size()
     copies = [w] + [w.clone() for _ in range(sets_to_overflow_l2(nbytes, w.device) - 1)]

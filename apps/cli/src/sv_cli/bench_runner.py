@@ -1,0 +1,45 @@
+"""What `sv bench` measures a model runner by: its sizes, and the bare replay of a decode step.
+
+The rooflines divide by these sizes (weight bytes a decode step reads, the KV pool), and the
+"decode step GPU time" row times `decode_replay`: the graph alone, without its input copy or
+any host work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sv_model import KVCache, LlamaWeights, ModelRunner, StepInputs
+
+
+def num_parameters(weights: LlamaWeights, include_embedding: bool = True) -> int:
+    """Parameters in the weights (a tied LM head counted once)."""
+    tensors = [weights.final_norm, weights.lm_head]
+    tensors += [t for layer in weights.layers for t in vars(layer).values()]
+    count = sum(t.numel() for t in tensors)
+    if include_embedding and weights.embed is not weights.lm_head:
+        count += weights.embed.numel()
+    return count
+
+
+def weight_bytes_per_decode_step(weights: LlamaWeights) -> int:
+    """Bytes of weights a decode step must read: every matrix once (the one embedding row per
+    token is negligible and not counted)."""
+    return num_parameters(weights, include_embedding=False) * weights.lm_head.element_size()
+
+
+def kv_pool_bytes(kv: KVCache) -> int:
+    return 2 * kv.k.numel() * kv.k.element_size()
+
+
+def decode_replay(runner: ModelRunner, step: StepInputs) -> Callable[[], None]:
+    """Load a decode step's inputs into its CUDA graph and return the bare replay: no input
+    copy, no host work, the graph alone (every call recomputes the same step). Needs CUDA
+    graphs and a step of one token per sequence that samples every row."""
+    graphs = runner.decode_graphs
+    if graphs is None or not step.is_decode:
+        raise ValueError("decode_replay needs CUDA graphs and a decode step")
+    if len(step.sample_rows) != len(step.seq_slots):
+        raise ValueError("decode_replay needs a step whose sample_rows are all its rows")
+    runner.logits(step)  # copies the step into its bucket's graph and replays it once
+    return graphs.for_batch(len(step.seq_slots)).replay_inputs_in_place

@@ -1,0 +1,38 @@
+"""How `ops.linear` multiplies by one weight matrix: a plan its owner chooses and passes along.
+
+cuBLAS runs every matmul except a one-row call (a batch-1 decode step), where a Triton GEMV
+tile may beat it for a weight's shape on a given GPU. `ops.tune_linear` measures that and
+returns one plan per weight; whoever owns the weights (the model runner) keeps the plans and
+hands each to `ops.linear` with its weight. Nothing in the process remembers a choice, so two
+runners (two GPUs, two tunings, two tests) never change each other's kernels. A plan is per
+weight, not per shape, so that a weight's storage format (quantized kinds and their scales)
+can join its kernel choice here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# (BLOCK_N, BLOCK_K, num_warps) of `triton_ops.gemv`.
+GemvTile = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """The kernels `ops.linear` runs for one weight. `one_row_gemv`: the Triton GEMV tile for a
+    one-row CUDA call, or None for cuBLAS there too (the default: nothing measured)."""
+
+    one_row_gemv: GemvTile | None = None
+
+
+# The plan of a weight nobody tuned: cuBLAS (or the CPU reference) for every call.
+CUBLAS = LinearPlan()
+
+
+@dataclass(frozen=True)
+class TunedLinear:
+    """What the tuner chose for one weight, and a line saying why (timings, and whether they
+    were measured now or kept from the tuning cache), for logs."""
+
+    plan: LinearPlan
+    summary: str

@@ -1,0 +1,218 @@
+"""CUDA graphs of decode steps: one per batch-size bucket, and sampling graphs beside them.
+
+A decode step is ~10 kernel launches per layer; for a 1B model at small batch the launch gaps
+would cost more than the kernels themselves, so decode replays graphs and only prefill (long,
+few launches per FLOP) runs eagerly. A step of B sequences replays the graph of the smallest
+bucket >= B; its padding rows feed token 0 at position 0 of the scratch slot, which writes only
+the scratch page. Once a step samples, the bucket also gets one sampling graph per mix of
+filters in use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from sv_kernels import graphs, ops
+from torch import Tensor
+
+from sv_model.step import SamplingRows
+
+# The decode forward pass on device tensors: (token ids, positions, slots) -> FP32 logits.
+DecodeForward = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def decode_buckets(max_batch: int) -> list[int]:
+    """Batch sizes that get a graph: 1, 2, 4, 8, then steps of 8 up to 32, of 16 up to 128
+    and of 32 beyond, ending at max_batch: a step pads its batch to the next bucket, so the
+    steps are small where padding would be a large share of the batch."""
+    buckets = [1, 2, 4, 8]
+    while buckets[-1] < max_batch:
+        buckets.append(buckets[-1] + (8 if buckets[-1] < 32 else 16 if buckets[-1] < 128 else 32))
+    return [b for b in buckets if b < max_batch] + [max_batch]
+
+
+class DecodeGraphs:
+    """The decode graph of every bucket, captured on first need (or all by `capture_all`).
+    They share one memory pool: they never run at the same time."""
+
+    def __init__(
+        self, forward: DecodeForward, last_ids: Tensor, scratch_slot: int, max_batch: int
+    ) -> None:
+        self.buckets = decode_buckets(max_batch)
+        self._forward = forward
+        self._last_ids = last_ids
+        self._scratch_slot = scratch_slot
+        self._graphs: dict[int, DecodeGraph] = {}
+        self._pool: Any = None
+
+    def for_batch(self, batch: int) -> DecodeGraph:
+        """The graph that runs a decode step of `batch` sequences (captured now if new)."""
+        bucket = next(b for b in self.buckets if b >= batch)
+        graph = self._graphs.get(bucket)
+        if graph is None:
+            graph = DecodeGraph(
+                bucket, self._forward, self._last_ids, self._scratch_slot, self._pool
+            )
+            self._graphs[bucket] = graph
+            self._pool = graph.memory_pool()
+        return graph
+
+    def capture_all(self) -> None:
+        for bucket in self.buckets:
+            self.for_batch(bucket)
+
+
+class _GraphInputs:
+    """The inputs of a captured graph: pinned host buffers, and their device twins that the
+    graph reads, refreshed by one asynchronous copy each before every replay. With a step in
+    flight that copy may still be queued behind it, so `to_fill` waits for it to finish before
+    handing the host buffers out to be written again."""
+
+    def __init__(self, hosts: Sequence[Tensor], device: torch.device) -> None:
+        self.host = [host.pin_memory() for host in hosts]
+        self.dev = [host.to(device) for host in self.host]
+        self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+
+    def to_fill(self) -> list[np.ndarray]:
+        """The host buffers (as numpy views of the same pinned memory), safe to write."""
+        self._copied.synchronize()
+        return [host.numpy() for host in self.host]
+
+    def upload(self) -> None:
+        for dev, host in zip(self.dev, self.host, strict=True):
+            dev.copy_(host, non_blocking=True)
+        self._copied.record()
+
+
+class DecodeGraph:
+    """A decode step at a fixed batch size, captured once and replayed.
+
+    Inputs, one row each: token ids, positions, scheduler slots, and the row of `last_ids` (the
+    previous launch's sampled ids) holding each token still on the device (-1: the token id
+    row holds it); see `StepInputs.feed`. `logits` and `ids` are its output buffers."""
+
+    def __init__(
+        self,
+        batch: int,
+        forward: DecodeForward,
+        last_ids: Tensor,
+        scratch_slot: int,
+        pool: Any,
+    ) -> None:
+        self.batch = batch
+        self._forward = forward
+        self._last_ids = last_ids
+        self._scratch_slot = scratch_slot
+        self.inputs = _GraphInputs([torch.zeros((4, batch), dtype=torch.int32)], last_ids.device)
+        self.inputs_to_fill(0)  # every row padding
+        self.inputs.upload()
+        self._graph, (self.logits, self.ids) = graphs.capture(self._run, warmups=2, pool=pool)
+        self._samplers: dict[tuple[bool, bool], _SampleGraph] = {}
+
+    def _run(self) -> tuple[Tensor, Tensor]:
+        d = self.inputs.dev[0]
+        token_ids = ops.feed_tokens(d[0], d[3], self._last_ids)
+        logits = self._forward(token_ids, d[1], d[2])
+        return logits, ops.argmax(logits)
+
+    def memory_pool(self) -> Any:
+        """The graph's memory pool handle, for the next graph to share."""
+        return self._graph.pool()
+
+    def inputs_to_fill(self, batch: int) -> np.ndarray:
+        """The pinned input rows for a replay of `batch` sequences: columns from `batch` on are
+        set to padding (token 0 at position 0 of the scratch slot, which writes only the scratch
+        page); the caller fills the first `batch`."""
+        host = self.inputs.to_fill()[0]
+        host[0, batch:] = 0
+        host[1, batch:] = 0
+        host[2, batch:] = self._scratch_slot
+        host[3, batch:] = -1
+        return host
+
+    def replay(self, batch: int) -> tuple[Tensor, Tensor]:
+        """Run the graph on the inputs filled since `inputs_to_fill(batch)`."""
+        self.inputs.upload()
+        self._graph.replay()
+        return self.logits[:batch], self.ids[:batch]
+
+    def replay_inputs_in_place(self) -> None:
+        """Run the graph again on the inputs its last replay copied in: no copy, no host work
+        but the launch (what a benchmark times as a step's GPU cost)."""
+        self._graph.replay()
+
+    def sample(self, batch: int, sampling: SamplingRows) -> Tensor:
+        """Sample the rows of the last replay's logits, through a captured sampling graph (one
+        per combination of filters in use, captured on first need)."""
+        key = (sampling.any_top_k(), sampling.any_top_p())
+        sampler = self._samplers.get(key)
+        if sampler is None:
+            sampler = self._samplers[key] = _SampleGraph(self.logits, *key)
+        return sampler.replay(batch, sampling)
+
+    @property
+    def num_sampling_graphs(self) -> int:
+        return len(self._samplers)
+
+
+class _SampleGraph:
+    """`ops.sample` over a decode graph's logits buffer, captured once and replayed.
+
+    With top-k / top-p the sampler is 19 small kernels (2 without); launched from Python they
+    cost more host time than GPU time (0.7 ms a step at batch 1 on the H200 host, 2026-11-30).
+    The per-row parameters live in pinned host buffers copied in before each replay; padding
+    rows of the bucket sample greedily. `any_top_k` / `any_top_p` are fixed per graph, since
+    they decide which kernels exist in it. Its own memory pool: its scratch must not alias the
+    decode graphs' buffers, whose logits it reads.
+    """
+
+    def __init__(self, logits: Tensor, any_top_k: bool, any_top_p: bool) -> None:
+        bucket = logits.shape[0]
+        self.inputs = _GraphInputs(
+            [
+                torch.zeros((2, bucket), dtype=torch.float32),  # temperature, top_p
+                torch.zeros((bucket,), dtype=torch.int32),  # top_k
+                torch.zeros((2, bucket), dtype=torch.int64),  # seeds, steps
+            ],
+            logits.device,
+        )
+        self._fill(0, None)  # every row padding
+        self.inputs.upload()
+        floats, top_k, ints = self.inputs.dev
+
+        def draw() -> Tensor:
+            return ops.sample(
+                logits,
+                floats[0],
+                top_k,
+                floats[1],
+                ints[0],
+                ints[1],
+                any_top_k=any_top_k,
+                any_top_p=any_top_p,
+            )
+
+        self.graph, self.ids = graphs.capture(draw)
+
+    def _fill(self, batch: int, sampling: SamplingRows | None) -> None:
+        """The first `batch` rows from `sampling`; the rest greedy (temperature 0, no filters)."""
+        floats, top_k, ints = self.inputs.to_fill()
+        if sampling is not None:
+            floats[0, :batch] = sampling.temperature
+            floats[1, :batch] = sampling.top_p
+            top_k[:batch] = sampling.top_k
+            ints[0, :batch] = sampling.seeds
+            ints[1, :batch] = sampling.steps
+        floats[0, batch:] = 0.0
+        floats[1, batch:] = 1.0
+        top_k[batch:] = 0
+        ints[:, batch:] = 0
+
+    def replay(self, batch: int, sampling: SamplingRows) -> Tensor:
+        self._fill(batch, sampling)
+        self.inputs.upload()
+        self.graph.replay()
+        return self.ids[:batch]

@@ -1,0 +1,54 @@
+"""One step as the engine describes it to the runner: host-side lists, no tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class SamplingRows:
+    """Sampling parameters of the rows that get a token this step (one entry per row)."""
+
+    temperature: Sequence[float]
+    top_k: Sequence[int]
+    top_p: Sequence[float]
+    seeds: Sequence[int]
+    steps: Sequence[int]
+
+    def all_greedy(self) -> bool:
+        return all(t <= 0 for t in self.temperature)
+
+    def any_top_k(self) -> bool:
+        """Whether any sampled (non-greedy) row may use top-k (a superset of the kernel's test)."""
+        return any(t > 0 and k > 0 for t, k in zip(self.temperature, self.top_k, strict=True))
+
+    def any_top_p(self) -> bool:
+        """Whether any sampled row may use top-p (top_p < 1)."""
+        return any(t > 0 and p < 1.0 for t, p in zip(self.temperature, self.top_p, strict=True))
+
+
+@dataclass
+class StepInputs:
+    """One step, as the engine describes it (host-side lists).
+
+    Sequence b feeds `query_lens[b]` tokens (its slice of `token_ids` / `positions`, in order)
+    and ends the step with `seq_lens[b]` tokens of context. `seq_slots[b]` is its scheduler slot
+    (the row of its block table). `sample_rows` lists the b that need a next token, in the order
+    the sampled ids are returned; a prompt chunk that does not finish its prompt gets none.
+    """
+
+    token_ids: Sequence[int]
+    positions: Sequence[int]
+    seq_slots: Sequence[int]
+    query_lens: Sequence[int]
+    seq_lens: Sequence[int]
+    sample_rows: Sequence[int]
+    sampling: SamplingRows | None = None  # None: greedy for every row
+    # (index into token_ids, row of the previous launch's sampled ids): tokens whose value is
+    # still on the device; their token_ids entries are placeholders.
+    feed: Sequence[tuple[int, int]] = ()
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.token_ids) == len(self.seq_slots)
