@@ -210,7 +210,9 @@ def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
 
 def _engine(model_dir: Path, **kwargs: Any) -> Any:
     from sv_engine import Engine
+    from sv_engine.options import default_tuning_cache
 
+    kwargs.setdefault("tuning_cache", default_tuning_cache())
     return Engine.from_model_dir(model_dir, device="cuda", **kwargs)
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from sv_kernels import TuningCache
 from sv_model import ModelRunner, PendingTokens, SamplingRows, StepInputs
 from sv_scheduler import (
     Admission,
@@ -121,6 +122,7 @@ class Engine:
         prefix_caching: bool = True,
         admission: Admission = "conservative",
         use_cuda_graphs: bool = True,
+        tuning_cache: TuningCache | None = None,
         warmup: bool = True,
         progress: Callable[[str], None] | None = None,
     ) -> Engine:
@@ -130,7 +132,9 @@ class Engine:
         when given; otherwise most of the free GPU memory on CUDA, a modest default on the CPU.
         `admission` is the scheduler's policy: "conservative" reserves each request's whole
         budget up front, "preemptive" admits on the prompt's pages and preempts when pages run
-        out (see sv_scheduler.admission). On CUDA, `warmup` compiles the kernels and captures the decode graphs before returning,
+        out (see sv_scheduler.admission). `tuning_cache`: the file that keeps the batch-1 GEMV
+        timings between processes (None: time them in every process; the apps pass
+        `sv_engine.options.default_tuning_cache()`). On CUDA, `warmup` compiles the kernels and captures the decode graphs before returning,
         so no request pays for them; `progress` hears a line per phase (see
         `ModelRunner.warmup`: seconds, or about half a minute the first time on a machine).
         """
@@ -145,6 +149,7 @@ class Engine:
             prefix_caching=prefix_caching,
             admission=admission,
             use_cuda_graphs=use_cuda_graphs,
+            tuning_cache=tuning_cache,
         )
         loaded = load_model(Path(model_dir), cfg)
         scheduler = Scheduler(

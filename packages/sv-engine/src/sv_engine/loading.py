@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from sv_kernels import TuningCache
 from sv_kvcache import KVCacheError, bytes_per_page, pages_for_free_memory, pages_for_mib
 from sv_model import LlamaWeights, ModelRunner
 from sv_scheduler import Admission
@@ -34,6 +35,7 @@ class EngineConfig:
     max_step_tokens: int = 8192
     prefix_caching: bool = True
     admission: Admission = "conservative"
+    tuning_cache: TuningCache | None = None  # where the batch-1 GEMV choices are kept
     use_cuda_graphs: bool = True
 
 
@@ -95,6 +97,7 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
         max_num_seqs=cfg.max_num_seqs,
         max_model_len=max_model_len,
         use_cuda_graphs=cfg.use_cuda_graphs,
+        tuning_cache=cfg.tuning_cache,
     )
     return LoadedModel(config, tokenizer, runner, num_pages, max_model_len)
 

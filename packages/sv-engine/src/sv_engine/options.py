@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from sv_kernels import TuningCache
 from sv_scheduler import Admission
 
 from sv_engine.engine import Engine
@@ -91,6 +93,18 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
     )
 
 
+GEMV_TUNING_FILE = "gemv-tuning.json"
+
+
+def default_tuning_cache() -> TuningCache:
+    """The apps' GEMV tuning cache: gemv-tuning.json in sv's cache folder ($SV_CACHE_DIR, else
+    ~/.cache/sv); SV_RETUNE=1 in the environment measures again (and replaces what was kept)."""
+    from sv_weights import cache_dir
+
+    retune = os.environ.get("SV_RETUNE", "") not in ("", "0")
+    return TuningCache(cache_dir() / GEMV_TUNING_FILE, retune=retune)
+
+
 def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine, Path]:
     """The engine the options of `add_engine_arguments` ask for, and its model folder.
 
@@ -112,6 +126,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         kv_cache_mib=args.kv_cache_mib,
         max_model_len=args.max_model_len,
         admission=args.admission,
+        tuning_cache=default_tuning_cache(),
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
         **overrides,
     )
