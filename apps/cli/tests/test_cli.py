@@ -247,7 +247,7 @@ def test_max_new_not_a_positive_integer(max_new: str) -> None:
     assert f"MAX_NEW must be a positive integer, got {max_new!r}" in line
 
 
-def test_max_model_len_1() -> None:
+def test_max_model_len_1(default_model: Path) -> None:
     line = one_line_error(sv("generate", "--max-model-len", "1", "Hi"))
     assert "max_model_len must be at least 2 tokens" in line
 
@@ -258,7 +258,7 @@ def _available_mib() -> int:
     return kib // 1024
 
 
-def test_a_kv_cache_larger_than_memory_is_refused_first() -> None:
+def test_a_kv_cache_larger_than_memory_is_refused_first(default_model: Path) -> None:
     if not Path("/proc/meminfo").exists():
         pytest.skip("no /proc/meminfo to read the available memory from")
     mib = str(2 * _available_mib())
