@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +45,7 @@ def test_generate_several_prompts_with_stats(
     )
     out = capsys.readouterr().out
     assert rc == 0
-    for n in range(3):
+    for n in (1, 2, 3):
         assert re.search(rf"=== request {n} \(finish=(stop|length)\) ===", out)
     ids = [eval(m) for m in re.findall(r"ids=(\[[\d, ]*\])", out)]
     assert len(ids) == 3 and all(1 <= len(i) <= 12 for i in ids)
@@ -56,8 +60,8 @@ def test_single_prompt_streams_and_prints_ids(
 ) -> None:
     assert main(["generate", "What is the capital of France?", "16"]) == 0
     out = capsys.readouterr().out
-    assert "Paris" in out.split("[request 0]")[0]
-    assert re.search(r"\[request 0\] finish=(stop|length) ids=\[\d", out)
+    assert "Paris" in out.split("[request 1]")[0]
+    assert re.search(r"\[request 1\] finish=(stop|length) ids=\[\d", out)
 
 
 def test_no_overlap_flag_gives_the_same_output(
@@ -80,9 +84,12 @@ def test_static_policy_flag(default_model: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["generate", "hello", "0"], "MAX_NEW must be a positive integer"),
-        (["generate", "hello", "-3"], "MAX_NEW must be a positive integer"),
-        (["generate", "  "], "prompt 1 is empty"),
+        (["generate", "hello", "0"], "MAX_NEW must be a positive integer, got '0'"),
+        (["generate", "hello", "-5"], "MAX_NEW must be a positive integer, got '-5'"),
+        (["generate", "-n", "0", "hello"], "-n/--max-new-tokens: must be at least 1, got 0"),
+        (["generate", "Hi", "3", "  "], "request 2 rejected: the prompt is empty"),
+        (["generate", "--kv-cache-mib", "1e300", "Hi"], "a KV cache of 1e+300 MiB does not fit"),
+        (["generate", "  "], "request 1 rejected: the prompt is empty"),
         (["generate", "--no-such-flag", "hello"], "unrecognized arguments"),
         (["generate", "--model", "/nonexistent/model", "hello"], "does not exist"),
         (["generate", "--temperature", "-1", "hello"], "temperature"),
@@ -122,6 +129,17 @@ def test_split_prompts() -> None:
     assert split_prompts(["a"]) == (["a"], 128)
     assert split_prompts(["a", "7", "b"]) == (["a", "b"], 7)
     assert split_prompts(["a", "b", "7"]) == (["a", "b", "7"], 128)
+    assert split_prompts(["a", "abc"]) == (["a", "abc"], 128)
+    assert split_prompts(["a", "3 facts"]) == (["a", "3 facts"], 128)  # a space: a prompt
+    assert split_prompts(["a", "007"]) == (["a"], 7)
+    assert split_prompts(["a", "7", "b"], max_new_tokens=3) == (["a", "7", "b"], 3)
+    for text in ("0", "-5", "+5", "1e3", "10**9", "2.5", ".5", "12abc", "2+2?"):
+        with pytest.raises(
+            ValueError, match=re.escape(f"MAX_NEW must be a positive integer, got {text!r}")
+        ):
+            split_prompts(["a", text])
+    with pytest.raises(ValueError, match="request 3 rejected: the prompt is empty"):
+        split_prompts(["a", "5", "b", " "])
 
 
 def test_chat_two_turns_and_reset(default_model: Path) -> None:
@@ -147,7 +165,7 @@ def test_the_sv_entry_point_runs(default_model: Path) -> None:
         [str(sv), "generate", "Say hello.", "4"], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert "[request 0]" in done.stdout
+    assert re.search(r"\[request 1\] finish=(stop|length) ids=\[(\d+, ){0,3}\d+\]", done.stdout)
 
 
 def test_tokenize_and_inspect_are_wired(
@@ -159,3 +177,178 @@ def test_tokenize_and_inspect_are_wired(
     assert main(["weights", "inspect", str(default_model)]) == 0
     assert "model.embed_tokens.weight" in capsys.readouterr().out
     assert main(["weights", "inspect", "/nonexistent.safetensors"]) == 2
+
+
+# --- as a user runs it: `sv ...` in a subprocess; every bad input is one line on stderr ------
+
+SV = Path(sys.executable).parent / "sv"
+
+
+def sv(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SV), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        env=None if env is None else {**os.environ, **env},
+    )
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The error line of a run that failed with exit code 2 (and nothing else on stderr)."""
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert done.returncode == 2, done.stderr
+    return lines[0]
+
+
+def test_a_budget_over_the_pool_is_refused(default_model: Path) -> None:
+    """The context limit is the model's (8,192 tokens), not the pool's: a budget of more pages
+    than the pool holds is refused, and the message says which option sizes the pool."""
+    done = sv(
+        "generate", "--stats", "--kv-cache-mib", "5", "Write a long story about a dragon.", "100000"
+    )
+    line = one_line_error(done)
+    assert line.startswith("sv generate: error: request 1 rejected: it needs 512 pages")
+    assert "the KV-cache pool has only 7 pages" in line and "--kv-cache-mib N" in line
+    assert re.search(r"final free pages:\s+7", done.stdout)
+
+
+def test_a_prompt_too_long_for_the_default_pool_names_the_pool(default_model: Path) -> None:
+    done = sv("generate", " ".join(["word"] * 6000), "1")
+    line = one_line_error(done)
+    assert "KV-cache pool has only" in line and "--kv-cache-mib N" in line
+    assert "max_model_len" not in line
+
+
+def test_a_second_argument_that_is_no_number_is_a_prompt(default_model: Path) -> None:
+    done = sv("generate", "--max-model-len", "36", "Hi", "abc")
+    assert done.returncode == 0, done.stderr
+    assert "=== request 1 " in done.stdout and "=== request 2 " in done.stdout
+
+
+def test_with_max_new_tokens_every_argument_is_a_prompt(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["generate", "-n", "2", "Hi", "7"]) == 0
+    ids = [eval(m) for m in re.findall(r"ids=(\[[\d, ]*\])", capsys.readouterr().out)]
+    assert len(ids) == 2 and all(1 <= len(i) <= 2 for i in ids)
+    assert run_cli(["generate", "--help"]) == 0
+    assert "With -n/--max-new-tokens every argument is a prompt." in " ".join(
+        capsys.readouterr().out.split()
+    )
+
+
+@pytest.mark.parametrize("max_new", ["1e3", "10**9"])
+def test_max_new_not_a_positive_integer(max_new: str) -> None:
+    line = one_line_error(sv("generate", "Hi", max_new))
+    assert f"MAX_NEW must be a positive integer, got {max_new!r}" in line
+
+
+def test_max_model_len_1(default_model: Path) -> None:
+    line = one_line_error(sv("generate", "--max-model-len", "1", "Hi"))
+    assert "max_model_len must be at least 2 tokens" in line
+
+
+def _available_mib() -> int:
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    return kib // 1024
+
+
+def test_a_kv_cache_larger_than_memory_is_refused_first(default_model: Path) -> None:
+    if not Path("/proc/meminfo").exists():
+        pytest.skip("no /proc/meminfo to read the available memory from")
+    mib = str(2 * _available_mib())
+    line = one_line_error(sv("generate", "--kv-cache-mib", mib, "Hi", "4"))
+    assert re.search(
+        rf"a KV cache of {mib} MiB does not fit: [\d,]+ MiB of memory is available", line
+    )
+
+
+def _model_copy(default_model: Path, folder: Path) -> Path:
+    """The default model's config and tokenizer files (no weights: they are never reached)."""
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model / name, folder / name)
+    return folder
+
+
+def test_a_chat_template_that_fails_is_found_at_load(default_model: Path, tmp_path: Path) -> None:
+    folder = _model_copy(default_model, tmp_path / "render")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    line = one_line_error(sv("generate", "--model", str(folder), "Hi"))
+    assert f"{folder / 'tokenizer_config.json'}: the chat template failed: TypeError" in line
+    # a jinja syntax error in chat_template.jinja (which wins over tokenizer_config.json); sv chat
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }")
+    line = one_line_error(sv("chat", "--model", str(folder)))
+    assert f"{folder / 'chat_template.jinja'}: chat_template line 1" in line
+
+
+def test_a_closed_pipe_ends_output_quietly(default_model: Path) -> None:
+    """`sv weights inspect DIR | head`: the reader has gone before sv writes anything."""
+    child = subprocess.Popen(
+        [str(SV), "weights", "inspect", str(default_model)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()
+    err = child.stderr.read()
+    assert child.wait(timeout=300) == 141  # 128 + SIGPIPE, as a Unix tool's
+    assert err == b""
+
+
+def test_tokenize_defaults_to_the_default_model(default_model: Path) -> None:
+    from sv_tokenizer import Tokenizer
+
+    done = sv("tokenize", "Hello world")
+    assert done.returncode == 0, done.stderr
+    expected = Tokenizer.from_model_dir(default_model).encode("Hello world")
+    assert done.stdout.split() == [str(i) for i in expected]
+
+
+def test_ctrl_c_while_streaming_puts_the_stats_on_a_line_of_their_own(
+    default_model: Path,
+) -> None:
+    child = subprocess.Popen(
+        [str(SV), "generate", "--stats", "Write a long story about a dragon.", "200"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    # The first streamed byte (read unbuffered: communicate() reads the pipe itself).
+    first = os.read(child.stdout.fileno(), 1)
+    child.send_signal(signal.SIGINT)
+    rest, err = child.communicate(timeout=300)
+    out = (first + rest).decode()
+    assert child.returncode == 130
+    assert err.decode().strip() == "sv: interrupted"
+    assert "\n--- stats ---\n" in out and "[request 1]" not in out
+    pool = re.search(r"pool size:\s+(\d+)", out)
+    free = re.search(r"final free pages:\s+(\d+)", out)
+    assert pool and free and pool.group(1) == free.group(1)
+
+
+def test_nan_weights_in_a_damaged_cached_default_model(default_model: Path, tmp_path: Path) -> None:
+    """A NaN is named with its tensor; for the cached default model the message says that
+    deleting its folder converts it again."""
+    from sv_weights import save_file, tiny_llama_config
+    from sv_weights.default_model import DEFAULT_MODEL_NAME, STAMP_FILE
+    from sv_weights.synthetic import random_weights
+
+    (tmp_path / "models").mkdir()
+    cached = _model_copy(default_model, tmp_path / "models" / DEFAULT_MODEL_NAME)
+    shutil.copy(default_model / STAMP_FILE, cached / STAMP_FILE)
+    config = tiny_llama_config(vocab_size=49152, bos_token_id=1, eos_token_ids=(2,))
+    config.write_json(cached / "config.json")
+    weights = random_weights(config)
+    weights["model.layers.1.self_attn.k_proj.weight"][0, 0] = float("nan")
+    save_file(weights, cached / "model.safetensors")
+    line = one_line_error(sv("generate", "Hi", "1", env={"SV_CACHE_DIR": str(tmp_path)}))
+    assert "tensor model.layers.1.self_attn.k_proj.weight holds NaN or infinite values" in line
+    assert f"delete the folder {cached} and the next run converts it again" in line

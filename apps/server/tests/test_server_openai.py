@@ -277,7 +277,7 @@ BAD_REQUESTS = [
         "max_tokens",
         "context_length_exceeded",
     ),
-    ("/v1/completions", {"prompt": [1] * 6000}, 400, "prompt", "context_length_exceeded"),
+    ("/v1/completions", {"prompt": [1] * 9000}, 400, "prompt", "context_length_exceeded"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", None),
     ("/v1/completions", {"prompt": "hi", "stop": 7}, 400, "stop", None),
     ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
@@ -320,7 +320,7 @@ def test_wrong_method_is_405(server: RunningServer) -> None:
 def test_prompt_over_the_context_by_text(server: RunningServer) -> None:
     response = httpx.post(
         f"{server.url}/v1/chat/completions",
-        json={"messages": [{"role": "user", "content": "hello " * 6000}]},
+        json={"messages": [{"role": "user", "content": "hello " * 9000}]},
         timeout=60,
     )
     assert response.status_code == 400

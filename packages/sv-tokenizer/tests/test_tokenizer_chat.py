@@ -316,6 +316,30 @@ def test_model_dir_chooses_the_format(tmp_path: Path) -> None:
     ]
 
 
+def test_the_chat_template_check_names_the_file_that_holds_it(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps(tiny_tokenizer_document(added=LLAMA3_SPECIALS))
+    )
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{% for m in messages %}{{ m.content + 1 }}{% endfor %}"})
+    )
+    tokenizer = Tokenizer.from_model_dir(tmp_path)  # loading renders nothing yet
+    failed = f"{tmp_path / 'tokenizer_config.json'}: the chat template failed: TypeError"
+    with pytest.raises(TokenizerError, match=re.escape(failed)):
+        tokenizer.check_chat_template()
+    with pytest.raises(TokenizerError, match=re.escape(failed)):  # and so does every request
+        tokenizer.chat_format.encode_user_prompt("hi")
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }")
+    with pytest.raises(
+        TokenizerError, match=re.escape(f"{tmp_path / 'chat_template.jinja'}: chat_template line 1")
+    ):
+        Tokenizer.from_model_dir(tmp_path).check_chat_template()
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    Tokenizer.from_model_dir(tmp_path).check_chat_template()
+
+
 def test_no_chat_format(tmp_path: Path) -> None:
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(tiny_tokenizer_document(added=LLAMA3_SPECIALS[:1])))

@@ -44,6 +44,23 @@ def test_default_llama_tokenizer_and_special_tokens(
     )
 
 
+def test_the_callers_default_model_comes_before_the_llama_tokenizer(
+    llama_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sv_tokenizer import TokenizerError
+
+    assert tokenize_main(["--decode", "128000"], lambda: llama_dir, "Llama") == 0
+    assert capsys.readouterr().out == "<|begin_of_text|>\n"
+
+    def unavailable() -> Path:
+        raise TokenizerError("the default model is not installed")
+
+    assert tokenize_main(["hi"], unavailable, "a missing model") == 2
+    assert capsys.readouterr().err == "sv tokenize: error: the default model is not installed\n"
+    assert tokenize_main(["--help"], unavailable, "the embedded model") == 0
+    assert "default: the embedded model" in capsys.readouterr().out
+
+
 def test_special_token_text_is_plain_without_allow_special(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

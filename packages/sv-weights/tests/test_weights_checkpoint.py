@@ -298,3 +298,26 @@ def test_checkpoint_not_matching_config(tmp_path: Path) -> None:
     tiny_llama_config(num_hidden_layers=3).write_json(tmp_path / "config.json")
     with pytest.raises(WeightsError, match=r"1 tensor\(s\)|missing"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_weight_is_refused_naming_its_tensor(tmp_path: Path, bad: float) -> None:
+    config = tiny_llama_config()
+    weights = random_weights(config, seed=1)
+    weights["model.layers.1.mlp.up_proj.weight"][3, 5] = bad
+    config.write_json(tmp_path / "config.json")
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(
+        WeightsError, match=r"model.safetensors: tensor model\.layers\.1\.mlp\.up_proj"
+    ):
+        load_checkpoint(tmp_path)
+
+
+def test_huge_finite_weights_are_not_mistaken_for_damage(tmp_path: Path) -> None:
+    """Their float32 sum overflows; the element-wise look that follows clears them."""
+    config = tiny_llama_config()
+    weights = random_weights(config, seed=1, dtype=torch.float32)
+    weights["model.norm.weight"].fill_(3e38)
+    config.write_json(tmp_path / "config.json")
+    save_file(weights, tmp_path / "model.safetensors")
+    assert torch.equal(load_checkpoint(tmp_path)["model.norm.weight"], weights["model.norm.weight"])

@@ -364,6 +364,16 @@ def test_default_model_converts_once_into_the_cache(tiny_embedded: Path, tmp_pat
     ]
 
 
+def test_only_the_converted_default_model_is_said_to_be_converted_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SV_CACHE_DIR", str(tmp_path))
+    converted = tmp_path / "models" / "smollm2-135m-instruct"
+    hint = default_model_module.damaged_default_model_hint(converted)
+    assert f"delete the folder {converted} and the next run converts it again" in hint
+    assert default_model_module.damaged_default_model_hint(tmp_path / "elsewhere") == ""
+
+
 def test_default_model_cache_dir_defaults_to_home(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

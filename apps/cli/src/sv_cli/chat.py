@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from sv_engine.options import add_engine_arguments
 
-from sv_cli.common import add_sampling_arguments, open_engine, sampling_params
+from sv_cli.common import add_sampling_arguments, open_engine, pool_hint, sampling_params
 
 HELP = "commands: /reset (start over), /exit (or Ctrl-D). Ctrl-C stops a response."
 
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 def chat_loop(engine: Any, params: Any, system: str | None, inp: TextIO, out: TextIO) -> int:
     from sv_engine import EngineError
     from sv_scheduler import AdmissionError
-    from sv_tokenizer import Message
+    from sv_tokenizer import Message, TokenizerError
 
     def fresh() -> list[Message]:
         return [Message("system", system)] if system else []
@@ -91,9 +91,9 @@ def chat_loop(engine: Any, params: Any, system: str | None, inp: TextIO, out: Te
                 out.flush()
         except KeyboardInterrupt:
             out.write(" [stopped]")
-        except (EngineError, AdmissionError) as e:
+        except (EngineError, AdmissionError, TokenizerError) as e:
             dialog.pop()
-            print(f"sv chat: {e} (try /reset)", file=out)
+            print(f"sv chat: {e}{pool_hint(e, engine)} (try /reset)", file=out)
             continue
         print(file=out)
         dialog.append(Message("assistant", "".join(reply)))

@@ -5,14 +5,24 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any
+from typing import Any, TextIO
 
-from sv_engine.options import add_engine_arguments
+from sv_engine.options import add_engine_arguments, positive_int
 
-from sv_cli.common import add_sampling_arguments, open_engine, sampling_params
+from sv_cli.common import add_sampling_arguments, open_engine, pool_hint, sampling_params
 
 DEFAULT_MAX_NEW = 128
-_INTEGER = re.compile(r"[+-]?\d+")
+# A second argument that starts like a number and holds no space is meant as MAX_NEW (so
+# `Hi 1e3` or `Hi 10**9` is an error, not a second prompt); anything else is a prompt.
+_NUMBER_LIKE = re.compile(r"[+-]?\.?\d\S*")
+_DIGITS = re.compile(r"\d+")
+
+GRAMMAR = (
+    "The second argument is MAX_NEW, the output-token limit of every prompt (default "
+    f"{DEFAULT_MAX_NEW}), when it starts like a number (a digit, or a sign or point and a digit) "
+    "and has no spaces; it must then be a positive integer (`Hi 1e3`, `Hi 0` are errors). Any "
+    "other argument is a prompt. With -n/--max-new-tokens every argument is a prompt."
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -20,13 +30,22 @@ def add_parser(sub: Any) -> None:
         "generate",
         help="generate a response to each PROMPT",
         description=(
-            "Generate a response to each PROMPT (an Instruct user message). MAX_NEW, the "
-            f"output-token limit, defaults to {DEFAULT_MAX_NEW} and applies to every prompt. "
-            "One prompt streams to the terminal; several are batched and printed as they finish."
+            "Generate a response to each PROMPT (an Instruct user message). "
+            + GRAMMAR
+            + " One prompt streams to the terminal; several are batched and printed as they "
+            "finish, each with its request number (1 for the first prompt) and token ids."
         ),
         usage="sv generate [options] PROMPT [MAX_NEW] [PROMPT ...]",
     )
     add_engine_arguments(p, admission="conservative")
+    p.add_argument(
+        "-n",
+        "--max-new-tokens",
+        type=positive_int,
+        metavar="N",
+        help=f"output-token limit of every prompt (default {DEFAULT_MAX_NEW}); every "
+        "positional argument is then a prompt",
+    )
     policy = p.add_mutually_exclusive_group()
     policy.add_argument(
         "--continuous",
@@ -53,26 +72,32 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def split_prompts(items: list[str]) -> tuple[list[str], int]:
-    """PROMPT [MAX_NEW] [PROMPT ...]: the second item is MAX_NEW when it is an integer."""
+def split_prompts(items: list[str], max_new_tokens: int | None = None) -> tuple[list[str], int]:
+    """The prompts and MAX_NEW of `PROMPT [MAX_NEW] [PROMPT ...]` (see GRAMMAR); with
+    `max_new_tokens` (-n) given, every item is a prompt."""
     prompts = list(items)
-    max_new = DEFAULT_MAX_NEW
-    if len(prompts) >= 2 and _INTEGER.fullmatch(prompts[1].strip()):
-        max_new = int(prompts.pop(1))
-        if max_new < 1:
-            raise ValueError(f"MAX_NEW must be a positive integer, got {max_new}")
-    for i, prompt in enumerate(prompts):
+    max_new = DEFAULT_MAX_NEW if max_new_tokens is None else max_new_tokens
+    if max_new_tokens is None and len(prompts) >= 2 and _NUMBER_LIKE.fullmatch(prompts[1]):
+        text = prompts.pop(1)
+        if not _DIGITS.fullmatch(text) or int(text) < 1:
+            raise ValueError(
+                f"MAX_NEW must be a positive integer, got {text!r} (to send it as a prompt, "
+                "give the limit with -n N)"
+            )
+        max_new = int(text)
+    for number, prompt in enumerate(prompts, start=1):
         if not prompt.strip():
-            raise ValueError(f"prompt {i + 1} is empty")
+            raise ValueError(f"request {number} rejected: the prompt is empty")
     return prompts, max_new
 
 
 def run(args: argparse.Namespace) -> int:
     from sv_engine import EngineError
     from sv_scheduler import AdmissionError
+    from sv_tokenizer import TokenizerError
 
     try:
-        prompts, max_new = split_prompts(args.items)
+        prompts, max_new = split_prompts(args.items, args.max_new_tokens)
         params = sampling_params(args, max_new)
     except (ValueError, EngineError) as e:
         print(f"sv generate: error: {e}", file=sys.stderr)
@@ -82,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if len(prompts) == 1:
-            _stream_one(engine, prompts[0], params)
+            _stream_one(engine, prompts[0], params, sys.stdout)
         else:
             _run_many(engine, prompts, params)
-    except (EngineError, AdmissionError) as e:
-        print(f"sv generate: error: {e}", file=sys.stderr)
+    except (EngineError, AdmissionError, TokenizerError) as e:
+        print(f"sv generate: error: {e}{pool_hint(e, engine)}", file=sys.stderr)
         return 2
     finally:
         engine.cancel_all()  # Ctrl-C lands here too: every page goes back before exit
@@ -95,13 +120,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stream_one(engine: Any, prompt: str, params: Any) -> None:
-    for event in engine.stream([prompt], params):
-        sys.stdout.write(event.text)
-        sys.stdout.flush()
-        if event.completion is not None:
-            c = event.completion
-            print(f"\n[request {c.request_id}] finish={c.finish_reason} ids={c.output_ids}")
+def _stream_one(engine: Any, prompt: str, params: Any, out: TextIO) -> None:
+    line_open = False  # the streamed text has started a line it has not ended
+    try:
+        for event in engine.stream([prompt], params):
+            if event.text:
+                line_open = not event.text.endswith("\n")  # first: Ctrl-C may land in write()
+                out.write(event.text)
+                out.flush()
+            if event.completion is not None:
+                c = event.completion
+                print(
+                    f"\n[request {c.request_id}] finish={c.finish_reason} ids={c.output_ids}",
+                    file=out,
+                )
+                line_open = False
+    except KeyboardInterrupt:
+        if line_open:  # what follows (--stats) starts on a line of its own
+            out.write("\n")
+        raise
 
 
 def _run_many(engine: Any, prompts: list[str], params: Any) -> None:

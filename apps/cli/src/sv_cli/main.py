@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from sv_engine.options import OneLineErrorParser
 
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool killed by a closed pipe exits with
 
 
 def build_parser() -> OneLineErrorParser:
@@ -29,7 +31,7 @@ def build_parser() -> OneLineErrorParser:
     chat_cmd.add_parser(sub)
     _add_passthrough(
         sub, "tokenize", "encode text to token ids (or --decode ids to text)",
-        "sv_tokenizer.cli", "tokenize_main",
+        "sv_cli.tokenize", "tokenize_main",
     )  # fmt: skip
     weights = sub.add_parser("weights", help="checkpoint tools: `sv weights inspect PATH`")
     weights_sub = weights.add_subparsers(dest="weights_command", metavar="SUBCOMMAND")
@@ -65,7 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         handler: Callable[[argparse.Namespace], int] = args.handler
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # here, where a closed pipe is handled, not at interpreter exit
+        return code
     except KeyboardInterrupt:
         print("\nsv: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`sv weights inspect DIR | head`): stop quietly, as Unix tools
+        # do. What is still buffered for stdout goes to /dev/null, or flushing it at exit
+        # would fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE

@@ -101,7 +101,7 @@ class Engine:
         self.scheduler = scheduler
         self.stop_ids = stop_ids
         self._live: dict[RequestId, _Live] = {}
-        self._ids = itertools.count()
+        self._ids = itertools.count(1)  # request 1 is the first prompt, in every message
         self._num_sampling = 0  # live requests with temperature > 0
         # Plan and launch the next step before reading this one's tokens (see the module doc).
         self.overlap = True

@@ -11,11 +11,12 @@ from sv_kvcache import KVCacheError, bytes_per_page, pages_for_free_memory, page
 from sv_model import LlamaWeights, ModelRunner
 from sv_scheduler import Admission
 from sv_tokenizer import Tokenizer, TokenizerError
-from sv_weights import LlamaConfig, WeightsError, load_checkpoint
+from sv_weights import LlamaConfig, WeightsError, damaged_default_model_hint, load_checkpoint
 
 from sv_engine.errors import EngineError
 
 PAGE_SIZE = 16
+MIB = 1 << 20
 # On the CPU the pool defaults to this many MiB: enough for a few thousand tokens of the
 # default model, small enough for any laptop.
 CPU_DEFAULT_KV_MIB = 256
@@ -77,18 +78,15 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
     dtype = cfg.dtype or default_dtype(device)
     try:
         config = LlamaConfig.from_model_dir(model_dir)
+        max_model_len = _context_limit(config, model_dir, cfg.max_model_len)
         tokenizer = Tokenizer.from_model_dir(model_dir)
+        tokenizer.check_chat_template()
         state = load_checkpoint(model_dir, device=device)
     except (WeightsError, TokenizerError) as e:
-        raise EngineError(str(e)) from e
+        raise EngineError(f"{e}{damaged_default_model_hint(model_dir)}") from e
     weights = LlamaWeights.from_state_dict(config, state, device, dtype)
     del state
     num_pages = _pool_pages(config, device, dtype, cfg.kv_cache_mib)
-    # The context limit: the model's, the user's, and what the pool could ever hold.
-    limits = [config.max_position_embeddings, num_pages * PAGE_SIZE]
-    if cfg.max_model_len is not None:
-        limits.append(cfg.max_model_len)
-    max_model_len = min(limits)
     runner = ModelRunner(
         config,
         weights,
@@ -102,19 +100,65 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
     return LoadedModel(config, tokenizer, runner, num_pages, max_model_len)
 
 
+def _context_limit(config: LlamaConfig, model_dir: Path, asked: int | None) -> int:
+    """The context limit: the model's, or the user's when lower. Never the KV pool's: a request
+    the pool cannot hold is the scheduler's to refuse, saying so."""
+    model_limit = config.max_position_embeddings
+    if asked is None:
+        return model_limit
+    if asked < 2:
+        raise EngineError(
+            f"max_model_len must be at least 2 tokens (one prompt token and one output token), "
+            f"got {asked}"
+        )
+    if asked > model_limit:
+        raise EngineError(
+            f"max_model_len {asked} is over the model's context of {model_limit} tokens "
+            f"(max_position_embeddings in {model_dir / 'config.json'})"
+        )
+    return asked
+
+
 def _pool_pages(
     config: LlamaConfig, device: torch.device, dtype: torch.dtype, kv_cache_mib: float | None
 ) -> int:
     shape = (config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype.itemsize)
-    try:
-        if kv_cache_mib is not None:
-            return pages_for_mib(kv_cache_mib, *shape, page_size=PAGE_SIZE)
-        if device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(device)
+    if device.type == "cuda" and kv_cache_mib is None:
+        free, _total = torch.cuda.mem_get_info(device)
+        try:
             return pages_for_free_memory(free, GPU_KV_FRACTION, *shape, page_size=PAGE_SIZE)
-        return pages_for_mib(CPU_DEFAULT_KV_MIB, *shape, page_size=PAGE_SIZE)
+        except KVCacheError as e:
+            raise EngineError(str(e)) from e
+    mib = CPU_DEFAULT_KV_MIB if kv_cache_mib is None else kv_cache_mib
+    available = available_memory(device)
+    # Checked before anything is allocated: too large a pool would otherwise end in the
+    # allocator's error, or on the CPU in the kernel's out-of-memory killer.
+    if available is not None and mib * MIB > available[0]:
+        raise EngineError(
+            f"a KV cache of {mib:g} MiB does not fit: {available[0] // MIB:,} MiB of memory "
+            f"is {available[1]}; ask for less"
+        )
+    try:
+        return pages_for_mib(mib, *shape, page_size=PAGE_SIZE)
     except KVCacheError as e:
         raise EngineError(str(e)) from e
+
+
+def available_memory(device: torch.device) -> tuple[int, str] | None:
+    """Bytes a new allocation on `device` can take, and where that figure comes from; None
+    where it cannot be told. On CUDA the free device memory (the weights are loaded by then);
+    on the CPU the kernel's estimate of memory available without swapping (Linux)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free, f"free on {device} after loading the weights"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "available on this machine (MemAvailable)"
+    except OSError:
+        pass
+    return None
 
 
 def pool_bytes(config: LlamaConfig, num_pages: int, dtype: torch.dtype) -> int:

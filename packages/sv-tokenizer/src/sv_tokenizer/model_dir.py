@@ -38,6 +38,7 @@ TEMPLATE_TOKEN_KEYS = (
 @dataclass
 class ModelDirConfig:
     chat_template: str | None = None
+    chat_template_source: str | None = None  # the file it came from, for error messages
     template_tokens: dict[str, str] = field(
         default_factory=dict
     )  # bos_token etc., for the template
@@ -138,6 +139,7 @@ def read_model_dir_config(model_dir: Path) -> ModelDirConfig:
         config.chat_template = _chat_template(
             tokenizer_config.get("chat_template"), tokenizer_config_path
         )
+        config.chat_template_source = str(tokenizer_config_path)
         for key in TEMPLATE_TOKEN_KEYS:
             token = _token_string(tokenizer_config.get(key), tokenizer_config_path, key)
             if token is not None:
@@ -150,6 +152,7 @@ def read_model_dir_config(model_dir: Path) -> ModelDirConfig:
     if template_file.is_file():
         try:
             config.chat_template = template_file.read_text(encoding="utf-8")
+            config.chat_template_source = str(template_file)
         except UnicodeDecodeError as error:
             raise TokenizerError(f"{template_file}: not UTF-8 text (byte {error.start})") from None
     for name in ("generation_config.json", "config.json"):

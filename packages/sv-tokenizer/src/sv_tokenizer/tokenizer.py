@@ -26,7 +26,7 @@ from pathlib import Path
 import regex  # type: ignore[import-untyped]  # (no types-regex in the lock)
 
 from .bpe import UTF8_BYTES, PairMerger, RankMerger
-from .chat import ChatFormat, ChatMLFormat, Llama3ChatFormat
+from .chat import ChatFormat, ChatMLFormat, Llama3ChatFormat, Message
 from .chat_template import TemplateChatFormat
 from .errors import TokenizerError
 from .hf_json import AddedToken, parse_hf_tokenizer_json
@@ -46,6 +46,12 @@ STOP_TOKEN_NAMES = (
 text / turn / message (a tool call), ChatML's end of turn, GPT-2 style end of text."""
 
 BOS_TOKEN_NAMES = ("<|begin_of_text|>", "<s>")
+# What `check_chat_template` renders: roles alternating as every chat template accepts them.
+TEMPLATE_CHECK_DIALOG = (
+    Message("user", "Hello."),
+    Message("assistant", "Hi! How can I help?"),
+    Message("user", "Name a colour."),
+)
 
 CACHE_MAX_ENTRIES = 1 << 17
 """Pieces cached before the cache is emptied and refilled (bounded memory, no LRU bookkeeping
@@ -88,6 +94,7 @@ class Tokenizer:
         extra_eos_ids: Iterable[int] = (),
         chat_template: str | None = None,
         template_tokens: Mapping[str, str] | None = None,
+        chat_template_source: str | None = None,
     ) -> None:
         self.source = source
         self._merger = merger
@@ -124,7 +131,9 @@ class Tokenizer:
                 raise TokenizerError(f"{source}: end-of-sequence id {stop_id} is not a token id")
         self.eos_ids: frozenset[int] = frozenset(stop_ids)
 
-        self._chat_format = self._choose_chat_format(chat_template, dict(template_tokens or {}))
+        self._chat_format = self._choose_chat_format(
+            chat_template, dict(template_tokens or {}), chat_template_source
+        )
 
     def _named_token_id(self, token: str, role: str) -> int:
         """The id of a token named by its text (tokenizer_config.json's bos_token/eos_token)."""
@@ -198,6 +207,7 @@ class Tokenizer:
             extra_eos_ids=config.eos_ids,
             chat_template=config.chat_template,
             template_tokens=config.template_tokens,
+            chat_template_source=config.chat_template_source,
         )
 
     # ---------------------------------------------------------------- encoding
@@ -280,11 +290,23 @@ class Tokenizer:
             )
         return self._chat_format
 
+    def check_chat_template(self) -> None:
+        """Render a sample dialog with the model's own chat template, if it has one, so that a
+        template that cannot render (a jinja syntax error, an expression that fails) is a
+        TokenizerError naming its file now, not at the first request."""
+        if isinstance(self._chat_format, TemplateChatFormat):
+            self._chat_format.encode_dialog(TEMPLATE_CHECK_DIALOG)
+
     def _choose_chat_format(
-        self, chat_template: str | None, template_tokens: dict[str, str]
+        self,
+        chat_template: str | None,
+        template_tokens: dict[str, str],
+        chat_template_source: str | None,
     ) -> ChatFormat | None:
         if chat_template is not None:
-            return TemplateChatFormat(self, chat_template, template_tokens=template_tokens)
+            return TemplateChatFormat(
+                self, chat_template, template_tokens=template_tokens, source=chat_template_source
+            )
         if "<|start_header_id|>" in self.special_tokens:
             return Llama3ChatFormat(self)
         if "<|im_start|>" in self.special_tokens:

@@ -188,7 +188,9 @@ def load_checkpoint(
     validate_checkpoint(config, checkpoint_infos(headers), str(model_dir))
     tensors: dict[str, torch.Tensor] = {}
     for header in headers:
-        tensors.update(load_from_header(header, device))
+        loaded = load_from_header(header, device)
+        check_finite(loaded, str(header.path))
+        tensors.update(loaded)
     if config.tie_word_embeddings:
         tensors.pop(LM_HEAD, None)
     if dtype is not None:
@@ -198,3 +200,23 @@ def load_checkpoint(
             )
         tensors = {name: tensor.to(dtype) for name, tensor in tensors.items()}
     return tensors
+
+
+def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Raise WeightsError naming the first tensor that holds a NaN or an infinity.
+
+    One float32 sum per tensor, on the tensors' device, and one transfer of those sums to the
+    host: a sum is NaN or infinite whenever an element is. Only a tensor whose sum is not finite
+    is then looked at element by element, so that finite values too large for a float32 sum are
+    not mistaken for a damaged tensor."""
+    floats = [(name, t) for name, t in tensors.items() if t.is_floating_point() and t.numel()]
+    if not floats:
+        return
+    sums = torch.stack([t.sum(dtype=torch.float32) for _, t in floats])
+    for index in torch.nonzero(~torch.isfinite(sums)).flatten().tolist():
+        name, tensor = floats[index]
+        if not bool(torch.isfinite(tensor).all()):
+            raise WeightsError(
+                f"{source}: tensor {name} holds NaN or infinite values (expected finite weights: "
+                "the file is damaged or was exported wrongly)"
+            )

@@ -58,10 +58,26 @@ def embedded_gguf_path() -> Path:
     )
 
 
+def converted_model_dir() -> Path:
+    """Where the converted default model lives (whether or not it is there yet)."""
+    return cache_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+def damaged_default_model_hint(model_dir: Path) -> str:
+    """What to do when `model_dir` fails to load: for the converted default model, delete it
+    (the next use converts it again); for any other folder, nothing to add ("")."""
+    if model_dir.resolve() != converted_model_dir().resolve():
+        return ""
+    return (
+        f" (this is sv's converted default model: delete the folder {model_dir} and the next "
+        "run converts it again)"
+    )
+
+
 def default_model_dir(progress: Callable[[str], object] = print) -> Path:
     """The HF-layout folder of the default model, converted from the GGUF on first use."""
     gguf_path = embedded_gguf_path()
-    target = cache_dir() / "models" / DEFAULT_MODEL_NAME
+    target = converted_model_dir()
     stamp = {
         "source": GGUF_FILE,
         "source_bytes": gguf_path.stat().st_size,

@@ -1,0 +1,20 @@
+"""`sv tokenize`: sv-tokenizer's command, defaulting to the model every other `sv` command uses."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def tokenize_main(argv: list[str]) -> int:
+    from sv_tokenizer import TokenizerError
+    from sv_tokenizer.cli import tokenize_main as run
+    from sv_weights import WeightsError, default_model_dir
+
+    def default() -> Path:
+        try:
+            return default_model_dir(progress=lambda message: print(message, file=sys.stderr))
+        except WeightsError as e:
+            raise TokenizerError(str(e)) from e
+
+    return run(argv, default, "the embedded SmolLM2-135M-Instruct")
