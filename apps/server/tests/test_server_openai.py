@@ -301,7 +301,8 @@ def test_bad_requests_get_error_json(
     server: RunningServer, path: str, body: Any, status: int, param: str | None, code: str | None
 ) -> None:
     if isinstance(body, bytes):
-        response = httpx.post(f"{server.url}{path}", content=body, timeout=30)
+        headers = {"Content-Type": "application/json"}
+        response = httpx.post(f"{server.url}{path}", content=body, headers=headers, timeout=30)
     else:
         response = httpx.post(f"{server.url}{path}", json=body, timeout=30)
     assert response.status_code == status, response.text
