@@ -93,6 +93,12 @@ def test_bos_rule_matches_hf_tokenizers(default_model: Path, tmp_path: Path) -> 
         ["--max-queue", "0"],
         ["--kv-cache-mib", "-1"],
         ["--max-model-len", "x"],
+        ["--max-request-bytes", "0"],
+        ["--read-timeout", "0"],
+        ["--max-connections", "-1"],
+        ["--drain-seconds", "-1"],
+        ["--drain-seconds", "inf"],
+        ["--api-key", ""],
         ["--bogus"],
         ["extra"],
     ],
@@ -105,6 +111,20 @@ def test_bad_options_are_one_line_and_exit_2(
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("sv serve: error: ")
+
+
+def test_the_api_key_comes_from_the_flag_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sv_server.cli import build_parser
+
+    monkeypatch.delenv("SV_API_KEY", raising=False)
+    assert build_parser().parse_args([]).api_key is None
+    monkeypatch.setenv("SV_API_KEY", "from-env")
+    assert build_parser().parse_args([]).api_key == "from-env"
+    assert build_parser().parse_args(["--api-key", "flag"]).api_key == "flag"
+    monkeypatch.setenv("SV_API_KEY", "")  # set but empty: no key, not an empty one
+    assert build_parser().parse_args([]).api_key is None
 
 
 def test_missing_model_folder_is_one_line_and_exit_2(

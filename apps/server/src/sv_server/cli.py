@@ -46,6 +46,12 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _api_key(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the API key must not be empty")
+    return text
+
+
 def build_parser() -> OneLineErrorParser:
     from sv_server.app import DEFAULT_MAX_QUEUE
     from sv_server.body import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
@@ -73,6 +79,7 @@ def build_parser() -> OneLineErrorParser:
     )
     p.add_argument(
         "--api-key",
+        type=_api_key,
         metavar="KEY",
         default=os.environ.get(API_KEY_ENV) or None,
         help=f"require 'Authorization: Bearer KEY' on every /v1/* route (default: ${API_KEY_ENV}, "
