@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -318,33 +320,53 @@ def test_connections_past_the_bound_get_503_until_the_slow_ones_are_closed(
 # --- tokenization off the event loop ---------------------------------------------------------
 
 
-def _health_latencies(url: str, busy: threading.Event) -> list[float]:
-    """/health round trips, one every 20 ms, while `busy` is set."""
-    latencies = []
-    with httpx.Client(timeout=10) as client:
-        while busy.is_set():
-            start = time.perf_counter()
-            assert client.get(f"{url}/health").status_code == 200
-            latencies.append(time.perf_counter() - start)
-            time.sleep(0.02)
-    return latencies
+# The /health client runs in a process of its own: the test server runs in this one, and a
+# client thread here would compete with the server for this process's GIL (a real client
+# does not). It polls every 20 ms until its stdin closes, then prints the latencies.
+POLLER = """
+import json, socket, sys, threading, time
+host, port = sys.argv[1], int(sys.argv[2])
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+latencies = []
+with socket.create_connection((host, port)) as sock:
+    print("ready", flush=True)
+    while not done.is_set():
+        start = time.perf_counter()
+        sock.sendall(b"GET /health HTTP/1.1\\r\\nHost: test\\r\\n\\r\\n")
+        reply = b""
+        while not reply.endswith(b"}"):
+            reply += sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        latencies.append(time.perf_counter() - start)
+        time.sleep(0.02)
+print(json.dumps(latencies))
+"""
 
 
-def _while_polling_health(url: str, send: Any) -> tuple[httpx.Response, float, list[float]]:
-    busy = threading.Event()
-    busy.set()
-    latencies: list[float] = []
-    poller = threading.Thread(target=lambda: latencies.extend(_health_latencies(url, busy)))
-    poller.start()
+def _while_polling_health(
+    server: RunningServer, send: Any
+) -> tuple[httpx.Response, float, list[float]]:
+    """`send()`'s response and duration, and the /health latencies seen meanwhile."""
+    poller = subprocess.Popen(
+        [sys.executable, "-c", POLLER, *map(str, _address(server))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert poller.stdin is not None and poller.stdout is not None
     try:
+        assert poller.stdout.readline().strip() == "ready"
         time.sleep(0.1)
         start = time.perf_counter()
         response = send()
         took = time.perf_counter() - start
+        out, _ = poller.communicate(timeout=30)
     finally:
-        busy.clear()
-        poller.join()
-    return response, took, latencies
+        if poller.poll() is None:
+            poller.kill()
+    assert poller.returncode == 0
+    return response, took, json.loads(out.splitlines()[-1])
 
 
 def test_health_answers_while_a_maximum_size_chat_prompt_is_tokenized(
@@ -361,7 +383,7 @@ def test_health_answers_while_a_maximum_size_chat_prompt_is_tokenized(
     def send() -> httpx.Response:
         return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
 
-    response, took, latencies = _while_polling_health(server.url, send)
+    response, took, latencies = _while_polling_health(server, send)
     assert _error(response, 400)["code"] == "context_length_exceeded"
     assert took > 0.5, "the prompt was not heavy enough to test anything"
     assert len(latencies) >= 5
