@@ -68,9 +68,7 @@ log = logging.getLogger("sv_server")
 
 DEFAULT_MAX_QUEUE = 512
 RETRY_AFTER_S = 1
-
-
-DRAIN_POLL_S = 0.05
+DRAIN_POLL_S = 0.05  # how often a draining shutdown looks whether requests are still in flight
 
 
 @dataclass
