@@ -373,7 +373,13 @@ def test_health_answers_while_a_maximum_size_chat_prompt_is_tokenized(
     server: RunningServer,
 ) -> None:
     """The default server (4 MiB bodies): a chat prompt of almost 4 MiB takes seconds to
-    tokenize; /health must answer within 200 ms all along (the issue saw 6-16 s)."""
+    tokenize; /health must answer within 200 ms (the issue saw 6-16 s).
+
+    The tokenizer thread still shares the GIL, and the tokenizer's C-level loops over all of
+    a text's pieces hold it for up to ~100 ms at this size: alone, the slowest /health is
+    70-140 ms; with `make test -n 2` on an oversubscribed 2-core machine it was once 204 ms.
+    So 9 in 10 answers must take under 200 ms and every one under 500 ms; tokenizing on the
+    event loop (the bug) holds a /health for the whole encode, 1.4-3 s here."""
     from sv_server.body import DEFAULT_MAX_REQUEST_BYTES
 
     words = "hello world, how are you today? " * (DEFAULT_MAX_REQUEST_BYTES // 32)
@@ -387,7 +393,10 @@ def test_health_answers_while_a_maximum_size_chat_prompt_is_tokenized(
     assert _error(response, 400)["code"] == "context_length_exceeded"
     assert took > 0.5, "the prompt was not heavy enough to test anything"
     assert len(latencies) >= 5
-    assert max(latencies) < 0.2, f"/health took up to {max(latencies) * 1000:.0f} ms"
+    latencies.sort()
+    shown = f"{len(latencies)} answers, slowest {[round(t * 1000) for t in latencies[-5:]]} ms"
+    assert latencies[len(latencies) * 9 // 10] < 0.2, shown
+    assert latencies[-1] < 0.5, shown
 
 
 def test_a_raw_text_prompt_that_cannot_fit_is_refused_before_tokenizing(
@@ -405,10 +414,12 @@ def test_a_raw_text_prompt_that_cannot_fit_is_refused_before_tokenizing(
 
 
 def test_a_stream_goes_on_while_a_huge_prompt_is_tokenized(server: RunningServer) -> None:
-    """A 3 MiB chat prompt takes seconds to tokenize, on its own thread: a stream running
+    """A 4 MiB chat prompt takes ~2 s to tokenize, on its own thread: a stream running
     meanwhile keeps its pace (on a loaded 2-core machine a CPU token takes ~0.2-0.4 s
     anyway; tokenizing on the event loop stalled streams for the whole encode)."""
-    content = ("the quick brown fox " * (1 << 18))[: 3 * 1024 * 1024]
+    from sv_server.body import DEFAULT_MAX_REQUEST_BYTES
+
+    content = ("the quick brown fox " * (1 << 18))[: DEFAULT_MAX_REQUEST_BYTES - 200]
     huge = {"messages": [{"role": "user", "content": content}]}
     refused_at: list[float] = []
 
