@@ -21,6 +21,8 @@ from sv_engine.options import (
 if TYPE_CHECKING:
     from sv_tokenizer import Tokenizer
 
+    from sv_server.serving import GracefulServer
+
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 API_KEY_ENV = "SV_API_KEY"
@@ -173,6 +175,17 @@ def serve_main(argv: list[str]) -> int:
         max_connections=args.max_connections,
         drain_s=args.drain_seconds,
     )
+    status = _run_until_stopped(server)
+    stats = engine.stats
+    print(
+        f"sv serve: stopped; {stats.free_pages} of {stats.pool_pages} KV pages free",
+        file=sys.stderr,
+    )
+    return status
+
+
+def _run_until_stopped(server: GracefulServer) -> int:
+    """Serve until SIGINT or SIGTERM (exit status 0), or until the port cannot be had (1)."""
     # uvicorn shuts down cleanly on SIGINT and SIGTERM, then raises the signal again: let
     # SIGTERM be a KeyboardInterrupt too, so that both are a normal stop (exit 0), not a kill.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -183,11 +196,6 @@ def serve_main(argv: list[str]) -> int:
     except OSError as e:
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_FAILURE
-    stats = engine.stats
-    print(
-        f"sv serve: stopped; {stats.free_pages} of {stats.pool_pages} KV pages free",
-        file=sys.stderr,
-    )
     return 0
 
 
