@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -25,16 +24,21 @@ def default_model() -> Path:
 
 
 class RunningServer:
-    """A create_app() server on a free port of 127.0.0.1, run by uvicorn in a thread."""
+    """A create_app() server on a free port of 127.0.0.1, run as `sv serve` runs it
+    (`build_server`: uvicorn with sv's limits and shutdown) in a thread. `options` go to
+    Engine.from_model_dir, build_server or create_app, by name."""
 
     def __init__(self, model_dir: Path, **options: Any) -> None:
         from sv_engine import Engine
         from sv_server import create_app
+        from sv_server.body import DEFAULT_READ_TIMEOUT_S
         from sv_server.cli import wants_bos
+        from sv_server.serving import build_server
 
         engine_options = {
             k: options.pop(k) for k in ("kv_cache_mib", "max_model_len") if k in options
         }
+        server_options = {k: options.pop(k) for k in ("max_connections", "drain_s") if k in options}
         engine = Engine.from_model_dir(model_dir, device="cpu", **engine_options)
         self.model_name = "smollm2-test"
         self.app = create_app(
@@ -43,8 +47,14 @@ class RunningServer:
             add_bos=wants_bos(model_dir, engine.tokenizer),
             **options,
         )
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning")
-        self._server = uvicorn.Server(config)
+        self._server = build_server(
+            self.app,
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            read_timeout_s=options.get("read_timeout_s", DEFAULT_READ_TIMEOUT_S),
+            **server_options,
+        )
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 60

@@ -1,5 +1,6 @@
 """Small pieces: histograms and /metrics text (against Prometheus' parser), the BOS rule
-(against HF `tokenizers`), and `sv serve`'s option errors."""
+(against HF `tokenizers`), the early context refusal's bound (against the tokenizer), and
+`sv serve`'s option errors."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import tokenizers
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from sv_scheduler import SchedulerStats
 from sv_server.cli import serve_main, wants_bos
@@ -85,6 +88,34 @@ def test_bos_rule_matches_hf_tokenizers(default_model: Path, tmp_path: Path) -> 
     assert not wants_bos(llama, Tokenizer.from_model_dir(llama))
 
 
+@pytest.fixture(scope="module")
+def tokenizer(default_model: Path) -> Tokenizer:
+    return Tokenizer.from_model_dir(default_model)
+
+
+@pytest.fixture(scope="module")
+def longest(tokenizer: Tokenizer) -> tuple[int, str]:
+    """The longest token's length in bytes, and its text."""
+    from sv_server.app import _longest_token_bytes
+
+    size = _longest_token_bytes(tokenizer)
+    ids = (i for i in range(tokenizer.vocab_size) if len(tokenizer.token_bytes(i)) == size)
+    return size, tokenizer.decode([next(ids)])
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(min_size=1, max_size=300), repeats=st.integers(0, 20))
+def test_the_early_refusal_bound_never_exceeds_the_real_token_count(
+    tokenizer: Tokenizer, longest: tuple[int, str], text: str, repeats: int
+) -> None:
+    """What `_refuse_text_that_cannot_fit` relies on: a text of B bytes has at least
+    ceil(B / longest token) tokens, also when made of the longest token itself."""
+    size, token = longest
+    text = token * repeats + text
+    at_least = -(-len(text.encode("utf-8")) // size)
+    assert at_least <= len(tokenizer.encode(text))
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -93,6 +124,12 @@ def test_bos_rule_matches_hf_tokenizers(default_model: Path, tmp_path: Path) -> 
         ["--max-queue", "0"],
         ["--kv-cache-mib", "-1"],
         ["--max-model-len", "x"],
+        ["--max-request-bytes", "0"],
+        ["--read-timeout", "0"],
+        ["--max-connections", "-1"],
+        ["--drain-seconds", "-1"],
+        ["--drain-seconds", "inf"],
+        ["--api-key", ""],
         ["--bogus"],
         ["extra"],
     ],
@@ -105,6 +142,20 @@ def test_bad_options_are_one_line_and_exit_2(
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("sv serve: error: ")
+
+
+def test_the_api_key_comes_from_the_flag_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sv_server.cli import build_parser
+
+    monkeypatch.delenv("SV_API_KEY", raising=False)
+    assert build_parser().parse_args([]).api_key is None
+    monkeypatch.setenv("SV_API_KEY", "from-env")
+    assert build_parser().parse_args([]).api_key == "from-env"
+    assert build_parser().parse_args(["--api-key", "flag"]).api_key == "flag"
+    monkeypatch.setenv("SV_API_KEY", "")  # set but empty: no key, not an empty one
+    assert build_parser().parse_args([]).api_key is None
 
 
 def test_missing_model_folder_is_one_line_and_exit_2(

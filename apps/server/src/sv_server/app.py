@@ -4,13 +4,17 @@
     POST /v1/chat/completions   messages, formatted with the model's chat format
     GET  /v1/models, /v1/models/{id}, /health, /metrics
 
-A generation request goes: parse and check the body (400) -> check the model name (404) ->
-tokenize on the event loop thread -> check it fits the context (400) -> check the queue (429)
--> submit to the EngineLoop -> wait for Accepted/Rejected -> stream or collect the tokens.
+A generation request goes: check the API key (401, auth.py) -> check the Content-Type (415)
+-> read the body within its size and time limits (413, 408; body.py) -> on the tokenizer
+thread: decode the JSON and check it (400), check the model name (404), tokenize, check it
+fits the context (400) -> check the queue (429) and that the server is not stopping (503) ->
+submit to the EngineLoop -> wait for Accepted/Rejected -> stream or collect the tokens.
 
 Thread rule: the engine thread owns the Engine. The handlers use its tokenizer only to encode,
-on the event loop thread (one thread, so the tokenizer's piece cache is never written from two
-threads); the engine thread only decodes, which reads immutable tables.
+and only on the one tokenizer thread (`ServerState.tokenizer_thread`): so the tokenizer's
+piece cache is never written from two threads at once, and a multi-MiB prompt is encoded
+while the event loop goes on serving /health and the other streams. The engine thread only
+decodes, which reads immutable tables.
 """
 
 from __future__ import annotations
@@ -21,18 +25,29 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from sv_engine import Engine, EngineError, SamplingParams
-from sv_tokenizer import TokenizerError
+from sv_tokenizer import Tokenizer, TokenizerError
 
+from sv_server.auth import ApiKeyMiddleware
+from sv_server.body import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+    check_content_type,
+    decode_json,
+    read_body,
+)
 from sv_server.engine_loop import Delivery, EngineLoop, Failed, Rejected, RequestHandle, Token
 from sv_server.errors import ServerError, bad_request
 from sv_server.metrics import CONTENT_TYPE, Metrics
@@ -53,6 +68,7 @@ log = logging.getLogger("sv_server")
 
 DEFAULT_MAX_QUEUE = 512
 RETRY_AFTER_S = 1
+DRAIN_POLL_S = 0.05  # how often a draining shutdown looks whether requests are still in flight
 
 
 @dataclass
@@ -63,12 +79,28 @@ class ServerState:
     max_queue: int
     add_bos: bool
     created: int
+    max_request_bytes: int
+    read_timeout_s: float
+    closing: bool = False  # shutting down: new generations get 503
+    tokenizer_thread: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="sv-tokenizer")
+    )
 
     def __post_init__(self) -> None:
         engine = self.loop.engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.runner.max_model_len
         self.vocab_size = engine.runner.config.vocab_size
+        self.longest_token_bytes = _longest_token_bytes(self.tokenizer)
+
+
+def _longest_token_bytes(tokenizer: Tokenizer) -> int:
+    """The most bytes one token stands for (special and added tokens included)."""
+    longest = 1
+    for token_id in range(tokenizer.vocab_size):
+        with contextlib.suppress(TokenizerError):  # an id without a token
+            longest = max(longest, len(tokenizer.token_bytes(token_id)))
+    return longest
 
 
 def create_app(
@@ -77,12 +109,18 @@ def create_app(
     model_name: str,
     max_queue: int = DEFAULT_MAX_QUEUE,
     add_bos: bool = False,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
 ) -> Starlette:
     """The server for one engine. The engine thread starts and stops with the app's lifespan,
     so an app is served once. `add_bos`: put the BOS token before /v1/completions text prompts
-    (see `sv_server.cli.wants_bos`)."""
+    (see `sv_server.cli.wants_bos`). `api_key`: required as a bearer token on /v1/*.
+    `max_request_bytes` and `read_timeout_s` bound a request body's size and arrival time."""
     if max_queue < 1:
         raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+    if max_request_bytes < 1 or not read_timeout_s > 0:
+        raise ValueError("max_request_bytes and read_timeout_s must be positive")
     metrics = Metrics()
     state = ServerState(
         loop=EngineLoop(engine, observer=metrics.observe),
@@ -91,6 +129,8 @@ def create_app(
         max_queue=max_queue,
         add_bos=add_bos,
         created=int(time.time()),
+        max_request_bytes=max_request_bytes,
+        read_timeout_s=read_timeout_s,
     )
 
     @contextlib.asynccontextmanager
@@ -100,6 +140,16 @@ def create_app(
             yield
         finally:
             await asyncio.to_thread(state.loop.stop)
+            state.tokenizer_thread.shutdown(cancel_futures=True)
+
+    def count_unauthorized() -> None:
+        metrics.rejected["unauthorized"] += 1
+
+    middleware = (
+        [Middleware(ApiKeyMiddleware, api_key=api_key, on_refusal=count_unauthorized)]
+        if api_key is not None
+        else []
+    )
 
     def handler(
         fn: Callable[[Request, ServerState], Any],
@@ -123,10 +173,24 @@ def create_app(
             HTTPException: _http_error,
             Exception: _internal_error,
         },
+        middleware=middleware,
         lifespan=lifespan,
     )
     app.state.server = state
     return app
+
+
+async def shut_down(app: Starlette, drain_s: float) -> None:
+    """Stop the app's generations (before uvicorn's own shutdown): new ones get 503; those in
+    flight may finish for up to `drain_s` seconds; then every one still running ends (a stream
+    with an error event and `data: [DONE]`, a whole answer with a 503), and the engine thread
+    stops, which frees every KV page."""
+    state: ServerState = app.state.server
+    state.closing = True
+    deadline = time.monotonic() + drain_s
+    while state.loop.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+    await asyncio.to_thread(state.loop.stop)
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -139,7 +203,9 @@ def _error_response(error: ServerError) -> JSONResponse:
 async def _server_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServerError)
     state: ServerState = request.app.state.server
-    reason = {429: "queue_full", 500: "engine_error"}.get(exc.status, "invalid")
+    reason = {429: "queue_full", 500: "engine_error", 503: "shutting_down"}.get(
+        exc.status, "invalid"
+    )
     state.metrics.rejected[reason] += 1
     return _error_response(exc)
 
@@ -210,20 +276,28 @@ def _check_model(state: ServerState, model: str | None) -> None:
 # --- generation -----------------------------------------------------------------------------
 
 
+Parser = Callable[[Any], GenerationRequest]
+
+
 async def _completions(request: Request, state: ServerState) -> Response:
-    return await _generate(request, state, parse_completion_request(await _json_body(request)))
+    return await _generate(request, state, parse_completion_request)
 
 
 async def _chat_completions(request: Request, state: ServerState) -> Response:
-    return await _generate(request, state, parse_chat_request(await _json_body(request)))
+    return await _generate(request, state, parse_chat_request)
 
 
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from e
+async def _read(request: Request, state: ServerState) -> bytes:
+    check_content_type(request)
+    return await read_body(request, state.max_request_bytes, state.read_timeout_s)
+
+
+def _prepare(state: ServerState, raw: bytes, parse: Parser) -> tuple[GenerationRequest, list[int]]:
+    """The CPU-heavy part of a request, for the tokenizer thread: the body as a checked
+    request, and its prompt's token ids."""
+    req = parse(decode_json(raw))
+    _check_model(state, req.model)
+    return req, _prompt_ids(state, req)
 
 
 def _prompt_ids(state: ServerState, req: GenerationRequest) -> list[int]:
@@ -234,9 +308,9 @@ def _prompt_ids(state: ServerState, req: GenerationRequest) -> list[int]:
             raise bad_request(str(e), param="messages") from e
     if isinstance(req.prompt, str):  # completions: raw text; BOS only if the tokenizer adds one
         bos = state.tokenizer.bos_id
-        return ([bos] if state.add_bos and bos is not None else []) + state.tokenizer.encode(
-            req.prompt
-        )
+        bos_ids = [bos] if state.add_bos and bos is not None else []
+        _refuse_text_that_cannot_fit(state, req.prompt, len(bos_ids))
+        return bos_ids + state.tokenizer.encode(req.prompt)
     ids = req.prompt or []
     bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
     if bad is not None:
@@ -244,6 +318,22 @@ def _prompt_ids(state: ServerState, req: GenerationRequest) -> list[int]:
             f"prompt token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})", "prompt"
         )
     return ids
+
+
+def _refuse_text_that_cannot_fit(state: ServerState, text: str, extra_tokens: int) -> None:
+    """A cheap, exact refusal before tokenizing: each token stands for at most
+    `longest_token_bytes` bytes of the text, so a text of B bytes has at least
+    ceil(B / longest) tokens. (Only for raw text: a chat template may change the contents.)"""
+    size = len(text.encode("utf-8"))
+    at_least = extra_tokens - (-size // state.longest_token_bytes)
+    if at_least >= state.max_model_len:
+        raise bad_request(
+            f"the prompt has at least {at_least} tokens ({size} bytes, at most "
+            f"{state.longest_token_bytes} bytes per token) but the context is "
+            f"{state.max_model_len} tokens, leaving no room for an output token",
+            param="prompt",
+            code="context_length_exceeded",
+        )
 
 
 def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int) -> int:
@@ -268,20 +358,23 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int) 
     return req.max_tokens
 
 
-async def _generate(request: Request, state: ServerState, req: GenerationRequest) -> Response:
-    _check_model(state, req.model)
-    prompt_ids = _prompt_ids(state, req)
+async def _generate(request: Request, state: ServerState, parse: Parser) -> Response:
+    raw = await _read(request, state)
+    req, prompt_ids = await asyncio.get_running_loop().run_in_executor(
+        state.tokenizer_thread, partial(_prepare, state, raw, parse)
+    )
     try:
         params = SamplingParams(
             max_new_tokens=_max_tokens(state, req, len(prompt_ids)),
             temperature=req.temperature,
-            top_k=req.top_k,
+            top_k=min(req.top_k, state.vocab_size),  # more than the vocabulary keeps them all
             top_p=req.top_p,
             seed=req.seed,
             ignore_eos=req.ignore_eos,
         )
     except EngineError as e:  # protocol.py checked every field already: a safety net
         raise bad_request(str(e)) from e
+    _check_open(state)
     if state.loop.queue_depth >= state.max_queue:
         raise ServerError(
             f"the server's queue is full ({state.max_queue} requests waiting); retry later",
@@ -301,12 +394,21 @@ async def _generate(request: Request, state: ServerState, req: GenerationRequest
     if isinstance(first, Rejected):
         raise bad_request(first.message, code="rejected")
     if isinstance(first, Failed):
-        raise ServerError(first.message, status=500, type="server_error")
+        raise first.error()
     state.metrics.prompt_tokens += len(prompt_ids)
     model = state.model_name
     if req.stream:
         return _EventStream(_stream(req, model, generation), on_close=generation.close)
     return await _collect(request, req, model, generation)
+
+
+def _check_open(state: ServerState) -> None:
+    # No await between this check and the submit: once `closing` is set, nothing new reaches
+    # the engine thread, so its stop ends every request there is.
+    if state.closing:
+        raise ServerError(
+            "the server is shutting down", status=503, type="server_error", code="shutting_down"
+        )
 
 
 class _Generation:
@@ -343,7 +445,7 @@ class _Generation:
         """Account for one delivery; returns the text it makes safe to show."""
         if isinstance(delivery, Failed):
             self.close()
-            raise ServerError(delivery.message, status=500, type="server_error")
+            raise delivery.error()
         if not isinstance(delivery, Token):
             return ""  # Accepted/Rejected only come first
         event = delivery.event

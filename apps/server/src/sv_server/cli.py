@@ -5,17 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from sv_engine.options import OneLineErrorParser, add_engine_arguments, positive_int
+from sv_engine.options import (
+    OneLineErrorParser,
+    add_engine_arguments,
+    positive_float,
+    positive_int,
+)
 
 if TYPE_CHECKING:
     from sv_tokenizer import Tokenizer
 
+    from sv_server.serving import GracefulServer
+
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+API_KEY_ENV = "SV_API_KEY"
 
 
 def _port(text: str) -> int:
@@ -28,8 +38,26 @@ def _port(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
+def _api_key(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the API key must not be empty")
+    return text
+
+
 def build_parser() -> OneLineErrorParser:
     from sv_server.app import DEFAULT_MAX_QUEUE
+    from sv_server.body import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
+    from sv_server.serving import DEFAULT_MAX_CONNECTIONS
 
     p = OneLineErrorParser(
         prog="sv serve",
@@ -50,6 +78,44 @@ def build_parser() -> OneLineErrorParser:
         "--served-model-name",
         metavar="NAME",
         help="the model id clients use (default: the model folder's name)",
+    )
+    p.add_argument(
+        "--api-key",
+        type=_api_key,
+        metavar="KEY",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"require 'Authorization: Bearer KEY' on every /v1/* route (default: ${API_KEY_ENV}, "
+        "else none); /health and /metrics stay open",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        metavar="N",
+        help=f"largest request body; larger ones get 413 (default {DEFAULT_MAX_REQUEST_BYTES})",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=positive_float,
+        default=DEFAULT_READ_TIMEOUT_S,
+        metavar="S",
+        help="seconds a client has to send its request headers, and then its body: a slow "
+        f"body gets 408, slow headers a closed connection (default {DEFAULT_READ_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help=f"connections served at once; past it, 503 (default {DEFAULT_MAX_CONNECTIONS})",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="on SIGINT/SIGTERM, let requests in flight finish for up to S seconds before "
+        "ending them with an error (default 0)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -73,11 +139,11 @@ def serve_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
 
-    import uvicorn
     from sv_engine import EngineError
     from sv_engine.options import engine_from_args
 
     from sv_server.app import create_app
+    from sv_server.serving import build_server
 
     try:
         engine, model_dir = engine_from_args(args)
@@ -90,24 +156,43 @@ def serve_main(argv: list[str]) -> int:
         model_name=name,
         max_queue=args.max_queue,
         add_bos=wants_bos(model_dir, engine.tokenizer),
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
+        read_timeout_s=args.read_timeout,
     )
     print(
         f"sv serve: '{name}' on http://{args.host}:{args.port}/v1 "
-        f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages)",
+        f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages"
+        f"{', API key required' if args.api_key else ''})",
         file=sys.stderr,
     )
-    config = uvicorn.Config(
+    server = build_server(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        timeout_graceful_shutdown=5,
+        read_timeout_s=args.read_timeout,
+        max_connections=args.max_connections,
+        drain_s=args.drain_seconds,
     )
+    status = _run_until_stopped(server)
+    stats = engine.stats
+    print(
+        f"sv serve: stopped; {stats.free_pages} of {stats.pool_pages} KV pages free",
+        file=sys.stderr,
+    )
+    return status
+
+
+def _run_until_stopped(server: GracefulServer) -> int:
+    """Serve until SIGINT or SIGTERM (exit status 0), or until the port cannot be had (1)."""
+    # uvicorn shuts down cleanly on SIGINT and SIGTERM, then raises the signal again: let
+    # SIGTERM be a KeyboardInterrupt too, so that both are a normal stop (exit 0), not a kill.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        uvicorn.Server(config).run()
+        server.run()
     except KeyboardInterrupt:
-        # uvicorn shuts down cleanly on Ctrl-C / SIGINT, then re-raises the signal: a normal stop
-        return 0
+        pass
     except OSError as e:
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_FAILURE

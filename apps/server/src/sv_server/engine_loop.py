@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_scheduler import AdmissionError, RequestId, SchedulerStats
 
+from sv_server.errors import ServerError
+
 log = logging.getLogger("sv_server")
 
 
@@ -55,9 +57,14 @@ class Token:
 
 @dataclass(frozen=True)
 class Failed:
-    """The request died with the engine step it was in, or the server is stopping."""
+    """The request died with the engine step it was in (500), or the server is stopping (503)."""
 
     message: str
+    status: int = 500
+
+    def error(self) -> ServerError:
+        code = "shutting_down" if self.status == 503 else None
+        return ServerError(self.message, status=self.status, type="server_error", code=code)
 
 
 Delivery = Accepted | Rejected | Token | Failed
@@ -157,6 +164,11 @@ class EngineLoop:
         self._commands.put(_Cancel(handle))
 
     @property
+    def in_flight(self) -> int:
+        """Requests submitted and not finished (waiting or running)."""
+        return self.queue_depth + self.snapshot.running
+
+    @property
     def queue_depth(self) -> int:
         """Requests waiting to start: submitted but not yet seen, plus the scheduler's queue."""
         with self._pending_lock:
@@ -169,7 +181,7 @@ class EngineLoop:
             batch: Batch = []
             for command in self._next_commands():
                 if isinstance(command, _Stop):
-                    self._fail_all("the server is shutting down", batch)
+                    self._fail_all("the server is shutting down", batch, status=503)
                     self._finish_iteration(batch)
                     return
                 if isinstance(command, _Submit):
@@ -234,9 +246,9 @@ class EngineLoop:
             if handle is not None:
                 batch.append((handle, Token(event, now)))
 
-    def _fail_all(self, message: str, batch: Batch) -> None:
+    def _fail_all(self, message: str, batch: Batch, status: int = 500) -> None:
         for handle in self._live.values():
-            batch.append((handle, Failed(message)))
+            batch.append((handle, Failed(message, status)))
         self._live.clear()
         try:
             self.engine.cancel_all()

@@ -128,7 +128,7 @@ class Metrics:
             "Requests the server refused, by reason.",
             "reason",
             self.rejected,
-            ("invalid", "queue_full", "engine_error"),
+            ("invalid", "unauthorized", "queue_full", "engine_error", "shutting_down"),
         )
         out.histogram(
             "sv_time_to_first_token_seconds", "Arrival to first generated token.", self.ttft

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -86,6 +87,15 @@ _NOT_FOR_CHAT = frozenset({"echo", "best_of", "suffix"})
 
 # --- field checks ---------------------------------------------------------------------------
 
+_SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
+_SHOWN.maxstring = _SHOWN.maxlong = _SHOWN.maxother = 40
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: cut short (a body may be megabytes)."""
+    return _SHOWN.repr(value)
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -98,7 +108,7 @@ def _is_number(value: Any) -> bool:
 def _get(body: Mapping[str, Any], key: str, check: Callable[[Any], bool], what: str) -> Any:
     value = body.get(key)
     if value is not None and not check(value):
-        raise bad_request(f"'{key}' must be {what}, got {value!r}", param=key)
+        raise bad_request(f"'{key}' must be {what}, got {_shown(value)}", param=key)
     return value
 
 
@@ -106,7 +116,7 @@ def _optional_int(body: Mapping[str, Any], key: str, lo: int, hi: int | None = N
     value = _get(body, key, _is_int, "an integer")
     if value is not None and (value < lo or (hi is not None and value > hi)):
         bounds = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
-        raise bad_request(f"'{key}' must be {bounds}, got {value}", param=key)
+        raise bad_request(f"'{key}' must be {bounds}, got {_shown(value)}", param=key)
     return value  # type: ignore[no-any-return]
 
 
@@ -128,9 +138,11 @@ def _check_fields(body: Mapping[str, Any], kind: Kind) -> None:
         if key in allowed:
             continue
         if key not in _OFF_VALUES or key in excluded:
-            raise bad_request(f"unknown field '{key}'", param=key)
+            raise bad_request(f"unknown field {_shown(key)}", param=key)
         if not _is_off(value, _OFF_VALUES[key]):
-            raise bad_request(f"'{key}' is not supported by this server (got {value!r})", param=key)
+            raise bad_request(
+                f"'{key}' is not supported by this server (got {_shown(value)})", param=key
+            )
 
 
 def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -139,7 +151,9 @@ def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise bad_request(f"'stop' must be a string or a list of strings, got {stop!r}", "stop")
+        raise bad_request(
+            f"'stop' must be a string or a list of strings, got {_shown(stop)}", "stop"
+        )
     if len(stops) > MAX_STOP_STRINGS:
         raise bad_request(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
     if any(not s for s in stops):
@@ -158,7 +172,7 @@ def _sampling(
     _get(body, "user", lambda v: isinstance(v, str), "a string")
     n = _optional_int(body, "n", 1)
     if n is not None and n != 1:
-        raise bad_request(f"only n=1 is supported, got n={n}", param="n")
+        raise bad_request(f"only n=1 is supported, got n={_shown(n)}", param="n")
     temperature = _get(body, "temperature", _is_number, "a number")
     if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
         raise bad_request(
@@ -259,10 +273,10 @@ def _message(item: Any, index: int) -> Message:
         raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
     unknown = set(item) - {"role", "content"}
     if unknown:
-        raise bad_request(f"unknown field '{param}.{sorted(unknown)[0]}'", param)
+        raise bad_request(f"unknown field {_shown(f'{param}.{sorted(unknown)[0]}')}", param)
     role, content = item.get("role"), item.get("content")
     if not isinstance(role, str):
-        raise bad_request(f"{param}.role must be a string, got {role!r}", param)
+        raise bad_request(f"{param}.role must be a string, got {_shown(role)}", param)
     if isinstance(content, list):
         texts = []
         for part in content:

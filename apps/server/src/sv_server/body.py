@@ -1,0 +1,156 @@
+"""A request body, from the wire to a checked JSON value: every way it can be wrong is a 4xx.
+
+    Content-Type not application/json        415
+    Content-Length or the bytes sent > limit  413, before the rest is read
+    body not complete within the read timeout 408
+    not JSON, nested too deep, a number too big to convert, NaN/Infinity, a lone surrogate  400
+
+`read_body` runs on the event loop (it only awaits the socket); `decode_json` is CPU work
+(a multi-MiB body takes tens of milliseconds) and is meant for the tokenizer thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from sv_server.errors import ServerError, bad_request
+
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""4 MiB: a whole 128k-token context as token ids (~1 MiB of JSON) or as text, with room."""
+
+DEFAULT_READ_TIMEOUT_S = 30.0
+MAX_JSON_DEPTH = 32
+"""The deepest body OpenAI's schema needs is 5 (body -> messages -> message -> content ->
+part); 32 leaves room for extensions and keeps every later walk over the value shallow."""
+
+_JSON_MEDIA_TYPE = "application/json"
+_CLOSE = {"Connection": "close"}  # the rest of the body is not read: the connection is spent
+
+
+def check_content_type(request: Request) -> None:
+    """415 unless the body is declared as JSON (parameters such as charset are fine).
+
+    This is also what keeps web pages from driving a local server: a browser sends a
+    cross-site POST without a CORS preflight only for text/plain, form and multipart bodies,
+    and this server answers none of them. An application/json POST from another origin needs
+    a preflight, which this server never approves (it sends no CORS headers)."""
+    declared = request.headers.get("content-type")
+    media_type = (declared or "").split(";", 1)[0].strip().lower()
+    if media_type != _JSON_MEDIA_TYPE:
+        shown = "no Content-Type" if declared is None else f"Content-Type {declared!r}"
+        raise ServerError(
+            f"the request body must be JSON (Content-Type: application/json), got {shown}",
+            status=415,
+            code="unsupported_media_type",
+        )
+
+
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    """The whole body, refused (413) as soon as it is known to exceed `max_bytes`: from
+    Content-Length before reading anything, else while counting a chunked body's bytes. A
+    client that has not sent it all within `timeout_s` gets a 408."""
+    declared = _content_length(request)
+    if declared is not None and declared > max_bytes:
+        raise _too_large(f"Content-Length is {declared} bytes", max_bytes)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_at_most(request, max_bytes)
+    except TimeoutError:
+        raise ServerError(
+            f"the request body did not arrive within {timeout_s:g} s",
+            status=408,
+            code="request_timeout",
+            headers=_CLOSE,
+        ) from None
+
+
+def _content_length(request: Request) -> int | None:
+    value = request.headers.get("content-length")
+    if value is None:
+        return None
+    if not value.isascii() or not value.isdigit():
+        raise bad_request(f"Content-Length must be a number of bytes, got {value!r}")
+    return int(value)
+
+
+async def _read_at_most(request: Request, max_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise _too_large(f"the body exceeds {max_bytes} bytes", max_bytes)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise bad_request("the client hung up before sending the whole body") from None
+    return b"".join(chunks)
+
+
+def _too_large(what: str, max_bytes: int) -> ServerError:
+    return ServerError(
+        f"the request body is too large: {what}; this server takes at most {max_bytes} bytes "
+        "(--max-request-bytes)",
+        status=413,
+        code="request_too_large",
+        headers=_CLOSE,
+    )
+
+
+def decode_json(raw: bytes) -> Any:
+    """The body's JSON value, or a 400 that says what is wrong with it."""
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise _too_deep() from None
+    except json.JSONDecodeError as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise bad_request(f"the request body is not UTF-8: {e.reason} at byte {e.start}") from None
+    except ValueError as e:  # an integer beyond Python's int-string conversion limit (4300 digits)
+        raise bad_request(f"the request body has a number that is too large: {e}") from None
+    _check_value(value)
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise bad_request(f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def _too_deep() -> ServerError:
+    return bad_request(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+def _check_value(value: Any) -> None:
+    """Depth and strings of a decoded value, walked without recursion: a lone surrogate
+    (`"\\ud800"` is valid JSON) cannot be encoded as UTF-8 for the tokenizer or a reply."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _check_string(item)
+        elif isinstance(item, list | dict):
+            if depth > MAX_JSON_DEPTH:
+                raise _too_deep()
+            if isinstance(item, dict):
+                for key in item:
+                    _check_string(key)
+                item = item.values()
+            stack.extend(
+                (child, depth + 1) for child in item if isinstance(child, str | list | dict)
+            )
+
+
+def _check_string(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise bad_request(
+                f"the request body has a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}): "
+                "not a character"
+            ) from None

@@ -1,0 +1,119 @@
+"""uvicorn, set up for untrusted clients: a bound on connections, a deadline for request
+headers, and a shutdown that ends every request in flight properly.
+
+What uvicorn 0.54 gives and what is added here:
+
+- `limit_concurrency` bounds connections (and requests) at once: past it, a request gets 503.
+- Idle kept-alive connections are closed after `timeout_keep_alive`. But a connection that
+  never finishes its request headers has no timer at all (one byte every few seconds keeps it
+  open for ever): `_HeaderDeadlineProtocol` closes it after the read timeout. The body has its
+  own deadline, in the app (body.py: 408).
+- On SIGINT/SIGTERM uvicorn stops accepting, then waits for requests to finish and cancels
+  them after a timeout: a cut stream, with no error event and no `[DONE]`. `GracefulServer`
+  first ends the requests itself (`sv_server.app.shut_down`: drain, then an error event and
+  `[DONE]` in each stream, 503 for whole answers), so uvicorn only has finished ones to wait for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import uvicorn
+from starlette.applications import Starlette
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from sv_server.app import shut_down
+
+DEFAULT_MAX_CONNECTIONS = 1024
+GRACEFUL_SHUTDOWN_S = 5  # for uvicorn, after the app has ended its requests: ample
+
+
+class _HeaderDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol, plus: a request's headers must be complete within
+    `header_timeout_s` of the connection opening (or of the previous response), else the
+    connection is closed. Set `header_timeout_s` on a subclass (`_protocol_with_deadline`)."""
+
+    header_timeout_s: float
+
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_headers()
+
+    def on_response_complete(self) -> None:
+        self._await_headers()  # before the super call, which may start a pipelined request
+        super().on_response_complete()
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's headers arrived
+            self._stop_waiting()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_waiting()
+        super().connection_lost(exc)
+
+    def _await_headers(self) -> None:
+        self._stop_waiting()
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def _stop_waiting(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.logger.info("closing a connection whose request headers took too long")
+            self.transport.close()
+
+
+def _protocol_with_deadline(timeout_s: float) -> type[_HeaderDeadlineProtocol]:
+    return type(
+        "HeaderDeadlineProtocol", (_HeaderDeadlineProtocol,), {"header_timeout_s": timeout_s}
+    )
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, whose shutdown first stops accepting and ends the app's requests."""
+
+    def __init__(self, config: uvicorn.Config, app: Starlette, drain_s: float) -> None:
+        super().__init__(config)
+        self._app = app
+        self._drain_s = drain_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # no new connections during the drain
+        await shut_down(self._app, self._drain_s)
+        await super().shutdown(sockets)
+
+
+def build_server(
+    app: Starlette,
+    *,
+    host: str,
+    port: int,
+    log_level: str,
+    read_timeout_s: float,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    drain_s: float = 0.0,
+) -> GracefulServer:
+    """The uvicorn server `sv serve` runs (and the tests run): h11 with the header deadline,
+    at most `max_connections` connections, requests drained for `drain_s` at shutdown."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=_protocol_with_deadline(read_timeout_s),
+        # uvicorn counts the connection asking among those open: +1, so that `max_connections`
+        # connections are served and the next one's request gets the 503
+        limit_concurrency=max_connections + 1,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    return GracefulServer(config, app, drain_s)

@@ -1,0 +1,138 @@
+"""Property-based fuzzing of request bodies against a real server: whatever JSON (or not-JSON)
+arrives at either endpoint, the answer is a 200 or a 4xx in OpenAI's error shape, within a
+bounded time; never a 500, never a hang. The server has a 64-token context, so that bodies
+the server accepts generate only a few tokens."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+RunningServer = Any  # conftest.RunningServer
+
+ANSWER_S = 60.0  # generous for a 2-core CI machine; a hang is what this catches
+EXAMPLES = 30
+
+STRINGS = st.text(max_size=12) | st.sampled_from(["\ud800", "a\udfffb", "<|im_end|>", "\x00"])
+NUMBERS = (
+    st.integers()
+    | st.integers(min_value=-(10**40), max_value=10**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([0, 1, -1, 2, 0.5, 1e308, 5e-324, 2**63, 2**64, 10**30])
+)
+SCALARS = st.none() | st.booleans() | NUMBERS | STRINGS
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(STRINGS, inner, max_size=4),
+    max_leaves=10,
+)
+# Values a client could well send, field by field (max_tokens small: bodies that pass generate).
+VALID = {
+    "max_tokens": st.integers(1, 4),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.01, 1),
+    "top_k": st.integers(-1, 100) | st.just(10**30),
+    "seed": st.integers(-(2**63), 2**63 - 1),
+    "stop": st.text(min_size=1, max_size=3) | st.lists(st.text(min_size=1, max_size=3), max_size=4),
+    "stream": st.booleans(),
+    "ignore_eos": st.booleans(),
+    "user": st.text(max_size=5),
+    "model": st.just("smollm2-test"),
+    "presence_penalty": st.just(0),
+    "logprobs": st.none() | st.just(False),
+}
+FIELDS = st.sampled_from([*VALID, "max_completion_tokens", "n", "stream_options", "echo",
+                          "best_of", "suffix", "logit_bias", "top_logprobs", "tools"])  # fmt: skip
+ODD_FIELD = st.dictionaries(FIELDS, JSON, min_size=1, max_size=1)
+
+
+def _sensible(**first: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Bodies made of `first` and valid values of some other fields; streams ask for usage."""
+    optional = {k: v for k, v in VALID.items() if k != "max_tokens"}
+    fields = st.fixed_dictionaries(first | {"max_tokens": VALID["max_tokens"]}, optional=optional)
+    return fields.map(
+        lambda b: b | {"stream_options": {"include_usage": True}} if b.get("stream") else b
+    )
+
+
+def _bodies(**first: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """A third well-formed, a third with one odd field, a third anything."""
+    sensible = _sensible(**first)
+    one_odd = st.builds(lambda body, odd: body | odd, sensible, ODD_FIELD)
+    return sensible | one_odd | JSON
+
+
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant"]), "content": st.text(max_size=30)}
+)
+COMPLETION_BODIES = _bodies(prompt=st.text(min_size=1, max_size=30))
+CHAT_BODIES = _bodies(messages=st.lists(MESSAGE, min_size=1, max_size=3))
+
+
+@pytest.fixture(scope="module")
+def small(make_server: Any) -> Iterator[RunningServer]:
+    server = make_server(max_model_len=64)
+    yield server
+    server.stop()
+
+
+def _check_answer(response: httpx.Response, body: Any) -> None:
+    status = response.status_code
+    event(f"status {status}")
+    assert status == 200 or 400 <= status < 500, (status, response.text[:300], body)
+    if status != 200:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        return
+    if response.headers["content-type"].startswith("text/event-stream"):
+        events = [line for line in response.text.split("\n") if line]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        for line in events[:-1]:
+            assert "error" not in json.loads(line.removeprefix("data: ")), line
+    else:
+        assert response.json()["choices"]
+
+
+def _post(server: RunningServer, path: str, body: Any) -> None:
+    content = json.dumps(body).encode()  # ensure_ascii: lone surrogates travel as \\udXXX
+    headers = {"Content-Type": "application/json"}
+    response = httpx.post(server.url + path, content=content, headers=headers, timeout=ANSWER_S)
+    _check_answer(response, body)
+
+
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(body=COMPLETION_BODIES)
+def test_fuzzed_completion_bodies(small: RunningServer, body: Any) -> None:
+    _post(small, "/v1/completions", body)
+
+
+@FUZZ
+@given(body=CHAT_BODIES)
+def test_fuzzed_chat_bodies(small: RunningServer, body: Any) -> None:
+    _post(small, "/v1/chat/completions", body)
+
+
+@FUZZ
+@given(
+    raw=st.binary(max_size=64), path=st.sampled_from(["/v1/completions", "/v1/chat/completions"])
+)
+def test_fuzzed_bytes(small: RunningServer, raw: bytes, path: str) -> None:
+    headers = {"Content-Type": "application/json"}
+    response = httpx.post(small.url + path, content=raw, headers=headers, timeout=ANSWER_S)
+    _check_answer(response, raw)
+
+
+def test_after_the_fuzzing_every_page_is_free(small: RunningServer) -> None:
+    m = small.wait_idle()
+    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_total"]
+    assert m["sv_engine_step_failures_total"] == 0
+    assert httpx.get(f"{small.url}/health").json()["status"] == "ok"

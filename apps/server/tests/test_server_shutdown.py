@@ -1,0 +1,144 @@
+"""Stopping the server: `sv serve` as a process under SIGINT and SIGTERM (streams end with an
+error event and `[DONE]`, whole answers get 503, every page is freed, exit code 0), and the
+drain that lets requests in flight finish first."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+RunningServer = Any  # conftest.RunningServer
+
+LONG = {"max_tokens": 200, "ignore_eos": True}  # runs for a minute on the CPU unless ended
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_sv_serve(model: Path, port: int) -> subprocess.Popen[str]:
+    command = "import sys; from sv_cli.main import main; sys.exit(main())"
+    return subprocess.Popen(
+        [sys.executable, "-c", command, "serve", "--port", str(port), "--device", "cpu",
+         "--kv-cache-mib", "32", "--model", str(model)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
+def _wait_healthy(process: subprocess.Popen[str], url: str) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None, process.stdout.read()  # type: ignore[union-attr]
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "sv serve did not come up"
+        time.sleep(0.2)
+
+
+def _running(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("sv_requests_running "):
+            return float(line.split()[1])
+    raise AssertionError("no sv_requests_running in /metrics")
+
+
+def _events(lines: Iterator[str]) -> Iterator[str]:
+    return (line.removeprefix("data: ") for line in lines if line)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sv_serve_ends_requests_cleanly_on_a_signal(default_model: Path, sig: int) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _start_sv_serve(default_model, port)
+    try:
+        _wait_healthy(process, url)
+        models = httpx.get(f"{url}/v1/models").json()["data"]
+        assert [m["id"] for m in models] == [default_model.name]
+        reply = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 12,
+                "temperature": 0,
+            },
+            timeout=60,
+        ).json()
+        assert "Paris" in reply["choices"][0]["message"]["content"]
+
+        whole: list[httpx.Response] = []
+        waiter = threading.Thread(
+            target=lambda: whole.append(
+                httpx.post(f"{url}/v1/completions", json={"prompt": "1, 2,"} | LONG, timeout=60)
+            )
+        )
+        body = {"prompt": "Count: 1, 2, 3,", "stream": True} | LONG
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as stream:
+            events = _events(stream.iter_lines())
+            assert "choices" in json.loads(next(events))  # streaming
+            waiter.start()
+            deadline = time.monotonic() + 30
+            while _running(url) < 2:  # the whole answer is being generated too
+                assert time.monotonic() < deadline, "the second request never ran"
+                time.sleep(0.05)
+            process.send_signal(sig)
+            signalled = time.monotonic()
+            rest = list(events)
+        waiter.join(30)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert time.monotonic() - signalled < 15
+    assert rest[-1] == "[DONE]", rest[-3:]
+    error = json.loads(rest[-2])["error"]
+    assert error["code"] == "shutting_down" and error["type"] == "server_error"
+    assert whole and whole[0].status_code == 503
+    assert whole[0].json()["error"]["code"] == "shutting_down"
+    assert process.returncode == 0, out
+    pages = re.search(r"(\d+) of (\d+) KV pages free", out)
+    assert pages and pages[1] == pages[2], out
+
+
+def test_a_drain_lets_requests_in_flight_finish(make_server: Any) -> None:
+    server = make_server(drain_s=60)
+    stopper = threading.Thread(target=server.stop)
+    body = {"prompt": "Count: 1, 2, 3,", "max_tokens": 12, "ignore_eos": True, "stream": True}
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as stream:
+            events = _events(stream.iter_lines())
+            next(events)
+            stopper.start()  # the shutdown starts with the stream under way
+            rest = list(events)
+        stopper.join(60)
+        assert not stopper.is_alive()
+    finally:
+        server.stop()  # (again: a no-op once stopped)
+    assert rest[-1] == "[DONE]"
+    assert not any("error" in json.loads(e) for e in rest[:-1])
+    assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(httpx.ConnectError):  # the listening socket is closed
+        httpx.get(f"{server.url}/health", timeout=5)
+    engine = server.app.state.server.loop.engine
+    assert engine.stats.free_pages == engine.stats.pool_pages
