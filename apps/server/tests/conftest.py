@@ -25,8 +25,8 @@ def default_model() -> Path:
 
 class RunningServer:
     """A create_app() server on a free port of 127.0.0.1, run as `sv serve` runs it
-    (`build_server`: uvicorn with sv's limits and shutdown) in a thread. `options` go to
-    Engine.from_model_dir, build_server or create_app, by name."""
+    (`build_server`: uvicorn with sv's limits and shutdown; preemptive admission) in a thread.
+    `options` go to Engine.from_model_dir, build_server or create_app, by name."""
 
     def __init__(self, model_dir: Path, **options: Any) -> None:
         from sv_engine import Engine
@@ -36,8 +36,11 @@ class RunningServer:
         from sv_server.serving import build_server
 
         engine_options = {
-            k: options.pop(k) for k in ("kv_cache_mib", "max_model_len") if k in options
+            k: options.pop(k)
+            for k in ("kv_cache_mib", "max_model_len", "admission")
+            if k in options
         }
+        engine_options.setdefault("admission", "preemptive")  # as `sv serve`
         server_options = {k: options.pop(k) for k in ("max_connections", "drain_s") if k in options}
         engine = Engine.from_model_dir(model_dir, device="cpu", **engine_options)
         self.model_name = "smollm2-test"

@@ -38,6 +38,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from sv_engine import Engine, EngineError, SamplingParams
+from sv_scheduler import max_new_tokens_that_fit
 from sv_tokenizer import Tokenizer, TokenizerError
 
 from sv_server.auth import ApiKeyMiddleware
@@ -90,6 +91,7 @@ class ServerState:
         engine = self.loop.engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.runner.max_model_len
+        self.scheduler_config = engine.scheduler.config  # immutable: safe from this thread
         self.vocab_size = engine.runner.config.vocab_size
         self.longest_token_bytes = _longest_token_bytes(self.tokenizer)
 
@@ -346,8 +348,11 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int) 
             code="context_length_exceeded",
         )
     if req.max_tokens is None:
+        # Chat without max_tokens: up to the context, as far as the KV pool could ever hold
+        # (a budget over the pool would be refused, though the client asked for no number).
         default = DEFAULT_COMPLETION_MAX_TOKENS if req.kind == "completion" else room
-        return min(default, room)
+        fit = max_new_tokens_that_fit(prompt_tokens, state.scheduler_config)
+        return min(default, room, fit) if fit >= 1 else min(default, room)
     if req.max_tokens > room:
         raise bad_request(
             f"max_tokens is {req.max_tokens} but the prompt has {prompt_tokens} tokens and the "

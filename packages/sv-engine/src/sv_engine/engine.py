@@ -392,10 +392,13 @@ class Engine:
 
     def _sampling_rows(self, plan: StepPlan) -> SamplingRows:
         temps, top_ks, top_ps, seeds, steps = [], [], [], [], []
+        vocab_size = self.runner.config.vocab_size
         for seq in plan.sampling:
             live = self._live[seq.request_id]
             temps.append(live.params.temperature)
-            top_ks.append(live.params.top_k)
+            # More than the vocabulary keeps every token, as 0 does; clamped so that any Python
+            # int is a valid top_k (the step inputs are int32 on the device).
+            top_ks.append(min(live.params.top_k, vocab_size))
             top_ps.append(live.params.top_p)
             seeds.append(live.seed)
             steps.append(seq.num_output_tokens)

@@ -1,0 +1,103 @@
+"""What the admission policy means for a client (issue 15's first failure): a chat request
+without max_tokens, as most clients send it, must not make short requests wait behind it.
+
+Under the server's preemptive policy the long chat holds only the pages it uses, so a 2-token
+completion sent while it streams is answered at once. Under the conservative policy the chat
+reserves (nearly) the whole pool for its unbounded answer and the short request waits: the
+same client sequence shows the difference, so the first test can fail."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+RunningServer = Any  # conftest.py
+
+LONG_CHAT = {
+    "messages": [{"role": "user", "content": "Tell me a very long story about a dragon."}],
+    "stream": True,
+    "ignore_eos": True,  # the answer runs to the limit the server chose (no max_tokens given)
+}
+SHORT = {"prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
+
+
+def _short_request_while_a_long_chat_streams(
+    server: RunningServer, timeout: float
+) -> tuple[httpx.Response | None, float, int]:
+    """Start the long chat, wait for its first tokens, then send the short request.
+    Returns the short request's response (None if it timed out), its time, and how many
+    chunks the chat had streamed by then. Closing the chat cancels it."""
+    cancelled_before = server.metrics()['sv_requests_finished_total{finish_reason="cancelled"}']
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=LONG_CHAT) as chat,
+    ):
+        assert chat.status_code == 200
+        # One iterator, kept until the end: a discarded one closes the connection, which
+        # cancels the chat (and would make this test pass for the wrong reason).
+        lines = chat.iter_lines()
+        chunks = 0
+        while chunks < 3:
+            chunks += next(lines).startswith("data: {")
+        started = time.perf_counter()
+        try:
+            response: httpx.Response | None = http.post(
+                "/v1/completions", json=SHORT, timeout=timeout
+            )
+        except httpx.ReadTimeout:
+            response = None
+        elapsed = time.perf_counter() - started
+        # The chat still streams: it was not cancelled to make room.
+        assert any(next(lines).startswith("data: {") for _ in range(4))
+        assert server.metrics()['sv_requests_finished_total{finish_reason="cancelled"}'] == (
+            cancelled_before
+        )
+        return response, elapsed, chunks
+
+
+def test_a_short_request_is_answered_while_a_chat_without_max_tokens_streams(
+    server: RunningServer,
+) -> None:
+    response, elapsed, chunks = _short_request_while_a_long_chat_streams(server, timeout=10)
+    assert chunks == 3
+    assert response is not None and response.status_code == 200, response
+    assert elapsed < 2.0, f"the 2-token request took {elapsed:.2f} s"
+    body = response.json()
+    assert body["usage"]["completion_tokens"] == 2
+    assert body["choices"][0]["finish_reason"] == "length"
+    metrics = server.wait_idle()
+    assert metrics["sv_kv_cache_pages_used"] == 0
+    assert metrics["sv_kv_cache_pages_free"] == metrics["sv_kv_cache_pages_total"]
+
+
+def test_without_max_tokens_a_chat_gets_what_the_pool_can_hold(server: RunningServer) -> None:
+    """The default for an omitted max_tokens is the context or the pool, whichever is
+    smaller: never a budget the server itself would refuse."""
+    metrics = server.metrics()
+    pool_tokens = int(metrics["sv_kv_cache_pages_total"]) * 16
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        models = http.get("/v1/models").json()["data"][0]
+        assert pool_tokens < models["max_model_len"], "this test needs a pool below the context"
+        # Not run to the end (thousands of CPU tokens): a stream, cancelled after its first
+        # event; a budget over the pool would be refused with a 400 instead.
+        assert "max_tokens" not in LONG_CHAT
+        with http.stream("POST", "/v1/chat/completions", json=LONG_CHAT) as r:
+            assert r.status_code == 200, r.read()
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert "error" not in json.loads(first.removeprefix("data: "))
+    server.wait_idle()
+
+
+def test_under_conservative_admission_the_short_request_waits(make_server: Any) -> None:
+    conservative = make_server(admission="conservative")
+    try:
+        response, elapsed, _ = _short_request_while_a_long_chat_streams(conservative, timeout=3)
+        assert response is None, f"answered in {elapsed:.2f} s: the chat reserved nothing?"
+        metrics = conservative.wait_idle()
+        assert metrics["sv_kv_cache_pages_used"] == 0
+    finally:
+        conservative.stop()

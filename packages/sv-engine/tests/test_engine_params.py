@@ -1,0 +1,23 @@
+"""Sampling parameters at their edges reach the step inputs intact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sv_engine import Engine, SamplingParams
+
+
+def test_a_top_k_past_any_integer_type_means_keep_every_token(tiny_llama_dir: Path) -> None:
+    """top_k beyond the vocabulary keeps every token, as top_k 0 does; a value no int32 holds
+    (10**30) must not fail the step (it did, and took every request in flight with it)."""
+    engine = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8)
+    prompts = ["Name three colours.", "Count from one to ten."]
+
+    def run(top_k: int) -> list[list[int]]:
+        params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=top_k, seed=7)
+        return [c.output_ids for c in engine.generate(prompts, params)]
+
+    everything = run(0)
+    assert run(10**30) == everything
+    assert run(engine.runner.config.vocab_size) == everything
+    assert run(1) != everything  # top-k really filters: greedy differs from these draws
