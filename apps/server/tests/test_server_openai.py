@@ -409,8 +409,10 @@ def test_idle_engine_thread_does_not_spin(server: RunningServer) -> None:
 
 
 def test_full_queue_gets_429_with_retry_after(make_server: Any) -> None:
-    """A pool of 11 pages and --max-queue 1: A holds the whole pool, B waits, C is refused."""
-    small = make_server(kv_cache_mib=8, max_queue=1)
+    """A pool of 11 pages and --max-queue 1: A holds the whole pool, B waits, C is refused.
+    (Conservative admission, so that A's budget holds the pool from its first step: under the
+    preemptive policy B would start beside it.)"""
+    small = make_server(kv_cache_mib=8, max_queue=1, admission="conservative")
     prompt = list(range(1000, 1010))
     short = {"prompt": prompt, "max_tokens": 2}
     b_result: list[httpx.Response] = []
