@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from server_test_support import openai_error
 
 RunningServer = Any  # conftest.RunningServer
 
@@ -41,17 +42,6 @@ def guarded(make_server: Any) -> Iterator[RunningServer]:
     )
     yield server
     server.stop()
-
-
-def _error(response: httpx.Response, status: int) -> dict[str, Any]:
-    """The OpenAI error body of a refusal with `status`, checked for its shape."""
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    return error  # type: ignore[no-any-return]
 
 
 def _timed_post(url: str, **kw: Any) -> tuple[httpx.Response, float]:
@@ -111,7 +101,7 @@ def test_api_key_guards_every_v1_route(guarded: RunningServer) -> None:
         start = time.perf_counter()
         response = httpx.request(method, guarded.url + path, json=body, headers=headers)
         assert time.perf_counter() - start < REFUSAL_S
-        error = _error(response, 401)
+        error = openai_error(response, 401)
         assert error["code"] == "invalid_api_key", (method, path, headers)
         assert response.headers["www-authenticate"] == "Bearer"
     after = guarded.metrics()
@@ -156,7 +146,7 @@ def test_a_body_not_declared_json_is_415(guarded: RunningServer, content_type: s
     for path in ("/v1/completions", "/v1/chat/completions"):
         response, took = _timed_post(guarded.url + path, content=body, headers=headers)
         assert took < REFUSAL_S
-        assert _error(response, 415)["code"] == "unsupported_media_type"
+        assert openai_error(response, 415)["code"] == "unsupported_media_type"
 
 
 def test_json_with_a_charset_is_fine(guarded: RunningServer) -> None:
@@ -207,7 +197,7 @@ def test_an_oversized_body_from_httpx_is_413(guarded: RunningServer) -> None:
         f"{guarded.url}/v1/completions", content=body, headers=AUTH | JSON_TYPE
     )
     assert took < REFUSAL_S
-    assert _error(response, 413)["code"] == "request_too_large"
+    assert openai_error(response, 413)["code"] == "request_too_large"
 
 
 # --- JSON limits ---------------------------------------------------------------------------
@@ -239,7 +229,7 @@ def test_odd_json_is_400_never_500(guarded: RunningServer, body: bytes, says: st
     for path in ("/v1/completions", "/v1/chat/completions"):
         response, took = _timed_post(guarded.url + path, content=body, headers=AUTH | JSON_TYPE)
         assert took < REFUSAL_S, f"{took:.2f} s"
-        error = _error(response, 400)
+        error = openai_error(response, 400)
         if path == "/v1/completions":  # (chat names its own missing field first, for some)
             assert says in error["message"], error
         assert len(error["message"]) < 500  # a huge value is not echoed back whole
@@ -390,7 +380,7 @@ def test_health_answers_while_a_maximum_size_chat_prompt_is_tokenized(
         return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
 
     response, took, latencies = _while_polling_health(server, send)
-    assert _error(response, 400)["code"] == "context_length_exceeded"
+    assert openai_error(response, 400)["code"] == "context_length_exceeded"
     assert took > 0.5, "the prompt was not heavy enough to test anything"
     assert len(latencies) >= 5
     latencies.sort()
@@ -409,7 +399,7 @@ def test_a_raw_text_prompt_that_cannot_fit_is_refused_before_tokenizing(
     body = {"prompt": "a" * (DEFAULT_MAX_REQUEST_BYTES - 100)}
     response, took = _timed_post(f"{server.url}/v1/completions", json=body)
     assert took < REFUSAL_S
-    error = _error(response, 400)
+    error = openai_error(response, 400)
     assert error["code"] == "context_length_exceeded" and "at least" in error["message"]
 
 

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 import tokenizers
+from server_test_support import openai_error
 from sv_engine import SamplingParams
 from sv_tokenizer import Message
 
@@ -31,16 +32,6 @@ def _chat(client: openai.OpenAI, server: RunningServer, text: str, **kw: Any) ->
     return client.chat.completions.create(
         model=server.model_name, messages=[{"role": "user", "content": text}], **kw
     )
-
-
-def _error(response: httpx.Response) -> dict[str, Any]:
-    """The OpenAI error body, checked for its shape."""
-    body = response.json()
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    return error  # type: ignore[no-any-return]
 
 
 # --- models, health --------------------------------------------------------------------------
@@ -306,7 +297,7 @@ def test_bad_requests_get_error_json(
     else:
         response = httpx.post(f"{server.url}{path}", json=body, timeout=30)
     assert response.status_code == status, response.text
-    error = _error(response)
+    error = openai_error(response)
     assert error["param"] == param
     assert error["code"] == code
     assert error["type"] == "invalid_request_error"
@@ -315,7 +306,7 @@ def test_bad_requests_get_error_json(
 def test_wrong_method_is_405(server: RunningServer) -> None:
     response = httpx.get(f"{server.url}/v1/completions")
     assert response.status_code == 405
-    assert _error(response)["code"] == "method_not_allowed"
+    assert openai_error(response)["code"] == "method_not_allowed"
 
 
 def test_prompt_over_the_context_by_text(server: RunningServer) -> None:
@@ -325,7 +316,7 @@ def test_prompt_over_the_context_by_text(server: RunningServer) -> None:
         timeout=60,
     )
     assert response.status_code == 400
-    error = _error(response)
+    error = openai_error(response)
     context = httpx.get(f"{server.url}/v1/models").json()["data"][0]["max_model_len"]
     assert (
         error["code"] == "context_length_exceeded" and f"context is {context}" in error["message"]
@@ -435,7 +426,7 @@ def test_full_queue_gets_429_with_retry_after(make_server: Any) -> None:
             c = httpx.post(f"{small.url}/v1/completions", json=short, timeout=60)
             assert c.status_code == 429
             assert c.headers["retry-after"] == "1"
-            error = _error(c)
+            error = openai_error(c)
             assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
         # A's client is gone: A is cancelled, B gets the pool and finishes
         b.join(60)
@@ -469,7 +460,7 @@ def test_failed_engine_step_is_a_500_and_the_server_goes_on(server: RunningServe
     finally:
         engine.step = real_step
     assert response.status_code == 500
-    error = _error(response)
+    error = openai_error(response)
     assert error["type"] == "server_error" and "injected fault" in error["message"]
     m = server.wait_idle()
     assert m["sv_kv_cache_pages_used"] == 0 and m["sv_engine_step_failures_total"] >= 1
