@@ -10,9 +10,9 @@ The engine drives it in a loop:
 `complete_step` is two halves that may be called apart: `advance(plan)` counts the step's
 tokens before their values are known (each sampling sequence gets a pending token, counted in
 `Sequence.num_pending`; lengths, pages and length limits move on), and `resolve(plan, tokens)`
-appends the values and applies stop tokens. Between the two the next step can be scheduled, which is how the engine
-keeps the GPU busy while the host catches up (see sv_engine): one step's tokens are still on
-the device while the next step is planned and launched. A sequence that turns out to have
+appends the values and applies stop tokens. Between the two the next step can be scheduled,
+which is how the engine keeps the GPU busy while the host catches up (see sv_engine): one
+step's tokens are still on the device while the next step is planned and launched. A sequence that turns out to have
 stopped was then planned into that next step too; its token there is dropped, and the KV the
 GPU writes for it lands in pages it has already given back, before any later step (which runs
 after it on the same stream) can reuse them. At most one step is advanced and unresolved.
@@ -75,7 +75,7 @@ class Scheduler:
         # step -> decoders to look at after that step (see _file_due)
         self._due: dict[int, list[Sequence]] = {}
         # prefix-cache key of the first page a prefilling sequence computes itself -> that
-        # sequence, while it prefills (see _computing_next_page)
+        # sequence, while it prefills (see _next_page_in_progress)
         self._computing: dict[int, Sequence] = {}
         # every stop id of every request: one set test tells the step loop whether to look closer
         self._stop_ids: set[int] = set()
@@ -293,8 +293,9 @@ class Scheduler:
 
     def resolve(self, plan: StepPlan, sampled_tokens: SequenceOf[int]) -> list[FinishedRequest]:
         """The sampled tokens of the advanced step `plan`, one per `plan.sampling` entry in that
-        order: each pending token's value is appended, and stop tokens end their sequences. Returns every
-        request that finished in this step (by length or by stop), with its real tokens."""
+        order: each pending token's value is appended, and stop tokens end their sequences.
+        Returns every request that finished in this step (by length or by stop), with its real
+        tokens."""
         if plan.is_empty:
             self._check_token_count("resolve", plan, sampled_tokens)
             return []
@@ -428,10 +429,10 @@ class Scheduler:
         """File decoder `seq` under the step after which it needs a look: when the token it will
         then have to feed has no page, or when it reaches its length limit.
 
-        It feeds one token in every step from `next_step` on, holding num_tokens tokens before
-        `next_step`. After step next_step + k it has len + k + 1 tokens, so it needs a page
-        after the step where len + k == capacity, and finishes after the one where
-        len + k + 1 == finish_len.
+        It feeds one token in every step from `next_step` on, holding n = num_tokens tokens
+        before `next_step`. After step next_step + k it has n + k + 1 tokens, so it needs a page
+        after the step where n + k == capacity, and finishes after the one where
+        n + k + 1 == finish_len.
         """
         due = next_step + min(seq.table.capacity, seq.finish_len - 1) - seq.num_tokens
         seq.due_step = due
@@ -488,8 +489,9 @@ class Scheduler:
 
         Static policy: called only when nothing runs, and admits the whole group that fits
         regardless of this step's token budget; their prompts then prefill in chunks.
-        Continuous: a head whose next page another prompt is computing waits for it (not an
-        admission wait: it is one step, and saves computing that page twice).
+        Continuous: a head whose next page another prompt is computing waits while that page is
+        being computed (not counted as an admission wait), then shares it instead of computing
+        it twice.
         """
         waiting = self._waiting
         max_num_seqs = self.config.max_num_seqs
@@ -498,7 +500,7 @@ class Scheduler:
                 break
             seq = waiting[0]
             match = self._cached_prefix(seq)
-            if self._continuous and self._computing_next_page(seq, match) is not None:
+            if self._continuous and self._next_page_in_progress(seq, match):
                 break
             if not self._policy.fits(seq, match, len(self._running)):
                 self._count_wait(seq)
@@ -533,18 +535,15 @@ class Scheduler:
         parent = match.keys[-1] if match.keys else None
         return page_key(parent, tuple(seq.token_ids[index * size : end]))
 
-    def _computing_next_page(self, seq: Sequence, match: PrefixMatch) -> Sequence | None:
-        """A prefilling sequence about to compute the page `seq` would compute next, if any."""
+    def _next_page_in_progress(self, seq: Sequence, match: PrefixMatch) -> bool:
+        """Whether a prefilling sequence is about to compute the page `seq` would compute next
+        (the same tokens up to its end), so that `seq` can wait and share it."""
         if not self._computing:
-            return None
+            return False
         key = self._next_page_key(seq, match)
         other = self._computing.get(key) if key is not None else None
-        if (
-            other is None
-            or other.prefilled_tokens >= (len(match.pages) + 1) * self.config.page_size
-        ):
-            return None
-        return other
+        end = (len(match.pages) + 1) * self.config.page_size
+        return other is not None and other.prefilled_tokens < end
 
     def _computing_done(self, seq: Sequence) -> None:
         """`seq` left the prefill phase: it computes no page another request could wait for."""
