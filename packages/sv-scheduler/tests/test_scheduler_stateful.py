@@ -22,7 +22,7 @@ read back differs from the chain computed straight from the sequence's own token
 
 Checked after every step: free + cached + assigned == pool; refcounts == block-table holders;
 only prefix-cached pages are shared; credits never negative and equal to the pool minus the
-running requests' credits; slots unique; FIFO first admissions; every planned position has a slot;
+running requests' credits; table rows unique; FIFO first admissions; every planned position has a slot;
 the plan's shape (decodes first, sampling order, budget). At the end: everything finishes (no
 deadlock, no starvation), outputs equal the sampled tokens and the request's output alone,
 finish reasons are right, and all pages are back.
@@ -290,7 +290,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert {id(s) for s in head} == {id(s) for s in requeued}
         assert head == sorted(head, key=lambda s: s.admit_index)
         for seq in plan.block_table_changed:
-            assert seq.status is SequenceStatus.RUNNING and seq.slot >= 0
+            assert seq.status is SequenceStatus.RUNNING and seq.table_row >= 0
 
         # Admissions in this plan: FIFO (first admissions in arrival order); static waits for
         # the whole previous group.
@@ -319,12 +319,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 or self.computing_its_next_page(head)
             ), "the queue head could have been admitted"
 
-        # Rows the engine must refresh: every running sequence whose table or slot changed.
+        # Rows the engine must refresh: every running sequence whose block table or table row changed.
         changed = {id(s) for s in plan.block_table_changed}
         now = {}
         for seq in sched.running():
             assert isinstance(seq.request_id, int)
-            now[seq.request_id] = (seq.slot, tuple(seq.block_table))
+            now[seq.request_id] = (seq.table_row, tuple(seq.block_table))
             if self.tables_at_last_plan.get(seq.request_id) != now[seq.request_id]:
                 assert id(seq) in changed, f"{seq} changed but is not in block_table_changed"
         self.tables_at_last_plan = now
@@ -448,11 +448,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert sched.free_credits == cfg.num_pages - sum(s.credits for s in running) >= 0
             for seq in running:
                 assert len(seq.block_table) <= seq.credits
-        slots = [s.slot for s in running]
-        assert len(set(slots)) == len(slots) and all(0 <= x < cfg.max_num_seqs for x in slots)
+        rows = [s.table_row for s in running]
+        assert len(set(rows)) == len(rows) and all(0 <= x < cfg.max_num_seqs for x in rows)
         assert len(running) <= cfg.max_num_seqs
         for seq in sched.waiting():
-            assert seq.block_table == [] and seq.slot == -1
+            assert seq.block_table == [] and seq.table_row == -1
         assert sched.num_waiting + sched.num_running == sum(
             1 for s in self.seqs.values() if s.status is not SequenceStatus.FINISHED
         )
