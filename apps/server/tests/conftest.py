@@ -16,11 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 @pytest.fixture(scope="session")
 def default_model() -> Path:
-    from sv_weights import WeightsError, default_model_dir
+    from sv_engine import EngineError
+    from sv_engine.default_model import default_model_dir
 
     try:
         return default_model_dir(progress=lambda _m: None)
-    except WeightsError as e:
+    except EngineError as e:
         pytest.skip(f"default model unavailable: {e}")
 
 

@@ -11,8 +11,9 @@ from sv_kvcache import KVCacheError, bytes_per_page, pages_for_free_memory, page
 from sv_model import LlamaWeights, ModelRunner
 from sv_scheduler import Admission
 from sv_tokenizer import Tokenizer, TokenizerError
-from sv_weights import LlamaConfig, WeightsError, damaged_default_model_hint, load_checkpoint
+from sv_weights import LlamaConfig, WeightsError, load_checkpoint
 
+from sv_engine.default_model import damaged_default_model_hint
 from sv_engine.errors import EngineError
 
 PAGE_SIZE = 16
