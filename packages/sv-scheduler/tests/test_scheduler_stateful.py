@@ -35,6 +35,7 @@ import random
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from sv_kvcache import PagePool
 from sv_scheduler import (
     AdmissionError,
     FinishedRequest,
@@ -58,6 +59,17 @@ def kv_chain(tokens: list[int]) -> list[int]:
         prev = hash((prev, token))
         values.append(prev)
     return values
+
+
+def cached_as_own_prefix(pool: PagePool, seq: Sequence, index: int) -> bool:
+    """Whether page `index` of `seq` is found in the prefix cache under the key of its own
+    tokens so far (the key its block table chained for it)."""
+    keys, size = seq.table.page_keys, pool.page_size
+    if index >= len(keys):
+        return False
+    parent = keys[index - 1] if index else None
+    tokens = tuple(seq.token_ids[index * size : (index + 1) * size])
+    return pool.lookup(keys[index], parent, tokens) == seq.block_table[index]
 
 
 def pages_touched(num_positions: int, page_size: int) -> int:
@@ -366,7 +378,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             for position in range(start, end):
                 page, offset = table[position // size], position % size
                 assert pool.refcount(page) == 1, f"write into shared page {page}"
-                assert not pool.is_registered(page), f"write into cached page {page}"
+                assert position // size >= len(seq.table.page_keys), (
+                    f"write into page {page}, already keyed for the prefix cache"
+                )
                 if position == 0:
                     prev = ROOT
                 else:
@@ -438,8 +452,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert pool.num_assigned == len(holders)
         for page in range(cfg.num_pages):
             assert pool.refcount(page) == holders.get(page, 0)
-            if holders.get(page, 0) > 1:
-                assert cfg.prefix_caching and pool.is_registered(page), f"page {page} shared"
+        # A shared page is a prefix-cached one: each holder finds it under its own tokens' key.
+        for seq in running:
+            for index, page in enumerate(seq.block_table):
+                if holders[page] > 1:
+                    assert cfg.prefix_caching and cached_as_own_prefix(pool, seq, index), (
+                        f"page {page} shared but not cached under {seq}'s prefix"
+                    )
         if not cfg.prefix_caching:
             assert pool.num_cached == 0
         if cfg.admission == "preemptive":
