@@ -19,11 +19,12 @@ from sv_cli.main import main
 
 @pytest.fixture(scope="module")
 def default_model() -> Path:
-    from sv_weights import WeightsError, default_model_dir
+    from sv_engine import EngineError
+    from sv_engine.default_model import default_model_dir
 
     try:
         return default_model_dir(progress=lambda _m: None)
-    except WeightsError as e:
+    except EngineError as e:
         pytest.skip(f"default model unavailable: {e}")
 
 
@@ -337,8 +338,8 @@ def test_ctrl_c_while_streaming_puts_the_stats_on_a_line_of_their_own(
 def test_nan_weights_in_a_damaged_cached_default_model(default_model: Path, tmp_path: Path) -> None:
     """A NaN is named with its tensor; for the cached default model the message says that
     deleting its folder converts it again."""
+    from sv_engine.default_model import DEFAULT_MODEL_NAME, STAMP_FILE
     from sv_weights import save_file, tiny_llama_config
-    from sv_weights.default_model import DEFAULT_MODEL_NAME, STAMP_FILE
     from sv_weights.synthetic import random_weights
 
     (tmp_path / "models").mkdir()

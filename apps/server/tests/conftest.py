@@ -18,11 +18,12 @@ sys.path.insert(0, str(Path(__file__).parent))  # server_test_support, for the t
 
 @pytest.fixture(scope="session")
 def default_model() -> Path:
-    from sv_weights import WeightsError, default_model_dir
+    from sv_engine import EngineError
+    from sv_engine.default_model import default_model_dir
 
     try:
         return default_model_dir(progress=lambda _m: None)
-    except WeightsError as e:
+    except EngineError as e:
         pytest.skip(f"default model unavailable: {e}")
 
 

@@ -34,9 +34,10 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The embedded default model, converted once into the cache."""
-    from sv_weights import WeightsError, default_model_dir
+    from sv_engine import EngineError
+    from sv_engine.default_model import default_model_dir
 
     try:
         return default_model_dir(progress=lambda _msg: None)
-    except WeightsError as e:
+    except EngineError as e:
         pytest.skip(f"default model unavailable: {e}")

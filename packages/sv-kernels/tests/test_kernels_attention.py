@@ -53,7 +53,7 @@ def _decode_case(
 def test_decode_attention(
     gen: torch.Generator, dtype: torch.dtype, hq: int, hkv: int, head_dim: int
 ) -> None:
-    # One token, a page-size multiple, and random lengths not multiples of 16 or of the key block.
+    # One token, a page-size multiple, and random lengths not multiples of 16 or of the key tile.
     lens = [1, 32, *_random_lengths(gen, 2, 2, 100)]
     _decode_case(gen, lens, hq, hkv, head_dim, dtype, splits=[1, 3])
 
@@ -63,7 +63,7 @@ def test_decode_attention_batch_one_many_pages(gen: torch.Generator) -> None:
     _decode_case(gen, [int(randint(gen, 300, 400, 1))], 4, 2, 32, torch.float32, [1, 7, None])
 
 
-def test_decode_attention_more_splits_than_blocks(gen: torch.Generator) -> None:
+def test_decode_attention_more_splits_than_tiles(gen: torch.Generator) -> None:
     """Splits past the end of a short sequence are empty; the merge must ignore them."""
     _decode_case(gen, [5, 70], 4, 2, 32, torch.bfloat16, splits=[8])
 
@@ -101,7 +101,7 @@ def _prefill_case(
     hkv: int,
     head_dim: int,
     dtype: torch.dtype,
-    blocks: list[tuple[int | None, int | None]],
+    tiles: list[tuple[int | None, int | None]],
 ) -> None:
     seq_lens = [q + p for q, p in zip(q_lens, prefix_lens, strict=True)]
     kv = PagedKV.build(gen, seq_lens, hkv, head_dim, dtype)
@@ -111,16 +111,16 @@ def _prefill_case(
     scale = 1 / math.sqrt(head_dim)
     args = (q, kv.k_cache, kv.v_cache, cu, kv.seq_lens, kv.block_tables, scale, max(q_lens))
     ref = reference.prefill_attention(*args)
-    for block_m, block_n in blocks:
-        out = triton_ops.prefill_attention(*args, block_m=block_m, block_n=block_n)
+    for tile_m, tile_n in tiles:
+        out = triton_ops.prefill_attention(*args, tile_m=tile_m, tile_n=tile_n)
         assert_close(
-            out, ref, f"prefill q_lens={q_lens} prefixes={prefix_lens} blocks={block_m}x{block_n}"
+            out, ref, f"prefill q_lens={q_lens} prefixes={prefix_lens} tiles={tile_m}x{tile_n}"
         )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    ("hq", "hkv", "head_dim", "blocks"),
+    ("hq", "hkv", "head_dim", "tiles"),
     [(4, 4, 32, (16, 16)), (6, 2, 64, (None, None)), (8, 2, 128, (32, 16))],
 )
 def test_prefill_attention(
@@ -129,18 +129,18 @@ def test_prefill_attention(
     hq: int,
     hkv: int,
     head_dim: int,
-    blocks: tuple[int | None, int | None],
+    tiles: tuple[int | None, int | None],
 ) -> None:
     # A fresh prompt, a one-token prompt, and two with a cached prefix (lengths not multiples
     # of the page size or of the tiles).
     q_lens = [*_random_lengths(gen, 1, 20, 50), 1, *_random_lengths(gen, 2, 2, 35)]
     prefix_lens = [0, int(randint(gen, 0, 40, 1)), *_random_lengths(gen, 2, 1, 40)]
-    _prefill_case(gen, q_lens, prefix_lens, hq, hkv, head_dim, dtype, blocks=[blocks])
+    _prefill_case(gen, q_lens, prefix_lens, hq, hkv, head_dim, dtype, tiles=[tiles])
 
 
-def test_prefill_attention_single_prompt_many_blocks(gen: torch.Generator) -> None:
+def test_prefill_attention_single_prompt_many_tiles(gen: torch.Generator) -> None:
     n = int(randint(gen, 90, 130, 1))
-    _prefill_case(gen, [n], [0], 3, 1, 32, torch.float32, blocks=[(16, 32), (None, None)])
+    _prefill_case(gen, [n], [0], 3, 1, 32, torch.float32, tiles=[(16, 32), (None, None)])
 
 
 @gpu_test
@@ -152,5 +152,5 @@ def test_prefill_attention_serving_shapes(
     gen: torch.Generator, q_lens: list[int], prefix_lens: list[int]
 ) -> None:
     _prefill_case(
-        gen, q_lens, prefix_lens, 32, 8, 64, torch.bfloat16, blocks=[(None, None), (64, 32)]
+        gen, q_lens, prefix_lens, 32, 8, 64, torch.bfloat16, tiles=[(None, None), (64, 32)]
     )

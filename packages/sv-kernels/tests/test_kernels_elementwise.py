@@ -106,7 +106,7 @@ def _rope_case(
     dtype: torch.dtype,
     num_pages: int,
     max_positions: int,
-    block_tokens: int | None = None,
+    tile_tokens: int | None = None,
 ) -> None:
     page_size = 16
     cos, sin = rope_tables.rope_tables(head_dim, max_positions, 500000.0, LLAMA3, device=DEVICE)
@@ -123,7 +123,7 @@ def _rope_case(
     ref_k_cache, ref_v_cache = k_cache.clone(), v_cache.clone()
 
     q_rot = triton_ops.rope_cache_write(
-        q, k, v, positions, cos, sin, k_cache, v_cache, slots, block_tokens=block_tokens
+        q, k, v, positions, cos, sin, k_cache, v_cache, slots, tile_tokens=tile_tokens
     )
     ref_q = reference.rope_cache_write(
         q, k, v, positions, cos, sin, ref_k_cache, ref_v_cache, slots
@@ -143,7 +143,7 @@ def _rope_case(
     ("tokens", "hq", "hkv", "head_dim"),
     [(1, 4, 4, 32), (9, 6, 2, 64), (5, 8, 2, 128), (6, 3, 1, 32)],
 )
-@pytest.mark.parametrize("block_tokens", [None, 4])
+@pytest.mark.parametrize("tile_tokens", [None, 4])
 def test_rope_cache_write(
     gen: torch.Generator,
     dtype: torch.dtype,
@@ -151,7 +151,7 @@ def test_rope_cache_write(
     hq: int,
     hkv: int,
     head_dim: int,
-    block_tokens: int | None,
+    tile_tokens: int | None,
 ) -> None:
     """Several tokens per program too (4 with 9, 5 and 6 tokens: a ragged last block)."""
     _rope_case(
@@ -163,7 +163,7 @@ def test_rope_cache_write(
         dtype,
         num_pages=5,
         max_positions=20000,
-        block_tokens=block_tokens,
+        tile_tokens=tile_tokens,
     )
 
 
@@ -173,7 +173,7 @@ def test_rope_cache_write(
 def test_rope_cache_write_serving_shapes(
     gen: torch.Generator, tokens: int, dtype: torch.dtype
 ) -> None:
-    for block_tokens in (None, 1, 8):
+    for tile_tokens in (None, 1, 8):
         _rope_case(
             gen,
             tokens,
@@ -183,5 +183,5 @@ def test_rope_cache_write_serving_shapes(
             dtype,
             num_pages=4096,
             max_positions=131072,
-            block_tokens=block_tokens,
+            tile_tokens=tile_tokens,
         )

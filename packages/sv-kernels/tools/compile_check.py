@@ -171,11 +171,11 @@ def _attention_cases(
     slots = torch.arange(t, dtype=torch.int64)
     pos = torch.arange(t, dtype=torch.int64)
     tag = f"D={head_dim} Hq={hq} Hkv={hkv} {dtype}"
-    for block_tokens in (None, 4):  # one token per program (decode) and several (prefill)
+    for tile_tokens in (None, 4):  # one token per program (decode) and several (prefill)
         yield (
-            f"rope_cache_write block_tokens={block_tokens} {tag}",
-            lambda block_tokens=block_tokens: ops.rope_cache_write(
-                q, kv, kv, pos, cos, sin, cache, cache, slots, block_tokens=block_tokens
+            f"rope_cache_write tile_tokens={tile_tokens} {tag}",
+            lambda tile_tokens=tile_tokens: ops.rope_cache_write(
+                q, kv, kv, pos, cos, sin, cache, cache, slots, tile_tokens=tile_tokens
             ),
         )
     tables = torch.zeros(4, pages, dtype=torch.int32)

@@ -1,4 +1,4 @@
-"""PagePool and BlockTable: allocation, refcounts, slots, lazy growth."""
+"""PagePool and BlockTable: allocation, refcounts, lazy growth."""
 
 from __future__ import annotations
 
@@ -72,22 +72,15 @@ def test_allocate_many_matches_repeated_allocate(num_pages: int, held: int, coun
     ]
 
 
-def test_block_table_slots() -> None:
+def test_block_table_covers_whole_pages() -> None:
     pool = PagePool(8, page_size=16)
     pool.allocate()  # page 0 elsewhere, so the table's ids differ from its indices
     table = BlockTable(pool)
-    assert table.ensure_capacity(41) == 3
+    assert table.ensure_capacity(41) == 3  # positions 0..40: pages for 0..15, 16..31, 32..47
     assert table.pages == [1, 2, 3]
     assert table.capacity == 48
-    assert table.slot(0) == (1, 0)
-    assert table.slot(15) == (1, 15)
-    assert table.slot(16) == (2, 0)
-    assert table.slot(40) == (3, 8)
-    assert table.slot(47) == (3, 15)
-    with pytest.raises(KVCacheError, match="position 48 has no page"):
-        table.slot(48)
-    with pytest.raises(KVCacheError, match="position -1"):
-        table.slot(-1)
+    assert table.ensure_capacity(48) == 0  # position 47 is in the last page already
+    assert table.ensure_capacity(49) == 1
 
 
 def test_block_table_grows_lazily_and_releases() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sv_kvcache import BlockTable, KVCacheError, PagePool, chain_keys, page_key
+from sv_kvcache import BlockTable, KVCacheError, PagePool, page_key
 
 PS = 4  # small pages keep the hand-worked examples short
 
@@ -13,6 +13,16 @@ def prompt(*pages: tuple[int, ...]) -> list[int]:
 
 
 A, B, C, D = (1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12), (13, 14, 15, 16)
+
+
+def hash_chain(tokens: list[int], num_pages: int) -> list[int]:
+    """The keys of the first full pages, computed here: hash((key of the page before, tokens))."""
+    keys: list[int] = []
+    parent: int | None = None
+    for i in range(num_pages):
+        parent = hash((parent, tuple(tokens[i * PS : (i + 1) * PS])))
+        keys.append(parent)
+    return keys
 
 
 def computed_table(pool: PagePool, tokens: list[int], computed: int | None = None) -> BlockTable:
@@ -28,17 +38,17 @@ def test_hash_chain_keys_by_hand() -> None:
     k1 = hash((k0, B))
     assert page_key(None, A) == k0
     assert page_key(k0, B) == k1
-    assert chain_keys(prompt(A, B, C), PS, 2) == [k0, k1]
+    assert hash_chain(prompt(A, B, C), 2) == [k0, k1]
     # Same second page after a different first page: a different key (the whole prefix counts).
-    assert chain_keys(prompt(C, B), PS, 2)[1] != k1
+    assert page_key(page_key(None, C), B) != k1
 
 
 def test_shared_prefix_refcounts_and_keys() -> None:
     pool = PagePool(16, page_size=PS)
     first = computed_table(pool, prompt(A, B, (1,)))  # 9 tokens: 2 full pages registered
-    assert first.page_keys == chain_keys(prompt(A, B), PS, 2)
-    assert all(pool.is_registered(p) for p in first.pages[:2])
-    assert not pool.is_registered(first.pages[2])  # not full
+    assert first.page_keys == hash_chain(prompt(A, B), 2)
+    # Both full pages are cached; the third (one token) is not, whatever follows it.
+    assert pool.match_prefix(prompt(A, B, (1, 0, 0, 0), (0,)), 12).pages == tuple(first.pages[:2])
 
     second_tokens = prompt(A, B, C, (9,))
     match = pool.match_prefix(second_tokens, len(second_tokens) - 1)
@@ -81,7 +91,7 @@ def test_only_computed_full_pages_are_registered() -> None:
     pool = PagePool(8, page_size=PS)
     tokens = prompt(A, B, C)
     table = computed_table(pool, tokens, computed=7)  # pages 0 written, page 1 not yet complete
-    assert table.page_keys == chain_keys(tokens, PS, 1)
+    assert table.page_keys == hash_chain(tokens, 1)
     assert pool.match_prefix(tokens, 11).num_tokens == 4
     assert table.register_full_pages(tokens, 12) == 2  # the next step wrote the rest
     assert pool.match_prefix([*tokens, 0], 12).num_tokens == 12
@@ -126,7 +136,7 @@ def test_duplicate_registration_keeps_the_first() -> None:
     first = computed_table(pool, prompt(A, (0,)))
     second = computed_table(pool, prompt(A, (1,)))  # computed the same page in the same step
     assert second.page_keys == first.page_keys  # the chain continues either way
-    assert pool.is_registered(first.pages[0]) and not pool.is_registered(second.pages[0])
+    assert pool.match_prefix(prompt(A, (2,)), 4).pages == (first.pages[0],)  # the first's page
     second.release()
     assert pool.num_cached == 0  # the duplicate was private: back to the free list
     assert pool.match_prefix(prompt(A, (2,)), 4).pages == (first.pages[0],)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from sv_kvcache import BlockTable, PagePool, chain_keys
+from sv_kvcache import BlockTable, PagePool
 
 PAGE_SIZE = 3
 PREFIXES = [[], [1, 2, 3], [1, 2, 3, 4, 5, 6], [7, 7, 7, 1, 2]]
@@ -19,6 +19,24 @@ PREFIXES = [[], [1, 2, 3], [1, 2, 3, 4, 5, 6], [7, 7, 7, 1, 2]]
 
 def kv_value(tokens: list[int], position: int) -> int:
     return hash(tuple(tokens[: position + 1]))
+
+
+def place(table: BlockTable, position: int) -> tuple[int, int]:
+    """(page, offset in the page) of a token position."""
+    page_index, offset = divmod(position, PAGE_SIZE)
+    return table.pages[page_index], offset
+
+
+def hash_chain(tokens: list[int], num_pages: int) -> list[tuple[int, int | None, tuple[int, ...]]]:
+    """(key, parent key, tokens) of the first full pages: key = hash((parent key, tokens))."""
+    chain: list[tuple[int, int | None, tuple[int, ...]]] = []
+    parent: int | None = None
+    for i in range(num_pages):
+        page_tokens = tuple(tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
+        key = hash((parent, page_tokens))
+        chain.append((key, parent, page_tokens))
+        parent = key
+    return chain
 
 
 class Table:
@@ -39,6 +57,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.lru: list[int] = []  # cached, evictable, least recently released first
         self.key_of_page: dict[int, int] = {}
         self.page_of_key: dict[int, int] = {}
+        self.entry_of_key: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # parent, tokens
         self.kv: dict[tuple[int, int], int] = {}
 
     # -- model helpers --------------------------------------------------------------------------
@@ -58,26 +77,29 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             else:
                 assert self.lru and page == self.lru[0], "eviction must take the LRU cached page"
                 self.lru.pop(0)
-                del self.page_of_key[self.key_of_page.pop(page)]
+                key = self.key_of_page.pop(page)
+                del self.page_of_key[key], self.entry_of_key[key]
 
     def compute(self, t: Table, upto: int) -> None:
         """Write KV for positions computed..upto-1, then register full pages (the step ran)."""
         holders = self.refcounts()
         for pos in range(t.computed, upto):
-            page, offset = t.table.slot(pos)
+            page, offset = place(t.table, pos)
             assert holders[page] == 1, f"write into shared page {page}"
             assert page not in self.key_of_page, f"write into cached page {page}"
             self.kv[(page, offset)] = kv_value(t.tokens, pos)
         t.computed = upto
-        keys = chain_keys(t.tokens, PAGE_SIZE, upto // PAGE_SIZE)
+        chain = hash_chain(t.tokens, upto // PAGE_SIZE)
         t.table.register_full_pages(t.tokens, upto)
-        for i in range(t.num_keys, len(keys)):
+        for i in range(t.num_keys, len(chain)):
             page = t.table.pages[i]
-            if keys[i] not in self.page_of_key:
-                self.page_of_key[keys[i]] = page
-                self.key_of_page[page] = keys[i]
-        t.num_keys = len(keys)
-        assert t.table.page_keys == keys
+            key, parent, page_tokens = chain[i]
+            if key not in self.page_of_key:
+                self.page_of_key[key] = page
+                self.key_of_page[page] = key
+                self.entry_of_key[key] = (parent, page_tokens)
+        t.num_keys = len(chain)
+        assert t.table.page_keys == [key for key, _, _ in chain]
 
     # -- rules ----------------------------------------------------------------------------------
 
@@ -88,7 +110,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             return
         # Expected match, from the model's own dict, capped below the last token.
         expected: list[int] = []
-        for key in chain_keys(tokens, PAGE_SIZE, (len(tokens) - 1) // PAGE_SIZE):
+        for key, _, _ in hash_chain(tokens, (len(tokens) - 1) // PAGE_SIZE):
             if key not in self.page_of_key:
                 break
             expected.append(self.page_of_key[key])
@@ -112,7 +134,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.check_new_pages(table.pages[len(expected) :])
         # The shared pages already hold exactly this prompt's KV.
         for pos in range(match.num_tokens):
-            assert self.kv[table.slot(pos)] == kv_value(tokens, pos)
+            assert self.kv[place(table, pos)] == kv_value(tokens, pos)
         self.compute(t, len(tokens))
 
     @precondition(lambda self: self.tables)
@@ -160,14 +182,18 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert pool.refcount(page) == holders.get(page, 0)
             if holders.get(page, 0) > 1:
                 assert page in self.key_of_page, "only cached pages may be shared"
-            assert pool.is_registered(page) == (page in self.key_of_page)
+        # Every page the model holds as cached is found under its key (held or not); pages the
+        # model holds as uncached are never matched (new_sequence compares match_prefix).
+        for key, page in self.page_of_key.items():
+            parent, page_tokens = self.entry_of_key[key]
+            assert pool.lookup(key, parent, page_tokens) == page
 
     @invariant()
     def every_sequence_reads_its_own_kv(self) -> None:
         for t in self.tables:
             assert len(set(t.table.pages)) == len(t.table.pages)
             for pos in range(t.computed):
-                assert self.kv[t.table.slot(pos)] == kv_value(t.tokens, pos)
+                assert self.kv[place(t.table, pos)] == kv_value(t.tokens, pos)
 
 
 TestPrefixCache = PrefixCacheMachine.TestCase

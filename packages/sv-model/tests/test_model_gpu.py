@@ -79,7 +79,7 @@ def _runner(model_dir: Path, **kwargs: object) -> object:
 
 
 def _prefill_step(seqs: list[list[int]], sampling: object = None) -> object:
-    """One packed prefill of whole sequences; sequence i in slot i, every one sampled."""
+    """One packed prefill of whole sequences; sequence i in table row i, every one sampled."""
     from sv_model import StepInputs
 
     lens = [len(s) for s in seqs]
@@ -90,7 +90,7 @@ def _prefill_step(seqs: list[list[int]], sampling: object = None) -> object:
 
 
 def _decode_step(seqs: list[list[int]], sampling: object = None) -> object:
-    """Each sequence (slot i) feeds its last token."""
+    """Each sequence (table row i) feeds its last token."""
     from sv_model import StepInputs
 
     n = [len(s) for s in seqs]

@@ -46,12 +46,12 @@ class Pages:
         return out
 
 
-def prefill(runner: ModelRunner, seqs: list[list[int]], slots: list[int]) -> torch.Tensor:
+def prefill(runner: ModelRunner, seqs: list[list[int]], table_rows: list[int]) -> torch.Tensor:
     """One packed prefill step of whole sequences; logits at each sequence's last token."""
     tokens = [t for s in seqs for t in s]
     positions = [p for s in seqs for p in range(len(s))]
     lens = [len(s) for s in seqs]
-    step = StepInputs(tokens, positions, slots, lens, lens, list(range(len(seqs))))
+    step = StepInputs(tokens, positions, table_rows, lens, lens, list(range(len(seqs))))
     return runner.logits(step)
 
 
@@ -151,7 +151,7 @@ def test_batch_composition_does_not_change_logits(tiny_dir: Path) -> None:
 
 def test_warmup_reports_its_phases_and_touches_only_the_scratch_page(tiny_dir: Path) -> None:
     """Warm-up (run on the CPU here: the same prefills, no graphs or tuning) tells its caller
-    what it is doing, and writes the KV cache only through the scratch slot's page."""
+    what it is doing, and writes the KV cache only through the scratch table row's page."""
     runner = make_runner(tiny_dir, num_pages=64)
     heard: list[str] = []
     runner.warmup(max_prefill_tokens=64, progress=heard.append)
@@ -166,13 +166,13 @@ def test_warmup_lengths_reach_every_compile_variant_of_a_single_prompt() -> None
     """Every prompt of 1 to 8,192 tokens, alone in a step, compiles nothing the warm-up did
     not: some warm-up length has the same prefill query tile (the next power of two, 16 to
     128), the same kind of integer (1, a multiple of 16, neither) and the same RoPE tokens per
-    program (Llama 3.2 1B's 3 program groups per token block on 132 SMs)."""
-    from sv_kernels.triton_ops.rope_cache import choose_block_tokens
+    program (Llama 3.2 1B's 3 program groups per token tile on 132 SMs)."""
+    from sv_kernels.triton_ops.rope_cache import choose_tile_tokens
 
     def variant(n: int) -> tuple[int, str, int]:
         tile = min(128, max(16, 1 << (n - 1).bit_length()))
         kind = "one" if n == 1 else "multiple of 16" if n % 16 == 0 else "other"
-        return tile, kind, choose_block_tokens(n, 3, 132)
+        return tile, kind, choose_tile_tokens(n, 3, 132)
 
     for largest in (8192, 3000, 64):
         lengths = warmup.prompt_lengths(largest)

@@ -22,7 +22,7 @@ read back differs from the chain computed straight from the sequence's own token
 
 Checked after every step: free + cached + assigned == pool; refcounts == block-table holders;
 only prefix-cached pages are shared; credits never negative and equal to the pool minus the
-running requests' credits; slots unique; FIFO first admissions; every planned position has a slot;
+running requests' credits; table rows unique; FIFO first admissions; every planned position has a slot;
 the plan's shape (decodes first, sampling order, budget). At the end: everything finishes (no
 deadlock, no starvation), outputs equal the sampled tokens and the request's output alone,
 finish reasons are right, and all pages are back.
@@ -35,6 +35,7 @@ import random
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from sv_kvcache import PagePool
 from sv_scheduler import (
     AdmissionError,
     FinishedRequest,
@@ -58,6 +59,17 @@ def kv_chain(tokens: list[int]) -> list[int]:
         prev = hash((prev, token))
         values.append(prev)
     return values
+
+
+def cached_as_own_prefix(pool: PagePool, seq: Sequence, index: int) -> bool:
+    """Whether page `index` of `seq` is found in the prefix cache under the key of its own
+    tokens so far (the key its block table chained for it)."""
+    keys, size = seq.table.page_keys, pool.page_size
+    if index >= len(keys):
+        return False
+    parent = keys[index - 1] if index else None
+    tokens = tuple(seq.token_ids[index * size : (index + 1) * size])
+    return pool.lookup(keys[index], parent, tokens) == seq.block_table[index]
 
 
 def pages_touched(num_positions: int, page_size: int) -> int:
@@ -290,7 +302,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert {id(s) for s in head} == {id(s) for s in requeued}
         assert head == sorted(head, key=lambda s: s.admit_index)
         for seq in plan.block_table_changed:
-            assert seq.status is SequenceStatus.RUNNING and seq.slot >= 0
+            assert seq.status is SequenceStatus.RUNNING and seq.table_row >= 0
 
         # Admissions in this plan: FIFO (first admissions in arrival order); static waits for
         # the whole previous group.
@@ -319,12 +331,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 or self.computing_its_next_page(head)
             ), "the queue head could have been admitted"
 
-        # Rows the engine must refresh: every running sequence whose table or slot changed.
+        # Rows the engine must refresh: every running sequence whose block table or table row changed.
         changed = {id(s) for s in plan.block_table_changed}
         now = {}
         for seq in sched.running():
             assert isinstance(seq.request_id, int)
-            now[seq.request_id] = (seq.slot, tuple(seq.block_table))
+            now[seq.request_id] = (seq.table_row, tuple(seq.block_table))
             if self.tables_at_last_plan.get(seq.request_id) != now[seq.request_id]:
                 assert id(seq) in changed, f"{seq} changed but is not in block_table_changed"
         self.tables_at_last_plan = now
@@ -366,7 +378,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             for position in range(start, end):
                 page, offset = table[position // size], position % size
                 assert pool.refcount(page) == 1, f"write into shared page {page}"
-                assert not pool.is_registered(page), f"write into cached page {page}"
+                assert position // size >= len(seq.table.page_keys), (
+                    f"write into page {page}, already keyed for the prefix cache"
+                )
                 if position == 0:
                     prev = ROOT
                 else:
@@ -438,8 +452,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert pool.num_assigned == len(holders)
         for page in range(cfg.num_pages):
             assert pool.refcount(page) == holders.get(page, 0)
-            if holders.get(page, 0) > 1:
-                assert cfg.prefix_caching and pool.is_registered(page), f"page {page} shared"
+        # A shared page is a prefix-cached one: each holder finds it under its own tokens' key.
+        for seq in running:
+            for index, page in enumerate(seq.block_table):
+                if holders[page] > 1:
+                    assert cfg.prefix_caching and cached_as_own_prefix(pool, seq, index), (
+                        f"page {page} shared but not cached under {seq}'s prefix"
+                    )
         if not cfg.prefix_caching:
             assert pool.num_cached == 0
         if cfg.admission == "preemptive":
@@ -448,11 +467,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert sched.free_credits == cfg.num_pages - sum(s.credits for s in running) >= 0
             for seq in running:
                 assert len(seq.block_table) <= seq.credits
-        slots = [s.slot for s in running]
-        assert len(set(slots)) == len(slots) and all(0 <= x < cfg.max_num_seqs for x in slots)
+        rows = [s.table_row for s in running]
+        assert len(set(rows)) == len(rows) and all(0 <= x < cfg.max_num_seqs for x in rows)
         assert len(running) <= cfg.max_num_seqs
         for seq in sched.waiting():
-            assert seq.block_table == [] and seq.slot == -1
+            assert seq.block_table == [] and seq.table_row == -1
         assert sched.num_waiting + sched.num_running == sum(
             1 for s in self.seqs.values() if s.status is not SequenceStatus.FINISHED
         )

@@ -1,4 +1,4 @@
-"""Step plans: chunked prefill, sampling order, slots, changed rows, cancellation, misuse,
+"""Step plans: chunked prefill, sampling order, table rows, changed rows, cancellation, misuse,
 prefix caching through the scheduler, and the preemptive policy's preemption."""
 
 from __future__ import annotations
@@ -66,22 +66,22 @@ def test_long_prompt_never_stalls_running_decodes() -> None:
     assert all(d == ["short"] for d in decoded)
 
 
-def test_slots_are_stable_and_reused_lowest_first() -> None:
+def test_table_rows_are_stable_and_reused_lowest_first() -> None:
     sched = make(64, max_num_seqs=3)
     a = sched.add(Request("A", [1] * 3, 5))
     b = sched.add(Request("B", [1] * 3, 2))
     c = sched.add(Request("C", [1] * 3, 5))
     d = sched.add(Request("D", [1] * 3, 5))
     plan = sched.schedule()
-    assert [s.slot for s in (a, b, c)] == [0, 1, 2] and d.slot == -1
+    assert [s.table_row for s in (a, b, c)] == [0, 1, 2] and d.table_row == -1
     assert ids(plan.block_table_changed) == ["A", "B", "C"]
     sched.complete_step(plan, [NO_STOP] * 3)
     plan = sched.schedule()
-    assert plan.block_table_changed == [] and [s.slot for s in (a, b, c)] == [0, 1, 2]
+    assert plan.block_table_changed == [] and [s.table_row for s in (a, b, c)] == [0, 1, 2]
     finished = sched.complete_step(plan, [NO_STOP] * 3)
-    assert ids(finished) == ["B"] and b.slot == -1
+    assert ids(finished) == ["B"] and b.table_row == -1
     plan = sched.schedule()
-    assert d.slot == 1 and ids(plan.block_table_changed) == ["D"]
+    assert d.table_row == 1 and ids(plan.block_table_changed) == ["D"]
 
 
 def test_cancel_waiting_running_and_unknown() -> None:
@@ -276,7 +276,7 @@ def test_preemptive_preempts_the_newest_and_recomputes() -> None:
     assert sched.pool.num_available == 0
     plan = sched.schedule()  # A needs a third page: B, the newest, is preempted
     assert ids(plan.preempted) == ["B"] and ids(plan.decodes) == ["A"]
-    assert b.status is SequenceStatus.WAITING and b.block_table == [] and b.slot == -1
+    assert b.status is SequenceStatus.WAITING and b.block_table == [] and b.table_row == -1
     assert b.output_ids == [21, 22, 23, 24, 25]  # kept
     assert ids(sched.waiting()) == ["B", "C"]  # back at the front of the queue
     assert sched.stats.preemptions == 1 and sched.stats.recomputed_tokens == 0

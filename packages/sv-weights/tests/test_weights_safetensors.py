@@ -199,28 +199,28 @@ def test_misaligned_tensor_is_copied_and_still_correct(tmp_path: Path) -> None:
     assert_same_tensors(loaded, safetensors.torch.load_file(str(path)))
 
 
-def set_ring(monkeypatch: pytest.MonkeyPatch, chunk: int, readers: int, slots: int) -> None:
+def set_ring(monkeypatch: pytest.MonkeyPatch, chunk: int, readers: int, buffers: int) -> None:
     monkeypatch.setattr(device_load, "DEVICE_CHUNK_BYTES", chunk)
     monkeypatch.setattr(device_load, "DEVICE_READERS", readers)
-    monkeypatch.setattr(device_load, "DEVICE_SLOTS", slots)
+    monkeypatch.setattr(device_load, "DEVICE_BUFFERS", buffers)
 
 
 def loader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("sv-load-")]
 
 
-@pytest.mark.parametrize(("readers", "slots"), [(1, 1), (1, 2), (3, 1), (3, 2), (4, 3), (2, 16)])
+@pytest.mark.parametrize(("readers", "buffers"), [(1, 1), (1, 2), (3, 1), (3, 2), (4, 3), (2, 16)])
 def test_chunked_device_path_reassembles_the_file_exactly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, slots: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, buffers: int
 ) -> None:
     """The parallel GPU loader with its staging ring, run on the CPU with chunks smaller than
-    any tensor: one reader and several, one slot and several, more readers than slots."""
+    any tensor: one reader and several, one buffer and several, more readers than buffers."""
     tensors = {
         f"t{i}": random_tensor(dtype, (i + 3, 5), seed=i) for i, dtype in enumerate(ALL_DTYPES)
     }
     path = tmp_path / "w.safetensors"
     save_file(tensors, path)
-    set_ring(monkeypatch, 7, readers, slots)  # odd size: chunks straddle tensors
+    set_ring(monkeypatch, 7, readers, buffers)  # odd size: chunks straddle tensors
     loaded = sv_st._load_via_pinned_buffers(read_header(path), torch.device("cpu"))
     assert_same_tensors(loaded, tensors)
     assert not loader_threads()
@@ -233,14 +233,14 @@ def test_a_failing_copy_is_a_weights_error_naming_the_file(
     every reader has stopped."""
 
     class Failing(device_load._HostSubmitter):
-        def submit(self, slot: int, src: torch.Tensor, dest: torch.Tensor) -> None:
-            if slot == 1:
+        def submit(self, buffer: int, src: torch.Tensor, dest: torch.Tensor) -> None:
+            if buffer == 1:
                 raise RuntimeError("CUDA error: out of memory")
-            super().submit(slot, src, dest)
+            super().submit(buffer, src, dest)
 
     path = tmp_path / "w.safetensors"
     save_file({"a": torch.arange(100.0)}, path)
-    monkeypatch.setattr(device_load, "_make_submitter", lambda device, slots: Failing())
+    monkeypatch.setattr(device_load, "_make_submitter", lambda device, buffers: Failing())
     set_ring(monkeypatch, 64, 3, 2)
     with pytest.raises(WeightsError, match=r"w\.safetensors: cannot copy to cpu: CUDA error"):
         sv_st._load_via_pinned_buffers(read_header(path), torch.device("cpu"))
@@ -252,7 +252,7 @@ def test_a_submitter_that_cannot_start_is_a_weights_error(
 ) -> None:
     """No stream (say, a broken device): a WeightsError before any reader has started."""
 
-    def broken(device: torch.device, slots: int) -> device_load._HostSubmitter:
+    def broken(device: torch.device, buffers: int) -> device_load._HostSubmitter:
         raise RuntimeError("CUDA error: invalid device ordinal")
 
     path = tmp_path / "w.safetensors"
@@ -266,12 +266,12 @@ def test_a_submitter_that_cannot_start_is_a_weights_error(
     assert not started and not loader_threads()
 
 
-@pytest.mark.parametrize(("readers", "slots"), [(1, 1), (3, 1), (3, 2)])
+@pytest.mark.parametrize(("readers", "buffers"), [(1, 1), (3, 1), (3, 2)])
 def test_a_file_truncated_during_the_load_is_a_clear_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, slots: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, buffers: int
 ) -> None:
     """Someone truncating the file while readers copy from its mapping: a WeightsError (the
-    size check before each chunk), never SIGBUS, and no reader left waiting for a slot."""
+    size check before each chunk), never SIGBUS, and no reader left waiting for a buffer."""
     path = tmp_path / "w.safetensors"
     save_file({"a": torch.arange(1000.0)}, path)
     header = read_header(path)
@@ -279,15 +279,15 @@ def test_a_file_truncated_during_the_load_is_a_clear_error(
     calls = []
 
     def truncating(
-        self: device_load._MappedFile, slot: torch.Tensor, start: int, size: int
+        self: device_load._MappedFile, buffer: torch.Tensor, start: int, size: int
     ) -> None:
         calls.append(start)
         if len(calls) == 3:
             os.truncate(path, header.data_start + 100)
-        original(self, slot, start, size)
+        original(self, buffer, start, size)
 
     monkeypatch.setattr(device_load._MappedFile, "read_into", truncating)
-    set_ring(monkeypatch, 256, readers, slots)
+    set_ring(monkeypatch, 256, readers, buffers)
     raised: list[BaseException] = []
 
     def load() -> None:
@@ -322,13 +322,13 @@ def test_cuda_load_matches_cpu_load(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     }
     path = tmp_path / "w.safetensors"
     save_file(tensors, path)
-    for chunk, readers, slots in (
+    for chunk, readers, buffers in (
         (1 << 10, 3, 2),
         (4099, 2, 16),
         (1 << 10, 4, 1),
         (device_load.DEVICE_CHUNK_BYTES, 1, 1),
     ):
-        set_ring(monkeypatch, chunk, readers, slots)
+        set_ring(monkeypatch, chunk, readers, buffers)
         on_gpu = load_file(path, device="cuda")
         assert all(t.device.type == "cuda" for t in on_gpu.values())
         assert_same_tensors({k: v.cpu() for k, v in on_gpu.items()}, tensors)

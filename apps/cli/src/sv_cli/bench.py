@@ -168,8 +168,8 @@ def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
 
     # The first load of a process also allocates (pins) the staging ring; later ones reuse it.
     first = load_seconds()
-    default = (dl.DEVICE_READERS, dl.DEVICE_CHUNK_BYTES, dl.DEVICE_SLOTS)
-    # Ring shapes (readers, chunk MiB, slots), the default first, measured in interleaved
+    default = (dl.DEVICE_READERS, dl.DEVICE_CHUNK_BYTES, dl.DEVICE_BUFFERS)
+    # Ring shapes (readers, chunk MiB, buffers), the default first, measured in interleaved
     # rounds: the host's speed drifts within a minute (see host_probe_ms), and a config timed
     # only in a slow stretch would look worse than it is. The default's best is the figure.
     default_ring = (default[0], default[1] // MIB, default[2])
@@ -179,14 +179,14 @@ def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
     rounds = 5
     for _ in range(rounds):
         for ring in rings:
-            dl.DEVICE_READERS, chunk_mib, dl.DEVICE_SLOTS = ring
+            dl.DEVICE_READERS, chunk_mib, dl.DEVICE_BUFFERS = ring
             dl.DEVICE_CHUNK_BYTES = chunk_mib * MIB
             best_seconds[ring] = min(best_seconds[ring], load_seconds())
-    dl.DEVICE_READERS, dl.DEVICE_CHUNK_BYTES, dl.DEVICE_SLOTS = default
+    dl.DEVICE_READERS, dl.DEVICE_CHUNK_BYTES, dl.DEVICE_BUFFERS = default
     sweep = [f"{r}x{c}MiBx{k} {size / t / 1e9:.1f}" for (r, c, k), t in best_seconds.items()]
-    print(f"[bench] load sweep (readers x chunk x slots: GB/s): {'; '.join(sweep)}", flush=True)
+    print(f"[bench] load sweep (readers x chunk x buffers: GB/s): {'; '.join(sweep)}", flush=True)
     best = best_seconds[default_ring]
-    setting = f"{default[0]} readers x {default[1] // MIB} MiB x {default[2]} slots"
+    setting = f"{default[0]} readers x {default[1] // MIB} MiB x {default[2]} buffers"
     report.add(
         Row(
             "load 1B checkpoint -> GPU",
@@ -267,11 +267,10 @@ def bench_decode_step(report: Report, engine: Any, roof: dict[str, float], batch
     from sv_cli.bench_runner import decode_replay, weight_bytes_per_decode_step
 
     runner = engine.runner
-    slot = runner.scratch_slot
     step = StepInputs(
         token_ids=[1] * batch,
         positions=[700] * batch,
-        seq_slots=[slot] * batch,
+        table_rows=[runner.scratch_table_row] * batch,
         query_lens=[1] * batch,
         seq_lens=[701] * batch,
         sample_rows=list(range(batch)),

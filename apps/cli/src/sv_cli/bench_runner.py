@@ -37,9 +37,9 @@ def decode_replay(runner: ModelRunner, step: StepInputs) -> Callable[[], None]:
     copy, no host work, the graph alone (every call recomputes the same step). Needs CUDA
     graphs and a step of one token per sequence that samples every row."""
     graphs = runner.decode_graphs
-    if graphs is None or not step.is_decode:
+    if graphs is None or not step.one_token_each:
         raise ValueError("decode_replay needs CUDA graphs and a decode step")
-    if len(step.sample_rows) != len(step.seq_slots):
+    if len(step.sample_rows) != len(step.table_rows):
         raise ValueError("decode_replay needs a step whose sample_rows are all its rows")
     runner.logits(step)  # copies the step into its bucket's graph and replays it once
-    return graphs.for_batch(len(step.seq_slots)).replay_inputs_in_place
+    return graphs.for_batch(len(step.table_rows)).replay_inputs_in_place

@@ -48,8 +48,8 @@ def pool_hint(error: Exception, engine: Any) -> str:
     """For a request refused because the KV-cache pool is too small: the option that sizes it."""
     if "KV-cache pool" not in str(error):
         return ""
-    from sv_engine.loading import pool_bytes
-
     pages = engine.stats.pool_pages
-    mib = pool_bytes(engine.runner.config, pages, engine.runner.dtype) / 2**20
+    kv = engine.runner.kv
+    page_bytes = kv.k[:, 0].nbytes + kv.v[:, 0].nbytes  # one page: K and V in every layer
+    mib = pages * page_bytes / 2**20
     return f" (--kv-cache-mib N sets the pool: now {mib:.3g} MiB, {pages} pages)"

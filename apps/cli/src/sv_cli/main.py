@@ -38,7 +38,7 @@ def build_parser() -> OneLineErrorParser:
     weights_sub.required = True
     _add_passthrough(
         weights_sub, "inspect", "list a safetensors file's or model folder's tensors",
-        "sv_weights", "inspect_main",
+        "sv_cli.weights_inspect", "inspect_main",
     )  # fmt: skip
     _add_passthrough(
         sub, "bench", "benchmarks (see `sv bench --help`)", "sv_cli.bench", "bench_main"

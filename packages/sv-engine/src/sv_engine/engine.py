@@ -308,7 +308,9 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return None
-        self.runner.set_block_tables([(s.slot, s.block_table) for s in plan.block_table_changed])
+        self.runner.set_block_tables(
+            [(s.table_row, s.block_table) for s in plan.block_table_changed]
+        )
         return _Launched(plan, self.runner.launch(self._step_inputs(plan, previous)))
 
     def _resolve(self, launched: _Launched) -> list[StreamEvent]:
@@ -346,7 +348,7 @@ class Engine:
     def _step_inputs(self, plan: StepPlan, previous: _Launched | None) -> StepInputs:
         token_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        table_rows: list[int] = []
         query_lens: list[int] = []
         seq_lens: list[int] = []
         sample_rows: list[int] = []
@@ -359,7 +361,7 @@ class Engine:
                 feed.append((len(token_ids), previous.row_of(seq)))
                 token_ids.append(0)  # a stand-in: the device writes the sampled id here
             positions.extend(range(chunk.start, chunk.end))
-            slots.append(seq.slot)
+            table_rows.append(seq.table_row)
             query_lens.append(chunk.end - chunk.start)
             seq_lens.append(chunk.end)
             if chunk.samples:
@@ -374,7 +376,7 @@ class Engine:
             else:
                 token_ids.append(seq.token_ids[-1])
             positions.append(n - 1)
-            slots.append(seq.slot)
+            table_rows.append(seq.table_row)
             seq_lens.append(n)
         num_decodes = len(plan.decodes)
         query_lens.extend(itertools.repeat(1, num_decodes))
@@ -382,7 +384,7 @@ class Engine:
         return StepInputs(
             token_ids=token_ids,
             positions=positions,
-            seq_slots=slots,
+            table_rows=table_rows,
             query_lens=query_lens,
             seq_lens=seq_lens,
             sample_rows=sample_rows,

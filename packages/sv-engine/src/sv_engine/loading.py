@@ -7,12 +7,13 @@ from pathlib import Path
 
 import torch
 from sv_kernels import TuningCache
-from sv_kvcache import KVCacheError, bytes_per_page, pages_for_free_memory, pages_for_mib
+from sv_kvcache import KVCacheError, pages_for_free_memory, pages_for_mib
 from sv_model import LlamaWeights, ModelRunner
 from sv_scheduler import Admission
 from sv_tokenizer import Tokenizer, TokenizerError
-from sv_weights import LlamaConfig, WeightsError, damaged_default_model_hint, load_checkpoint
+from sv_weights import LlamaConfig, WeightsError, load_checkpoint
 
+from sv_engine.default_model import damaged_default_model_hint
 from sv_engine.errors import EngineError
 
 PAGE_SIZE = 16
@@ -159,13 +160,3 @@ def available_memory(device: torch.device) -> tuple[int, str] | None:
     except OSError:
         pass
     return None
-
-
-def pool_bytes(config: LlamaConfig, num_pages: int, dtype: torch.dtype) -> int:
-    return num_pages * bytes_per_page(
-        config.num_hidden_layers,
-        config.num_key_value_heads,
-        config.head_dim,
-        dtype.itemsize,
-        PAGE_SIZE,
-    )

@@ -12,8 +12,9 @@ from typing import Any, NoReturn
 from sv_kernels import TuningCache
 from sv_scheduler import Admission
 
+from sv_engine.cache_folder import cache_dir
+from sv_engine.default_model import default_model_dir
 from sv_engine.engine import Engine
-from sv_engine.errors import EngineError
 
 EXIT_USAGE = 2
 
@@ -99,8 +100,6 @@ GEMV_TUNING_FILE = "gemv-tuning.json"
 def default_tuning_cache() -> TuningCache:
     """The apps' GEMV tuning cache: gemv-tuning.json in sv's cache folder ($SV_CACHE_DIR, else
     ~/.cache/sv); SV_RETUNE=1 in the environment measures again (and replaces what was kept)."""
-    from sv_weights import cache_dir
-
     retune = os.environ.get("SV_RETUNE", "") not in ("", "0")
     return TuningCache(cache_dir() / GEMV_TUNING_FILE, retune=retune)
 
@@ -111,15 +110,10 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
     Without --model the embedded default model is used (converted into the cache on first
     use, with a progress line on stderr). A GPU warm-up reports its phases on stderr too.
     Every failure is an EngineError with a one-line message."""
-    from sv_weights import WeightsError, default_model_dir
-
-    try:
-        if args.model is not None:
-            model_dir = Path(args.model)
-        else:
-            model_dir = default_model_dir(progress=lambda message: print(message, file=sys.stderr))
-    except WeightsError as e:
-        raise EngineError(str(e)) from e
+    if args.model is not None:
+        model_dir = Path(args.model)
+    else:
+        model_dir = default_model_dir(progress=lambda message: print(message, file=sys.stderr))
     engine = Engine.from_model_dir(
         model_dir,
         device=args.device,

@@ -342,26 +342,26 @@ def prefill_attention(
 
 
 def decode_metadata(
-    block_tables: Tensor, seq_slots: Tensor, positions: Tensor, page_size: int
+    block_tables: Tensor, table_rows: Tensor, positions: Tensor, page_size: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(block-table rows, cache slots, context lengths) of a decode step: one token per
     sequence; see `reference.decode_metadata`. Positions must lie inside each row's pages."""
     op = "decode_metadata"
     _check_dims(op, "block_tables", block_tables, 2, "[S, max_pages]")
     _check_int(op, "block_tables", block_tables)
-    _check_dims(op, "seq_slots", seq_slots, 1, "[B]")
-    _check_int(op, "seq_slots", seq_slots)
+    _check_dims(op, "table_rows", table_rows, 1, "[B]")
+    _check_int(op, "table_rows", table_rows)
     _check_dims(op, "positions", positions, 1, "[B]")
     _check_int(op, "positions", positions)
-    _check_len(op, "positions", positions, 0, seq_slots.shape[0], "one per sequence")
+    _check_len(op, "positions", positions, 0, table_rows.shape[0], "one per sequence")
     if page_size < 1:
         _fail(op, f"page_size must be positive, got {page_size}")
-    _check_device(op, block_tables=block_tables, seq_slots=seq_slots, positions=positions)
+    _check_device(op, block_tables=block_tables, table_rows=table_rows, positions=positions)
     if _on_cuda(block_tables):
         from . import triton_ops
 
-        return triton_ops.decode_metadata(block_tables, seq_slots, positions, page_size)
-    return reference.decode_metadata(block_tables, seq_slots, positions, page_size)
+        return triton_ops.decode_metadata(block_tables, table_rows, positions, page_size)
+    return reference.decode_metadata(block_tables, table_rows, positions, page_size)
 
 
 def feed_tokens(token_ids: Tensor, source_rows: Tensor, sampled: Tensor) -> Tensor:

@@ -173,16 +173,16 @@ def prefill_attention(
 
 
 def decode_metadata(
-    block_tables: Tensor, seq_slots: Tensor, positions: Tensor, page_size: int
+    block_tables: Tensor, table_rows: Tensor, positions: Tensor, page_size: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """What attention needs for a decode step, one token per sequence.
 
-    Sequence b sits in row seq_slots[b] of the runner's block tables [S, max_pages] and feeds
+    Sequence b sits in row table_rows[b] of the runner's block tables [S, max_pages] and feeds
     the token at positions[b]. Returns its block-table row [B, max_pages], the cache slot its
     token's K/V goes to (page * page_size + offset) [B], and its context length after the step
     (positions + 1) [B], all in block_tables' integer dtype.
     """
-    rows = block_tables.index_select(0, seq_slots.long())
+    rows = block_tables.index_select(0, table_rows.long())
     pos = positions.to(block_tables.dtype)
     pages = rows.gather(1, (pos // page_size).long().unsqueeze(1)).squeeze(1)
     return rows, pages * page_size + pos % page_size, pos + 1

@@ -1,4 +1,4 @@
-"""A sequence's block table: its pages in order, mapping token positions to cache slots."""
+"""A sequence's block table: its pages in order (token position p lives in page p // page_size)."""
 
 from __future__ import annotations
 
@@ -30,16 +30,6 @@ class BlockTable:
     def capacity(self) -> int:
         """Token slots the assigned pages hold."""
         return len(self.pages) * self.page_size
-
-    def slot(self, position: int) -> tuple[int, int]:
-        """(page id, offset in the page) of token `position`."""
-        if not 0 <= position < len(self.pages) * self.page_size:
-            raise KVCacheError(
-                f"position {position} has no page: this block table holds "
-                f"{len(self.pages)} pages ({self.capacity} token slots)"
-            )
-        page_index, offset = divmod(position, self.page_size)
-        return self.pages[page_index], offset
 
     def append_page(self) -> int:
         """Assign one more page (the next `page_size` positions); returns its id."""

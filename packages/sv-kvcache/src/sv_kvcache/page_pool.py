@@ -82,11 +82,6 @@ class PagePool:
         self._check_page(page)
         return self._refcounts[page]
 
-    def is_registered(self, page: int) -> bool:
-        """Whether `page` is in the prefix cache (held or not)."""
-        self._check_page(page)
-        return self._registration[page] is not None
-
     def cached_pages(self) -> list[int]:
         """Evictable cached pages in eviction order (least recently released first)."""
         return list(self._cached_lru)

@@ -11,7 +11,6 @@ compares them on lookup.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 PageTokens = tuple[int, ...]
@@ -20,16 +19,6 @@ PageTokens = tuple[int, ...]
 def page_key(parent_key: int | None, page_tokens: PageTokens) -> int:
     """The key of a full page: hash of (key of the page before it, this page's token ids)."""
     return hash((parent_key, page_tokens))
-
-
-def chain_keys(token_ids: Sequence[int], page_size: int, num_pages: int) -> list[int]:
-    """Keys of the first `num_pages` full pages of `token_ids` (a reference for tests and tools)."""
-    keys: list[int] = []
-    parent: int | None = None
-    for i in range(num_pages):
-        parent = page_key(parent, tuple(token_ids[i * page_size : (i + 1) * page_size]))
-        keys.append(parent)
-    return keys
 
 
 @dataclass(frozen=True, slots=True)

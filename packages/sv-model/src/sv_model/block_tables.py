@@ -1,7 +1,7 @@
-"""The device mirror of the scheduler's block tables: one row of page ids per scheduler slot.
+"""The device mirror of the scheduler's block tables: one table row of page ids per sequence.
 
 Rows are uploaded only when a sequence gets a new page (or is admitted), so a decode step
-never re-uploads block tables. One extra row, the scratch slot, points every position at the
+never re-uploads block tables. One extra row, the scratch table row, points every position at the
 scratch page: padding rows of a CUDA-graph batch and the warm-up's prefills read and write
 only there.
 """
@@ -18,7 +18,7 @@ from sv_model.uploads import upload
 
 class DeviceBlockTables:
     """`tensor` [max_num_seqs + 1, max_pages_per_seq] int32 on the device; unused entries hold
-    the scratch page. Row `scratch_slot` (= max_num_seqs) is the scratch slot's."""
+    the scratch page. Row `scratch_table_row` (= max_num_seqs) points only at the scratch page."""
 
     def __init__(
         self,
@@ -31,14 +31,14 @@ class DeviceBlockTables:
         self.max_model_len = max_model_len
         self.max_pages_per_seq = max_pages_per_seq = -(-max_model_len // page_size)
         self.scratch_page = scratch_page
-        self.scratch_slot = max_num_seqs
+        self.scratch_table_row = max_num_seqs
         self.device = device
         self.tensor = torch.full(
             (max_num_seqs + 1, max_pages_per_seq), scratch_page, dtype=torch.int32, device=device
         )
 
     def set_rows(self, rows: Sequence[tuple[int, Sequence[int]]]) -> None:
-        """Replace the rows of the given slots (slot, pages) in one upload."""
+        """Replace the given table rows, (table row, pages) each, in one upload."""
         if not rows:
             return
         width = max(len(pages) for _, pages in rows)
@@ -48,8 +48,8 @@ class DeviceBlockTables:
                 f"max_model_len={self.max_model_len}"
             )
         host = np.full((len(rows), width + 1), self.scratch_page, dtype=np.int32)
-        for i, (slot, pages) in enumerate(rows):
-            host[i, 0] = slot
+        for i, (table_row, pages) in enumerate(rows):
+            host[i, 0] = table_row
             host[i, 1 : len(pages) + 1] = pages
         dev = upload(host, self.device)
         self.tensor[dev[:, 0].long(), :width] = dev[:, 1:]

@@ -3,8 +3,8 @@
 A decode step is ~10 kernel launches per layer; for a 1B model at small batch the launch gaps
 would cost more than the kernels themselves, so decode replays graphs and only prefill (long,
 few launches per FLOP) runs eagerly. A step of B sequences replays the graph of the smallest
-bucket >= B; its padding rows feed token 0 at position 0 of the scratch slot, which writes only
-the scratch page. Once a step samples, the bucket also gets one sampling graph per mix of
+bucket >= B; its padding rows feed token 0 at position 0 of the scratch table row, which writes
+only the scratch page. Once a step samples, the bucket also gets one sampling graph per mix of
 filters in use.
 """
 
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from sv_model.step import SamplingRows
 
-# The decode forward pass on device tensors: (token ids, positions, slots) -> FP32 logits.
+# The decode forward pass on device tensors: (token ids, positions, table rows) -> FP32 logits.
 DecodeForward = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
@@ -39,12 +39,12 @@ class DecodeGraphs:
     They share one memory pool: they never run at the same time."""
 
     def __init__(
-        self, forward: DecodeForward, last_ids: Tensor, scratch_slot: int, max_batch: int
+        self, forward: DecodeForward, last_ids: Tensor, scratch_table_row: int, max_batch: int
     ) -> None:
         self.buckets = decode_buckets(max_batch)
         self._forward = forward
         self._last_ids = last_ids
-        self._scratch_slot = scratch_slot
+        self._scratch_table_row = scratch_table_row
         self._graphs: dict[int, DecodeGraph] = {}
         self._pool: Any = None
 
@@ -54,7 +54,7 @@ class DecodeGraphs:
         graph = self._graphs.get(bucket)
         if graph is None:
             graph = DecodeGraph(
-                bucket, self._forward, self._last_ids, self._scratch_slot, self._pool
+                bucket, self._forward, self._last_ids, self._scratch_table_row, self._pool
             )
             self._graphs[bucket] = graph
             self._pool = graph.memory_pool()
@@ -90,7 +90,7 @@ class _GraphInputs:
 class DecodeGraph:
     """A decode step at a fixed batch size, captured once and replayed.
 
-    Inputs, one row each: token ids, positions, scheduler slots, and the row of `last_ids` (the
+    Inputs, one row each: token ids, positions, table rows, and the row of `last_ids` (the
     previous launch's sampled ids) holding each token still on the device (-1: the token id
     row holds it); see `StepInputs.feed`. `logits` and `ids` are its output buffers."""
 
@@ -99,13 +99,13 @@ class DecodeGraph:
         batch: int,
         forward: DecodeForward,
         last_ids: Tensor,
-        scratch_slot: int,
+        scratch_table_row: int,
         pool: Any,
     ) -> None:
         self.batch = batch
         self._forward = forward
         self._last_ids = last_ids
-        self._scratch_slot = scratch_slot
+        self._scratch_table_row = scratch_table_row
         self.inputs = _GraphInputs([torch.zeros((4, batch), dtype=torch.int32)], last_ids.device)
         self.inputs_to_fill(0)  # every row padding
         self.inputs.upload()
@@ -124,12 +124,12 @@ class DecodeGraph:
 
     def inputs_to_fill(self, batch: int) -> np.ndarray:
         """The pinned input rows for a replay of `batch` sequences: columns from `batch` on are
-        set to padding (token 0 at position 0 of the scratch slot, which writes only the scratch
-        page); the caller fills the first `batch`."""
+        set to padding (token 0 at position 0 of the scratch table row, which writes only the
+        scratch page); the caller fills the first `batch`."""
         host = self.inputs.to_fill()[0]
         host[0, batch:] = 0
         host[1, batch:] = 0
-        host[2, batch:] = self._scratch_slot
+        host[2, batch:] = self._scratch_table_row
         host[3, batch:] = -1
         return host
 

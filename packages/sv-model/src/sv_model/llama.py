@@ -78,10 +78,6 @@ class AttentionMetadata:
     cu_seqlens_q: Tensor | None = None
     max_seqlen_q: int = 1
 
-    @property
-    def is_decode(self) -> bool:
-        return self.cu_seqlens_q is None
-
 
 class LlamaModel:
     """Llama 3 / SmolLM2-style decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP.

@@ -2,7 +2,7 @@
 
 It composes the pieces that live on the device across steps, each in its own module:
 - the paged KV pool (plus one scratch page that padding rows of a CUDA graph write into);
-- `block_tables`: the block table of every scheduler slot, kept on the device;
+- `block_tables`: the block table of every running sequence, one table row each, on the device;
 - `step_packing`: a step's host lists as device tensors (one upload per step);
 - `decode_graphs`: on CUDA, one captured graph per decode batch-size bucket;
 - `sampler`: argmax, a sampling graph or an eager `ops.sample`;
@@ -40,7 +40,7 @@ from sv_model.weights import LlamaWeights
 
 class ModelRunner:
     """Runs steps of a `LlamaModel` over a paged KV pool of `num_pages` pages of `page_size`
-    tokens, for up to `max_num_seqs` scheduler slots. `tuning_cache`: where the batch-1 GEMV
+    tokens, for up to `max_num_seqs` sequences (table rows). `tuning_cache`: where the batch-1 GEMV
     tuning of `warmup` keeps its results between processes (None: timed in each process)."""
 
     def __init__(
@@ -63,7 +63,7 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len or config.max_position_embeddings
         self.model = LlamaModel(config, weights, max_positions=self.max_model_len)
-        # The scratch page (id num_pages) and the scratch slot (row max_num_seqs) absorb the
+        # The scratch page (id num_pages) and the scratch table row (max_num_seqs) absorb the
         # writes and reads of padding rows in a CUDA-graph batch.
         self.num_pages = num_pages
         self.scratch_page = num_pages
@@ -71,13 +71,13 @@ class ModelRunner:
         self.block_tables = DeviceBlockTables(
             max_num_seqs, self.max_model_len, page_size, self.scratch_page, self.device
         )
-        self.scratch_slot = self.block_tables.scratch_slot
+        self.scratch_table_row = self.block_tables.scratch_table_row
         self.is_cuda = self.device.type == "cuda"
         self.use_cuda_graphs = use_cuda_graphs and self.is_cuda
         # The sampled ids of the latest launch, row by row: what `StepInputs.feed` reads.
         self.last_ids = torch.zeros(max_num_seqs, dtype=torch.int64, device=self.device)
         self.decode_graphs = (
-            DecodeGraphs(self._decode_forward, self.last_ids, self.scratch_slot, max_num_seqs)
+            DecodeGraphs(self._decode_forward, self.last_ids, self.scratch_table_row, max_num_seqs)
             if self.use_cuda_graphs
             else None
         )
@@ -99,7 +99,7 @@ class ModelRunner:
         """
         say = progress or (lambda message: None)
         started = time.perf_counter()
-        steps = warmup.warmup_steps(max_prefill_tokens, self.scratch_slot)
+        steps = warmup.warmup_steps(max_prefill_tokens, self.scratch_table_row)
         lengths = len(warmup.prompt_lengths(max_prefill_tokens))
         device = str(self.device)
         if self.is_cuda:
@@ -138,7 +138,7 @@ class ModelRunner:
     # --- block tables -----------------------------------------------------------------------
 
     def set_block_tables(self, rows: Sequence[tuple[int, Sequence[int]]]) -> None:
-        """Replace the block tables of the given slots (slot, pages) in one upload."""
+        """Replace the given table rows, (table row, pages) each, in one upload."""
         self.block_tables.set_rows(rows)
 
     # --- one step -------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ class ModelRunner:
                 f"{self.max_num_seqs}"
             )
         graph: DecodeGraph | None = None
-        if step.is_decode:
+        if step.one_token_each:
             logits, greedy_ids, graph = self._decode(step)
         else:
             logits = self._prefill(step)
@@ -171,7 +171,7 @@ class ModelRunner:
         """FP32 logits of a step, for tests and debugging: [len(sample_rows), V], or with
         `every_token` one row per fed token (teacher forcing; runs the packed path)."""
         with torch.inference_mode():
-            if step.is_decode and not every_token:
+            if step.one_token_each and not every_token:
                 return self._decode(step)[0].clone()
             return self._prefill(step, every_token=every_token)
 
@@ -184,20 +184,22 @@ class ModelRunner:
             packed.token_ids, packed.positions, self.kv, packed.attn, packed.logits_indices
         )
 
-    def _decode_forward(self, token_ids: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
+    def _decode_forward(self, token_ids: Tensor, positions: Tensor, table_rows: Tensor) -> Tensor:
         """The decode forward pass on device tensors only (what a CUDA graph captures)."""
-        attn = step_packing.decode_attention(self.block_tables, slots, positions, self.page_size)
+        attn = step_packing.decode_attention(
+            self.block_tables, table_rows, positions, self.page_size
+        )
         return self.model.forward(token_ids, positions, self.kv, attn)
 
     def _decode(self, step: StepInputs) -> tuple[Tensor, Tensor, DecodeGraph | None]:
         """A step where every sequence feeds one token: returns (logits, greedy ids, and the
         graph that made them when its logits buffer holds exactly this step's rows)."""
-        batch = len(step.seq_slots)
+        batch = len(step.table_rows)
         if self.decode_graphs is None:
-            token_ids, positions, slots = step_packing.upload_decode(
+            token_ids, positions, table_rows = step_packing.upload_decode(
                 step, self.device, self.last_ids
             )
-            logits = self._decode_forward(token_ids, positions, slots)
+            logits = self._decode_forward(token_ids, positions, table_rows)
             logits = logits.index_select(0, self._rows(step, batch))
             return logits, ops.argmax(logits), None
         graph = self.decode_graphs.for_batch(batch)

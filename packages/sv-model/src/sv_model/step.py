@@ -33,14 +33,14 @@ class StepInputs:
     """One step, as the engine describes it (host-side lists).
 
     Sequence b feeds `query_lens[b]` tokens (its slice of `token_ids` / `positions`, in order)
-    and ends the step with `seq_lens[b]` tokens of context. `seq_slots[b]` is its scheduler slot
-    (the row of its block table). `sample_rows` lists the b that need a next token, in the order
+    and ends the step with `seq_lens[b]` tokens of context. `table_rows[b]` is its table row
+    (the row of the device block tables that holds its block table). `sample_rows` lists the b that need a next token, in the order
     the sampled ids are returned; a prompt chunk that does not finish its prompt gets none.
     """
 
     token_ids: Sequence[int]
     positions: Sequence[int]
-    seq_slots: Sequence[int]
+    table_rows: Sequence[int]
     query_lens: Sequence[int]
     seq_lens: Sequence[int]
     sample_rows: Sequence[int]
@@ -50,5 +50,6 @@ class StepInputs:
     feed: Sequence[tuple[int, int]] = ()
 
     @property
-    def is_decode(self) -> bool:
-        return len(self.token_ids) == len(self.seq_slots)
+    def one_token_each(self) -> bool:
+        """Whether every sequence feeds exactly one token (a decode step: graphs can run it)."""
+        return len(self.token_ids) == len(self.table_rows)

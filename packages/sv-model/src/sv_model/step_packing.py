@@ -52,29 +52,31 @@ def pack_prefill(
 ) -> PackedStep:
     """A step with at least one multi-token chunk, as a packed varlen batch. Logits are asked
     for at each sampled sequence's last token, or with `every_token` at every token."""
-    num_seqs = len(step.seq_slots)
+    num_seqs = len(step.table_rows)
     num_tokens = len(step.token_ids)
     query_lens = np.asarray(step.query_lens, dtype=np.int32)
     cu = np.zeros(num_seqs + 1, dtype=np.int32)
     np.cumsum(query_lens, out=cu[1:])
     sample_rows = np.asarray(step.sample_rows, dtype=np.int32)
     logits_rows = np.arange(num_tokens, dtype=np.int32) if every_token else cu[1:][sample_rows] - 1
-    token_ids, positions, token_seq, cu_q, seq_lens, slots, logits_idx, sources = upload_packed(
-        [
-            np.asarray(step.token_ids, dtype=np.int32),
-            np.asarray(step.positions, dtype=np.int32),
-            np.repeat(np.arange(num_seqs, dtype=np.int32), query_lens),
-            cu,
-            np.asarray(step.seq_lens, dtype=np.int32),
-            np.asarray(step.seq_slots, dtype=np.int32),
-            logits_rows,
-            source_rows(step, num_tokens if step.feed else 0),
-        ],
-        block_tables.device,
+    token_ids, positions, token_seq, cu_q, seq_lens, table_rows, logits_idx, sources = (
+        upload_packed(
+            [
+                np.asarray(step.token_ids, dtype=np.int32),
+                np.asarray(step.positions, dtype=np.int32),
+                np.repeat(np.arange(num_seqs, dtype=np.int32), query_lens),
+                cu,
+                np.asarray(step.seq_lens, dtype=np.int32),
+                np.asarray(step.table_rows, dtype=np.int32),
+                logits_rows,
+                source_rows(step, num_tokens if step.feed else 0),
+            ],
+            block_tables.device,
+        )
     )
     if step.feed:
         token_ids = ops.feed_tokens(token_ids, sources, last_ids)
-    tables = block_tables.tensor.index_select(0, slots)
+    tables = block_tables.tensor.index_select(0, table_rows)
     pages = tables[token_seq, positions // page_size]
     attn = AttentionMetadata(
         slot_mapping=pages * page_size + positions % page_size,
@@ -87,25 +89,25 @@ def pack_prefill(
 
 
 def decode_attention(
-    block_tables: DeviceBlockTables, slots: Tensor, positions: Tensor, page_size: int
+    block_tables: DeviceBlockTables, table_rows: Tensor, positions: Tensor, page_size: int
 ) -> AttentionMetadata:
     """Attention metadata of a decode step from device tensors only (capturable)."""
     tables, slot_mapping, seq_lens = ops.decode_metadata(
-        block_tables.tensor, slots, positions, page_size
+        block_tables.tensor, table_rows, positions, page_size
     )
     return AttentionMetadata(slot_mapping=slot_mapping, seq_lens=seq_lens, block_tables=tables)
 
 
 def upload_decode(step: StepInputs, device: torch.device, last_ids: Tensor) -> list[Tensor]:
-    """A decode step's (token ids, positions, slots) on the device in one copy, for running it
+    """A decode step's (token ids, positions, table rows) on the device in one copy, for running it
     without a CUDA graph; fed tokens already read from `last_ids`."""
     dev = upload(
         np.stack(
             [
                 np.asarray(step.token_ids, dtype=np.int32),
                 np.asarray(step.positions, dtype=np.int32),
-                np.asarray(step.seq_slots, dtype=np.int32),
-                source_rows(step, len(step.seq_slots)),
+                np.asarray(step.table_rows, dtype=np.int32),
+                source_rows(step, len(step.table_rows)),
             ]
         ),
         device,
@@ -115,10 +117,10 @@ def upload_decode(step: StepInputs, device: torch.device, last_ids: Tensor) -> l
 
 
 def fill_decode_rows(host: np.ndarray, step: StepInputs) -> None:
-    """Write a decode step into a graph's pinned input rows (token ids, positions, slots,
-    source rows), columns 0 to batch - 1."""
-    batch = len(step.seq_slots)
+    """Write a decode step into a graph's pinned input rows (token ids, positions, table
+    rows, source rows), columns 0 to batch - 1."""
+    batch = len(step.table_rows)
     host[0, :batch] = step.token_ids
     host[1, :batch] = step.positions
-    host[2, :batch] = step.seq_slots
+    host[2, :batch] = step.table_rows
     host[3, :batch] = source_rows(step, batch)

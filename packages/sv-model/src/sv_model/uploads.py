@@ -3,7 +3,7 @@ wait for the GPU.
 
 A copy from pageable memory would wait for the stream to drain, i.e. for the step still
 running; so an array is first copied into pinned memory from torch's caching host allocator,
-which keeps that block until the copy is done. On the CPU the array is used in place.
+which keeps that pinned buffer until the copy is done. On the CPU the array is used in place.
 """
 
 from __future__ import annotations

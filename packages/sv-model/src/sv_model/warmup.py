@@ -31,9 +31,9 @@ def prompt_lengths(max_prefill_tokens: int) -> list[int]:
     return sorted(n for n in lengths if n > 0)
 
 
-def warmup_steps(max_prefill_tokens: int, scratch_slot: int) -> list[StepInputs]:
+def warmup_steps(max_prefill_tokens: int, scratch_table_row: int) -> list[StepInputs]:
     """One prefill per prompt length (and a second with two sequences, up to
-    TWO_SEQUENCES_UP_TO), on the scratch slot, whose block table points every position at the
+    TWO_SEQUENCES_UP_TO), on the scratch table row, whose block table points every position at the
     scratch page. Each also feeds a token from the device, which compiles `ops.feed_tokens` (a
     step after an overlapped one does that)."""
     steps = []
@@ -43,7 +43,7 @@ def warmup_steps(max_prefill_tokens: int, scratch_slot: int) -> list[StepInputs]
                 StepInputs(
                     token_ids=[0] * (n * seqs),
                     positions=list(range(n)) * seqs,
-                    seq_slots=[scratch_slot] * seqs,
+                    table_rows=[scratch_table_row] * seqs,
                     query_lens=[n] * seqs,
                     seq_lens=[n] * seqs,
                     sample_rows=list(range(seqs)),

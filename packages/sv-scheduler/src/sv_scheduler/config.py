@@ -18,9 +18,9 @@ class SchedulerConfig:
     num_pages:       pages in the KV-cache pool (see sv_kvcache.pages_for_mib).
     max_model_len:   context limit: prompt plus output tokens of one request.
     page_size:       tokens per page.
-    policy:          "continuous" admits whenever credits and slots allow; "static" admits a new
+    policy:          "continuous" admits whenever credits and table rows allow; "static" admits a new
                      group only when the previous group has completely finished.
-    max_num_seqs:    running sequences at most; also the number of engine slots.
+    max_num_seqs:    running sequences at most; also the number of table rows.
     max_step_tokens: tokens fed to the model in one step (decodes + prefill chunks). At least
                      max_num_seqs, so every running decode fits in every step.
     prefix_caching:  share full prompt pages between requests with the same prefix.

@@ -35,7 +35,7 @@ class StepPlan:
     sampling:            who gets a sampled token, in the order `complete_step` expects the tokens:
                          the prefill chunks that sample, then the decodes.
     num_prefill_samples: how many of `sampling` come from prefill chunks (the rest are decodes).
-    block_table_changed: sequences whose block table (or slot) changed since the previous plan:
+    block_table_changed: sequences whose block table (or table row) changed since the previous plan:
                          newly admitted or resumed, or given a page. Update only these rows.
     preempted:           sequences sent back to the queue by this plan (preemptive policy only).
 

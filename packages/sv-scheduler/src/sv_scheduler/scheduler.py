@@ -82,7 +82,9 @@ class Scheduler:
         self._drop_token: list[Sequence] = []  # decoders that left while a plan was out
         # finished (by length at advance(), or stopped) and not yet reported by resolve()
         self._finishing: list[tuple[Sequence, FinishReason]] = []
-        self._free_slots = list(range(config.max_num_seqs))  # a heap: lowest free slot first
+        self._free_table_rows = list(
+            range(config.max_num_seqs)
+        )  # a heap: lowest free table row first
         self._plan: StepPlan | None = None  # the plan handed out and not yet advanced
         self._unresolved: StepPlan | None = None  # advanced, its sampled tokens not yet known
         self._step = 0
@@ -126,7 +128,7 @@ class Scheduler:
         return self.pool.clear_cache()
 
     def cancel(self, request_id: RequestId) -> bool:
-        """Drop a waiting or running request now, returning its pages, credits and slot.
+        """Drop a waiting or running request now, returning its pages, credits and table row.
 
         Returns False if no unfinished request has this id. Safe while a plan is out: the token
         `complete_step` then receives for this request is dropped. A token still pending (its
@@ -485,7 +487,7 @@ class Scheduler:
     def _admit(
         self, budget: int, prefills: list[PrefillChunk], step: int, changed: list[Sequence]
     ) -> None:
-        """Admit from the head of the queue while slots, credits and (continuous) budget allow.
+        """Admit from the head of the queue while table rows, credits and (continuous) budget allow.
 
         Static policy: called only when nothing runs, and admits the whole group that fits
         regardless of this step's token budget; their prompts then prefill in chunks.
@@ -568,7 +570,7 @@ class Scheduler:
                 self._computing[key] = seq
                 seq.computing_key = key
         self._policy.admit(seq)
-        seq.slot = heapq.heappop(self._free_slots)
+        seq.table_row = heapq.heappop(self._free_table_rows)
         seq.status = _RUNNING
         if seq.admit_index < 0:
             seq.admit_index = self._admissions
@@ -614,7 +616,7 @@ class Scheduler:
         )
 
     def _stop_running(self, seq: Sequence) -> None:
-        """Give back everything a running sequence holds: pages, credits, slot."""
+        """Give back everything a running sequence holds: pages, credits, table row."""
         if self._prefix_caching:
             # Generated tokens' pages enter the cache here, once, rather than in the step loop:
             # only a later prompt that contains this output could use them anyway.
@@ -628,5 +630,5 @@ class Scheduler:
         else:
             self._prefilling.remove(seq)
             self._computing_done(seq)
-        heapq.heappush(self._free_slots, seq.slot)
-        seq.slot = -1
+        heapq.heappush(self._free_table_rows, seq.table_row)
+        seq.table_row = -1

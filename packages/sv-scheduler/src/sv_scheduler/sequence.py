@@ -1,4 +1,4 @@
-"""A request while the scheduler holds it: its tokens, pages, slot and progress."""
+"""A request while the scheduler holds it: its tokens, pages, table row and progress."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .request import FinishReason, Request
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued (or preempted, back at the front of the queue)
-    RUNNING = "running"  # admitted: holds a slot, credits and pages
+    RUNNING = "running"  # admitted: holds a table row, credits and pages
     FINISHED = "finished"  # done; finish_reason says why ("stop", "length", "cancelled")
 
 
@@ -55,10 +55,10 @@ class Sequence:
         "num_prompt_tokens",
         "prefilled_tokens",
         "request_id",
-        "slot",
         "status",
         "stop_ids",
         "table",
+        "table_row",
         "token_ids",
         "waited",
     )
@@ -81,7 +81,7 @@ class Sequence:
         self.credits = credits
         self.finish_len = self.num_prompt_tokens + max_new_tokens
         self.table = BlockTable(pool)
-        self.slot = -1  # in [0, max_num_seqs) while running
+        self.table_row = -1  # in [0, max_num_seqs) while running
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.decoding = False
@@ -127,7 +127,7 @@ class Sequence:
 
     def __repr__(self) -> str:
         return (
-            f"Sequence({self.request_id!r}, {self.status.value}, slot={self.slot}, "
+            f"Sequence({self.request_id!r}, {self.status.value}, table_row={self.table_row}, "
             f"tokens={self.num_tokens} (prompt {self.num_prompt_tokens}), "
             f"computed={self.num_computed_tokens}, pages={self.table.pages})"
         )

@@ -4,8 +4,9 @@ SmolLM2 (tokenizer.json), with incremental decoding and the models' chat formats
 Needs only `regex`; jinja2 (the `chat-template` extra) only to render a folder's chat template.
 """
 
-from .chat import ChatFormat, ChatMLFormat, Llama3ChatFormat, Message
-from .chat_template import TemplateChatFormat
+from .chat import ChatFormat, ChatMLFormat, ChatTokenizer, Llama3ChatFormat, Message
+from .chat_choice import choose_chat_format
+from .chat_template import TemplateChatFormat, TemplateTokenizer
 from .errors import TokenizerError
 from .stream import StreamDecoder
 from .tokenizer import Tokenizer
@@ -13,10 +14,13 @@ from .tokenizer import Tokenizer
 __all__ = [
     "ChatFormat",
     "ChatMLFormat",
+    "ChatTokenizer",
     "Llama3ChatFormat",
     "Message",
     "StreamDecoder",
     "TemplateChatFormat",
+    "TemplateTokenizer",
     "Tokenizer",
     "TokenizerError",
+    "choose_chat_format",
 ]

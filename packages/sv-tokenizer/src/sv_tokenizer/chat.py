@@ -11,20 +11,30 @@ special tokens first, so the ids are identical.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from .errors import TokenizerError
-
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
 class Message:
     role: str  # "system", "user", "assistant" (Llama 3 also "ipython"/"tool": a tool's result)
     content: str
+
+
+class ChatTokenizer(Protocol):
+    """What the Llama 3 and ChatML formats need of a tokenizer (`Tokenizer` is one): its
+    special tokens' ids, plain-text encoding, and a name for error messages."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def special_tokens(self) -> Mapping[str, int]: ...
+
+    def encode(self, text: str, *, allow_special: bool = False) -> list[int]: ...
 
 
 class ChatFormat(Protocol):
@@ -39,7 +49,7 @@ class ChatFormat(Protocol):
         ...
 
 
-def _special_id(tokenizer: Tokenizer, name: str, format_name: str) -> int:
+def _special_id(tokenizer: ChatTokenizer, name: str, format_name: str) -> int:
     if name not in tokenizer.special_tokens:
         raise TokenizerError(
             f"{tokenizer.source}: the {format_name} chat format needs the special token {name}"
@@ -47,7 +57,7 @@ def _special_id(tokenizer: Tokenizer, name: str, format_name: str) -> int:
     return tokenizer.special_tokens[name]
 
 
-def _check_role(tokenizer: Tokenizer, message: Message, index: int, roles: Sequence[str]) -> None:
+def _check_role(message: Message, index: int, roles: Sequence[str]) -> None:
     if message.role not in roles:
         raise TokenizerError(
             f"chat message {index}: role {message.role!r} is not one of {', '.join(roles)}"
@@ -69,7 +79,7 @@ class Llama3ChatFormat:
 
     ROLES = ("system", "user", "assistant", "ipython", "tool")
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
         self.tokenizer = tokenizer
         self.begin_of_text = _special_id(tokenizer, "<|begin_of_text|>", "Llama 3")
         self.start_header = _special_id(tokenizer, "<|start_header_id|>", "Llama 3")
@@ -80,7 +90,7 @@ class Llama3ChatFormat:
         return [self.start_header, *self.tokenizer.encode(role), self.end_header]
 
     def encode_message(self, message: Message, index: int = 0) -> list[int]:
-        _check_role(self.tokenizer, message, index, self.ROLES)
+        _check_role(message, index, self.ROLES)
         role = "ipython" if message.role == "tool" else message.role
         body = self.tokenizer.encode("\n\n" + message.content.strip())
         return [*self._header(role), *body, self.end_of_turn]
@@ -119,7 +129,7 @@ class ChatMLFormat:
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: ChatTokenizer,
         default_system_prompt: str | None = SMOLLM2_DEFAULT_SYSTEM_PROMPT,
     ) -> None:
         self.tokenizer = tokenizer
@@ -142,7 +152,7 @@ class ChatMLFormat:
         if messages and messages[0].role != "system" and self.default_system_prompt is not None:
             ids += self._message("system", self.default_system_prompt)
         for index, message in enumerate(messages):
-            _check_role(self.tokenizer, message, index, self.ROLES)
+            _check_role(message, index, self.ROLES)
             ids += self._message(message.role, message.content)
         if add_generation_prompt:
             ids += [self.im_start, *self.tokenizer.encode("assistant\n")]

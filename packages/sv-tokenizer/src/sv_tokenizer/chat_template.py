@@ -24,19 +24,30 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .chat import Message
+from .chat import ChatTokenizer, Message
 from .errors import TokenizerError
-
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
 
 _OPEN = "\U000f0000"  # Supplementary Private Use Area-A: never in real text, untouched by
 _CLOSE = "\U000f0001"  # upper/lower/trim/escaping filters
 _SENTINEL = re.compile(f"{_OPEN}([0-9]+){_CLOSE}")
 
 RenderFunction = Callable[..., str]
+
+
+class TemplateTokenizer(ChatTokenizer, Protocol):
+    """What a template format needs of a tokenizer beyond `ChatTokenizer`: the BOS token's
+    text for `bos_token`, and finding and cutting at special-token text."""
+
+    @property
+    def bos_id(self) -> int | None: ...
+
+    def token_bytes(self, id: int) -> bytes: ...
+
+    def find_special(self, text: str) -> str | None: ...
+
+    def split_special(self, text: str) -> list[str | int]: ...
 
 
 def compile_chat_template(template: str, source: str) -> RenderFunction:
@@ -119,7 +130,7 @@ def compile_chat_template(template: str, source: str) -> RenderFunction:
 class TemplateChatFormat:
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: TemplateTokenizer,
         template: str,
         *,
         template_tokens: Mapping[str, str] | None = None,

@@ -19,14 +19,15 @@ decode() is the concatenation of each token's bytes, decoded as UTF-8 with error
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain, compress, repeat
 from pathlib import Path
 
 import regex  # type: ignore[import-untyped]  # (no types-regex in the lock)
 
 from .bpe import UTF8_BYTES, PairMerger, RankMerger
-from .chat import ChatFormat, ChatMLFormat, Llama3ChatFormat, Message
+from .chat import ChatFormat, Message
+from .chat_choice import choose_chat_format
 from .chat_template import TemplateChatFormat
 from .errors import TokenizerError
 from .hf_json import AddedToken, parse_hf_tokenizer_json
@@ -78,7 +79,8 @@ class Tokenizer:
     """A byte-level BPE tokenizer; build one with `from_file` or `from_model_dir`.
 
     Public attributes: `bos_id`, `eos_ids` (every stop token), `special_tokens` (name -> id),
-    `vocab_size` (ids are 0 .. vocab_size-1), `source` (where it was loaded from).
+    `vocab_size` (ids are 0 .. vocab_size-1), `source` (where it was loaded from). The loaders
+    also give it its chat format (`choose_chat_format`): `chat_format`.
     """
 
     def __init__(
@@ -92,9 +94,6 @@ class Tokenizer:
         bos_token: str | None = None,
         eos_token: str | None = None,
         extra_eos_ids: Iterable[int] = (),
-        chat_template: str | None = None,
-        template_tokens: Mapping[str, str] | None = None,
-        chat_template_source: str | None = None,
     ) -> None:
         self.source = source
         self._merger = merger
@@ -130,10 +129,7 @@ class Tokenizer:
             if not 0 <= stop_id < self.vocab_size:
                 raise TokenizerError(f"{source}: end-of-sequence id {stop_id} is not a token id")
         self.eos_ids: frozenset[int] = frozenset(stop_ids)
-
-        self._chat_format = self._choose_chat_format(
-            chat_template, dict(template_tokens or {}), chat_template_source
-        )
+        self._chat_format: ChatFormat | None = None  # set by the loaders
 
     def _named_token_id(self, token: str, role: str) -> int:
         """The id of a token named by its text (tokenizer_config.json's bos_token/eos_token)."""
@@ -196,7 +192,7 @@ class Tokenizer:
                 f"{source}: neither a tiktoken BPE file ('<base64 token> <rank>' lines) nor an HF "
                 "tokenizer.json (SentencePiece .model files are not supported)"
             )
-        return cls(
+        tokenizer = cls(
             source=source,
             merger=merger,
             pretokenizer=pretokenizer,
@@ -205,10 +201,14 @@ class Tokenizer:
             bos_token=bos_token,
             eos_token=config.template_tokens.get("eos_token"),
             extra_eos_ids=config.eos_ids,
-            chat_template=config.chat_template,
-            template_tokens=config.template_tokens,
-            chat_template_source=config.chat_template_source,
         )
+        tokenizer._chat_format = choose_chat_format(
+            tokenizer,
+            config.chat_template,
+            template_tokens=config.template_tokens,
+            source=config.chat_template_source,
+        )
+        return tokenizer
 
     # ---------------------------------------------------------------- encoding
 
@@ -296,22 +296,6 @@ class Tokenizer:
         TokenizerError naming its file now, not at the first request."""
         if isinstance(self._chat_format, TemplateChatFormat):
             self._chat_format.encode_dialog(TEMPLATE_CHECK_DIALOG)
-
-    def _choose_chat_format(
-        self,
-        chat_template: str | None,
-        template_tokens: dict[str, str],
-        chat_template_source: str | None,
-    ) -> ChatFormat | None:
-        if chat_template is not None:
-            return TemplateChatFormat(
-                self, chat_template, template_tokens=template_tokens, source=chat_template_source
-            )
-        if "<|start_header_id|>" in self.special_tokens:
-            return Llama3ChatFormat(self)
-        if "<|im_start|>" in self.special_tokens:
-            return ChatMLFormat(self)
-        return None
 
     def find_special(self, text: str) -> str | None:
         """The first special or added token's text occurring in `text`, if any."""

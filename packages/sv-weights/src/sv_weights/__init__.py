@@ -8,9 +8,7 @@ from typing import Any
 
 from sv_weights.checkpoint import expected_tensors, load_checkpoint, validate_checkpoint
 from sv_weights.config import LlamaConfig, RopeScaling
-from sv_weights.default_model import cache_dir, damaged_default_model_hint, default_model_dir
 from sv_weights.errors import WeightsError
-from sv_weights.inspect import inspect_main
 from sv_weights.presets import llama_3_2_1b_config, tiny_llama_config
 from sv_weights.safetensors import SafetensorsHeader, TensorInfo, load_file, read_header, save_file
 from sv_weights.synthetic import write_random_checkpoint
@@ -21,12 +19,8 @@ __all__ = [
     "SafetensorsHeader",
     "TensorInfo",
     "WeightsError",
-    "cache_dir",
     "convert_gguf_to_hf",
-    "damaged_default_model_hint",
-    "default_model_dir",
     "expected_tensors",
-    "inspect_main",
     "llama_3_2_1b_config",
     "load_checkpoint",
     "load_file",

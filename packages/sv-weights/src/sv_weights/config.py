@@ -137,11 +137,6 @@ class LlamaConfig:
                 f"config torch_dtype: {self.torch_dtype!r} is not one of {sorted(TORCH_DTYPE_NAMES)}"
             )
 
-    @property
-    def num_query_groups(self) -> int:
-        """Query heads per key/value head (4 for Llama 3.2 1B)."""
-        return self.num_attention_heads // self.num_key_value_heads
-
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> LlamaConfig:
         """Read a `config.json`. A missing or ill-typed key raises `WeightsError` naming it."""

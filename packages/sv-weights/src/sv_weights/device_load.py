@@ -1,9 +1,9 @@
 """Copying a file's bytes onto a GPU: parallel readers feed one submitter through a pinned ring.
 
 One thread copying from the page cache manages a few GB/s; the PCIe link takes about 55. So
-DEVICE_READERS threads copy the file, chunk by chunk, into a shared ring of DEVICE_SLOTS
-pinned staging slots, and one thread, the submitter (the caller's), starts each slot's copy to
-the GPU and hands the slot back to the readers once that copy has finished:
+DEVICE_READERS threads copy the file, chunk by chunk, into a shared ring of DEVICE_BUFFERS
+pinned staging buffers, and one thread, the submitter (the caller's), starts each buffer's copy to
+the GPU and hands the buffer back to the readers once that copy has finished:
 
     page cache --memmove, 8 readers--> pinned ring (16 x 4 MiB) --DMA, 1 submitter--> GPU
 
@@ -14,15 +14,15 @@ Each choice here was measured on the H200 host (2026-11-30, BENCHMARKS.md runs 4
   lock and the host copies stalled with them: 29-30 GB/s, against 39-50 GB/s for the same
   readers feeding one submitter. With one caller, torch's `copy_` and events are as fast as
   direct runtime calls were, so no ctypes is needed.
-- Readers `memmove` from a read-only mapping of the file rather than `preadv` into the slot:
+- Readers `memmove` from a read-only mapping of the file rather than `preadv` into the buffer:
   10-15% faster in the same runs. The per-chunk size check in `_MappedFile.read_into` keeps a
   file truncated by someone else a clear error (touching a vanished page would be SIGBUS).
-- Slots are small and the ring is 64 MiB, so it stays in the CPU's last-level cache: readers
-  write to cache and the DMA reads from it. 8 MiB slots were slower; 24 slots were no faster
-  and pin half as much again. 2 MiB slots halve the rate: the submitter's Python time per
+- Buffers are small and the ring is 64 MiB, so it stays in the CPU's last-level cache: readers
+  write to cache and the DMA reads from it. 8 MiB buffers were slower; 24 buffers were no faster
+  and pin half as much again. 2 MiB buffers halve the rate: the submitter's Python time per
   chunk then dominates.
 
-On a CPU destination the same pipeline runs with unpinned slots and synchronous copies (the
+On a CPU destination the same pipeline runs with unpinned buffers and synchronous copies (the
 tests exercise the chunking, the ring and the error paths that way).
 """
 
@@ -46,7 +46,7 @@ from sv_weights.errors import WeightsError
 
 DEVICE_CHUNK_BYTES = 4 * 1024 * 1024
 DEVICE_READERS = min(8, os.cpu_count() or 1)
-DEVICE_SLOTS = 16
+DEVICE_BUFFERS = 16
 
 
 def copy_file_range_to(path: Path, offset: int, dest: torch.Tensor) -> None:
@@ -61,7 +61,7 @@ def copy_file_range_to(path: Path, offset: int, dest: torch.Tensor) -> None:
     chunk = max(1, min(DEVICE_CHUNK_BYTES, total))
     num_chunks = -(-total // chunk)
     ring = torch.empty(
-        (max(1, min(DEVICE_SLOTS, num_chunks)), chunk),
+        (max(1, min(DEVICE_BUFFERS, num_chunks)), chunk),
         dtype=torch.uint8,
         pin_memory=dest.device.type == "cuda",  # from torch's caching host allocator: reused
     )
@@ -99,10 +99,10 @@ class _MappedFile:
                 f"{self.path}: file ended early (it changed after its header was read)"
             )
 
-    def read_into(self, slot: torch.Tensor, start: int, size: int) -> None:
-        """Copy bytes [start, start + size) of the range into the host tensor `slot`."""
+    def read_into(self, buffer: torch.Tensor, start: int, size: int) -> None:
+        """Copy bytes [start, start + size) of the range into the host tensor `buffer`."""
         self._check_size()  # a file truncated meanwhile: an error, not SIGBUS on its pages
-        ctypes.memmove(slot.data_ptr(), self._address + start, size)  # releases the GIL
+        ctypes.memmove(buffer.data_ptr(), self._address + start, size)  # releases the GIL
 
     def close(self) -> None:
         self._view = None  # the mapping cannot close while a view exports its buffer
@@ -114,14 +114,14 @@ class _Submitter(Protocol):
     def active(self) -> AbstractContextManager[object]:
         """Entered around all of a transfer's `submit` calls."""
 
-    def submit(self, slot: int, src: torch.Tensor, dest: torch.Tensor) -> None:
-        """Start copying `src` (staging slot `slot`'s bytes) into `dest`."""
+    def submit(self, buffer: int, src: torch.Tensor, dest: torch.Tensor) -> None:
+        """Start copying `src` (staging buffer `buffer`'s bytes) into `dest`."""
 
     def finished(self) -> list[int]:
-        """The slots whose copies have finished since the last call, without blocking."""
+        """The buffers whose copies have finished since the last call, without blocking."""
 
     def wait_oldest(self) -> int | None:
-        """Block until the oldest running copy has finished; its slot (None: none runs)."""
+        """Block until the oldest running copy has finished; its buffer (None: none runs)."""
 
     def close(self) -> None:
         """Wait for every copy started here."""
@@ -136,9 +136,9 @@ class _HostSubmitter:
     def active(self) -> AbstractContextManager[object]:
         return nullcontext()
 
-    def submit(self, slot: int, src: torch.Tensor, dest: torch.Tensor) -> None:
+    def submit(self, buffer: int, src: torch.Tensor, dest: torch.Tensor) -> None:
         dest.copy_(src)
-        self._done.append(slot)
+        self._done.append(buffer)
 
     def finished(self) -> list[int]:
         done, self._done = self._done, []
@@ -152,25 +152,25 @@ class _HostSubmitter:
 
 
 class _CudaSubmitter:
-    """Copies on one side stream, in order, each followed by its slot's event.
+    """Copies on one side stream, in order, each followed by its buffer's event.
 
-    One event per slot, made once and re-recorded (a slot is submitted again only after its
+    One event per buffer, made once and re-recorded (a buffer is submitted again only after its
     copy has finished): creating an event per copy cost the submitter, whose Python time per
     chunk competes with the readers for the GIL, 7-9% of the load's rate (runs 51-52)."""
 
-    def __init__(self, device: torch.device, slots: int) -> None:
+    def __init__(self, device: torch.device, buffers: int) -> None:
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        self._events = [torch.cuda.Event() for _ in range(slots)]  # type: ignore[no-untyped-call]
+        self._events = [torch.cuda.Event() for _ in range(buffers)]  # type: ignore[no-untyped-call]
         self._running: deque[tuple[int, torch.cuda.Event]] = deque()
 
     def active(self) -> AbstractContextManager[object]:
         return torch.cuda.stream(self._stream)  # once, not per copy: it costs a few µs
 
-    def submit(self, slot: int, src: torch.Tensor, dest: torch.Tensor) -> None:
+    def submit(self, buffer: int, src: torch.Tensor, dest: torch.Tensor) -> None:
         dest.copy_(src, non_blocking=True)  # on the side stream (`active`)
-        event = self._events[slot]
+        event = self._events[buffer]
         event.record(self._stream)
-        self._running.append((slot, event))
+        self._running.append((buffer, event))
 
     def finished(self) -> list[int]:
         done = []
@@ -181,20 +181,20 @@ class _CudaSubmitter:
     def wait_oldest(self) -> int | None:
         if not self._running:
             return None
-        slot, event = self._running.popleft()
+        buffer, event = self._running.popleft()
         event.synchronize()
-        return slot
+        return buffer
 
     def close(self) -> None:
         self._stream.synchronize()
         self._running.clear()
 
 
-def _make_submitter(device: torch.device, slots: int) -> _Submitter:
-    return _CudaSubmitter(device, slots) if device.type == "cuda" else _HostSubmitter()
+def _make_submitter(device: torch.device, buffers: int) -> _Submitter:
+    return _CudaSubmitter(device, buffers) if device.type == "cuda" else _HostSubmitter()
 
 
-# A filled slot on its way to the submitter: (slot, start, size); None: a reader has stopped.
+# A filled buffer on its way to the submitter: (buffer, start, size); None: a reader has stopped.
 _Filled = tuple[int, int, int] | None
 
 
@@ -206,8 +206,8 @@ class _Transfer:
     ) -> None:
         self._source, self._ring, self._dest, self._readers = source, ring, dest, readers
         self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for slot in range(ring.shape[0]):
-            self._free.put(slot)
+        for buffer in range(ring.shape[0]):
+            self._free.put(buffer)
         self._filled: queue.SimpleQueue[_Filled] = queue.SimpleQueue()
         self._chunks = iter(range(-(-dest.numel() // ring.shape[1])))
         self._chunks_lock = threading.Lock()
@@ -228,7 +228,7 @@ class _Transfer:
                 self._submit_all(submitter)
         except BaseException as exc:
             self._stop.set()
-            for _ in threads:  # wake readers waiting for a slot; they see the stop and leave
+            for _ in threads:  # wake readers waiting for a buffer; they see the stop and leave
                 self._free.put(0)
             if isinstance(exc, RuntimeError) and not isinstance(exc, WeightsError):
                 raise self._copy_error(exc) from exc
@@ -251,52 +251,52 @@ class _Transfer:
     def _submit_all(self, submitter: _Submitter) -> None:
         stopped = 0
         while stopped < self._readers:
-            for slot in submitter.finished():
-                self._free.put(slot)
+            for buffer in submitter.finished():
+                self._free.put(buffer)
             item = self._next_filled(submitter)
             if item is None:
                 stopped += 1
                 continue
-            slot, start, size = item
+            buffer, start, size = item
             if self._stop.is_set():  # a reader failed: let the others drain, copy nothing more
-                self._free.put(slot)
+                self._free.put(buffer)
                 continue
-            submitter.submit(slot, self._ring[slot, :size], self._dest[start : start + size])
+            submitter.submit(buffer, self._ring[buffer, :size], self._dest[start : start + size])
 
     def _next_filled(self, submitter: _Submitter) -> _Filled:
-        """The next filled slot; while none is ready, hand back slots as their copies finish."""
+        """The next filled buffer; while none is ready, hand back buffers as their copies finish."""
         while True:
             try:
                 return self._filled.get_nowait()
             except queue.Empty:
                 pass
-            slot = submitter.wait_oldest()
-            if slot is None:  # nothing in flight: every busy slot is with a reader
+            buffer = submitter.wait_oldest()
+            if buffer is None:  # nothing in flight: every busy buffer is with a reader
                 return self._filled.get()
-            self._free.put(slot)
+            self._free.put(buffer)
 
     def _read(self) -> None:
         chunk = self._ring.shape[1]
         total = self._dest.numel()
-        slot: int | None = None  # the slot this reader holds, if any
+        buffer: int | None = None  # the buffer this reader holds, if any
         try:
             while not self._stop.is_set():
                 with self._chunks_lock:
                     index = next(self._chunks, None)
                 if index is None:
                     break
-                slot = self._free.get()
+                buffer = self._free.get()
                 if self._stop.is_set():
                     break
                 start = index * chunk
                 size = min(chunk, total - start)
-                self._source.read_into(self._ring[slot], start, size)
-                self._filled.put((slot, start, size))
-                slot = None
+                self._source.read_into(self._ring[buffer], start, size)
+                self._filled.put((buffer, start, size))
+                buffer = None
         except BaseException as exc:
             self._errors.append(exc)
             self._stop.set()
         finally:
-            if slot is not None:  # hand it back, or a reader waiting for a slot never wakes
-                self._free.put(slot)
+            if buffer is not None:  # hand it back, or a reader waiting for a buffer never wakes
+                self._free.put(buffer)
             self._filled.put(None)

@@ -335,8 +335,8 @@ def load_file(
     live is not (touching a vanished page kills the process with SIGBUS, as with any mapping).
 
     device="cuda[:N]": no host copy of the checkpoint. Several readers copy the data section
-    from the page cache into a small shared ring of pinned staging slots (a few MiB each, never
-    the whole file), and one submitter copies each filled slot asynchronously into one device
+    from the page cache into a small shared ring of pinned staging buffers (a few MiB each, never
+    the whole file), and one submitter copies each filled buffer asynchronously into one device
     allocation (see `device_load`). The tensors are views of that device allocation. On return
     every copy has finished.
 

@@ -66,7 +66,7 @@ def _decode_attention_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    TILE_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -77,8 +77,8 @@ def _decode_attention_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    # An equal, BLOCK_N-aligned share of this sequence's tokens for each split.
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    # An equal, TILE_N-aligned share of this sequence's tokens for each split.
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE_N) * TILE_N
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
@@ -97,13 +97,13 @@ def _decode_attention_kernel(
     k_head = k_cache_ptr + kv_head * stride_kc_head
     v_head = v_cache_ptr + kv_head * stride_vc_head
     table = block_tables_ptr + seq * stride_bt
-    for block_start in range(start, end, BLOCK_N):
-        tokens = block_start + tl.arange(0, BLOCK_N)
+    for tile_start in range(start, end, TILE_N):
+        tokens = tile_start + tl.arange(0, TILE_N)
         t_mask = tokens < end
         pages = tl.load(table + tokens // PAGE_SIZE, mask=t_mask, other=0).to(tl.int64)
-        slots = tokens % PAGE_SIZE
+        in_page = tokens % PAGE_SIZE
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k_offsets = pages[:, None] * stride_kc_page + slots[:, None] * stride_kc_slot + d[None, :]
+        k_offsets = pages[:, None] * stride_kc_page + in_page[:, None] * stride_kc_slot + d[None, :]
         k = tl.load(k_head + k_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         scores = tl.where(t_mask[None, :], scores, float("-inf"))
@@ -111,7 +111,7 @@ def _decode_attention_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_offsets = pages[:, None] * stride_vc_page + slots[:, None] * stride_vc_slot + d[None, :]
+        v_offsets = pages[:, None] * stride_vc_page + in_page[:, None] * stride_vc_slot + d[None, :]
         v = tl.load(v_head + v_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
         pv = tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
         acc = acc * alpha[:, None] + pv
@@ -227,7 +227,7 @@ def paged_decode_attention(
     else:  # unused by the kernel
         partial_acc = partial_max = partial_sum = out
     block_d = max(16, next_pow2(head_dim))  # tl.dot needs K >= 16
-    block_n = 64 if block_d <= 64 else 32
+    tile_n = 64 if block_d <= 64 else 32
     pdl = use_pdl(q.device)
     _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
         q,
@@ -257,7 +257,7 @@ def paged_decode_attention(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE_SIZE=page_size,
-        BLOCK_N=block_n,
+        TILE_N=tile_n,
         NUM_SPLITS=num_splits,
         DOT_DTYPE=dot_dtype(q.dtype),
         PRECISION=dot_precision(q.dtype),

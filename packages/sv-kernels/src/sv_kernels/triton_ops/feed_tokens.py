@@ -5,7 +5,7 @@
 When the engine launches step N+1 before step N's sampled tokens have reached the host, the
 tokens step N+1 feeds for those sequences exist only on the GPU. The host passes a placeholder
 and, for that entry, the row of step N's sampled ids to read instead; this kernel (one program
-per block of entries, first in the decode graph) writes the ids the model actually embeds.
+per tile of entries, first in the decode graph) writes the ids the model actually embeds.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import triton.language as tl
 
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
 
-# One block size and an unspecialized length: a prefill step's token count changes every step,
+# One tile size and an unspecialized length: a prefill step's token count changes every step,
 # and each new specialization would be a compile (~0.5 s) in the middle of serving.
-_BLOCK = 1024
+_TILE = 1024
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -28,11 +28,11 @@ def _feed_tokens_kernel(
     sampled_ptr,
     out_ptr,
     n,
-    BLOCK: tl.constexpr,
+    TILE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_for_prior_kernels(USE_PDL)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0) * TILE + tl.arange(0, TILE)
     inside = offs < n
     given = tl.load(token_ids_ptr + offs, mask=inside)
     source = tl.load(source_rows_ptr + offs, mask=inside, other=-1)
@@ -51,13 +51,13 @@ def feed_tokens(
     if n == 0:
         return out
     pdl = use_pdl(token_ids.device)
-    _feed_tokens_kernel[(cdiv(n, _BLOCK),)](
+    _feed_tokens_kernel[(cdiv(n, _TILE),)](
         token_ids.contiguous(),
         source_rows.contiguous(),
         sampled,
         out,
         n,
-        BLOCK=_BLOCK,
+        TILE=_TILE,
         USE_PDL=pdl,
         num_warps=4,
         launch_pdl=pdl,

@@ -2,11 +2,11 @@
 # (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
 """Causal flash attention for prompts packed varlen, with K/V read from the paged cache.
 
-Grid (query blocks, Hq, B). A program owns BLOCK_M consecutive queries of one sequence and one
+Grid (query tiles, Hq, B). A program owns TILE_M consecutive queries of one sequence and one
 query head. Its queries are the last q_len positions of the sequence (a prefix may already be
-in the cache), so query row i sits at position `seq_len - q_len + i`. Key blocks wholly below
-the block's first query position are attended without a mask; the few blocks that cross the
-diagonal are masked; key blocks past the block's last query are never visited.
+in the cache), so query row i sits at position `seq_len - q_len + i`. Key tiles wholly below
+the tile's first query position are attended without a mask; the few tiles that cross the
+diagonal are masked; key tiles past the tile's last query are never visited.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ._common import cdiv, dot_dtype, dot_precision, next_pow2, unit_last_stride
 
 
 @triton.jit
-def _attend_key_block(
+def _attend_key_tile(
     q,
     acc,
     m_i,
@@ -29,7 +29,7 @@ def _attend_key_block(
     k_head,
     v_head,
     table,
-    block_start,
+    tile_start,
     key_end,
     q_pos,
     scale_log2,
@@ -40,19 +40,19 @@ def _attend_key_block(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    TILE_N: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """One online-softmax step over keys block_start .. block_start + BLOCK_N - 1."""
-    keys = block_start + tl.arange(0, BLOCK_N)
+    """One online-softmax step over keys tile_start .. tile_start + TILE_N - 1."""
+    keys = tile_start + tl.arange(0, TILE_N)
     key_valid = keys < key_end
     pages = tl.load(table + keys // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
-    slots = keys % PAGE_SIZE
+    in_page = keys % PAGE_SIZE
     d = tl.arange(0, BLOCK_D)
     kv_mask = key_valid[:, None] & (d < HEAD_DIM)[None, :]
-    k_offsets = pages[:, None] * stride_kc_page + slots[:, None] * stride_kc_slot + d[None, :]
+    k_offsets = pages[:, None] * stride_kc_page + in_page[:, None] * stride_kc_slot + d[None, :]
     k = tl.load(k_head + k_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
     if CAUSAL_MASK:
@@ -62,7 +62,7 @@ def _attend_key_block(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v_offsets = pages[:, None] * stride_vc_page + slots[:, None] * stride_vc_slot + d[None, :]
+    v_offsets = pages[:, None] * stride_vc_page + in_page[:, None] * stride_vc_slot + d[None, :]
     v = tl.load(v_head + v_offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
     return acc, m_new, l_i
@@ -93,24 +93,24 @@ def _prefill_attention_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    TILE_M: tl.constexpr,
+    TILE_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    # Later query blocks see more keys: launch them first so the longest programs do not trail.
-    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    # Later query tiles see more keys: launch them first so the longest programs do not trail.
+    q_tile = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
     q_first = tl.load(cu_seqlens_ptr + seq)
     q_len = tl.load(cu_seqlens_ptr + seq + 1) - q_first
-    row_start = q_block * BLOCK_M
+    row_start = q_tile * TILE_M
     if row_start >= q_len:  # the grid is sized for the longest prompt
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     context = seq_len - q_len  # tokens before the first query: a prefix already cached
 
-    rows = row_start + tl.arange(0, BLOCK_M)
+    rows = row_start + tl.arange(0, TILE_M)
     row_mask = rows < q_len
     q_pos = context + rows
     d = tl.arange(0, BLOCK_D)
@@ -119,28 +119,28 @@ def _prefill_attention_kernel(
     q_offsets = (q_first + rows)[:, None].to(tl.int64) * stride_qt + head * stride_qh + d[None, :]
     q = tl.load(q_ptr + q_offsets, mask=io_mask, other=0.0).to(DOT_DTYPE)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m_i = tl.full([TILE_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([TILE_M], tl.float32)
+    acc = tl.zeros([TILE_M, BLOCK_D], tl.float32)
     kv_head = head // GROUP
     k_head = k_cache_ptr + kv_head * stride_kc_head
     v_head = v_cache_ptr + kv_head * stride_vc_head
     table = block_tables_ptr + seq * stride_bt
-    # One past the last key any row of this block may see.
-    key_end = tl.minimum(seq_len, context + row_start + BLOCK_M)
-    # Key blocks that end at or before the first row's position are visible to every row.
-    unmasked_end = ((context + row_start + 1) // BLOCK_N) * BLOCK_N
-    for block_start in range(0, unmasked_end, BLOCK_N):
-        acc, m_i, l_i = _attend_key_block(
-            q, acc, m_i, l_i, k_head, v_head, table, block_start, key_end, q_pos, scale_log2,
+    # One past the last key any row of this tile may see.
+    key_end = tl.minimum(seq_len, context + row_start + TILE_M)
+    # Key tiles that end at or before the first row's position are visible to every row.
+    unmasked_end = ((context + row_start + 1) // TILE_N) * TILE_N
+    for tile_start in range(0, unmasked_end, TILE_N):
+        acc, m_i, l_i = _attend_key_tile(
+            q, acc, m_i, l_i, k_head, v_head, table, tile_start, key_end, q_pos, scale_log2,
             stride_kc_page, stride_kc_slot, stride_vc_page, stride_vc_slot,
-            HEAD_DIM, BLOCK_D, PAGE_SIZE, BLOCK_N, False, DOT_DTYPE, PRECISION,
+            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE_N, False, DOT_DTYPE, PRECISION,
         )  # fmt: skip
-    for block_start in range(unmasked_end, key_end, BLOCK_N):
-        acc, m_i, l_i = _attend_key_block(
-            q, acc, m_i, l_i, k_head, v_head, table, block_start, key_end, q_pos, scale_log2,
+    for tile_start in range(unmasked_end, key_end, TILE_N):
+        acc, m_i, l_i = _attend_key_tile(
+            q, acc, m_i, l_i, k_head, v_head, table, tile_start, key_end, q_pos, scale_log2,
             stride_kc_page, stride_kc_slot, stride_vc_page, stride_vc_slot,
-            HEAD_DIM, BLOCK_D, PAGE_SIZE, BLOCK_N, True, DOT_DTYPE, PRECISION,
+            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE_N, True, DOT_DTYPE, PRECISION,
         )  # fmt: skip
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -158,12 +158,12 @@ def prefill_attention(
     scale: float,
     max_seqlen_q: int,
     *,
-    block_m: int | None = None,
-    block_n: int | None = None,
+    tile_m: int | None = None,
+    tile_n: int | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention over paged K/V. See `reference.prefill_attention`.
 
-    `max_seqlen_q` (a host int, >= every q_len) sizes the grid. `block_m` / `block_n` override
+    `max_seqlen_q` (a host int, >= every q_len) sizes the grid. `tile_m` / `tile_n` override
     the query / key tile sizes (powers of two >= 16), for tests.
     """
     q = unit_last_stride(q)
@@ -179,11 +179,11 @@ def prefill_attention(
     # 128 x 64 tiles for 16-bit inputs. FP32 (tests, mostly) multiplies on the FMA units in
     # full precision and needs far more registers per tile: 32 x 32 tiles over 8 warps.
     wide = q.dtype != torch.float32
-    if block_m is None:
-        block_m = min(128 if wide else 32, max(16, next_pow2(max_seqlen_q)))
-    if block_n is None:
-        block_n = 64 if wide else 32
-    grid = (cdiv(max_seqlen_q, block_m), num_q_heads, batch)
+    if tile_m is None:
+        tile_m = min(128 if wide else 32, max(16, next_pow2(max_seqlen_q)))
+    if tile_n is None:
+        tile_n = 64 if wide else 32
+    grid = (cdiv(max_seqlen_q, tile_m), num_q_heads, batch)
     _prefill_attention_kernel[grid](
         q,
         k_cache,
@@ -208,11 +208,11 @@ def prefill_attention(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE_SIZE=page_size,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        TILE_M=tile_m,
+        TILE_N=tile_n,
         DOT_DTYPE=dot_dtype(q.dtype),
         PRECISION=dot_precision(q.dtype),
-        num_warps=8 if block_m >= 128 or not wide else 4,
+        num_warps=8 if tile_m >= 128 or not wide else 4,
         num_stages=3 if block_d <= 64 else 2,
     )
     return out

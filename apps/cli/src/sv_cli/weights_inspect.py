@@ -12,10 +12,14 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from sv_weights.checkpoint import checkpoint_infos, read_checkpoint_headers, validate_checkpoint
-from sv_weights.config import LlamaConfig
-from sv_weights.errors import WeightsError
-from sv_weights.safetensors import SafetensorsHeader, read_header
+from sv_weights import (
+    LlamaConfig,
+    SafetensorsHeader,
+    WeightsError,
+    read_header,
+    validate_checkpoint,
+)
+from sv_weights.checkpoint import checkpoint_infos, read_checkpoint_headers
 
 PROG = "sv weights inspect"
 

@@ -1,4 +1,4 @@
-"""`sv weights inspect PATH` (sv_weights.inspect.inspect_main)."""
+"""`sv weights inspect PATH` (sv_cli.weights_inspect.inspect_main)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import safetensors
 import safetensors.torch
 import torch
-from sv_weights import inspect_main, tiny_llama_config, write_random_checkpoint
+from sv_cli.weights_inspect import inspect_main
+from sv_weights import tiny_llama_config, write_random_checkpoint
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:
