@@ -6,6 +6,7 @@ folders), the `safetensors` package, and the published parameter count of Llama 
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -251,7 +252,7 @@ def test_copied_load_is_one_allocation_in_model_order(tmp_path: Path, sharded: b
         for group in (("q", "k", "v"), ("gate", "up")):
             kind = "self_attn" if len(group) == 3 else "mlp"
             parts = [ours[f"{p}{kind}.{n}_proj.weight"] for n in group]
-            for a, b in zip(parts, parts[1:], strict=False):
+            for a, b in itertools.pairwise(parts):
                 assert a.data_ptr() + a.nbytes == b.data_ptr()
 
 

@@ -194,9 +194,13 @@ def load_checkpoint(
       TENSOR_ALIGNMENT bytes, filled from every shard by the parallel loader (`device_load`).
       In that order each layer's q, k, v and its gate, up lie end to end, so the model takes
       each group as one matrix without copying (`sv_model.LlamaWeights.from_state_dict`) and
-      the allocation holds nothing the model does not use. Packing after the load instead
-      would keep the q, k, v, gate and up bytes twice, in the allocation that the other views
-      keep alive and in the packed copies: 1.5x the weights at Llama 3.2 1B shapes.
+      the allocation holds nothing the model does not use: peak and resident memory are both
+      the weights' own size (the staging ring is 64 MiB of pinned host memory). Packing copies
+      of the file's layout instead kept those groups twice, in the buffer the other views keep
+      alive and in the copies (1.5x the weights at Llama 3.2 1B shapes); giving every tensor
+      a storage of its own and dropping the buffer after packing would still peak there, and
+      leave the freed gigabyte in torch's cache, where the free memory the KV pool is sized
+      from does not count it.
 
     `dtype` converts every weight (e.g. torch.bfloat16 for a float32 file), on the target
     device, into tensors of their own. A tied `lm_head.weight` is dropped (never copied).
@@ -226,9 +230,10 @@ def load_checkpoint(
 
 
 # Where the copying load puts each tensor: at a multiple of this, as the CUDA allocator would
-# place a tensor of its own, so that kernels see the aligned pointers they vectorize for. Llama
-# shapes make every tensor's size a multiple of it too (rows are multiples of the head
-# dimension), so no padding falls inside a q, k, v or gate, up group.
+# place a tensor of its own, so that kernels see the aligned pointers they vectorize for. The
+# sizes of q, k and gate (rows, in whole heads of 64 or so, x hidden_size x itemsize) are
+# multiples of it in any real config, so no padding falls inside a group; were one not, the
+# model would pack that group by copying: correct, without the saving.
 TENSOR_ALIGNMENT = 256
 
 
