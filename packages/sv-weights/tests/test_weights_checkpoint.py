@@ -6,6 +6,7 @@ folders), the `safetensors` package, and the published parameter count of Llama 
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -222,6 +223,39 @@ def test_sharded_checkpoint_loads_like_transformers_does(tmp_path: Path) -> None
     assert len(read_checkpoint_headers(tmp_path)) == 3
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_copied_load_is_one_allocation_in_model_order(tmp_path: Path, sharded: bool) -> None:
+    """The copying load (every device's but the CPU's, and the CPU's with copy=True): the values
+    written, in one allocation holding the tensors in `expected_tensors` order, each at an
+    aligned offset, with each layer's q, k, v and gate, up end to end (the shards split those
+    groups: `write_sharded` deals the tensors out in turn); a tied lm_head is not copied."""
+    config = tiny_llama_config()
+    if sharded:
+        weights = write_sharded(tmp_path, config)
+    else:
+        weights = random_weights(config)
+        weights["lm_head.weight"] = torch.ones(config.vocab_size, config.hidden_size)
+        config.write_json(tmp_path / "config.json")
+        save_file(weights, tmp_path / "model.safetensors")
+    ours = load_checkpoint(tmp_path, copy=True)
+    names = list(expected_tensors(config))
+    assert list(ours) == names
+    for name in names:
+        assert torch.equal(ours[name], weights[name]), name
+    assert len({t.untyped_storage().data_ptr() for t in ours.values()}) == 1
+    offsets = [ours[name].storage_offset() * ours[name].element_size() for name in names]
+    assert offsets == sorted(offsets) and all(at % 256 == 0 for at in offsets)
+    used = sum(t.nbytes for t in ours.values())
+    assert used <= ours[names[0]].untyped_storage().nbytes() < used + 256 * len(names)
+    for layer in range(config.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        for group in (("q", "k", "v"), ("gate", "up")):
+            kind = "self_attn" if len(group) == 3 else "mlp"
+            parts = [ours[f"{p}{kind}.{n}_proj.weight"] for n in group]
+            for a, b in itertools.pairwise(parts):
+                assert a.data_ptr() + a.nbytes == b.data_ptr()
+
+
 def edit_index(tmp_path: Path, edit: object) -> None:
     index = json.loads((tmp_path / INDEX_FILE).read_text())
     edit(index["weight_map"])  # type: ignore[operator]
@@ -300,8 +334,11 @@ def test_checkpoint_not_matching_config(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.parametrize("copy", [False, True])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_a_non_finite_weight_is_refused_naming_its_tensor(tmp_path: Path, bad: float) -> None:
+def test_a_non_finite_weight_is_refused_naming_its_tensor(
+    tmp_path: Path, bad: float, copy: bool
+) -> None:
     config = tiny_llama_config()
     weights = random_weights(config, seed=1)
     weights["model.layers.1.mlp.up_proj.weight"][3, 5] = bad
@@ -310,7 +347,7 @@ def test_a_non_finite_weight_is_refused_naming_its_tensor(tmp_path: Path, bad: f
     with pytest.raises(
         WeightsError, match=r"model.safetensors: tensor model\.layers\.1\.mlp\.up_proj"
     ):
-        load_checkpoint(tmp_path)
+        load_checkpoint(tmp_path, copy=copy)
 
 
 def test_huge_finite_weights_are_not_mistaken_for_damage(tmp_path: Path) -> None:

@@ -226,6 +226,32 @@ def test_chunked_device_path_reassembles_the_file_exactly(
     assert not loader_threads()
 
 
+@pytest.mark.parametrize(("readers", "buffers"), [(1, 1), (3, 2)])
+def test_spans_gather_several_files_out_of_order_around_padding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, buffers: int
+) -> None:
+    """Spans from two files, given out of order, with gaps between them and chunks that cut
+    through several: every span's bytes land at its offset, in the reader's gather."""
+    one, two = tmp_path / "one.bin", tmp_path / "two.bin"
+    one.write_bytes(bytes(range(256)) * 4)
+    two.write_bytes(bytes(range(255, -1, -1)) * 4)
+    spans = [
+        device_load.FileSpan(two, 10, 30, 100),
+        device_load.FileSpan(one, 0, 5, 0),
+        device_load.FileSpan(one, 700, 60, 20),
+        device_load.FileSpan(two, 1000, 24, 131),
+    ]
+    dest = torch.zeros(155, dtype=torch.uint8)
+    set_ring(monkeypatch, 7, readers, buffers)
+    device_load.copy_file_spans_to(spans, dest)
+    for span in spans:
+        want = span.path.read_bytes()[span.offset : span.offset + span.size]
+        assert bytes(dest[span.dest : span.dest + span.size].tolist()) == want
+    assert not loader_threads()
+    with pytest.raises(ValueError, match="overlaps another"):
+        device_load.copy_file_spans_to([*spans, device_load.FileSpan(one, 0, 2, 3)], dest)
+
+
 def test_a_failing_copy_is_a_weights_error_naming_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -275,18 +301,18 @@ def test_a_file_truncated_during_the_load_is_a_clear_error(
     path = tmp_path / "w.safetensors"
     save_file({"a": torch.arange(1000.0)}, path)
     header = read_header(path)
-    original = device_load._MappedFile.read_into
+    original = device_load._MappedSpans.read_into
     calls = []
 
     def truncating(
-        self: device_load._MappedFile, buffer: torch.Tensor, start: int, size: int
+        self: device_load._MappedSpans, buffer: torch.Tensor, start: int, size: int
     ) -> None:
         calls.append(start)
         if len(calls) == 3:
             os.truncate(path, header.data_start + 100)
         original(self, buffer, start, size)
 
-    monkeypatch.setattr(device_load._MappedFile, "read_into", truncating)
+    monkeypatch.setattr(device_load._MappedSpans, "read_into", truncating)
     set_ring(monkeypatch, 256, readers, buffers)
     raised: list[BaseException] = []
 

@@ -208,6 +208,38 @@ def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
     )
 
 
+def bench_memory(report: Report, model_dir: Path) -> None:
+    """GPU memory the weights keep, loaded as the engine loads them (load_checkpoint, packing,
+    the state dropped), beside the packed weights' own size (the roofline): the bytes of the
+    distinct storages their tensors view, and torch.cuda.memory_allocated after vs before."""
+    import torch
+    from sv_model import LlamaWeights
+    from sv_weights import LlamaConfig, load_checkpoint
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    config = LlamaConfig.from_model_dir(model_dir)
+    state = load_checkpoint(model_dir, device="cuda")
+    weights = LlamaWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
+    del state
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated() - before
+    packed = weights.weight_bytes() / MIB
+    note = f"packed weights {packed:,.0f} MiB"
+    report.add(
+        Row(
+            "weights resident: distinct storages",
+            weights.storage_bytes() / MIB,
+            "MiB",
+            packed,
+            note,
+        )
+    )
+    report.add(Row("weights resident: memory_allocated", allocated / MIB, "MiB", packed, note))
+    del weights
+    torch.cuda.empty_cache()
+
+
 def _engine(model_dir: Path, **kwargs: Any) -> Any:
     from sv_engine import Engine
     from sv_engine.options import default_tuning_cache
@@ -510,7 +542,7 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--peer", action="store_true", help="also run the transformers peer")
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
     p.add_argument(
-        "--only", help="comma-separated subset: load,decode,prefill,throughput,plain,var"
+        "--only", help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var"
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
@@ -536,6 +568,8 @@ def bench_main(argv: list[str]) -> int:
     model_dir = prepare_checkpoint(Path(args.workdir), tokenizer_dir)
     if want("load"):
         bench_load(report, model_dir, roof)
+    if want("memory"):
+        bench_memory(report, model_dir)
     if args.kernels:
         from sv_kernels import bench as kernel_bench
 

@@ -3,6 +3,13 @@
 Packing turns three (or two) small matmuls into one larger one: one read of the activations,
 one cuBLAS launch, better tensor-core occupancy. The checkpoint keeps Hugging Face's separate
 tensors; packing happens once, at load.
+
+Which load copies and which maps (see `sv_weights.load_checkpoint`): on a GPU the loader
+copies the checkpoint into one allocation in the model's order, where each group already lies
+end to end, so packing is a view and the weights hold exactly their own bytes. On the CPU a
+checkpoint in the model's dtype is mapped: every unpacked weight is a view of the file's pages
+(the page cache's memory, not this process's), and so is a group the file holds end to end
+(gate, up: files sort tensors by name); the others (q, k, v) are copied.
 """
 
 from __future__ import annotations
@@ -42,15 +49,13 @@ class LlamaWeights:
         """Pack a Hugging Face-named state dict (already validated against `config`)."""
 
         def take(name: str) -> Tensor:
-            return state[name].to(device=device, dtype=dtype)
+            return state[name].to(device=device, dtype=dtype)  # the tensor itself when no change
 
         layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
-            qkv = torch.cat(
-                [take(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")], dim=0
-            )
-            gate_up = torch.cat([take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")], dim=0)
+            qkv = _stack_rows([take(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")])
+            gate_up = _stack_rows([take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")])
             layers.append(
                 LayerWeights(
                     input_norm=take(p + "input_layernorm.weight"),
@@ -67,3 +72,42 @@ class LlamaWeights:
         else:
             lm_head = take("lm_head.weight")
         return cls(embed, layers, take("model.norm.weight"), lm_head)
+
+    def tensors(self) -> list[Tensor]:
+        """Every weight tensor once (a tied LM head is the embedding)."""
+        tensors = [self.embed, self.final_norm]
+        tensors += [t for layer in self.layers for t in vars(layer).values()]
+        if self.lm_head is not self.embed:
+            tensors.append(self.lm_head)
+        return tensors
+
+    def weight_bytes(self) -> int:
+        """The weights' own size: the bytes of their tensors."""
+        return sum(t.nbytes for t in self.tensors())
+
+    def storage_bytes(self) -> int:
+        """The memory the weights keep alive: the bytes of the distinct storages their tensors
+        view (a view of a larger buffer keeps all of it)."""
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in self.tensors()}
+        return sum(storage.nbytes() for storage in storages.values())
+
+
+def _stack_rows(parts: list[Tensor]) -> Tensor:
+    """The 2-D `parts` stacked by rows. A view of them when they already lie end to end in one
+    storage (as the copying loader places each group); otherwise a new tensor, and the parts'
+    memory is then the caller's to drop."""
+    first = parts[0]
+    storage = first.untyped_storage().data_ptr()
+    end = first.data_ptr()
+    for part in parts:
+        if not (
+            part.dim() == 2
+            and part.shape[1] == first.shape[1]
+            and part.is_contiguous()
+            and part.untyped_storage().data_ptr() == storage
+            and part.data_ptr() == end
+        ):
+            return torch.cat(parts)
+        end += part.nbytes
+    rows = sum(part.shape[0] for part in parts)
+    return first.as_strided((rows, first.shape[1]), (first.shape[1], 1))

@@ -21,13 +21,16 @@ from typing import Any
 import torch
 
 from sv_weights.config import LlamaConfig
+from sv_weights.device_load import FileSpan, copy_file_spans_to
 from sv_weights.errors import WeightsError
 from sv_weights.safetensors import (
+    DTYPES,
     FLOAT_DTYPES,
     SafetensorsHeader,
     TensorInfo,
     load_from_header,
     read_header,
+    target_device,
 )
 
 SINGLE_FILE = "model.safetensors"
@@ -175,31 +178,87 @@ def load_checkpoint(
     model_dir: str | os.PathLike[str],
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    *,
+    copy: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Load the weights of the Llama checkpoint folder `model_dir`, validated against its config.
 
-    Returns HF name -> tensor (see `expected_tensors`). On the CPU without `dtype`, tensors are
-    zero-copy views of the mapped files (`load_file`). `dtype` converts every weight (e.g.
-    torch.bfloat16 for a float32 file), on the target device. A tied `lm_head.weight` is dropped.
+    Returns HF name -> tensor (see `expected_tensors`), in one of two ways:
+
+    - mapped (the CPU, unless `copy`): every tensor is a zero-copy view of its mapped file
+      (`load_file`). Nothing is read until touched, and the memory is the page cache's, shared
+      and reclaimable, so views keeping a whole file mapped cost no memory of this process's.
+    - copied (any other device, or the CPU with `copy=True`, which makes the weights
+      independent of the file): one allocation on `device` holds exactly the tensors of
+      `expected_tensors(config)`, in that order rather than the files', each at a multiple of
+      TENSOR_ALIGNMENT bytes, filled from every shard by the parallel loader (`device_load`).
+      In that order each layer's q, k, v and its gate, up lie end to end, so the model takes
+      each group as one matrix without copying (`sv_model.LlamaWeights.from_state_dict`) and
+      the allocation holds nothing the model does not use: peak and resident memory are both
+      the weights' own size (the staging ring is 64 MiB of pinned host memory). Packing copies
+      of the file's layout instead kept those groups twice, in the buffer the other views keep
+      alive and in the copies (1.5x the weights at Llama 3.2 1B shapes); giving every tensor
+      a storage of its own and dropping the buffer after packing would still peak there, and
+      leave the freed gigabyte in torch's cache, where the free memory the KV pool is sized
+      from does not count it.
+
+    `dtype` converts every weight (e.g. torch.bfloat16 for a float32 file), on the target
+    device, into tensors of their own. A tied `lm_head.weight` is dropped (never copied).
     """
     model_dir = Path(model_dir)
     config = LlamaConfig.from_model_dir(model_dir)
     headers = read_checkpoint_headers(model_dir)
     validate_checkpoint(config, checkpoint_infos(headers), str(model_dir))
+    target = target_device(device, str(model_dir))
+    if dtype is not None and not dtype.is_floating_point:
+        raise WeightsError(f"{model_dir}: cannot convert weights to the non-float dtype {dtype}")
     tensors: dict[str, torch.Tensor] = {}
-    for header in headers:
-        loaded = load_from_header(header, device)
-        check_finite(loaded, str(header.path))
-        tensors.update(loaded)
-    if config.tie_word_embeddings:
-        tensors.pop(LM_HEAD, None)
+    if target.type == "cpu" and not copy:
+        for header in headers:
+            loaded = load_from_header(header, target)
+            check_finite(loaded, str(header.path))
+            tensors.update(loaded)
+        if config.tie_word_embeddings:
+            tensors.pop(LM_HEAD, None)
+    else:
+        tensors = _copy_in_model_order(config, headers, target)
+        for header in headers:
+            check_finite({n: tensors[n] for n in header.tensors if n in tensors}, str(header.path))
     if dtype is not None:
-        if not dtype.is_floating_point:
-            raise WeightsError(
-                f"{model_dir}: cannot convert weights to the non-float dtype {dtype}"
-            )
         tensors = {name: tensor.to(dtype) for name, tensor in tensors.items()}
     return tensors
+
+
+# Where the copying load puts each tensor: at a multiple of this, as the CUDA allocator would
+# place a tensor of its own, so that kernels see the aligned pointers they vectorize for. The
+# sizes of q, k and gate (rows, in whole heads of 64 or so, x hidden_size x itemsize) are
+# multiples of it in any real config, so no padding falls inside a group; were one not, the
+# model would pack that group by copying: correct, without the saving.
+TENSOR_ALIGNMENT = 256
+
+
+def _copy_in_model_order(
+    config: LlamaConfig, headers: list[SafetensorsHeader], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The copied load of `load_checkpoint`: one allocation, the tensors in `expected_tensors`
+    order, gathered from the validated shards `headers`."""
+    where = {name: header for header in headers for name in header.tensors}
+    placed: list[tuple[TensorInfo, int]] = []
+    spans: list[FileSpan] = []
+    size = 0
+    for name in expected_tensors(config):
+        header = where[name]
+        info = header.tensors[name]
+        at = -(-size // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+        placed.append((info, at))
+        spans.append(FileSpan(header.path, header.data_start + info.begin, info.nbytes, at))
+        size = at + info.nbytes
+    data = torch.empty(size, dtype=torch.uint8, device=device)
+    copy_file_spans_to(spans, data)
+    return {
+        info.name: data[at : at + info.nbytes].view(DTYPES[info.dtype]).view(info.shape)
+        for info, at in placed
+    }
 
 
 def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:

@@ -15,8 +15,13 @@ Each choice here was measured on the H200 host (2026-11-30, BENCHMARKS.md runs 4
   readers feeding one submitter. With one caller, torch's `copy_` and events are as fast as
   direct runtime calls were, so no ctypes is needed.
 - Readers `memmove` from a read-only mapping of the file rather than `preadv` into the buffer:
-  10-15% faster in the same runs. The per-chunk size check in `_MappedFile.read_into` keeps a
-  file truncated by someone else a clear error (touching a vanished page would be SIGBUS).
+  10-15% faster in the same runs. The per-chunk size check in `_MappedSpans.read_into` keeps
+  a file truncated by someone else a clear error (touching a vanished page would be SIGBUS).
+- The destination need not follow the file: it is described by spans (file range -> offset
+  in the destination), and each reader gathers its chunk of the destination from the spans
+  that fall in it. A checkpoint is laid out so in the model's order, not the file's (see
+  `checkpoint.load_checkpoint`), at the readers' cost of a memmove per span, while the
+  submitter, whose Python time per chunk bounds the rate, still makes one copy per chunk.
 - Buffers are small and the ring is 64 MiB, so it stays in the CPU's last-level cache: readers
   write to cache and the DMA reads from it. 8 MiB buffers were slower; 24 buffers were no faster
   and pin half as much again. 2 MiB buffers halve the rate: the submitter's Python time per
@@ -28,13 +33,16 @@ tests exercise the chunking, the ring and the error paths that way).
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import mmap
 import os
 import queue
 import threading
 from collections import deque
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -49,11 +57,26 @@ DEVICE_READERS = min(8, os.cpu_count() or 1)
 DEVICE_BUFFERS = 16
 
 
-def copy_file_range_to(path: Path, offset: int, dest: torch.Tensor) -> None:
-    """Fill the 1-D uint8 tensor `dest` with the file's bytes from `offset` on.
+@dataclass(frozen=True)
+class FileSpan:
+    """`size` bytes of the file `path` from byte `offset` on, bound for byte `dest` of a
+    destination."""
 
-    On return every copy has finished. A reader's or a copy's failure raises WeightsError naming
-    the file, after every thread has stopped and every started copy has finished.
+    path: Path
+    offset: int
+    size: int
+    dest: int
+
+
+def copy_file_spans_to(spans: Sequence[FileSpan], dest: torch.Tensor) -> None:
+    """Fill the 1-D uint8 tensor `dest` with the spans' file bytes, each at its `dest` offset.
+
+    Spans may come from several files and in any order, but must not overlap in `dest`; bytes
+    of `dest` that no span covers (padding) are left with unspecified values. The readers
+    gather each chunk of `dest` from its spans on the host, so the submitter still makes one
+    copy per chunk however the spans cut it. On return every copy has finished. A reader's or
+    a copy's failure raises WeightsError naming the file, after every thread has stopped and
+    every started copy has finished.
     """
     total = dest.numel()
     if total == 0:
@@ -65,7 +88,7 @@ def copy_file_range_to(path: Path, offset: int, dest: torch.Tensor) -> None:
         dtype=torch.uint8,
         pin_memory=dest.device.type == "cuda",  # from torch's caching host allocator: reused
     )
-    source = _MappedFile(path, offset, total)
+    source = _MappedSpans(spans, total)
     try:
         _Transfer(source, ring, dest, readers=max(1, min(DEVICE_READERS, num_chunks))).run()
     finally:
@@ -73,16 +96,16 @@ def copy_file_range_to(path: Path, offset: int, dest: torch.Tensor) -> None:
 
 
 class _MappedFile:
-    """`size` bytes of a file from `offset` on, mapped read-only for the readers to copy from."""
+    """A file mapped read-only for the readers to copy from; it must hold at least `end` bytes."""
 
-    def __init__(self, path: Path, offset: int, size: int) -> None:
-        self.path, self._offset, self._end = path, offset, offset + size
+    def __init__(self, path: Path, end: int) -> None:
+        self.path, self._end = path, end
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise WeightsError(f"{path}: cannot read the file ({exc.strerror or exc})") from exc
         try:
-            self._check_size()
+            self.check_size()
             self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
         except BaseException as exc:
             os.close(self._fd)
@@ -91,23 +114,67 @@ class _MappedFile:
             raise
         # A read-only view of the mapping, for its address (ctypes wants a writable buffer).
         self._view: npt.NDArray[np.uint8] | None = np.frombuffer(self._map, dtype=np.uint8)
-        self._address = self._view.ctypes.data + offset
+        self.address = self._view.ctypes.data
 
-    def _check_size(self) -> None:
+    def check_size(self) -> None:
         if os.fstat(self._fd).st_size < self._end:
             raise WeightsError(
                 f"{self.path}: file ended early (it changed after its header was read)"
             )
 
-    def read_into(self, buffer: torch.Tensor, start: int, size: int) -> None:
-        """Copy bytes [start, start + size) of the range into the host tensor `buffer`."""
-        self._check_size()  # a file truncated meanwhile: an error, not SIGBUS on its pages
-        ctypes.memmove(buffer.data_ptr(), self._address + start, size)  # releases the GIL
-
     def close(self) -> None:
         self._view = None  # the mapping cannot close while a view exports its buffer
         self._map.close()
         os.close(self._fd)
+
+
+class _MappedSpans:
+    """The spans of a `copy_file_spans_to`, their files mapped, sorted by destination offset."""
+
+    def __init__(self, spans: Sequence[FileSpan], total: int) -> None:
+        self._spans = sorted((s for s in spans if s.size), key=lambda s: s.dest)
+        self._starts = [s.dest for s in self._spans]
+        end = 0
+        for span in self._spans:
+            if span.dest < end or span.dest + span.size > total or span.offset < 0:
+                raise ValueError(f"span {span} overlaps another or falls outside {total} bytes")
+            end = span.dest + span.size
+        paths = list(dict.fromkeys(s.path for s in self._spans))
+        # What errors name: the file, or the folder of a checkpoint's shards.
+        self.name = (
+            str(paths[0])
+            if len(paths) == 1
+            else f"{os.path.commonpath(paths)} ({len(paths)} files)"
+        )
+        self._files: dict[Path, _MappedFile] = {}
+        try:
+            for path in paths:
+                file_end = max(s.offset + s.size for s in self._spans if s.path == path)
+                self._files[path] = _MappedFile(path, file_end)
+        except BaseException:
+            self.close()
+            raise
+
+    def read_into(self, buffer: torch.Tensor, start: int, size: int) -> None:
+        """Copy bytes [start, start + size) of the destination into the host tensor `buffer`."""
+        end = start + size
+        index = max(0, bisect.bisect_right(self._starts, start) - 1)
+        while index < len(self._spans) and self._spans[index].dest < end:
+            span = self._spans[index]
+            index += 1
+            lo, hi = max(start, span.dest), min(end, span.dest + span.size)
+            if lo >= hi:
+                continue
+            file = self._files[span.path]
+            file.check_size()  # a file truncated meanwhile: an error, not SIGBUS on its pages
+            ctypes.memmove(  # releases the GIL
+                buffer.data_ptr() + lo - start, file.address + span.offset + lo - span.dest, hi - lo
+            )
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
 
 
 class _Submitter(Protocol):
@@ -202,7 +269,7 @@ class _Transfer:
     """One `copy_file_range_to`: the readers' threads and the submitter's loop."""
 
     def __init__(
-        self, source: _MappedFile, ring: torch.Tensor, dest: torch.Tensor, readers: int
+        self, source: _MappedSpans, ring: torch.Tensor, dest: torch.Tensor, readers: int
     ) -> None:
         self._source, self._ring, self._dest, self._readers = source, ring, dest, readers
         self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -246,7 +313,7 @@ class _Transfer:
             raise self._errors[0]
 
     def _copy_error(self, exc: BaseException) -> WeightsError:
-        return WeightsError(f"{self._source.path}: cannot copy to {self._dest.device}: {exc}")
+        return WeightsError(f"{self._source.name}: cannot copy to {self._dest.device}: {exc}")
 
     def _submit_all(self, submitter: _Submitter) -> None:
         stopped = 0

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from sv_weights.device_load import copy_file_range_to
+from sv_weights.device_load import FileSpan, copy_file_spans_to
 from sv_weights.errors import WeightsError
 
 # A header is JSON text describing tensors; even a 10,000-tensor checkpoint needs about 1 MB.
@@ -352,20 +352,24 @@ def load_from_header(
     header: SafetensorsHeader, device: str | torch.device = "cpu"
 ) -> dict[str, torch.Tensor]:
     """`load_file` for a header already read (used when checkpoint code has validated shards)."""
-    try:
-        target = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise WeightsError(f"{header.path}: {device!r} is not a torch device") from exc
+    target = target_device(device, str(header.path))
     if target.type == "cuda":
-        if not torch.cuda.is_available():
-            raise WeightsError(
-                f"{header.path}: cannot load onto {target}: CUDA is not available here"
-            )
         return _load_via_pinned_buffers(header, target)
     tensors = _load_mapped(header)
     if target.type != "cpu":
         tensors = {name: tensor.to(target) for name, tensor in tensors.items()}
     return tensors
+
+
+def target_device(device: str | torch.device, source: str) -> torch.device:
+    """`device` as a torch device that weights can be loaded onto; `source` starts errors."""
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise WeightsError(f"{source}: {device!r} is not a torch device") from exc
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise WeightsError(f"{source}: cannot load onto {target}: CUDA is not available here")
+    return target
 
 
 def _load_mapped(header: SafetensorsHeader) -> dict[str, torch.Tensor]:
@@ -388,7 +392,7 @@ def _load_via_pinned_buffers(
     header: SafetensorsHeader, device: torch.device
 ) -> dict[str, torch.Tensor]:
     device_bytes = torch.empty(header.data_len, dtype=torch.uint8, device=device)
-    copy_file_range_to(header.path, header.data_start, device_bytes)
+    copy_file_spans_to([FileSpan(header.path, header.data_start, header.data_len, 0)], device_bytes)
     return _tensors_from_bytes(header, device_bytes, base=0)
 
 
