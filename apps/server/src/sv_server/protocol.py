@@ -254,8 +254,8 @@ def _prompt(item: Any, where: str) -> str | list[int]:
 
 
 def parse_chat_request(body: Any) -> GenerationRequest:
-    """A /v1/chat/completions body: `messages` is a list of {role, content}; content is a
-    string or a list of text parts ({"type": "text", "text": ...})."""
+    """A /v1/chat/completions body: `messages` is a list of {role, content, name?}; content is
+    a string or a list of text parts ({"type": "text", "text": ...})."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_fields(body, "chat")
@@ -278,12 +278,14 @@ def _message(item: Any, index: int) -> Message:
     param = f"messages[{index}]"
     if not isinstance(item, dict):
         raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
-    unknown = set(item) - {"role", "content"}
+    unknown = set(item) - {"role", "content", "name"}
     if unknown:
         raise bad_request(f"unknown field {_shown(f'{param}.{sorted(unknown)[0]}')}", param)
-    role, content = item.get("role"), item.get("content")
+    role, content, name = item.get("role"), item.get("content"), item.get("name")
     if not isinstance(role, str):
         raise bad_request(f"{param}.role must be a string, got {_shown(role)}", param)
+    if name is not None and not isinstance(name, str):
+        raise bad_request(f"{param}.name must be a string, got {_shown(name)}", param)
     if isinstance(content, list):
         texts = []
         for part in content:
@@ -300,7 +302,7 @@ def _message(item: Any, index: int) -> Message:
         content = "".join(texts)
     if not isinstance(content, str):
         raise bad_request(f"{param}.content must be a string or a list of text parts", param)
-    return Message(role, content)
+    return Message(role, content, name)
 
 
 # --- responses ------------------------------------------------------------------------------
