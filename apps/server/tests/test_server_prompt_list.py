@@ -126,3 +126,56 @@ def test_a_hang_up_cancels_every_prompt(server: RunningServer) -> None:
     assert after["sv_kv_cache_pages_free"] == after["sv_kv_cache_pages_total"]
     cancelled = 'sv_requests_finished_total{finish_reason="cancelled"}'
     assert after[cancelled] == before[cancelled] + 2
+
+
+# --- vLLM's stop_token_ids and include_stop_str_in_output ------------------------------------
+
+
+def test_stop_token_ids_and_include_stop_str(
+    client: openai.OpenAI, server: RunningServer, default_model: Path, oracle_engine: Any
+) -> None:
+    """Against the engine's own greedy run without them: stop_token_ids end the answer at that
+    token's first occurrence (ignore_eos notwithstanding, as vLLM), without its text;
+    include_stop_str_in_output keeps a stop string at the end of the text."""
+    hf = tokenizers.Tokenizer.from_file(str(default_model / "tokenizer.json"))
+    ids = hf.encode(TEXTS[1]).ids
+    full = oracle_engine.generate([ids], SamplingParams(max_new_tokens=16, ignore_eos=True))[0]
+    stop = full.output_ids[6]
+    first = full.output_ids.index(stop)
+
+    def greedy(**extra: Any) -> Any:
+        return client.completions.create(
+            model=server.model_name,
+            prompt=ids,
+            max_tokens=16,
+            temperature=0,
+            extra_body={"ignore_eos": True} | extra,
+        )
+
+    reply = greedy(stop_token_ids=[stop])
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens == first + 1
+    assert reply.choices[0].text == hf.decode(full.output_ids[:first])
+    stop_text = full.text[5:8]
+    cut = full.text.find(stop_text)
+    kept = greedy(stop=[stop_text], include_stop_str_in_output=True).choices[0]
+    assert kept.text == full.text[: cut + len(stop_text)] and kept.finish_reason == "stop"
+    streamed = list(
+        client.completions.create(
+            model=server.model_name,
+            prompt=ids,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stop=[stop_text],
+            extra_body={"ignore_eos": True, "include_stop_str_in_output": True},
+        )
+    )
+    assert "".join(c.choices[0].text for c in streamed) == kept.text
+    for bad in ({"stop_token_ids": [-1]}, {"stop_token_ids": "x"}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            greedy(**bad)
+        assert refused.value.param == "stop_token_ids"
+    with pytest.raises(openai.BadRequestError) as both:
+        greedy(stop_token_ids=[stop], include_stop_str_in_output=True)
+    assert both.value.param == "include_stop_str_in_output"

@@ -32,6 +32,8 @@ def test_completion_defaults() -> None:
         top_k=0,
         seed=None,
         stop=(),
+        stop_token_ids=frozenset(),
+        include_stop_str_in_output=False,
         stream=False,
         include_usage=False,
         ignore_eos=False,

@@ -442,6 +442,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 top_p=req.top_p,
                 seed=req.seed,
                 ignore_eos=req.ignore_eos,
+                stop_token_ids=req.stop_token_ids,
             )
             for i, ids in enumerate(prompts)
         ]
@@ -458,7 +459,11 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
         )
     # One engine request per prompt: they batch in the engine; any failure ends them all.
     generations = [
-        _Generation(state.loop, RequestHandle(ids, p), StopStringMatcher(req.stop))
+        _Generation(
+            state.loop,
+            RequestHandle(ids, p),
+            StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
+        )
         for ids, p in zip(prompts, params, strict=True)
     ]
     for generation in generations:

@@ -22,6 +22,7 @@ from sv_server.errors import bad_request
 
 MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_PROMPTS = 256  # prompts in one /v1/completions request: each is an engine request
+MAX_STOP_TOKEN_IDS = 256  # vLLM's extra stop ids: a set test per token, but bounded
 MAX_TEMPERATURE = 2.0  # as OpenAI
 SEED_RANGE = (-(2**63), 2**63 - 1)  # the engine keeps seeds in an int64 tensor
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's /v1/completions
@@ -49,6 +50,8 @@ class GenerationRequest:
     top_k: int
     seed: int | None
     stop: tuple[str, ...]
+    stop_token_ids: frozenset[int]
+    include_stop_str_in_output: bool
     stream: bool
     include_usage: bool
     ignore_eos: bool
@@ -78,6 +81,8 @@ _SAMPLING_FIELDS = frozenset(
         "stream",
         "stream_options",
         "ignore_eos",
+        "stop_token_ids",  # vLLM's
+        "include_stop_str_in_output",  # vLLM's
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
     }
 )
@@ -163,6 +168,21 @@ def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
+def _stop_token_ids(body: Mapping[str, Any]) -> frozenset[int]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return frozenset()
+    if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+        raise bad_request(
+            f"'stop_token_ids' must be a list of token ids, got {_shown(ids)}", "stop_token_ids"
+        )
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise bad_request(
+            f"'stop_token_ids' takes at most {MAX_STOP_TOKEN_IDS} ids", "stop_token_ids"
+        )
+    return frozenset(ids)
+
+
 def _sampling(
     body: Mapping[str, Any],
     kind: Kind,
@@ -200,6 +220,14 @@ def _sampling(
                 f"unknown field 'stream_options.{sorted(unknown)[0]}'", "stream_options"
             )
         include_usage = _bool(options, "include_usage")
+    stop_token_ids = _stop_token_ids(body)
+    include_stop = _bool(body, "include_stop_str_in_output")
+    if include_stop and stop_token_ids:
+        raise bad_request(
+            "'include_stop_str_in_output' applies to stop strings only here: a stop token's "
+            "text is never shown, so it cannot be given with 'stop_token_ids'",
+            "include_stop_str_in_output",
+        )
     return GenerationRequest(
         kind=kind,
         model=model,
@@ -211,6 +239,8 @@ def _sampling(
         top_k=max(top_k or 0, 0),
         seed=seed,
         stop=_stops(body),
+        stop_token_ids=stop_token_ids,
+        include_stop_str_in_output=include_stop,
         stream=stream,
         include_usage=include_usage,
         ignore_eos=_bool(body, "ignore_eos"),
