@@ -1,5 +1,5 @@
 """Property-based fuzzing of request bodies against a real server: whatever JSON (or not-JSON)
-arrives at either endpoint, the answer is a 200 or a 4xx in OpenAI's error shape, within a
+arrives at an endpoint that takes a body, the answer is a 200 or a 4xx in OpenAI's error shape, within a
 bounded time; never a 500, never a hang. The server has a 64-token context, so that bodies
 the server accepts generate only a few tokens."""
 
@@ -46,6 +46,8 @@ VALID = {
     "model": st.just("smollm2-test"),
     "presence_penalty": st.just(0),
     "logprobs": st.none() | st.just(False),
+    "stop_token_ids": st.lists(st.integers(0, 50_000), max_size=3),
+    "include_stop_str_in_output": st.booleans(),
 }
 FIELDS = st.sampled_from([*VALID, "max_completion_tokens", "n", "stream_options", "echo",
                           "best_of", "suffix", "logit_bias", "top_logprobs", "tools"])  # fmt: skip
@@ -71,7 +73,24 @@ def _bodies(**first: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant"]), "content": st.text(max_size=30)}
 )
-COMPLETION_BODIES = _bodies(prompt=st.text(min_size=1, max_size=30))
+PROMPT = st.text(min_size=1, max_size=30) | st.lists(st.integers(0, 49_151), min_size=1, max_size=8)
+COMPLETION_BODIES = _bodies(prompt=PROMPT | st.lists(PROMPT, min_size=1, max_size=3))
+TOKENIZE_BODIES = (
+    st.fixed_dictionaries(
+        {"prompt": st.text(max_size=30)},
+        optional={"add_special_tokens": st.booleans(), "model": st.just("smollm2-test")},
+    )
+    | st.fixed_dictionaries(
+        {"messages": st.lists(MESSAGE, min_size=1, max_size=3)},
+        optional={"add_generation_prompt": st.booleans(), "add_special_tokens": st.booleans()},
+    )
+    | ODD_FIELD.map(lambda odd: {"prompt": "x"} | odd)
+    | JSON
+)
+TOKENIZER_ANSWERS = ({"count", "max_model_len", "tokens"}, {"prompt"})
+DETOKENIZE_BODIES = (
+    st.fixed_dictionaries({"tokens": st.lists(st.integers(-2, 60_000), max_size=8)}) | JSON
+)
 CHAT_BODIES = _bodies(messages=st.lists(MESSAGE, min_size=1, max_size=3))
 
 
@@ -96,7 +115,8 @@ def _check_answer(response: httpx.Response, body: Any) -> None:
         for line in events[:-1]:
             assert "error" not in json.loads(line.removeprefix("data: ")), line
     else:
-        assert response.json()["choices"]
+        answer = response.json()
+        assert answer.get("choices") or set(answer) in TOKENIZER_ANSWERS, answer
 
 
 def _post(server: RunningServer, path: str, body: Any) -> None:
@@ -113,6 +133,18 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[Hea
 @given(body=COMPLETION_BODIES)
 def test_fuzzed_completion_bodies(small: RunningServer, body: Any) -> None:
     _post(small, "/v1/completions", body)
+
+
+@FUZZ
+@given(body=TOKENIZE_BODIES)
+def test_fuzzed_tokenize_bodies(small: RunningServer, body: Any) -> None:
+    _post(small, "/tokenize", body)
+
+
+@FUZZ
+@given(body=DETOKENIZE_BODIES)
+def test_fuzzed_detokenize_bodies(small: RunningServer, body: Any) -> None:
+    _post(small, "/detokenize", body)
 
 
 @FUZZ

@@ -84,7 +84,7 @@ def _headers(path: str, extra: str) -> bytes:
 # --- the API key ---------------------------------------------------------------------------
 
 
-def test_api_key_guards_every_v1_route(guarded: RunningServer) -> None:
+def test_api_key_guards_every_v1_route_and_tokenize(guarded: RunningServer) -> None:
     before = guarded.metrics()
     refusals = [
         ("GET", "/v1/models", {}),
@@ -95,6 +95,9 @@ def test_api_key_guards_every_v1_route(guarded: RunningServer) -> None:
         ("POST", "/v1/completions", {"Authorization": KEY}),
         ("GET", "/v1/nothing", {}),  # no route: still 401, nothing under /v1 is told apart
         ("GET", "/v1/completions", {}),  # wrong method: 401 too
+        ("POST", "/tokenize", {}),  # vLLM's routes at the root: they expose the model too
+        ("POST", "/detokenize", {"Authorization": "Bearer wrong"}),
+        ("GET", "/tokenize/", {}),
     ]
     body = {"prompt": "hi", "max_tokens": 2}
     for method, path, headers in refusals:
@@ -121,8 +124,11 @@ def test_the_official_client_with_and_without_the_key(guarded: RunningServer) ->
     assert [m.id for m in right.models.list().data] == [guarded.model_name]
 
 
-def test_health_and_metrics_need_no_key(guarded: RunningServer) -> None:
+def test_health_metrics_and_version_need_no_key(guarded: RunningServer) -> None:
     assert httpx.get(f"{guarded.url}/health").status_code == 200
+    assert httpx.get(f"{guarded.url}/version").json()["version"]
+    tokenized = httpx.post(f"{guarded.url}/tokenize", json={"prompt": "hi"}, headers=AUTH)
+    assert tokenized.status_code == 200 and tokenized.json()["count"] >= 1
     metrics = httpx.get(f"{guarded.url}/metrics")
     assert metrics.status_code == 200 and "sv_kv_cache_pages_free" in metrics.text
 
@@ -143,7 +149,7 @@ def test_health_and_metrics_need_no_key(guarded: RunningServer) -> None:
 def test_a_body_not_declared_json_is_415(guarded: RunningServer, content_type: str | None) -> None:
     headers = dict(AUTH) | ({"Content-Type": content_type} if content_type else {})
     body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
-    for path in ("/v1/completions", "/v1/chat/completions"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
         response, took = _timed_post(guarded.url + path, content=body, headers=headers)
         assert took < REFUSAL_S
         assert openai_error(response, 415)["code"] == "unsupported_media_type"
@@ -193,11 +199,10 @@ def test_a_chunked_body_is_counted_and_cut_off_at_the_limit(guarded: RunningServ
 
 def test_an_oversized_body_from_httpx_is_413(guarded: RunningServer) -> None:
     body = json.dumps({"prompt": "x" * MAX_BODY}).encode()
-    response, took = _timed_post(
-        f"{guarded.url}/v1/completions", content=body, headers=AUTH | JSON_TYPE
-    )
-    assert took < REFUSAL_S
-    assert openai_error(response, 413)["code"] == "request_too_large"
+    for path in ("/v1/completions", "/tokenize"):
+        response, took = _timed_post(guarded.url + path, content=body, headers=AUTH | JSON_TYPE)
+        assert took < REFUSAL_S
+        assert openai_error(response, 413)["code"] == "request_too_large"
 
 
 # --- JSON limits ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sv_server.errors import ServerError
 from sv_server.protocol import (
+    MAX_PROMPTS,
     GenerationRequest,
     chunk_body,
     parse_chat_request,
@@ -23,7 +24,7 @@ def test_completion_defaults() -> None:
     assert req == GenerationRequest(
         kind="completion",
         model=None,
-        prompt="hi",
+        prompts=["hi"],
         messages=None,
         max_tokens=None,
         temperature=1.0,  # OpenAI's default
@@ -31,6 +32,8 @@ def test_completion_defaults() -> None:
         top_k=0,
         seed=None,
         stop=(),
+        stop_token_ids=frozenset(),
+        include_stop_str_in_output=False,
         stream=False,
         include_usage=False,
         ignore_eos=False,
@@ -80,7 +83,7 @@ def test_chat_fields() -> None:
         ({"prompt": "x", "top_k": -2}, "top_k"),
         ({"prompt": "x", "stop": [""]}, "stop"),
         ({"prompt": "x", "stream": True, "stream_options": {"foo": 1}}, "stream_options"),
-        ({"prompt": [[1, 2], [3]]}, "prompt"),
+        ({"prompt": [[1, 2], "x", []]}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": [True]}, "prompt"),
     ],
@@ -106,7 +109,7 @@ def test_chat_refuses_completion_only_fields() -> None:
 
 
 def test_response_shapes() -> None:
-    chat = response_body("chat", "id1", "m", "hello", "stop", 3, 2)
+    chat = response_body("chat", "id1", "m", [("hello", "stop")], 3, 2)
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
     assert chat["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
@@ -115,6 +118,26 @@ def test_response_shapes() -> None:
     last = chunk_body("chat", "id1", "m", 0, None, "length")
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length"
     assert chunk_body("completion", "id2", "m", 0, "t")["choices"][0]["text"] == "t"
+    two = response_body("completion", "id3", "m", [("a", "stop"), ("b", "length")], 5, 4)
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in two["choices"]] == [
+        (0, "a", "stop"),
+        (1, "b", "length"),
+    ]
+    assert two["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    assert chunk_body("completion", "id2", "m", 0, "t", index=3)["choices"][0]["index"] == 3
+
+
+def test_a_list_of_prompts() -> None:
+    req = parse_completion_request({"prompt": ["a", [1, 2], "b"]})
+    assert req.prompts == ["a", [1, 2], "b"]
+    assert parse_completion_request({"prompt": [1, 2]}).prompts == [[1, 2]]
+    for bad in (["a", ""], ["a", 5], [[1], []], [[1, "x"]], ["a"] * (MAX_PROMPTS + 1)):
+        with pytest.raises(ServerError) as e:
+            parse_completion_request({"prompt": bad})
+        assert e.value.param == "prompt"
+    with pytest.raises(ServerError) as e:
+        parse_completion_request({"prompt": ["a", ""]})
+    assert "prompt[1]" in e.value.message
 
 
 JSON = st.recursive(

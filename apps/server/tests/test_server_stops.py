@@ -79,3 +79,23 @@ def test_no_stops_passes_everything() -> None:
 def test_empty_stop_string_is_refused() -> None:
     with pytest.raises(ValueError, match="empty"):
         StopStringMatcher(["ok", ""])
+
+
+def oracle_including(pieces: list[str], stops: list[str]) -> tuple[str, bool]:
+    """vLLM's include_stop_str_in_output: as `oracle`, but the text ends with the stop string
+    (of those starting earliest, the shortest: it was complete first)."""
+    text = ""
+    for piece in pieces:
+        text += piece
+        found = [(text.find(s), len(s)) for s in stops if s in text]
+        if found:
+            start, length = min(found)
+            return text[: start + length], True
+    return text, False
+
+
+@given(pieces_st, stops_st)
+def test_including_the_stop_string_matches_its_oracle(pieces: list[str], stops: list[str]) -> None:
+    matcher = StopStringMatcher(stops, include_stop=True)
+    text = "".join([matcher.push(p) for p in pieces]) + matcher.flush()
+    assert (text, matcher.stopped) == oracle_including(pieces, stops)

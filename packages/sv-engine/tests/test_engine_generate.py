@@ -185,3 +185,34 @@ def test_bad_requests_are_refused_clearly(tiny_llama_dir: Path, engine: Engine) 
     assert_all_pages_free(small)
     with pytest.raises(EngineError, match="does not exist"):
         Engine.from_model_dir(tiny_llama_dir / "nope")
+
+
+def test_stop_token_ids_stop_beside_the_models_own(
+    engine: Engine, oracle: transformers.LlamaForCausalLM
+) -> None:
+    """A request's stop_token_ids end it at the first such token transformers' greedy output
+    has, under ignore_eos too; the stop token is in output_ids, not in the text."""
+    prompt_ids = engine.encode_prompt(PROMPTS[0])
+    expected = hf_greedy(oracle, prompt_ids, 12)
+    stop = expected[5]
+    first = expected.index(stop)
+    for ignore_eos in (True, False):
+        params = SamplingParams(
+            max_new_tokens=12, ignore_eos=ignore_eos, stop_token_ids=frozenset({stop, 10**9})
+        )
+        (done,) = engine.generate([PROMPTS[0]], params)
+        if ignore_eos or not set(expected[:first]) & engine.stop_ids:
+            assert done.finish_reason == "stop"
+            assert done.output_ids == expected[: first + 1]
+            assert done.text == engine.tokenizer.decode(expected[:first])
+    streamed = list(
+        engine.stream(
+            [PROMPTS[0]],
+            SamplingParams(max_new_tokens=12, ignore_eos=True, stop_token_ids=frozenset({stop})),
+        )
+    )
+    assert "".join(e.text for e in streamed) == engine.tokenizer.decode(expected[:first])
+    assert streamed[-1].finished == "stop"
+    assert_all_pages_free(engine)
+    with pytest.raises(EngineError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=frozenset({-1}))

@@ -3,6 +3,8 @@
     POST /v1/completions        raw text or token ids (not chat-formatted)
     POST /v1/chat/completions   messages, formatted with the model's chat format
     GET  /v1/models, /v1/models/{id}, /health, /metrics
+    POST /tokenize, /detokenize  vLLM's: a text or conversation -> ids, and ids -> text
+    GET  /version
 
 A generation request goes: check the API key (401, auth.py) -> check the Content-Type (415)
 -> read the body within its size and time limits (413, 408; body.py) -> on the tokenizer
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import logging
 import time
@@ -60,6 +63,8 @@ from sv_server.protocol import (
     new_id,
     parse_chat_request,
     parse_completion_request,
+    parse_detokenize_request,
+    parse_tokenize_request,
     response_body,
     usage_chunk_body,
 )
@@ -167,6 +172,9 @@ def create_app(
             Route("/v1/chat/completions", handler(_chat_completions), methods=["POST"]),
             Route("/v1/models", handler(_models), methods=["GET"]),
             Route("/v1/models/{model_id:path}", handler(_model), methods=["GET"]),
+            Route("/tokenize", handler(_tokenize), methods=["POST"]),
+            Route("/detokenize", handler(_detokenize), methods=["POST"]),
+            Route("/version", handler(_version), methods=["GET"]),
             Route("/health", handler(_health), methods=["GET"]),
             Route("/metrics", handler(_metrics), methods=["GET"]),
         ],
@@ -265,6 +273,53 @@ async def _metrics(_request: Request, state: ServerState) -> Response:
     return PlainTextResponse(text, headers={"Content-Type": CONTENT_TYPE})
 
 
+async def _version(_request: Request, _state: ServerState) -> Response:
+    return JSONResponse({"version": importlib.metadata.version("sv-server")})
+
+
+# --- vLLM's /tokenize and /detokenize: on the tokenizer thread, as generation requests ------
+
+
+async def _tokenize(request: Request, state: ServerState) -> Response:
+    raw = await _read(request, state)
+    ids = await asyncio.get_running_loop().run_in_executor(
+        state.tokenizer_thread, partial(_tokenize_body, state, raw)
+    )
+    return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids})
+
+
+def _tokenize_body(state: ServerState, raw: bytes) -> list[int]:
+    req = parse_tokenize_request(decode_json(raw))
+    _check_model(state, req.model)
+    bos = state.tokenizer.bos_id
+    ids = [bos] if req.add_special_tokens and state.add_bos and bos is not None else []
+    if req.messages is None:
+        return ids + state.tokenizer.encode(req.prompt or "")
+    try:
+        return ids + state.tokenizer.chat_format.encode_dialog(
+            req.messages, add_generation_prompt=req.add_generation_prompt
+        )
+    except TokenizerError as e:
+        raise bad_request(str(e), param="messages") from e
+
+
+async def _detokenize(request: Request, state: ServerState) -> Response:
+    raw = await _read(request, state)
+    text = await asyncio.get_running_loop().run_in_executor(
+        state.tokenizer_thread, partial(_detokenize_body, state, raw)
+    )
+    return JSONResponse({"prompt": text})
+
+
+def _detokenize_body(state: ServerState, raw: bytes) -> str:
+    model, tokens = parse_detokenize_request(decode_json(raw))
+    _check_model(state, model)
+    try:
+        return state.tokenizer.decode(tokens)
+    except TokenizerError as e:
+        raise bad_request(f"'tokens': {e}", param="tokens") from e
+
+
 def _check_model(state: ServerState, model: str | None) -> None:
     if model is not None and model != state.model_name:
         raise ServerError(
@@ -294,35 +349,45 @@ async def _read(request: Request, state: ServerState) -> bytes:
     return await read_body(request, state.max_request_bytes, state.read_timeout_s)
 
 
-def _prepare(state: ServerState, raw: bytes, parse: Parser) -> tuple[GenerationRequest, list[int]]:
+def _prepare(
+    state: ServerState, raw: bytes, parse: Parser
+) -> tuple[GenerationRequest, list[list[int]]]:
     """The CPU-heavy part of a request, for the tokenizer thread: the body as a checked
-    request, and its prompt's token ids."""
+    request, and the token ids of each of its prompts (a chat has one)."""
     req = parse(decode_json(raw))
     _check_model(state, req.model)
-    return req, _prompt_ids(state, req)
-
-
-def _prompt_ids(state: ServerState, req: GenerationRequest) -> list[int]:
     if req.messages is not None:  # chat: the model's chat format
         try:
-            return state.tokenizer.chat_format.encode_dialog(req.messages)
+            return req, [state.tokenizer.chat_format.encode_dialog(req.messages)]
         except TokenizerError as e:
             raise bad_request(str(e), param="messages") from e
-    if isinstance(req.prompt, str):  # completions: raw text; BOS only if the tokenizer adds one
+    prompts = req.prompts or []
+    return req, [_prompt_ids(state, p, _which(i, len(prompts))) for i, p in enumerate(prompts)]
+
+
+def _which(index: int, count: int) -> str:
+    """How a message names a prompt: 'the prompt', or 'prompt[i]' in a list of several."""
+    return "the prompt" if count == 1 else f"prompt[{index}]"
+
+
+def _prompt_ids(state: ServerState, prompt: str | list[int], which: str) -> list[int]:
+    if isinstance(prompt, str):  # raw text; BOS only if the tokenizer adds one
         bos = state.tokenizer.bos_id
         bos_ids = [bos] if state.add_bos and bos is not None else []
-        _refuse_text_that_cannot_fit(state, req.prompt, len(bos_ids))
-        return bos_ids + state.tokenizer.encode(req.prompt)
-    ids = req.prompt or []
-    bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
+        _refuse_text_that_cannot_fit(state, prompt, len(bos_ids), which)
+        return bos_ids + state.tokenizer.encode(prompt)
+    bad = next((t for t in prompt if not 0 <= t < state.vocab_size), None)
     if bad is not None:
         raise bad_request(
-            f"prompt token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})", "prompt"
+            f"{which}: token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
+            "prompt",
         )
-    return ids
+    return prompt
 
 
-def _refuse_text_that_cannot_fit(state: ServerState, text: str, extra_tokens: int) -> None:
+def _refuse_text_that_cannot_fit(
+    state: ServerState, text: str, extra_tokens: int, which: str
+) -> None:
     """A cheap, exact refusal before tokenizing: each token stands for at most
     `longest_token_bytes` bytes of the text, so a text of B bytes has at least
     ceil(B / longest) tokens. (Only for raw text: a chat template may change the contents.)"""
@@ -330,7 +395,7 @@ def _refuse_text_that_cannot_fit(state: ServerState, text: str, extra_tokens: in
     at_least = extra_tokens - (-size // state.longest_token_bytes)
     if at_least >= state.max_model_len:
         raise bad_request(
-            f"the prompt has at least {at_least} tokens ({size} bytes, at most "
+            f"{which} has at least {at_least} tokens ({size} bytes, at most "
             f"{state.longest_token_bytes} bytes per token) but the context is "
             f"{state.max_model_len} tokens, leaving no room for an output token",
             param="prompt",
@@ -338,11 +403,11 @@ def _refuse_text_that_cannot_fit(state: ServerState, text: str, extra_tokens: in
         )
 
 
-def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int) -> int:
+def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, which: str) -> int:
     room = state.max_model_len - prompt_tokens
     if room < 1:
         raise bad_request(
-            f"the prompt has {prompt_tokens} tokens but the context is {state.max_model_len} "
+            f"{which} has {prompt_tokens} tokens but the context is {state.max_model_len} "
             "tokens, leaving no room for an output token",
             param="messages" if req.kind == "chat" else "prompt",
             code="context_length_exceeded",
@@ -355,7 +420,7 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int) 
         return min(default, room, fit) if fit >= 1 else min(default, room)
     if req.max_tokens > room:
         raise bad_request(
-            f"max_tokens is {req.max_tokens} but the prompt has {prompt_tokens} tokens and the "
+            f"max_tokens is {req.max_tokens} but {which} has {prompt_tokens} tokens and the "
             f"context is {state.max_model_len}: at most {room} new tokens fit",
             param="max_tokens",
             code="context_length_exceeded",
@@ -365,18 +430,22 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int) 
 
 async def _generate(request: Request, state: ServerState, parse: Parser) -> Response:
     raw = await _read(request, state)
-    req, prompt_ids = await asyncio.get_running_loop().run_in_executor(
+    req, prompts = await asyncio.get_running_loop().run_in_executor(
         state.tokenizer_thread, partial(_prepare, state, raw, parse)
     )
     try:
-        params = SamplingParams(
-            max_new_tokens=_max_tokens(state, req, len(prompt_ids)),
-            temperature=req.temperature,
-            top_k=min(req.top_k, state.vocab_size),  # more than the vocabulary keeps them all
-            top_p=req.top_p,
-            seed=req.seed,
-            ignore_eos=req.ignore_eos,
-        )
+        params = [
+            SamplingParams(
+                max_new_tokens=_max_tokens(state, req, len(ids), _which(i, len(prompts))),
+                temperature=req.temperature,
+                top_k=min(req.top_k, state.vocab_size),  # more than the vocabulary keeps them all
+                top_p=req.top_p,
+                seed=req.seed,
+                ignore_eos=req.ignore_eos,
+                stop_token_ids=req.stop_token_ids,
+            )
+            for i, ids in enumerate(prompts)
+        ]
     except EngineError as e:  # protocol.py checked every field already: a safety net
         raise bad_request(str(e)) from e
     _check_open(state)
@@ -388,23 +457,40 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             code="queue_full",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
-    handle = RequestHandle(prompt_ids, params)
-    generation = _Generation(state.loop, handle, StopStringMatcher(req.stop))
-    state.loop.submit(handle)
+    # One engine request per prompt: they batch in the engine; any failure ends them all.
+    generations = [
+        _Generation(
+            state.loop,
+            RequestHandle(ids, p),
+            StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
+        )
+        for ids, p in zip(prompts, params, strict=True)
+    ]
+    for generation in generations:
+        state.loop.submit(generation.handle)
     try:
-        first = await handle.deliveries.get()
-    except BaseException:  # the handler was cancelled before the engine answered
-        generation.close()
+        for index, generation in enumerate(generations):
+            first = await generation.handle.deliveries.get()
+            if isinstance(first, Rejected):
+                where = "" if len(generations) == 1 else f"prompt[{index}]: "
+                raise bad_request(where + first.message, code="rejected")
+            if isinstance(first, Failed):
+                raise first.error()
+    except BaseException:  # refused, failed, or the handler was cancelled: end every one
+        _close_all(generations)
         raise
-    if isinstance(first, Rejected):
-        raise bad_request(first.message, code="rejected")
-    if isinstance(first, Failed):
-        raise first.error()
-    state.metrics.prompt_tokens += len(prompt_ids)
-    model = state.model_name
+    state.metrics.prompt_tokens += sum(map(len, prompts))
     if req.stream:
-        return _EventStream(_stream(req, model, generation), on_close=generation.close)
-    return await _collect(request, req, model, generation)
+        return _EventStream(
+            _stream(req, state.model_name, generations),
+            on_close=partial(_close_all, generations),
+        )
+    return await _collect(request, req, state.model_name, generations)
+
+
+def _close_all(generations: list[_Generation]) -> None:
+    for generation in generations:
+        generation.close()
 
 
 def _check_open(state: ServerState) -> None:
@@ -425,19 +511,19 @@ class _Generation:
 
     def __init__(self, loop: EngineLoop, handle: RequestHandle, matcher: StopStringMatcher) -> None:
         self._loop = loop
-        self._handle = handle
+        self.handle = handle
         self._matcher = matcher
         self.completion_tokens = 0
         self.finish_reason: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self._handle.prompt_ids)
+        return len(self.handle.prompt_ids)
 
     async def texts(self) -> AsyncIterator[str]:
         """The answer's text, piece by piece. Tokens that queued up while the client was being
         served come out as one piece: under load, fewer and larger chunks, not a backlog."""
-        deliveries = self._handle.deliveries
+        deliveries = self.handle.deliveries
         while self.finish_reason is None:
             pieces = [self._consume(await deliveries.get())]
             while self.finish_reason is None and not deliveries.empty():
@@ -459,7 +545,7 @@ class _Generation:
         text = self._matcher.push(event.text)
         if self._matcher.stopped:
             self.finish_reason = "stop"
-            self._loop.cancel(self._handle)  # frees its pages before the next step
+            self._loop.cancel(self.handle)  # frees its pages before the next step
         elif event.finished is not None:
             if event.finished not in ("stop", "length"):
                 self.close()
@@ -475,16 +561,24 @@ class _Generation:
     def close(self) -> None:
         if self.finish_reason is None:
             self.finish_reason = "cancelled"
-            self._loop.cancel(self._handle)
+            self._loop.cancel(self.handle)
 
 
 async def _collect(
-    request: Request, req: GenerationRequest, model: str, generation: _Generation
+    request: Request, req: GenerationRequest, model: str, generations: list[_Generation]
 ) -> Response:
-    """A non-streamed answer; a client that hangs up meanwhile cancels the request."""
+    """A non-streamed answer; a client that hangs up meanwhile cancels every request of it."""
 
-    async def collect() -> str:
-        return "".join([text async for text in generation.texts()])
+    async def collect() -> list[str]:
+        async def text_of(generation: _Generation) -> str:
+            return "".join([text async for text in generation.texts()])
+
+        tasks = [asyncio.ensure_future(text_of(g)) for g in generations]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:  # one failed: the others stop waiting too
+            for task in tasks:
+                task.cancel()
 
     answer = asyncio.ensure_future(collect())
     hangup = asyncio.ensure_future(_disconnected(request.receive))
@@ -492,22 +586,19 @@ async def _collect(
         await asyncio.wait({answer, hangup}, return_when=asyncio.FIRST_COMPLETED)
         if not answer.done():
             answer.cancel()
-            generation.close()
             return Response(status_code=499)  # nobody is listening; for the access log
-        text = answer.result()
+        texts = answer.result()
     finally:
         hangup.cancel()
-        generation.close()
-    assert generation.finish_reason is not None
+        _close_all(generations)
     return JSONResponse(
         response_body(
             req.kind,
             new_id(req.kind),
             model,
-            text,
-            generation.finish_reason,
-            generation.prompt_tokens,
-            generation.completion_tokens,
+            [(text, g.finish_reason or "") for text, g in zip(texts, generations, strict=True)],
+            sum(g.prompt_tokens for g in generations),
+            sum(g.completion_tokens for g in generations),
         )
     )
 
@@ -522,31 +613,57 @@ def _sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
+async def _pieces(generations: list[_Generation]) -> AsyncIterator[tuple[int, str | None]]:
+    """(choice index, text) as each generation's text comes, interleaved, and (index, None)
+    when that generation has finished. A failure in one raises here."""
+    if len(generations) == 1:  # the common case, without a task per piece
+        async for text in generations[0].texts():
+            yield 0, text
+        yield 0, None
+        return
+    streams = [g.texts() for g in generations]
+    pending = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                index = pending.pop(task)
+                try:
+                    text = task.result()
+                except StopAsyncIteration:
+                    yield index, None
+                    continue
+                pending[asyncio.ensure_future(anext(streams[index]))] = index
+                yield index, text
+    finally:
+        for task in pending:
+            task.cancel()
+
+
 async def _stream(
-    req: GenerationRequest, model: str, generation: _Generation
+    req: GenerationRequest, model: str, generations: list[_Generation]
 ) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk schema, ending with `data: [DONE]`."""
+    """Server-sent events in OpenAI's chunk schema, ending with `data: [DONE]`. Each choice's
+    chunks carry its index; a choice's last chunk carries its finish_reason."""
     response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
     if kind == "chat":
         yield _sse(chunk_body(kind, response_id, model, created, "", first=True))
-    encoder = ChunkEncoder(kind, response_id, model, created)
+    encoders = [
+        ChunkEncoder(kind, response_id, model, created, index) for index in range(len(generations))
+    ]
     try:
-        async for text in generation.texts():
-            yield encoder.text_event(text)
+        async for index, text in _pieces(generations):
+            if text is not None:
+                yield encoders[index].text_event(text)
+                continue
+            last = None if kind == "chat" else ""
+            reason = generations[index].finish_reason
+            yield _sse(chunk_body(kind, response_id, model, created, last, reason, index=index))
     except ServerError as e:  # the status line is gone already: the error goes in the stream
+        _close_all(generations)
         yield _sse(e.body())
         yield _sse("[DONE]")
         return
-    yield _sse(
-        chunk_body(
-            kind,
-            response_id,
-            model,
-            created,
-            None if kind == "chat" else "",
-            generation.finish_reason,
-        )
-    )
     if req.include_usage:
         yield _sse(
             usage_chunk_body(
@@ -554,8 +671,8 @@ async def _stream(
                 response_id,
                 model,
                 created,
-                generation.prompt_tokens,
-                generation.completion_tokens,
+                sum(g.prompt_tokens for g in generations),
+                sum(g.completion_tokens for g in generations),
             )
         )
     yield _sse("[DONE]")

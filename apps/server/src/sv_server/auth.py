@@ -1,5 +1,6 @@
-"""`--api-key`: every path under /v1 needs `Authorization: Bearer KEY`; /health and /metrics
-stay open (load balancers and Prometheus scrape them without credentials).
+"""`--api-key`: every path under /v1, and /tokenize and /detokenize (they expose the model's
+vocabulary), need `Authorization: Bearer KEY`; /health, /metrics and /version stay open (load
+balancers and Prometheus scrape them without credentials).
 
 An ASGI middleware rather than a check in each handler, so that nothing under /v1 answers an
 unauthenticated client differently (not even an unknown route's 404 or a wrong method's 405).
@@ -16,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sv_server.errors import ServerError
 
 PROTECTED_PREFIX = "/v1"
+PROTECTED_PATHS = frozenset({"/tokenize", "/detokenize"})
 
 
 class ApiKeyMiddleware:
@@ -56,4 +58,8 @@ _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
 def _is_protected(path: str) -> bool:
-    return path == PROTECTED_PREFIX or path.startswith(PROTECTED_PREFIX + "/")
+    return (
+        path == PROTECTED_PREFIX
+        or path.startswith(PROTECTED_PREFIX + "/")
+        or path.rstrip("/") in PROTECTED_PATHS
+    )

@@ -62,7 +62,8 @@ def build_parser() -> OneLineErrorParser:
     p = OneLineErrorParser(
         prog="sv serve",
         description="Serve a model over an OpenAI-compatible HTTP API "
-        "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).",
+        "(/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, "
+        "/health, /metrics).",
     )
     add_engine_arguments(p, admission="preemptive")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -84,8 +85,9 @@ def build_parser() -> OneLineErrorParser:
         type=_api_key,
         metavar="KEY",
         default=os.environ.get(API_KEY_ENV) or None,
-        help=f"require 'Authorization: Bearer KEY' on every /v1/* route (default: ${API_KEY_ENV}, "
-        "else none); /health and /metrics stay open",
+        help="require 'Authorization: Bearer KEY' on every /v1/* route and on /tokenize and "
+        f"/detokenize (default: ${API_KEY_ENV}, else none); /health, /metrics and /version stay "
+        "open",
     )
     p.add_argument(
         "--max-request-bytes",

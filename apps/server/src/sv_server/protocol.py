@@ -12,7 +12,7 @@ import math
 import reprlib
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,6 +21,8 @@ from sv_tokenizer import Message
 from sv_server.errors import bad_request
 
 MAX_STOP_STRINGS = 4  # as OpenAI
+MAX_PROMPTS = 256  # prompts in one /v1/completions request: each is an engine request
+MAX_STOP_TOKEN_IDS = 256  # vLLM's extra stop ids: a set test per token, but bounded
 MAX_TEMPERATURE = 2.0  # as OpenAI
 SEED_RANGE = (-(2**63), 2**63 - 1)  # the engine keeps seeds in an int64 tensor
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's /v1/completions
@@ -32,14 +34,15 @@ Kind = Literal["completion", "chat"]
 class GenerationRequest:
     """One request for /v1/completions or /v1/chat/completions, checked.
 
-    prompt: completions: the raw text or token ids (not chat-formatted); chat: None.
+    prompts: completions: each prompt's raw text or token ids (not chat-formatted), one choice
+             each; chat: None.
     messages: chat: the conversation; completions: None.
     max_tokens: None = the default (16 for completions, the rest of the context for chat).
     """
 
     kind: Kind
     model: str | None
-    prompt: str | list[int] | None
+    prompts: list[str | list[int]] | None
     messages: list[Message] | None
     max_tokens: int | None
     temperature: float
@@ -47,6 +50,8 @@ class GenerationRequest:
     top_k: int
     seed: int | None
     stop: tuple[str, ...]
+    stop_token_ids: frozenset[int]
+    include_stop_str_in_output: bool
     stream: bool
     include_usage: bool
     ignore_eos: bool
@@ -76,6 +81,8 @@ _SAMPLING_FIELDS = frozenset(
         "stream",
         "stream_options",
         "ignore_eos",
+        "stop_token_ids",  # vLLM's
+        "include_stop_str_in_output",  # vLLM's
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
     }
 )
@@ -161,10 +168,25 @@ def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
+def _stop_token_ids(body: Mapping[str, Any]) -> frozenset[int]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return frozenset()
+    if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+        raise bad_request(
+            f"'stop_token_ids' must be a list of token ids, got {_shown(ids)}", "stop_token_ids"
+        )
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise bad_request(
+            f"'stop_token_ids' takes at most {MAX_STOP_TOKEN_IDS} ids", "stop_token_ids"
+        )
+    return frozenset(ids)
+
+
 def _sampling(
     body: Mapping[str, Any],
     kind: Kind,
-    prompt: str | list[int] | None,
+    prompts: list[str | list[int]] | None,
     messages: list[Message] | None,
     max_tokens: int | None,
 ) -> GenerationRequest:
@@ -198,10 +220,18 @@ def _sampling(
                 f"unknown field 'stream_options.{sorted(unknown)[0]}'", "stream_options"
             )
         include_usage = _bool(options, "include_usage")
+    stop_token_ids = _stop_token_ids(body)
+    include_stop = _bool(body, "include_stop_str_in_output")
+    if include_stop and stop_token_ids:
+        raise bad_request(
+            "'include_stop_str_in_output' applies to stop strings only here: a stop token's "
+            "text is never shown, so it cannot be given with 'stop_token_ids'",
+            "include_stop_str_in_output",
+        )
     return GenerationRequest(
         kind=kind,
         model=model,
-        prompt=prompt,
+        prompts=prompts,
         messages=messages,
         max_tokens=max_tokens,
         temperature=float(temperature) if temperature is not None else 1.0,
@@ -209,6 +239,8 @@ def _sampling(
         top_k=max(top_k or 0, 0),
         seed=seed,
         stop=_stops(body),
+        stop_token_ids=stop_token_ids,
+        include_stop_str_in_output=include_stop,
         stream=stream,
         include_usage=include_usage,
         ignore_eos=_bool(body, "ignore_eos"),
@@ -219,36 +251,41 @@ def _sampling(
 
 
 def parse_completion_request(body: Any) -> GenerationRequest:
-    """A /v1/completions body: `prompt` is a string, a list of token ids, or a list holding
-    exactly one of those (OpenAI's batch form, with a batch of one)."""
+    """A /v1/completions body: `prompt` is a string, a list of token ids, or a list of either
+    (OpenAI's batch form: one choice per prompt, at most MAX_PROMPTS)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_fields(body, "completion")
     if "prompt" not in body or body["prompt"] is None:
         raise bad_request("'prompt' is required", param="prompt")
     prompt = body["prompt"]
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise bad_request(
-                f"only one prompt per request is supported, got {len(prompt)}", param="prompt"
-            )
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("'prompt' must not be empty", param="prompt")
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        prompt = list(prompt)
-    else:
+    batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str | list)
+    items = prompt if batch else [prompt]
+    if len(items) > MAX_PROMPTS:
         raise bad_request(
-            "'prompt' must be a non-empty string or a non-empty list of token ids", param="prompt"
+            f"'prompt' holds {len(items)} prompts; at most {MAX_PROMPTS} per request",
+            param="prompt",
         )
+    prompts = [_prompt(item, f"prompt[{i}]" if batch else "prompt") for i, item in enumerate(items)]
     max_tokens = _optional_int(body, "max_tokens", 1)
-    return _sampling(body, "completion", prompt, None, max_tokens)
+    return _sampling(body, "completion", prompts, None, max_tokens)
+
+
+def _prompt(item: Any, where: str) -> str | list[int]:
+    if isinstance(item, str) and item:
+        return item
+    if isinstance(item, list) and item and all(_is_int(t) for t in item):
+        return list(item)
+    raise bad_request(
+        f"'{where}' must be a non-empty string or a non-empty list of token ids, "
+        f"got {_shown(item)}",
+        param="prompt",
+    )
 
 
 def parse_chat_request(body: Any) -> GenerationRequest:
-    """A /v1/chat/completions body: `messages` is a list of {role, content}; content is a
-    string or a list of text parts ({"type": "text", "text": ...})."""
+    """A /v1/chat/completions body: `messages` is a list of {role, content, name?}; content is
+    a string or a list of text parts ({"type": "text", "text": ...})."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_fields(body, "chat")
@@ -271,12 +308,14 @@ def _message(item: Any, index: int) -> Message:
     param = f"messages[{index}]"
     if not isinstance(item, dict):
         raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
-    unknown = set(item) - {"role", "content"}
+    unknown = set(item) - {"role", "content", "name"}
     if unknown:
         raise bad_request(f"unknown field {_shown(f'{param}.{sorted(unknown)[0]}')}", param)
-    role, content = item.get("role"), item.get("content")
+    role, content, name = item.get("role"), item.get("content"), item.get("name")
     if not isinstance(role, str):
         raise bad_request(f"{param}.role must be a string, got {_shown(role)}", param)
+    if name is not None and not isinstance(name, str):
+        raise bad_request(f"{param}.name must be a string, got {_shown(name)}", param)
     if isinstance(content, list):
         texts = []
         for part in content:
@@ -293,7 +332,7 @@ def _message(item: Any, index: int) -> Message:
         content = "".join(texts)
     if not isinstance(content, str):
         raise bad_request(f"{param}.content must be a string or a list of text parts", param)
-    return Message(role, content)
+    return Message(role, content, name)
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -315,23 +354,26 @@ def response_body(
     kind: Kind,
     response_id: str,
     model: str,
-    text: str,
-    finish_reason: str,
+    choices: Sequence[tuple[str, str]],
     prompt_tokens: int,
     completion_tokens: int,
 ) -> dict[str, Any]:
-    """The whole (non-streamed) answer."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-    if kind == "completion":
-        choice["text"] = text
-    else:
-        choice["message"] = {"role": "assistant", "content": text}
+    """The whole (non-streamed) answer: `choices` are (text, finish_reason), in index order;
+    the token counts are their sums."""
+    bodies = []
+    for index, (text, finish_reason) in enumerate(choices):
+        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+        if kind == "completion":
+            choice["text"] = text
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
+        bodies.append(choice)
     return {
         "id": response_id,
         "object": "text_completion" if kind == "completion" else "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
+        "choices": bodies,
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
@@ -344,10 +386,12 @@ def chunk_body(
     text: str | None,
     finish_reason: str | None = None,
     *,
+    index: int = 0,
     first: bool = False,
 ) -> dict[str, Any]:
-    """One streamed chunk. For chat, the first chunk carries the role, the last an empty delta."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    """One streamed chunk, of choice `index`. For chat, the first chunk carries the role, the
+    last an empty delta."""
+    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
     if kind == "completion":
         choice["text"] = text or ""
     else:
@@ -365,7 +409,7 @@ def chunk_body(
 
 
 class ChunkEncoder:
-    """The text chunks of one stream as server-sent events, fast.
+    """The text chunks of one choice of a stream as server-sent events, fast.
 
     Every text chunk of a response differs from the others only in its text, so the JSON
     around the text is rendered once and each chunk costs one json.dumps of a short string (a
@@ -374,8 +418,12 @@ class ChunkEncoder:
 
     _MARKER = "\x00text\x00"
 
-    def __init__(self, kind: Kind, response_id: str, model: str, created: int) -> None:
-        template = json.dumps(chunk_body(kind, response_id, model, created, self._MARKER))
+    def __init__(
+        self, kind: Kind, response_id: str, model: str, created: int, index: int = 0
+    ) -> None:
+        template = json.dumps(
+            chunk_body(kind, response_id, model, created, self._MARKER, index=index)
+        )
         self._head, self._tail = template.split(json.dumps(self._MARKER))
 
     def text_event(self, text: str) -> str:
@@ -399,3 +447,74 @@ def usage_chunk_body(
         "choices": [],
         "usage": usage(prompt_tokens, completion_tokens),
     }
+
+
+# --- vLLM's /tokenize and /detokenize -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """A /tokenize body: a text (`prompt`, raw as /v1/completions takes it) or a conversation
+    (`messages`, in the chat format). add_special_tokens: BOS first where the model's tokenizer
+    adds one (vLLM's default: true for a text, false for a conversation, whose chat format
+    has its own). add_generation_prompt: end a conversation with the assistant's header."""
+
+    model: str | None
+    prompt: str | None
+    messages: list[Message] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+
+
+def parse_tokenize_request(body: Any) -> TokenizeRequest:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    chat = "messages" in body
+    allowed = {"model", "add_special_tokens"} | (
+        {"messages", "add_generation_prompt"} if chat else {"prompt"}
+    )
+    for key in body:
+        if key not in allowed:
+            raise bad_request(f"unknown field {_shown(key)}", param=key)
+    model = _get(body, "model", lambda v: isinstance(v, str), "a string")
+    add_special = _get(body, "add_special_tokens", lambda v: isinstance(v, bool), "true or false")
+    if chat:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise bad_request("'messages' must be a non-empty list", param="messages")
+        generation = _get(
+            body, "add_generation_prompt", lambda v: isinstance(v, bool), "true or false"
+        )
+        return TokenizeRequest(
+            model=model,
+            prompt=None,
+            messages=[_message(m, i) for i, m in enumerate(messages)],
+            add_special_tokens=bool(add_special),
+            add_generation_prompt=generation is not False,
+        )
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise bad_request("'prompt' (a string) or 'messages' is required", param="prompt")
+    return TokenizeRequest(
+        model=model,
+        prompt=prompt,
+        messages=None,
+        add_special_tokens=add_special is not False,
+        add_generation_prompt=False,
+    )
+
+
+def parse_detokenize_request(body: Any) -> tuple[str | None, list[int]]:
+    """A /detokenize body: `tokens`, a list of token ids; returns (model, tokens)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    for key in body:
+        if key not in ("model", "tokens"):
+            raise bad_request(f"unknown field {_shown(key)}", param=key)
+    model = _get(body, "model", lambda v: isinstance(v, str), "a string")
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
+        raise bad_request(
+            f"'tokens' must be a list of token ids, got {_shown(tokens)}", param="tokens"
+        )
+    return model, tokens

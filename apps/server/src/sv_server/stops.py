@@ -16,10 +16,13 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], *, include_stop: bool = False) -> None:
+        """include_stop: the released text ends with the stop string (vLLM's
+        include_stop_str_in_output), rather than just before it."""
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
         self.stops = tuple(stops)
+        self.include_stop = include_stop
         self._pending = ""  # released to no one yet: might be the start of a stop string
         self.stopped = False
 
@@ -31,11 +34,12 @@ class StopStringMatcher:
         if not self.stops:
             return text
         pending = self._pending + text
-        starts = [i for i in (pending.find(s) for s in self.stops) if i >= 0]
+        starts = [(i, len(s)) for i, s in ((pending.find(s), s) for s in self.stops) if i >= 0]
         if starts:
             self.stopped = True
             self._pending = ""
-            return pending[: min(starts)]
+            start, length = min(starts)
+            return pending[: start + length] if self.include_stop else pending[:start]
         held = self._held_back(pending)
         self._pending = pending[len(pending) - held :]
         return pending[: len(pending) - held]

@@ -203,13 +203,14 @@ class Engine:
         params = params or SamplingParams()
         prompt_ids = self.encode_prompt(prompt)
         request_id = next(self._ids)
+        # ignore_eos drops the model's stop ids only: the request's own still stop it.
+        stop_ids = (frozenset() if params.ignore_eos else self.stop_ids) | params.stop_token_ids
         self.scheduler.add(
             Request(
                 request_id=request_id,
                 prompt_ids=prompt_ids,
                 max_new_tokens=params.max_new_tokens,
-                stop_ids=self.stop_ids,
-                ignore_eos=params.ignore_eos,
+                stop_ids=stop_ids,
             )
         )
         # Any Python int is a valid seed. The sampler hashes only its low 32 bits and the step
@@ -220,7 +221,7 @@ class Engine:
             params=params,
             seed=seed,
             decoder=StreamDecoder(self.tokenizer) if stream_text else None,
-            stop_ids=frozenset() if params.ignore_eos else self.stop_ids,
+            stop_ids=stop_ids,
             prompt_ids=prompt_ids,
             start=time.perf_counter(),
         )

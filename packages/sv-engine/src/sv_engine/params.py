@@ -19,6 +19,8 @@ class SamplingParams:
     top_p:       keep the smallest set of most likely tokens whose mass reaches p (1.0 = off).
     seed:        makes sampling reproducible per request; None draws one.
     ignore_eos:  never stop at the model's stop tokens (benchmarks: always generate max_new_tokens).
+    stop_token_ids: more ids to stop at, beside the model's (kept under ignore_eos, as vLLM's);
+                 like those, the stop token ends the output and its text is not shown.
     """
 
     max_new_tokens: int = 128
@@ -27,6 +29,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    stop_token_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -45,6 +48,12 @@ class SamplingParams:
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
             raise EngineError(f"seed must be an integer or None, got {self.seed!r}")
+        if not isinstance(self.stop_token_ids, frozenset) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise EngineError(
+                f"stop_token_ids must be a frozenset of token ids, got {self.stop_token_ids!r}"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -20,8 +20,13 @@ from .errors import TokenizerError
 
 @dataclass(frozen=True)
 class Message:
+    """One turn. `name` (OpenAI's optional participant name) reaches a model folder's own chat
+    template as the message's `name` field, for templates that use it; the built-in formats
+    have no place for it and leave it out."""
+
     role: str  # "system", "user", "assistant" (Llama 3 also "ipython"/"tool": a tool's result)
     content: str
+    name: str | None = None
 
 
 class ChatTokenizer(Protocol):

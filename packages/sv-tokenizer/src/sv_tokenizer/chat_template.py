@@ -149,9 +149,7 @@ class TemplateChatFormat:
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
         """The template's text for this conversation, exactly as transformers renders it."""
-        return self._render_dicts(
-            [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt
-        )
+        return self._render_dicts([_as_dict(m, m.content) for m in messages], add_generation_prompt)
 
     def _render_dicts(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         if self._render is None:
@@ -168,11 +166,13 @@ class TemplateChatFormat:
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True
     ) -> list[int]:
         for index, message in enumerate(messages):
-            forged = self.tokenizer.find_special(message.role)
-            if forged is not None:
-                raise TokenizerError(
-                    f"chat message {index}: role {message.role!r} contains the token {forged}"
-                )
+            # Roles and names are rendered as template text, where special-token text counts.
+            for field, value in (("role", message.role), ("name", message.name)):
+                forged = None if value is None else self.tokenizer.find_special(value)
+                if forged is not None:
+                    raise TokenizerError(
+                        f"chat message {index}: {field} {value!r} contains the token {forged}"
+                    )
         rendered = self.render(messages, add_generation_prompt=add_generation_prompt)
         segments = self._segments(messages, add_generation_prompt, rendered)
         if segments is not None:
@@ -195,7 +195,12 @@ class TemplateChatFormat:
         self, messages: Sequence[Message], add_generation_prompt: bool, rendered: str
     ) -> list[tuple[str, bool]] | None:
         """The render cut into (text, is_message_content) pieces, or None if that cannot be trusted."""
-        everything = [self.template, *(m.content for m in messages), *(m.role for m in messages)]
+        everything = [
+            self.template,
+            *(m.content for m in messages),
+            *(m.role for m in messages),
+            *(m.name for m in messages if m.name is not None),
+        ]
         if any(_OPEN in text or _CLOSE in text for text in everything):
             return None
         placeholders = []
@@ -206,9 +211,7 @@ class TemplateChatFormat:
             leading = content[: len(content) - len(content.lstrip())]
             trailing = content[len(content.rstrip()) :] if core else ""
             cores.append(core)
-            placeholders.append(
-                {"role": message.role, "content": f"{leading}{_OPEN}{index}{_CLOSE}{trailing}"}
-            )
+            placeholders.append(_as_dict(message, f"{leading}{_OPEN}{index}{_CLOSE}{trailing}"))
         with_placeholders = self._render_dicts(placeholders, add_generation_prompt)
         pieces = _SENTINEL.split(with_placeholders)
         # split() alternates: template text, message index, template text, ...
@@ -237,3 +240,12 @@ class TemplateChatFormat:
                     ids.append(part)
         ids += self.tokenizer.encode("".join(plain))
         return ids
+
+
+def _as_dict(message: Message, content: str) -> dict[str, str]:
+    """A message as transformers hands it to a template: `name` only when the message has one
+    (templates test `message.name is defined`)."""
+    item = {"role": message.role, "content": content}
+    if message.name is not None:
+        item["name"] = message.name
+    return item

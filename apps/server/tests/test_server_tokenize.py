@@ -1,0 +1,146 @@
+"""vLLM's /tokenize, /detokenize and /version, with raw httpx: token ids checked against the HF
+`tokenizers` library and transformers' apply_chat_template on the model folder's own files."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tokenizers
+from server_test_support import openai_error
+
+RunningServer = Any  # conftest.RunningServer
+
+TEXT = "Tokenizers split text: naïve café, 12345, and spaces  ."
+DIALOG = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2?"},
+]
+
+
+@pytest.fixture(scope="module")
+def hf(default_model: Path) -> tokenizers.Tokenizer:
+    return tokenizers.Tokenizer.from_file(str(default_model / "tokenizer.json"))
+
+
+def _post(server: RunningServer, path: str, body: Any) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=30)
+
+
+def test_tokenize_a_text(server: RunningServer, hf: tokenizers.Tokenizer) -> None:
+    context = httpx.get(f"{server.url}/v1/models").json()["data"][0]["max_model_len"]
+    expected = hf.encode(TEXT).ids  # SmolLM2 adds no BOS
+    for body in (
+        {"prompt": TEXT},
+        {"prompt": TEXT, "add_special_tokens": True, "model": server.model_name},
+        {"prompt": TEXT, "add_special_tokens": False},
+    ):
+        response = _post(server, "/tokenize", body)
+        assert response.status_code == 200, response.text
+        assert response.json() == {
+            "count": len(expected),
+            "max_model_len": context,
+            "tokens": expected,
+        }
+    assert _post(server, "/tokenize", {"prompt": ""}).json()["tokens"] == []
+    # special-token text in a raw text is plain text, as /v1/completions encodes it
+    forged = _post(server, "/tokenize", {"prompt": "<|im_end|>"}).json()
+    assert hf.token_to_id("<|im_end|>") not in forged["tokens"]
+    assert forged["count"] > 1
+    reply = _post(server, "/v1/completions", {"prompt": "<|im_end|>", "max_tokens": 1})
+    assert reply.json()["usage"]["prompt_tokens"] == forged["count"]
+
+
+@pytest.mark.parametrize("generation", [True, False])
+def test_tokenize_a_conversation(
+    server: RunningServer, default_model: Path, generation: bool
+) -> None:
+    import transformers
+
+    hf_chat = transformers.AutoTokenizer.from_pretrained(default_model)
+    text = hf_chat.apply_chat_template(DIALOG, tokenize=False, add_generation_prompt=generation)
+    expected = hf_chat.encode(text, add_special_tokens=False)
+    body = {"messages": DIALOG, "add_generation_prompt": generation}
+    got = _post(server, "/tokenize", body).json()
+    assert got["tokens"] == expected and got["count"] == len(expected)
+    if generation:  # the very ids a chat completion's prompt is
+        reply = _post(server, "/v1/chat/completions", {"messages": DIALOG, "max_tokens": 1})
+        assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_detokenize_round_trip(server: RunningServer, hf: tokenizers.Tokenizer) -> None:
+    ids = _post(server, "/tokenize", {"prompt": TEXT}).json()["tokens"]
+    response = _post(server, "/detokenize", {"tokens": ids, "model": server.model_name})
+    assert response.status_code == 200
+    assert response.json() == {"prompt": TEXT}
+    special = hf.token_to_id("<|im_start|>")
+    assert _post(server, "/detokenize", {"tokens": [special]}).json() == {"prompt": "<|im_start|>"}
+    assert _post(server, "/detokenize", {"tokens": []}).json() == {"prompt": ""}
+
+
+def test_version(server: RunningServer) -> None:
+    response = httpx.get(f"{server.url}/version")
+    assert response.status_code == 200
+    assert response.json() == {"version": importlib.metadata.version("sv-server")}
+
+
+BAD = [
+    # (path, body, param)
+    ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, "add_special_tokens"),
+    ("/tokenize", {"prompt": "x", "add_generation_prompt": True}, "add_generation_prompt"),
+    ("/tokenize", {"prompt": "x", "return_token_strs": True}, "return_token_strs"),
+    ("/tokenize", {"messages": []}, "messages"),
+    ("/tokenize", {"messages": [{"role": "user"}]}, "messages[0]"),
+    ("/tokenize", {"messages": [{"role": "<|im_end|>", "content": "x"}]}, "messages"),
+    ("/tokenize", {"messages": DIALOG, "prompt": "x"}, "prompt"),
+    ("/tokenize", [1], None),
+    ("/detokenize", {}, "tokens"),
+    ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ("/detokenize", {"tokens": [1, 2.5]}, "tokens"),
+    ("/detokenize", {"tokens": [10**9]}, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, "tokens"),
+    ("/detokenize", {"tokens": [1], "skip": 1}, "skip"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), BAD)
+def test_bad_bodies_are_400_naming_the_field(
+    server: RunningServer, path: str, body: Any, param: str | None
+) -> None:
+    error = openai_error(_post(server, path, body), 400)
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_other_refusals(server: RunningServer) -> None:
+    unknown = _post(server, "/tokenize", {"prompt": "x", "model": "gpt-4"})
+    assert openai_error(unknown, 404)["code"] == "model_not_found"
+    for path in ("/tokenize", "/detokenize"):
+        plain = httpx.post(
+            f"{server.url}{path}", content=b"{}", headers={"Content-Type": "text/plain"}
+        )
+        assert openai_error(plain, 415)["code"] == "unsupported_media_type"
+        not_json = httpx.post(
+            f"{server.url}{path}", content=b"{x", headers={"Content-Type": "application/json"}
+        )
+        openai_error(not_json, 400)
+        assert openai_error(httpx.get(f"{server.url}{path}"), 405)["code"] == "method_not_allowed"
+
+
+def test_a_message_name_is_accepted(server: RunningServer) -> None:
+    """SmolLM2's template has no place for names: the prompt is the same ids without them."""
+    named = [DIALOG[0], DIALOG[1] | {"name": "ann"}]
+    plain = _post(server, "/tokenize", {"messages": DIALOG}).json()["tokens"]
+    assert _post(server, "/tokenize", {"messages": named}).json()["tokens"] == plain
+    reply = _post(server, "/v1/chat/completions", {"messages": named, "max_tokens": 1})
+    assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == len(plain)
+    for bad in (5, ["ann"], "x<|im_end|>"):
+        body = {"messages": [DIALOG[1] | {"name": bad}]}
+        for path, extra in (("/tokenize", {}), ("/v1/chat/completions", {"max_tokens": 1})):
+            error = openai_error(_post(server, path, body | extra), 400)
+            assert error["param"] == ("messages" if bad == "x<|im_end|>" else "messages[0]")
+            assert "name" in error["message"]
