@@ -82,6 +82,35 @@ def test_static_policy_flag(default_model: Path, capsys: pytest.CaptureFixture[s
     assert re.search(r"peak active requests:\s+2", out)
 
 
+def _stat(out: str, name: str) -> int:
+    return int(re.search(rf"{name}:\s*(\d+)", out).group(1))  # type: ignore[union-attr]
+
+
+def test_stats_count_a_head_held_back_by_the_static_group(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Five prompts on an 11-page pool: three fit at a time. Under --static the fourth waits for
+    the whole first group, so it waits at least as many steps as under --continuous (where it
+    starts when one finishes), and every one of those steps is counted (it used to count 1)."""
+    prompts = ["Name a colour.", "16", "Say hello.", "Name a fruit.", "Count to three.", "Hi."]
+    waits = {}
+    for policy in ("--continuous", "--static"):
+        assert main(["generate", policy, "--stats", "--kv-cache-mib", "8", *prompts]) == 0
+        waits[policy] = _stat(capsys.readouterr().out, "admission waits")
+    assert waits["--static"] >= waits["--continuous"] > 1
+
+
+def test_prompts_that_start_alike_share_pages_in_their_first_round(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two prompts with one long opening, given together: the second waits for the first's
+    pages and shares them (it used to compute them again: 0 prefix-cache hits)."""
+    opening = " ".join(["The quick brown fox jumps over the lazy dog."] * 8)
+    argv = ["generate", "--stats", f"{opening} Name a colour.", "4", f"{opening} Say hello."]
+    assert main(argv) == 0
+    assert _stat(capsys.readouterr().out, "prefix-cache hit tokens") >= 64
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
