@@ -43,7 +43,7 @@ from collections.abc import Sequence as SequenceOf
 
 from sv_kvcache import NO_MATCH, PagePool, PrefixMatch, page_key
 
-from .admission import check_request, make_admission_policy, max_new_tokens_that_fit
+from .admission import check_request, make_admission_policy
 from .config import SchedulerConfig
 from .errors import AdmissionError, SchedulerError
 from .plan import PrefillChunk, StepPlan
@@ -116,11 +116,6 @@ class Scheduler:
         self._waiting.append(seq)
         self._unfinished[seq.request_id] = seq
         return seq
-
-    def max_new_tokens_that_fit(self, prompt_tokens: int) -> int:
-        """The most output tokens a request with this prompt may ask for (context and pool);
-        below 1 when nothing fits. See `admission.max_new_tokens_that_fit`."""
-        return max_new_tokens_that_fit(prompt_tokens, self.config)
 
     def clear_prefix_cache(self) -> int:
         """Drop every cached prefix page no request holds (e.g. between benchmark runs, so one
