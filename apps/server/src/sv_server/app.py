@@ -438,7 +438,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             SamplingParams(
                 max_new_tokens=_max_tokens(state, req, len(ids), _which(i, len(prompts))),
                 temperature=req.temperature,
-                top_k=min(req.top_k, state.vocab_size),  # more than the vocabulary keeps them all
+                top_k=req.top_k,  # the engine clamps it to the vocabulary
                 top_p=req.top_p,
                 seed=req.seed,
                 ignore_eos=req.ignore_eos,

@@ -134,9 +134,10 @@ class Engine:
         budget up front, "preemptive" admits on the prompt's pages and preempts when pages run
         out (see sv_scheduler.admission). `tuning_cache`: the file that keeps the batch-1 GEMV
         timings between processes (None: time them in every process; the apps pass
-        `sv_engine.options.default_tuning_cache()`). On CUDA, `warmup` compiles the kernels and captures the decode graphs before returning,
-        so no request pays for them; `progress` hears a line per phase (see
-        `ModelRunner.warmup`: seconds, or about half a minute the first time on a machine).
+        `sv_engine.options.default_tuning_cache()`). On CUDA, `warmup` compiles the kernels and
+        captures the decode graphs before returning, so no request pays for them; `progress`
+        hears a line per phase (see `ModelRunner.warmup`: seconds, or about half a minute the
+        first time on a machine).
         """
         cfg = EngineConfig(
             device=device,
