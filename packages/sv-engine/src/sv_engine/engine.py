@@ -202,6 +202,8 @@ class Engine:
         decoded once, into the completion: cheaper for batch work nobody watches token by token.
         """
         params = params or SamplingParams()
+        if params.n != 1:
+            raise EngineError(f"add_request queues one choice, but n = {params.n}: use add_choices")
         prompt_ids = self.encode_prompt(prompt)
         request_id = next(self._ids)
         # ignore_eos drops the model's stop ids only: the request's own still stop it.
@@ -229,6 +231,26 @@ class Engine:
         if not params.greedy:
             self._num_sampling += 1
         return request_id
+
+    def add_choices(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, stream_text: bool = True
+    ) -> list[RequestId]:
+        """Queue the `params.n` choices of one prompt, all or none: one request each
+        (`SamplingParams.choices`), queued together, so admission counts every one and they
+        share the prompt's full pages (the prefix cache; those admitted in one step wait for
+        the page another is computing). Each computes its own last, partial page: at most 16
+        positions, where copying the page would be a mechanism of its own for the same work."""
+        params = params or SamplingParams()
+        prompt_ids = self.encode_prompt(prompt)
+        ids: list[RequestId] = []
+        try:
+            for choice in params.choices():
+                ids.append(self.add_request(prompt_ids, choice, stream_text=stream_text))
+        except (EngineError, AdmissionError):
+            for request_id in ids:
+                self.cancel(request_id)
+            raise
+        return ids
 
     def cancel(self, request_id: RequestId) -> StreamEvent | None:
         """Cancel a request at once (between steps): its pages and credits are returned.
@@ -443,7 +465,8 @@ class Engine:
     def generate(
         self, prompts: Iterable[Prompt], params: SamplingParams | None = None
     ) -> list[Completion]:
-        """Run every prompt to completion; completions come back in prompt order."""
+        """Run every prompt to completion; completions come back in prompt order (with
+        `params.n` > 1, each prompt's choices in turn)."""
         ids = self._add_all(prompts, params, stream_text=False)
         done = {e.request_id: e.completion for e in self._run(ids) if e.completion is not None}
         return [done[r] for r in ids]
@@ -464,11 +487,12 @@ class Engine:
     def _add_all(
         self, prompts: Iterable[Prompt], params: SamplingParams | None, stream_text: bool = True
     ) -> list[RequestId]:
-        """Add all prompts or none: a prompt that can never run cancels the ones before it."""
+        """Add all prompts (each `params.n` times) or none: a prompt that can never run cancels
+        the ones before it."""
         ids: list[RequestId] = []
         try:
             for prompt in prompts:
-                ids.append(self.add_request(prompt, params, stream_text=stream_text))
+                ids.extend(self.add_choices(prompt, params, stream_text=stream_text))
         except (EngineError, AdmissionError):
             for request_id in ids:
                 self.cancel(request_id)
