@@ -52,7 +52,7 @@ from sv_scheduler import (
 from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
 from sv_engine.errors import EngineError
-from sv_engine.loading import EngineConfig, load_model
+from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
 from sv_engine.params import Completion, SamplingParams, StreamEvent
 
 # A prompt is a user message (str, formatted with the model's chat format), a whole dialog
@@ -123,6 +123,7 @@ class Engine:
         admission: Admission = "conservative",
         use_cuda_graphs: bool = True,
         tuning_cache: TuningCache | None = None,
+        kv_cache_dtype: KVCacheDtype = "auto",
         warmup: bool = True,
         progress: Callable[[str], None] | None = None,
     ) -> Engine:
@@ -134,7 +135,9 @@ class Engine:
         budget up front, "preemptive" admits on the prompt's pages and preempts when pages run
         out (see sv_scheduler.admission). `tuning_cache`: the file that keeps the batch-1 GEMV
         timings between processes (None: time them in every process; the apps pass
-        `sv_engine.options.default_tuning_cache()`). On CUDA, `warmup` compiles the kernels and
+        `sv_engine.options.default_tuning_cache()`). `kv_cache_dtype` "fp8" stores the KV pool
+        as FP8 e4m3 (half the bytes of BF16 per token, so twice the tokens in the same memory;
+        see sv_model.KVCache); "auto" uses the weights' dtype. On CUDA, `warmup` compiles the kernels and
         captures the decode graphs before returning, so no request pays for them; `progress`
         hears a line per phase (see `ModelRunner.warmup`: seconds, or about half a minute the
         first time on a machine).
@@ -151,6 +154,7 @@ class Engine:
             admission=admission,
             use_cuda_graphs=use_cuda_graphs,
             tuning_cache=tuning_cache,
+            kv_cache_dtype=kv_cache_dtype,
         )
         loaded = load_model(Path(model_dir), cfg)
         scheduler = Scheduler(

@@ -15,6 +15,7 @@ from sv_scheduler import Admission
 from sv_engine.cache_folder import cache_dir
 from sv_engine.default_model import default_model_dir
 from sv_engine.engine import Engine
+from sv_engine.loading import KV_CACHE_DTYPES
 
 EXIT_USAGE = 2
 
@@ -55,7 +56,8 @@ ADMISSION_HELP = {
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
-    """--model, --kv-cache-mib, --device, --max-model-len, --admission, --no-overlap.
+    """--model, --kv-cache-mib, --kv-cache-dtype, --device, --max-model-len, --admission,
+    --no-overlap.
     `admission` is this app's default policy."""
     p.add_argument(
         "--model",
@@ -84,6 +86,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         default=admission,
         help=f"how requests share the KV-cache pool (default {admission}): "
         + "; ".join(f"{name}: {text}" for name, text in sorted(ADMISSION_HELP.items())),
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="KV-cache storage: auto (default: the weights' dtype) or fp8 (e4m3: half the "
+        "bytes per token, twice the tokens in the same pool)",
     )
     p.add_argument(
         "--no-overlap",
@@ -120,6 +129,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         kv_cache_mib=args.kv_cache_mib,
         max_model_len=args.max_model_len,
         admission=args.admission,
+        kv_cache_dtype=args.kv_cache_dtype,
         tuning_cache=default_tuning_cache(),
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
         **overrides,
