@@ -213,14 +213,14 @@ def bench_memory(report: Report, model_dir: Path) -> None:
     the state dropped), beside the packed weights' own size (the roofline): the bytes of the
     distinct storages their tensors view, and torch.cuda.memory_allocated after vs before."""
     import torch
-    from sv_model import LlamaWeights
-    from sv_weights import LlamaConfig, load_checkpoint
+    from sv_model import ModelWeights
+    from sv_weights import ModelConfig, load_checkpoint
 
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    config = LlamaConfig.from_model_dir(model_dir)
+    config = ModelConfig.from_model_dir(model_dir)
     state = load_checkpoint(model_dir, device="cuda")
-    weights = LlamaWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
+    weights = ModelWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
     del state
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated() - before

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from sv_weights import LlamaConfig
+from sv_weights import ModelConfig
 from torch import Tensor
 
 
@@ -32,7 +32,7 @@ class LayerWeights:
 
 
 @dataclass
-class LlamaWeights:
+class ModelWeights:
     embed: Tensor  # [V, H]
     layers: list[LayerWeights]
     final_norm: Tensor  # [H]
@@ -41,11 +41,11 @@ class LlamaWeights:
     @classmethod
     def from_state_dict(
         cls,
-        config: LlamaConfig,
+        config: ModelConfig,
         state: dict[str, Tensor],
         device: torch.device | str,
         dtype: torch.dtype,
-    ) -> LlamaWeights:
+    ) -> ModelWeights:
         """Pack a Hugging Face-named state dict (already validated against `config`)."""
 
         def take(name: str) -> Tensor:

@@ -7,14 +7,14 @@ The safetensors format is parsed here (not through the `safetensors` package): s
 from typing import Any
 
 from sv_weights.checkpoint import expected_tensors, load_checkpoint, validate_checkpoint
-from sv_weights.config import LlamaConfig, RopeScaling
+from sv_weights.config import ModelConfig, RopeScaling
 from sv_weights.errors import WeightsError
 from sv_weights.presets import llama_3_2_1b_config, tiny_llama_config
 from sv_weights.safetensors import SafetensorsHeader, TensorInfo, load_file, read_header, save_file
 from sv_weights.synthetic import write_random_checkpoint
 
 __all__ = [
-    "LlamaConfig",
+    "ModelConfig",
     "RopeScaling",
     "SafetensorsHeader",
     "TensorInfo",

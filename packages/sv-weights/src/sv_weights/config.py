@@ -1,4 +1,4 @@
-"""Llama `config.json`: parse it into a typed, validated `LlamaConfig`, and write it back.
+"""Llama `config.json`: parse it into a typed, validated `ModelConfig`, and write it back.
 
 Two spellings of the RoPE settings exist in the wild and both are read:
   - transformers 4.x (every checkpoint on the Hub, e.g. Llama 3.2): top-level `rope_theta`, and
@@ -27,7 +27,7 @@ CONFIG_FILE = "config.json"
 # The dtype names a config may give in `torch_dtype` (or `dtype`, transformers 5).
 TORCH_DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64"})
 
-# Defaults where a key is absent, as transformers' LlamaConfig has them (so a config that
+# Defaults where a key is absent, as transformers' ModelConfig has them (so a config that
 # transformers accepts means the same thing here). The architectural sizes have no default.
 _DEFAULT_ROPE_THETA = 10000.0
 _DEFAULT_TORCH_DTYPE = "float32"
@@ -71,7 +71,7 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class ModelConfig:
     """The hyper-parameters of a Llama-architecture decoder, as in HF `config.json`."""
 
     hidden_size: int
@@ -138,7 +138,7 @@ class LlamaConfig:
             )
 
     @classmethod
-    def from_json(cls, path: str | os.PathLike[str]) -> LlamaConfig:
+    def from_json(cls, path: str | os.PathLike[str]) -> ModelConfig:
         """Read a `config.json`. A missing or ill-typed key raises `WeightsError` naming it."""
         path = Path(path)
         try:
@@ -155,7 +155,7 @@ class LlamaConfig:
             raise WeightsError(f"{path}: {exc}") from None
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | os.PathLike[str]) -> LlamaConfig:
+    def from_model_dir(cls, model_dir: str | os.PathLike[str]) -> ModelConfig:
         """Read `<model_dir>/config.json`."""
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -165,7 +165,7 @@ class LlamaConfig:
         return cls.from_json(model_dir / CONFIG_FILE)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> LlamaConfig:
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         """Build from a parsed `config.json` object (see module doc for the accepted spellings)."""
         _check_supported_architecture(raw)
         hidden_size = _get(raw, "hidden_size", int)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sv_weights.config import LlamaConfig, RopeScaling
+from sv_weights.config import ModelConfig, RopeScaling
 from sv_weights.errors import WeightsError
 
 # Llama 3's RoPE scaling as meta-llama/Llama-3.2-1B-Instruct's config.json has it.
@@ -18,9 +18,9 @@ LLAMA3_ROPE_SCALING = RopeScaling(
 )
 
 
-def llama_3_2_1b_config() -> LlamaConfig:
+def llama_3_2_1b_config() -> ModelConfig:
     """The values of meta-llama/Llama-3.2-1B-Instruct's config.json."""
-    return LlamaConfig(
+    return ModelConfig(
         hidden_size=2048,
         num_hidden_layers=16,
         num_attention_heads=32,
@@ -39,7 +39,7 @@ def llama_3_2_1b_config() -> LlamaConfig:
     )
 
 
-def tiny_llama_config(**overrides: Any) -> LlamaConfig:
+def tiny_llama_config(**overrides: Any) -> ModelConfig:
     """A small config with everything structural of Llama 3.2 1B, for fast tests.
 
     Grouped-query attention (4 query heads share 2 key/value heads), llama3 RoPE scaling with
@@ -47,7 +47,7 @@ def tiny_llama_config(**overrides: Any) -> LlamaConfig:
     `tiny_llama_config(tie_word_embeddings=False, num_hidden_layers=3)`; the result is
     validated like any config.
     """
-    base = LlamaConfig(
+    base = ModelConfig(
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -64,7 +64,7 @@ def tiny_llama_config(**overrides: Any) -> LlamaConfig:
         eos_token_ids=(2, 3),
         torch_dtype="bfloat16",
     )
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(LlamaConfig)})
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ModelConfig)})
     if unknown:
-        raise WeightsError(f"tiny_llama_config: {unknown} are not LlamaConfig fields")
+        raise WeightsError(f"tiny_llama_config: {unknown} are not ModelConfig fields")
     return dataclasses.replace(base, **overrides)

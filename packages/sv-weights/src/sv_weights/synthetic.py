@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from sv_weights.checkpoint import SINGLE_FILE, expected_tensors
-from sv_weights.config import CONFIG_FILE, LlamaConfig
+from sv_weights.config import CONFIG_FILE, ModelConfig
 from sv_weights.errors import WeightsError
 from sv_weights.safetensors import save_file
 
@@ -31,7 +31,7 @@ _TORCH_DTYPE_NAMES = {
 
 
 def random_weights(
-    config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.bfloat16
+    config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.bfloat16
 ) -> dict[str, torch.Tensor]:
     """Seeded random tensors for every name of `expected_tensors(config)`.
 
@@ -56,7 +56,7 @@ def random_weights(
 
 def write_random_checkpoint(
     out_dir: str | os.PathLike[str],
-    config: LlamaConfig,
+    config: ModelConfig,
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
 ) -> Path:

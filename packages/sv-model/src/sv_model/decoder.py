@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 from sv_kernels import ops
 from sv_kernels.rope_tables import Llama3RopeScaling, rope_tables
-from sv_weights import LlamaConfig
+from sv_weights import ModelConfig
 from torch import Tensor
 
 from sv_model.linear_plans import LinearPlans
-from sv_model.weights import LlamaWeights
+from sv_model.weights import ModelWeights
 
 
 @dataclass
@@ -34,7 +34,7 @@ class KVCache:
     @classmethod
     def allocate(
         cls,
-        config: LlamaConfig,
+        config: ModelConfig,
         num_pages: int,
         page_size: int,
         device: torch.device | str,
@@ -79,13 +79,13 @@ class AttentionMetadata:
     max_seqlen_q: int = 1
 
 
-class LlamaModel:
+class DecoderModel:
     """Llama 3 / SmolLM2-style decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP.
 
     `linear_plans` says how each matrix is multiplied (cuBLAS until its owner tunes them); a
     CUDA graph captured earlier keeps the kernels it was captured with."""
 
-    def __init__(self, config: LlamaConfig, weights: LlamaWeights, max_positions: int) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int) -> None:
         self.config = config
         self.weights = weights
         self.linear_plans = LinearPlans.untuned(config.num_hidden_layers)
