@@ -65,10 +65,10 @@ def test_swiglu_matches_hand_formula(cpu_gen: torch.Generator) -> None:
 
 
 def _hf_llama3_rotary(head_dim: int) -> torch.nn.Module:
-    from transformers import ModelConfig
+    from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    config = ModelConfig(
+    config = LlamaConfig(
         hidden_size=head_dim * 4,
         num_attention_heads=4,
         num_key_value_heads=2,

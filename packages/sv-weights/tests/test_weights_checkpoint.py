@@ -52,7 +52,7 @@ def test_expected_tensors_match_transformers_parameters(
 ) -> None:
     config.write_json(tmp_path / "config.json")
     with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(transformers.ModelConfig.from_pretrained(tmp_path))
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_pretrained(tmp_path))
     theirs = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     if config.tie_word_embeddings:
         theirs.pop("lm_head.weight")  # the same tensor as the embedding

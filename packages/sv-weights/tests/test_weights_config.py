@@ -1,4 +1,4 @@
-"""config.json parsing, against hand-copied real files and transformers.ModelConfig (oracle)."""
+"""config.json parsing, against hand-copied real files and transformers.LlamaConfig (oracle)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_legacy_rope_scaling_type_key(tmp_path: Path) -> None:
 def test_round_trip_through_transformers(tmp_path: Path, config: ModelConfig) -> None:
     """Our config.json read by transformers, saved by transformers 5 (rope_parameters), read back."""
     config.write_json(tmp_path / "config.json")
-    theirs = transformers.ModelConfig.from_pretrained(tmp_path)
+    theirs = transformers.LlamaConfig.from_pretrained(tmp_path)
     assert theirs.hidden_size == config.hidden_size
     assert theirs.num_hidden_layers == config.num_hidden_layers
     assert theirs.num_attention_heads == config.num_attention_heads
@@ -170,7 +170,7 @@ def test_defaults_match_transformers(tmp_path: Path) -> None:
         "max_position_embeddings": 256,
     }
     ours = ModelConfig.from_json(write_json(tmp_path, minimal))
-    theirs = transformers.ModelConfig(**minimal)
+    theirs = transformers.LlamaConfig(**minimal)
     assert ours.num_key_value_heads == theirs.num_key_value_heads == 4
     assert ours.head_dim == theirs.head_dim == 16
     assert ours.rope_theta == theirs.rope_parameters["rope_theta"] == 10000.0

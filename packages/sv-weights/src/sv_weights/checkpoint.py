@@ -1,4 +1,4 @@
-"""An HF-layout Llama checkpoint folder: which tensors it must hold, checking that, loading it.
+"""An HF-layout checkpoint folder: which tensors it must hold, checking that, loading it.
 
 A folder holds `config.json` and either one `model.safetensors` or shards listed in
 `model.safetensors.index.json` (`{"weight_map": {tensor name: shard file name}}`). Every shard
@@ -43,7 +43,9 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape, for every weight a checkpoint of `config` holds.
 
     Linear weights are [out_features, in_features]. `lm_head.weight` is absent when tied.
+    The family adds q/k/v biases (Qwen2) or per-head q/k norm gains (Qwen3).
     """
+    architecture = config.architecture
     hidden = config.hidden_size
     q_width = config.num_attention_heads * config.head_dim
     kv_width = config.num_key_value_heads * config.head_dim
@@ -54,6 +56,13 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{prefix}.self_attn.q_proj.weight"] = (q_width, hidden)
         shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv_width, hidden)
         shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv_width, hidden)
+        if architecture.qkv_bias:
+            shapes[f"{prefix}.self_attn.q_proj.bias"] = (q_width,)
+            shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_width,)
+            shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_width,)
+        if architecture.qk_norm:
+            shapes[f"{prefix}.self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[f"{prefix}.self_attn.k_norm.weight"] = (config.head_dim,)
         shapes[f"{prefix}.self_attn.o_proj.weight"] = (hidden, q_width)
         shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
         shapes[f"{prefix}.mlp.gate_proj.weight"] = (config.intermediate_size, hidden)
@@ -84,7 +93,7 @@ def validate_checkpoint(config: ModelConfig, infos: dict[str, TensorInfo], sourc
     unexpected = sorted(name for name in infos if name not in expected)
     if unexpected:
         raise WeightsError(
-            f"{source}: {len(unexpected)} tensor(s) not in a Llama checkpoint of this config, e.g. "
+            f"{source}: {len(unexpected)} tensor(s) not in a {config.model_type} checkpoint of this config, e.g. "
             f"{_first(unexpected)} (config: {config.num_hidden_layers} layers)"
         )
     for name, shape in expected.items():
