@@ -361,11 +361,11 @@ def _check_supported_architecture(raw: dict[str, Any]) -> Architecture:
             )
     # Qwen's sliding window applies to some layers only (max_window_layers, layer_types).
     layer_types = raw.get("layer_types") or []
-    if raw.get("use_sliding_window", False) is not False or (
+    some_layers_slide = raw.get("use_sliding_window", False) is not False or (
         isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types)
-    ):
-        if not architecture.sliding_window:
-            raise WeightsError(
+    )
+    if some_layers_slide and not architecture.sliding_window:
+        raise WeightsError(
                 f"config key 'use_sliding_window': a sliding window on some layers of a "
                 f"{architecture.model_type} model is not supported (expected false)"
             )
