@@ -15,7 +15,7 @@ from sv_model import KVCache, ModelRunner, ModelWeights, StepInputs
 def num_parameters(weights: ModelWeights, include_embedding: bool = True) -> int:
     """Parameters in the weights (a tied LM head counted once)."""
     tensors = [weights.final_norm, weights.lm_head]
-    tensors += [t for layer in weights.layers for t in vars(layer).values()]
+    tensors += [t for layer in weights.layers for t in vars(layer).values() if t is not None]
     count = sum(t.numel() for t in tensors)
     if include_embedding and weights.embed is not weights.lm_head:
         count += weights.embed.numel()
