@@ -366,9 +366,9 @@ def _check_supported_architecture(raw: dict[str, Any]) -> Architecture:
     )
     if some_layers_slide and not architecture.sliding_window:
         raise WeightsError(
-                f"config key 'use_sliding_window': a sliding window on some layers of a "
-                f"{architecture.model_type} model is not supported (expected false)"
-            )
+            f"config key 'use_sliding_window': a sliding window on some layers of a "
+            f"{architecture.model_type} model is not supported (expected false)"
+        )
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise WeightsError(f"config key 'hidden_act': {act!r} is not supported (expected 'silu')")
