@@ -149,7 +149,7 @@ def test_validate_names_missing_unexpected_wrong_shape_and_dtype() -> None:
     infos["model.layers.2.input_layernorm.weight"] = TensorInfo("x", "BF16", (64,), 0, 0)
     with pytest.raises(
         WeightsError,
-        match=r"not in a Llama checkpoint of this config, e.g. 'model.layers.2.input_layernorm.weight' \(config: 2 layers\)",
+        match=r"not in a llama checkpoint of this config, e.g. 'model.layers.2.input_layernorm.weight' \(config: 2 layers\)",
     ):
         validate_checkpoint(config, infos, "ckpt")
 

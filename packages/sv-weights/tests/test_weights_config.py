@@ -234,8 +234,8 @@ BAD_CONFIGS = [
     ),
     (_with(LLAMA_3_2_1B_INSTRUCT_JSON, torch_dtype="int8"), "'torch_dtype': expected one of"),
     (
-        _with(LLAMA_3_2_1B_INSTRUCT_JSON, model_type="mistral"),
-        "'model_type': 'mistral' is not supported",
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, model_type="gemma2"),
+        "model_type 'gemma2' is not supported (supported: llama, mistral, qwen2, qwen3)",
     ),
     (
         _with(LLAMA_3_2_1B_INSTRUCT_JSON, attention_bias=True),
@@ -324,3 +324,72 @@ def test_fuzz_one_key_weights_error_or_valid(key: str, value: Any) -> None:
     except WeightsError:
         return
     assert config.hidden_size > 0 and config.num_attention_heads % config.num_key_value_heads == 0
+
+
+# Qwen/Qwen2.5-0.5B-Instruct/config.json, as published: no head_dim, a sliding_window that
+# use_sliding_window switches off.
+QWEN2_5_0_5B_INSTRUCT_JSON: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "initializer_range": 0.02,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 21,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+
+def test_published_qwen2_5_config_is_the_preset() -> None:
+    from sv_weights.presets import qwen2_5_0_5b_config
+
+    config = ModelConfig.from_dict(QWEN2_5_0_5B_INSTRUCT_JSON)
+    assert config == qwen2_5_0_5b_config()
+    assert config.architecture.qkv_bias and config.sliding_window is None
+
+
+@pytest.mark.parametrize(
+    "name", ["llama-3.1-8b", "llama-3.2-3b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b"]
+)
+def test_presets_round_trip_and_transformers_reads_them(tmp_path: Path, name: str) -> None:
+    """Our config.json of each preset reads back the same, and transformers' own config class
+    for the family (AutoConfig by model_type) reads the same sizes and window from it."""
+    from sv_weights import preset_config
+
+    config = preset_config(name)
+    assert ModelConfig.from_dict(config.to_json_dict()) == config
+    config.write_json(tmp_path / "config.json")
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert theirs.model_type == config.model_type
+    assert type(theirs).__name__.removesuffix("Config") + "ForCausalLM" == (
+        config.architecture.class_name
+    )
+    for key in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim"):
+        assert getattr(theirs, key) == getattr(config, key), key
+    assert getattr(theirs, "sliding_window", None) == config.sliding_window
+
+
+def test_qwen_sliding_window_on_some_layers_is_refused() -> None:
+    raw = {**QWEN2_5_0_5B_INSTRUCT_JSON, "use_sliding_window": True}
+    with pytest.raises(WeightsError, match="sliding window on some layers of a qwen2 model"):
+        ModelConfig.from_dict(raw)
+
+
+def test_sliding_window_only_where_the_family_has_one() -> None:
+    with pytest.raises(WeightsError, match="the llama family has none"):
+        tiny_llama_config(sliding_window=64)
