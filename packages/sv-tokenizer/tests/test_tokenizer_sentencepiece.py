@@ -166,3 +166,30 @@ def test_a_vocabulary_without_its_byte_tokens_is_refused(tmp_path: Path) -> None
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
     with pytest.raises(TokenizerError, match=r"model.vocab' has no <0x41> token"):
         Tokenizer.from_file(tmp_path / "tokenizer.json")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda s: s["pre_tokenizer"].update(prepend_scheme="sometimes"),
+            "field 'pre_tokenizer.prepend_scheme' is 'sometimes'",
+        ),
+        (
+            lambda s: s["pre_tokenizer"].update(replacement="_"),
+            "field 'pre_tokenizer.replacement' must be '▁'",
+        ),
+        (
+            lambda s: s["decoder"]["decoders"].append({"type": "Lowercase"}),
+            "is 'Lowercase'; not a SentencePiece-style decoder step",
+        ),
+        (lambda s: s.update(decoder=None), "field 'decoder' is missing"),
+    ],
+)
+def test_bad_sentencepiece_fields_are_named(tmp_path: Path, change: Any, message: str) -> None:
+    spec = json.loads(_train("metaspace"))
+    change(spec)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(TokenizerError) as caught:
+        Tokenizer.from_file(tmp_path / "tokenizer.json")
+    assert message in str(caught.value)
