@@ -14,14 +14,14 @@ from sv_cli.bench_runner import (
     num_parameters,
     weight_bytes_per_decode_step,
 )
-from sv_model import LlamaWeights, ModelRunner, StepInputs
-from sv_weights import LlamaConfig, load_checkpoint, tiny_llama_config, write_random_checkpoint
+from sv_model import ModelRunner, ModelWeights, StepInputs
+from sv_weights import ModelConfig, load_checkpoint, tiny_llama_config, write_random_checkpoint
 
 
 def _runner(model_dir: Path, device: str, dtype: torch.dtype, **kwargs: object) -> ModelRunner:
-    config = LlamaConfig.from_model_dir(model_dir)
+    config = ModelConfig.from_model_dir(model_dir)
     state = load_checkpoint(model_dir, device=device)
-    weights = LlamaWeights.from_state_dict(config, state, device, dtype)
+    weights = ModelWeights.from_state_dict(config, state, device, dtype)
     return ModelRunner(config, weights, **kwargs)  # type: ignore[arg-type]
 
 

@@ -11,7 +11,7 @@ import torch
 import transformers
 from sv_engine import Engine, EngineError, SamplingParams
 from sv_model import StepInputs
-from sv_weights import LlamaConfig
+from sv_weights import ModelConfig
 
 TEXT = (
     "The river runs past the old mill, where the wheel has not turned for forty years. "
@@ -21,7 +21,7 @@ TEXT = (
 
 
 def test_an_fp8_pool_holds_four_times_the_fp32_pages(tiny_llama_dir: Path) -> None:
-    config = LlamaConfig.from_model_dir(tiny_llama_dir)
+    config = ModelConfig.from_model_dir(tiny_llama_dir)
     fp8 = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8, kv_cache_dtype="fp8")
     fp32 = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8)
     # K and V, every layer and KV head, 16 tokens, one byte each.

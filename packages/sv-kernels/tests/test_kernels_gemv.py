@@ -79,6 +79,38 @@ def test_gemv_swiglu_epilogue_equals_the_two_ops(
 
 
 @pytest.mark.parametrize("config", CONFIGS[:3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("n", "k"),
+    [(37, 100), (64, 1024), pytest.param(1152, 896, marks=GPU)],  # last: Qwen2.5 qkv
+)
+def test_gemv_bias_epilogue(
+    gen: torch.Generator, config: tuple[int, int, int], dtype: torch.dtype, n: int, k: int
+) -> None:
+    """x @ w.T + b against an FP64 oracle (the bias is exact there), and through ops.linear's
+    one-row dispatch the same as the kernel called directly."""
+    x = randn(gen, 1, k, dtype=dtype)
+    w = randn(gen, n, k, dtype=dtype)
+    bias = randn(gen, n, dtype=dtype)
+    out = triton_ops.gemv(x, w, config, bias=bias)
+    assert out.shape == (1, n) and out.dtype == dtype
+    without = out - bias.double()  # in FP64, so the check is of the dot products alone
+    assert_dot_products_close(without, x, w, f"gemv {config} with a bias")
+    plan = LinearPlan(one_row_gemv=config)
+    if x.is_cuda:
+        assert torch.equal(ops.linear(x, w, plan=plan, bias=bias), out)
+    else:  # ops sends CPU tensors to the reference whatever the plan
+        want = torch.nn.functional.linear(x.double(), w.double(), bias.double())
+        assert_close(ops.linear(x, w, plan=plan, bias=bias), want.to(dtype), "ops.linear bias")
+
+
+def test_linear_rejects_a_bias_of_the_wrong_size(gen: torch.Generator) -> None:
+    x, w = randn(gen, 2, 8, dtype=torch.float32), randn(gen, 5, 8, dtype=torch.float32)
+    with pytest.raises(KernelError, match="bias has 4 along dim 0, expected 5"):
+        ops.linear(x, w, bias=randn(gen, 4, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("config", CONFIGS[:3])
 @pytest.mark.parametrize(("n", "k"), [(37, 100), pytest.param(128256, 2048, marks=GPU)])
 def test_gemv_fp32_output_equals_converting_afterwards(
     gen: torch.Generator, config: tuple[int, int, int], n: int, k: int

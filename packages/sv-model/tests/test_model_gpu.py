@@ -69,12 +69,12 @@ def engine_1b(llama_1b_dir: Path) -> Any:
 
 
 def _runner(model_dir: Path, **kwargs: object) -> object:
-    from sv_model import LlamaWeights, ModelRunner
-    from sv_weights import LlamaConfig, load_checkpoint
+    from sv_model import ModelRunner, ModelWeights
+    from sv_weights import ModelConfig, load_checkpoint
 
-    config = LlamaConfig.from_model_dir(model_dir)
+    config = ModelConfig.from_model_dir(model_dir)
     state = load_checkpoint(model_dir, device="cuda")
-    weights = LlamaWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
+    weights = ModelWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
     return ModelRunner(config, weights, num_pages=2048, max_model_len=16384, **kwargs)  # type: ignore[arg-type]
 
 
@@ -142,14 +142,14 @@ def test_weights_resident_on_the_gpu_are_the_packed_weights_1b(llama_1b_dir: Pat
     distinct storages their tensors view, and torch.cuda.memory_allocated after vs before.
     Their own bytes are the file's tensors' (tied: the file has no lm_head). Packing after a
     load that kept the file's buffer measured 3.49 GiB for these 2.30 GiB."""
-    from sv_model import LlamaWeights
-    from sv_weights import LlamaConfig, load_checkpoint, read_header
+    from sv_model import ModelWeights
+    from sv_weights import ModelConfig, load_checkpoint, read_header
 
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    config = LlamaConfig.from_model_dir(llama_1b_dir)
+    config = ModelConfig.from_model_dir(llama_1b_dir)
     state = load_checkpoint(llama_1b_dir, device="cuda")
-    weights = LlamaWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
+    weights = ModelWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
     del state
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated() - before

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from sv_model import LlamaWeights, ModelRunner, StepInputs, warmup
-from sv_weights import LlamaConfig, load_checkpoint
+from sv_model import ModelRunner, ModelWeights, StepInputs, warmup
+from sv_weights import ModelConfig, load_checkpoint
 
 PAGE = 16
 
 
 def make_runner(model_dir: Path, num_pages: int = 256, **kwargs: object) -> ModelRunner:
-    config = LlamaConfig.from_model_dir(model_dir)
-    weights = LlamaWeights.from_state_dict(config, load_checkpoint(model_dir), "cpu", torch.float32)
+    config = ModelConfig.from_model_dir(model_dir)
+    weights = ModelWeights.from_state_dict(config, load_checkpoint(model_dir), "cpu", torch.float32)
     return ModelRunner(config, weights, num_pages=num_pages, **kwargs)  # type: ignore[arg-type]
 
 

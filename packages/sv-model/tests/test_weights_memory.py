@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from sv_model import LlamaWeights, ModelRunner, StepInputs
-from sv_weights import LlamaConfig, load_checkpoint
+from sv_model import ModelRunner, ModelWeights, StepInputs
+from sv_weights import ModelConfig, load_checkpoint
 from torch import Tensor
 
 
-def weight_tensors(weights: LlamaWeights) -> list[Tensor]:
+def weight_tensors(weights: ModelWeights) -> list[Tensor]:
     """Every tensor the model uses, each once (a tied LM head is the embedding tensor)."""
     found = [weights.embed, weights.final_norm, weights.lm_head]
     for layer in weights.layers:
@@ -34,10 +34,10 @@ def distinct_storage_bytes(tensors: list[Tensor]) -> int:
     return sum(storages.values())
 
 
-def load(model_dir: Path, copy: bool) -> tuple[LlamaConfig, LlamaWeights]:
-    config = LlamaConfig.from_model_dir(model_dir)
+def load(model_dir: Path, copy: bool) -> tuple[ModelConfig, ModelWeights]:
+    config = ModelConfig.from_model_dir(model_dir)
     state = load_checkpoint(model_dir, copy=copy)
-    return config, LlamaWeights.from_state_dict(config, state, "cpu", torch.float32)
+    return config, ModelWeights.from_state_dict(config, state, "cpu", torch.float32)
 
 
 @pytest.mark.parametrize("fixture", ["tiny_dir", "untied_dir"])

@@ -194,7 +194,7 @@ def broken(mutate: Any) -> dict[str, Any]:
         (broken(lambda d: d["model"].update(dropout=0.1)), "field 'model.dropout' is 0.1"),
         (broken(lambda d: d["model"].update(continuing_subword_prefix="##")), "'model.continuing_subword_prefix' is set"),
         (broken(lambda d: d["model"].update(unk_token="<unk>")), "'model.unk_token' is '<unk>', which is not"),
-        (broken(lambda d: d.update(normalizer={"type": "NFC"})), "field 'normalizer.type' is 'NFC'"),
+        (broken(lambda d: d.update(normalizer={"type": "NFKC"})), "field 'normalizer.type' is 'NFKC'"),
         (broken(lambda d: d.update(pre_tokenizer=None)), "field 'pre_tokenizer' is missing"),
         (broken(lambda d: d.update(pre_tokenizer={"type": "Whitespace"})), "must end with a ByteLevel"),
         (

@@ -15,7 +15,7 @@ import safetensors.torch
 import torch
 import transformers
 from sv_weights import (
-    LlamaConfig,
+    ModelConfig,
     WeightsError,
     expected_tensors,
     llama_3_2_1b_config,
@@ -49,7 +49,7 @@ def test_llama_3_2_1b_has_its_published_parameter_count() -> None:
     ],
 )
 def test_expected_tensors_match_transformers_parameters(
-    config: LlamaConfig, tmp_path: Path
+    config: ModelConfig, tmp_path: Path
 ) -> None:
     config.write_json(tmp_path / "config.json")
     with torch.device("meta"):
@@ -100,7 +100,7 @@ def test_random_checkpoint_is_seeded_and_well_scaled(tmp_path: Path) -> None:
 
 def test_random_checkpoint_in_float32(tmp_path: Path) -> None:
     write_random_checkpoint(tmp_path, tiny_llama_config(), dtype=torch.float32)
-    assert LlamaConfig.from_model_dir(tmp_path).torch_dtype == "float32"
+    assert ModelConfig.from_model_dir(tmp_path).torch_dtype == "float32"
     assert {
         info.dtype for info in read_header(tmp_path / "model.safetensors").tensors.values()
     } == {"F32"}
@@ -123,7 +123,7 @@ def test_load_agrees_with_safetensors_oracle_and_converts_dtype(tmp_path: Path) 
 # ------------------------------------------------------------------------------------------
 
 
-def infos_for(config: LlamaConfig, dtype: str = "BF16") -> dict[str, TensorInfo]:
+def infos_for(config: ModelConfig, dtype: str = "BF16") -> dict[str, TensorInfo]:
     return {
         name: TensorInfo(name, dtype, shape, 0, 0)
         for name, shape in expected_tensors(config).items()
@@ -150,7 +150,7 @@ def test_validate_names_missing_unexpected_wrong_shape_and_dtype() -> None:
     infos["model.layers.2.input_layernorm.weight"] = TensorInfo("x", "BF16", (64,), 0, 0)
     with pytest.raises(
         WeightsError,
-        match=r"not in a Llama checkpoint of this config, e.g. 'model.layers.2.input_layernorm.weight' \(config: 2 layers\)",
+        match=r"not in a llama checkpoint of this config, e.g. 'model.layers.2.input_layernorm.weight' \(config: 2 layers\)",
     ):
         validate_checkpoint(config, infos, "ckpt")
 
@@ -197,7 +197,7 @@ def test_tied_checkpoint_with_an_lm_head(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def write_sharded(tmp_path: Path, config: LlamaConfig, shards: int = 3) -> dict[str, torch.Tensor]:
+def write_sharded(tmp_path: Path, config: ModelConfig, shards: int = 3) -> dict[str, torch.Tensor]:
     weights = random_weights(config, seed=5)
     names = list(weights)
     weight_map: dict[str, str] = {}

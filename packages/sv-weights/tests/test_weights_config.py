@@ -12,7 +12,7 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sv_weights import (
-    LlamaConfig,
+    ModelConfig,
     RopeScaling,
     WeightsError,
     llama_3_2_1b_config,
@@ -91,7 +91,7 @@ def write_json(tmp_path: Path, value: Any, name: str = "config.json") -> Path:
 
 
 def test_llama_3_2_1b_instruct_file(tmp_path: Path) -> None:
-    config = LlamaConfig.from_json(write_json(tmp_path, LLAMA_3_2_1B_INSTRUCT_JSON))
+    config = ModelConfig.from_json(write_json(tmp_path, LLAMA_3_2_1B_INSTRUCT_JSON))
     assert config == llama_3_2_1b_config()
     assert config.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
     assert config.eos_token_ids == (128001, 128008, 128009)
@@ -104,7 +104,7 @@ def test_llama_3_2_1b_config_writes_the_published_file() -> None:
 
 
 def test_smollm2_135m_file(tmp_path: Path) -> None:
-    config = LlamaConfig.from_model_dir(write_json(tmp_path, SMOLLM2_135M_JSON).parent)
+    config = ModelConfig.from_model_dir(write_json(tmp_path, SMOLLM2_135M_JSON).parent)
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (
         576,
         30,
@@ -120,13 +120,13 @@ def test_smollm2_135m_file(tmp_path: Path) -> None:
 def test_legacy_rope_scaling_type_key(tmp_path: Path) -> None:
     raw = json.loads(json.dumps(LLAMA_3_2_1B_INSTRUCT_JSON))
     raw["rope_scaling"]["type"] = raw["rope_scaling"].pop("rope_type")
-    assert LlamaConfig.from_json(write_json(tmp_path, raw)) == llama_3_2_1b_config()
+    assert ModelConfig.from_json(write_json(tmp_path, raw)) == llama_3_2_1b_config()
 
 
 @pytest.mark.parametrize(
     "config", [llama_3_2_1b_config(), tiny_llama_config(), tiny_llama_config(rope_scaling=None)]
 )
-def test_round_trip_through_transformers(tmp_path: Path, config: LlamaConfig) -> None:
+def test_round_trip_through_transformers(tmp_path: Path, config: ModelConfig) -> None:
     """Our config.json read by transformers, saved by transformers 5 (rope_parameters), read back."""
     config.write_json(tmp_path / "config.json")
     theirs = transformers.LlamaConfig.from_pretrained(tmp_path)
@@ -154,7 +154,7 @@ def test_round_trip_through_transformers(tmp_path: Path, config: LlamaConfig) ->
     resaved = tmp_path / "resaved"
     theirs.save_pretrained(resaved)
     assert "rope_parameters" in json.loads((resaved / "config.json").read_text())
-    back = LlamaConfig.from_model_dir(resaved)
+    back = ModelConfig.from_model_dir(resaved)
     # transformers 5 writes `dtype` only when one was set; everything else must survive.
     assert dataclasses.replace(back, torch_dtype=config.torch_dtype) == config
 
@@ -169,7 +169,7 @@ def test_defaults_match_transformers(tmp_path: Path) -> None:
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 256,
     }
-    ours = LlamaConfig.from_json(write_json(tmp_path, minimal))
+    ours = ModelConfig.from_json(write_json(tmp_path, minimal))
     theirs = transformers.LlamaConfig(**minimal)
     assert ours.num_key_value_heads == theirs.num_key_value_heads == 4
     assert ours.head_dim == theirs.head_dim == 16
@@ -234,8 +234,8 @@ BAD_CONFIGS = [
     ),
     (_with(LLAMA_3_2_1B_INSTRUCT_JSON, torch_dtype="int8"), "'torch_dtype': expected one of"),
     (
-        _with(LLAMA_3_2_1B_INSTRUCT_JSON, model_type="mistral"),
-        "'model_type': 'mistral' is not supported",
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, model_type="gemma2"),
+        "model_type 'gemma2' is not supported (supported: llama, mistral, qwen2, qwen3)",
     ),
     (
         _with(LLAMA_3_2_1B_INSTRUCT_JSON, attention_bias=True),
@@ -269,22 +269,22 @@ BAD_CONFIGS = [
 def test_bad_config_names_the_key(tmp_path: Path, raw: dict[str, Any], fragment: str) -> None:
     path = write_json(tmp_path, raw)
     with pytest.raises(WeightsError) as caught:
-        LlamaConfig.from_json(path)
+        ModelConfig.from_json(path)
     assert str(path) in str(caught.value)
     assert fragment in str(caught.value)
 
 
 def test_unreadable_config_files(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="cannot read the config"):
-        LlamaConfig.from_json(tmp_path / "absent.json")
+        ModelConfig.from_json(tmp_path / "absent.json")
     (tmp_path / "bad.json").write_text("{nope")
     with pytest.raises(WeightsError, match="not valid JSON"):
-        LlamaConfig.from_json(tmp_path / "bad.json")
+        ModelConfig.from_json(tmp_path / "bad.json")
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(WeightsError, match="expected a JSON object"):
-        LlamaConfig.from_json(tmp_path / "list.json")
+        ModelConfig.from_json(tmp_path / "list.json")
     with pytest.raises(WeightsError, match="not a folder"):
-        LlamaConfig.from_model_dir(tmp_path / "nowhere")
+        ModelConfig.from_model_dir(tmp_path / "nowhere")
 
 
 def test_tiny_config_is_structurally_faithful() -> None:
@@ -296,7 +296,7 @@ def test_tiny_config_is_structurally_faithful() -> None:
     )
     assert tiny.hidden_size == tiny.num_attention_heads * tiny.head_dim
     assert tiny_llama_config(num_hidden_layers=3).num_hidden_layers == 3
-    with pytest.raises(WeightsError, match="not LlamaConfig fields"):
+    with pytest.raises(WeightsError, match="not ModelConfig fields"):
         tiny_llama_config(layers=3)
     with pytest.raises(WeightsError, match="num_key_value_heads"):
         tiny_llama_config(num_key_value_heads=3)
@@ -320,7 +320,76 @@ json_values = st.recursive(
 def test_fuzz_one_key_weights_error_or_valid(key: str, value: Any) -> None:
     raw = dict(LLAMA_3_2_1B_INSTRUCT_JSON, **{key: value})
     try:
-        config = LlamaConfig.from_dict(raw)
+        config = ModelConfig.from_dict(raw)
     except WeightsError:
         return
     assert config.hidden_size > 0 and config.num_attention_heads % config.num_key_value_heads == 0
+
+
+# Qwen/Qwen2.5-0.5B-Instruct/config.json, as published: no head_dim, a sliding_window that
+# use_sliding_window switches off.
+QWEN2_5_0_5B_INSTRUCT_JSON: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "initializer_range": 0.02,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 21,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+
+def test_published_qwen2_5_config_is_the_preset() -> None:
+    from sv_weights.presets import qwen2_5_0_5b_config
+
+    config = ModelConfig.from_dict(QWEN2_5_0_5B_INSTRUCT_JSON)
+    assert config == qwen2_5_0_5b_config()
+    assert config.architecture.qkv_bias and config.sliding_window is None
+
+
+@pytest.mark.parametrize(
+    "name", ["llama-3.1-8b", "llama-3.2-3b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b"]
+)
+def test_presets_round_trip_and_transformers_reads_them(tmp_path: Path, name: str) -> None:
+    """Our config.json of each preset reads back the same, and transformers' own config class
+    for the family (AutoConfig by model_type) reads the same sizes and window from it."""
+    from sv_weights import preset_config
+
+    config = preset_config(name)
+    assert ModelConfig.from_dict(config.to_json_dict()) == config
+    config.write_json(tmp_path / "config.json")
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert theirs.model_type == config.model_type
+    assert type(theirs).__name__.removesuffix("Config") + "ForCausalLM" == (
+        config.architecture.class_name
+    )
+    for key in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim"):
+        assert getattr(theirs, key) == getattr(config, key), key
+    assert getattr(theirs, "sliding_window", None) == config.sliding_window
+
+
+def test_qwen_sliding_window_on_some_layers_is_refused() -> None:
+    raw = {**QWEN2_5_0_5B_INSTRUCT_JSON, "use_sliding_window": True}
+    with pytest.raises(WeightsError, match="sliding window on some layers of a qwen2 model"):
+        ModelConfig.from_dict(raw)
+
+
+def test_sliding_window_only_where_the_family_has_one() -> None:
+    with pytest.raises(WeightsError, match="the llama family has none"):
+        tiny_llama_config(sliding_window=64)

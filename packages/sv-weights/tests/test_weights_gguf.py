@@ -22,7 +22,7 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sv_weights import (
-    LlamaConfig,
+    ModelConfig,
     WeightsError,
     convert_gguf_to_hf,
     load_checkpoint,
@@ -33,7 +33,7 @@ from sv_weights.synthetic import random_weights
 
 
 def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """llama.cpp convert_hf_to_gguf.py's `LlamaModel.permute` (the forward direction)."""
+    """llama.cpp convert_hf_to_gguf.py's `DecoderModel.permute` (the forward direction)."""
     return (
         weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
         .swapaxes(1, 2)
@@ -94,7 +94,7 @@ def tiny_vocab() -> list[str]:
     return tokens
 
 
-def tiny_gguf_config(**overrides: Any) -> LlamaConfig:
+def tiny_gguf_config(**overrides: Any) -> ModelConfig:
     fields: dict[str, Any] = {
         "vocab_size": len(tiny_vocab()),
         "bos_token_id": 1,
@@ -109,7 +109,7 @@ def tiny_gguf_config(**overrides: Any) -> LlamaConfig:
 
 def write_tiny_gguf(
     path: Path,
-    config: LlamaConfig,
+    config: ModelConfig,
     *,
     quant: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
     pre: str = "smollm",
@@ -187,7 +187,7 @@ def test_float32_gguf_round_trips_exactly(tmp_path: Path, tie: bool) -> None:
     messages: list[str] = []
     out = convert_gguf_to_hf(tmp_path / "tiny.gguf", tmp_path / "hf", progress=messages.append)
     assert out == tmp_path / "hf" and messages
-    assert LlamaConfig.from_model_dir(out) == config
+    assert ModelConfig.from_model_dir(out) == config
     converted = load_checkpoint(out)
     assert sorted(converted) == sorted(original)
     for name, tensor in original.items():

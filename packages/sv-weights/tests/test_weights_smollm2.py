@@ -17,7 +17,7 @@ import regex
 import tokenizers
 import torch
 import transformers
-from sv_weights import LlamaConfig, convert_gguf_to_hf, load_checkpoint
+from sv_weights import ModelConfig, convert_gguf_to_hf, load_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def reference_tokenizer(gguf_path: Path) -> Any:
 def test_config_matches_transformers_reading_of_the_gguf(
     converted: Path, reference_model: Any
 ) -> None:
-    ours = LlamaConfig.from_model_dir(converted)
+    ours = ModelConfig.from_model_dir(converted)
     theirs = reference_model.config
     assert ours.hidden_size == theirs.hidden_size == 576
     assert ours.num_hidden_layers == theirs.num_hidden_layers == 30

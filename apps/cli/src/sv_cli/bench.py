@@ -1,6 +1,7 @@
 """`sv bench`: the benchmarks of DESIGN.md §5, measured in one run, each beside its roofline.
 
-All at Llama-3.2-1B shapes, bf16, random weights (seed 0), EOS ignored. The rooflines are
+All at Llama-3.2-1B shapes unless `--preset` names another model's published shapes (see
+`sv_weights.PRESETS`), bf16, random weights (seed 0), EOS ignored. The rooflines are
 measured in the same run (device-to-device copy bandwidth, bf16 GEMM rate, pinned
 host-to-device bandwidth), so every figure is also printed as a fraction of what the hardware
 could do. Needs a CUDA device; `--quick` shrinks every workload (for a smoke test).
@@ -20,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 MIB = 1 << 20
+DEFAULT_PRESET = "llama-3.2-1b"
+# Prompt token ids are drawn below this (Llama 3's vocabulary); a smaller vocabulary (Mistral's
+# 32,000) takes them modulo its size, so the 1B workloads stay the ones of DESIGN.md.
+PROMPT_ID_BOUND = 128000
 
 
 @dataclass
@@ -48,7 +53,8 @@ class Report:
         print(f"[bench] {row.name}: {row.value:,.2f} {row.unit}{frac} {row.note}", flush=True)
 
     def table(self) -> str:
-        lines = [f"{'benchmark':34} {'value':>14} {'unit':10} {'roofline':>12} {'frac':>5}  note"]
+        lines = [f"preset {self.info['preset']}"] if "preset" in self.info else []
+        lines += [f"{'benchmark':34} {'value':>14} {'unit':10} {'roofline':>12} {'frac':>5}  note"]
         for r in self.rows:
             roof = f"{r.roofline:,.0f}" if r.roofline else ""
             lines.append(
@@ -127,16 +133,21 @@ def measure_rooflines(report: Report) -> dict[str, float]:
     return roof
 
 
-def prepare_checkpoint(root: Path, tokenizer_dir: Path | None) -> Path:
-    """The random-weight Llama 3.2 1B checkpoint (seed 0), written once and reused."""
+def prepare_checkpoint(
+    root: Path, tokenizer_dir: Path | None, preset: str = DEFAULT_PRESET
+) -> Path:
+    """The random-weight checkpoint of `preset` (seed 0, drawn on the GPU: an 8B one in
+    seconds), written once and reused."""
     import torch
-    from sv_weights import llama_3_2_1b_config, write_random_checkpoint
+    from sv_weights import preset_config, write_random_checkpoint
 
-    model_dir = root / "llama-3.2-1b-random"
+    model_dir = root / f"{preset}-random"
     if not (model_dir / "model.safetensors").exists():
         t0 = time.perf_counter()
-        print(f"[bench] writing the random Llama 3.2 1B checkpoint to {model_dir} ...", flush=True)
-        write_random_checkpoint(model_dir, llama_3_2_1b_config(), seed=0, dtype=torch.bfloat16)
+        print(f"[bench] writing the random {preset} checkpoint to {model_dir} ...", flush=True)
+        write_random_checkpoint(
+            model_dir, preset_config(preset), seed=0, dtype=torch.bfloat16, device="cuda"
+        )
         print(f"[bench] ... done in {time.perf_counter() - t0:.1f} s", flush=True)
     if tokenizer_dir is not None:
         for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
@@ -189,7 +200,7 @@ def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
     setting = f"{default[0]} readers x {default[1] // MIB} MiB x {default[2]} buffers"
     report.add(
         Row(
-            "load 1B checkpoint -> GPU",
+            "load checkpoint -> GPU",
             size / best / 1e9,
             "GB/s",
             roof["h2d"] / 1e9,
@@ -199,7 +210,7 @@ def bench_load(report: Report, model_dir: Path, roof: dict[str, float]) -> None:
     )
     report.add(
         Row(
-            "load 1B checkpoint -> GPU, first in process",
+            "load checkpoint -> GPU, first in process",
             size / first / 1e9,
             "GB/s",
             roof["h2d"] / 1e9,
@@ -213,14 +224,14 @@ def bench_memory(report: Report, model_dir: Path) -> None:
     the state dropped), beside the packed weights' own size (the roofline): the bytes of the
     distinct storages their tensors view, and torch.cuda.memory_allocated after vs before."""
     import torch
-    from sv_model import LlamaWeights
-    from sv_weights import LlamaConfig, load_checkpoint
+    from sv_model import ModelWeights
+    from sv_weights import ModelConfig, load_checkpoint
 
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    config = LlamaConfig.from_model_dir(model_dir)
+    config = ModelConfig.from_model_dir(model_dir)
     state = load_checkpoint(model_dir, device="cuda")
-    weights = LlamaWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
+    weights = ModelWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
     del state
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated() - before
@@ -248,8 +259,17 @@ def _engine(model_dir: Path, **kwargs: Any) -> Any:
     return Engine.from_model_dir(model_dir, device="cuda", **kwargs)
 
 
-def _random_prompts(rng: random.Random, count: int, lo: int, hi: int) -> list[list[int]]:
-    return [[rng.randint(0, 127999) for _ in range(rng.randint(lo, hi))] for _ in range(count)]
+def _random_prompts(
+    rng: random.Random, count: int, lo: int, hi: int, vocab: int = PROMPT_ID_BOUND
+) -> list[list[int]]:
+    return [
+        [rng.randint(0, PROMPT_ID_BOUND - 1) % vocab for _ in range(rng.randint(lo, hi))]
+        for _ in range(count)
+    ]
+
+
+def _vocab(engine: Any) -> int:
+    return int(engine.runner.config.vocab_size)
 
 
 def bench_decode_b1(report: Report, engine: Any, roof: dict[str, float], new_tokens: int) -> None:
@@ -259,7 +279,9 @@ def bench_decode_b1(report: Report, engine: Any, roof: dict[str, float], new_tok
 
     weight_bytes = weight_bytes_per_decode_step(engine.runner.model.weights)
     rng = random.Random(1)
-    warm, prompt = _random_prompts(rng, 2, 128, 128)  # distinct: no prefix-cache hit
+    warm, prompt = _random_prompts(
+        rng, 2, 128, 128, _vocab(engine)
+    )  # distinct: no prefix-cache hit
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     sampled = SamplingParams(
         max_new_tokens=new_tokens, ignore_eos=True, temperature=0.7, top_k=50, top_p=0.9, seed=0
@@ -384,7 +406,7 @@ def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
     from sv_cli.bench_runner import num_parameters
 
     config = engine.runner.config
-    prompt = _random_prompts(random.Random(2), 1, 2048, 2048)[0]
+    prompt = _random_prompts(random.Random(2), 1, 2048, 2048, _vocab(engine))[0]
     params = SamplingParams(max_new_tokens=1, ignore_eos=True)
     best = float("inf")
     for i in range(6):
@@ -424,7 +446,7 @@ def bench_throughput(
     from sv_cli.bench_runner import kv_pool_bytes
 
     rng = random.Random(0)
-    prompts = _random_prompts(rng, count, 100, 1024)
+    prompts = _random_prompts(rng, count, 100, 1024, _vocab(engine))
     news = [rng.randint(100, 1024) if variable else new_tokens for _ in prompts]
     # Each benchmark starts cold: no prompt may be served by an earlier run's prefix cache.
     engine.clear_prefix_cache()
@@ -505,14 +527,14 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
     from sv_engine import SamplingParams
 
     rng = random.Random(5)
-    one = _random_prompts(rng, 1, 128, 128)
+    one = _random_prompts(rng, 1, 128, 128, _vocab(engine))
     profile_steps(
         engine,
         "decode-b1, 32 tokens",
         lambda: engine.generate(one, SamplingParams(max_new_tokens=32, ignore_eos=True)),
         out_dir,
     )
-    long = _random_prompts(rng, 1, 2048, 2048)
+    long = _random_prompts(rng, 1, 2048, 2048, _vocab(engine))
     profile_steps(
         engine,
         "prefill 2048",
@@ -520,7 +542,7 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
         out_dir,
     )
     # 256 sequences decoding together (contexts ~100..1,024): 16 steps, after their prefill.
-    for p in _random_prompts(rng, 256, 100, 1024):
+    for p in _random_prompts(rng, 256, 100, 1024, _vocab(engine)):
         engine.add_request(p, SamplingParams(max_new_tokens=40, ignore_eos=True), stream_text=False)
     while any(not s.decoding for s in engine.scheduler.running()) or engine.scheduler.num_waiting:
         engine.step()
@@ -544,11 +566,12 @@ def bench_peer(report: Report, model_dir: Path, quick: bool) -> None:
     """transformers on the same checkpoint: generate() at batch 1, and its continuous batching
     (generate_batch) on the first requests of the throughput workload."""
     import torch
-    from transformers import GenerationConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
-    model: Any = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     model = model.cuda().eval()
-    prompt = torch.tensor([_random_prompts(random.Random(1), 1, 128, 128)[0]], device="cuda")
+    vocab = int(model.config.vocab_size)
+    prompt = torch.tensor([_random_prompts(random.Random(1), 1, 128, 128, vocab)[0]], device="cuda")
     new = 16 if quick else 64
     kwargs = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
     model.generate(prompt, max_new_tokens=4, min_new_tokens=4, **kwargs)
@@ -558,7 +581,7 @@ def bench_peer(report: Report, model_dir: Path, quick: bool) -> None:
     torch.cuda.synchronize()
     report.add(Row("peer: transformers generate b1", new / (time.perf_counter() - t0), "tok/s"))
     count, new = (16, 64) if quick else (64, 512)
-    prompts = _random_prompts(random.Random(0), count, 100, 1024)
+    prompts = _random_prompts(random.Random(0), count, 100, 1024, vocab)
     try:
         config = GenerationConfig(  # type: ignore[no-untyped-call]
             max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None
@@ -582,10 +605,21 @@ def bench_peer(report: Report, model_dir: Path, quick: bool) -> None:
     torch.cuda.empty_cache()
 
 
+def _preset_names() -> list[str]:
+    from sv_weights import PRESETS
+
+    return list(PRESETS)
+
+
 def bench_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="sv bench", description=__doc__)
     p.add_argument("--workdir", default="/tmp/sv-bench", help="where the random checkpoint goes")
     p.add_argument("--tokenizer-dir", help="folder with the Llama 3.2 tokenizer files")
+    p.add_argument(
+        "--preset",
+        default=DEFAULT_PRESET,
+        help="the published shapes to run (random weights): " + ", ".join(_preset_names()),
+    )
     p.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     p.add_argument("--peer", action="store_true", help="also run the transformers peer")
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
@@ -596,6 +630,8 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
     args = p.parse_args(argv)
+    if args.preset not in _preset_names():
+        p.error(f"unknown preset {args.preset!r} (presets: {', '.join(_preset_names())})")
 
     import torch
     from sv_tokenizer.cli import installed_llama_tokenizer_dir
@@ -610,11 +646,12 @@ def bench_main(argv: list[str]) -> int:
 
     report = Report()
     report.info["device"] = torch.cuda.get_device_name()
+    report.info["preset"] = args.preset
     roof = measure_rooflines(report)
     tokenizer_dir = (
         Path(args.tokenizer_dir) if args.tokenizer_dir else installed_llama_tokenizer_dir()
     )
-    model_dir = prepare_checkpoint(Path(args.workdir), tokenizer_dir)
+    model_dir = prepare_checkpoint(Path(args.workdir), tokenizer_dir, args.preset)
     if want("load"):
         bench_load(report, model_dir, roof)
     if want("memory"):

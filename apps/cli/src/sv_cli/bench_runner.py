@@ -9,20 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sv_model import KVCache, LlamaWeights, ModelRunner, StepInputs
+from sv_model import KVCache, ModelRunner, ModelWeights, StepInputs
 
 
-def num_parameters(weights: LlamaWeights, include_embedding: bool = True) -> int:
+def num_parameters(weights: ModelWeights, include_embedding: bool = True) -> int:
     """Parameters in the weights (a tied LM head counted once)."""
     tensors = [weights.final_norm, weights.lm_head]
-    tensors += [t for layer in weights.layers for t in vars(layer).values()]
+    tensors += [t for layer in weights.layers for t in vars(layer).values() if t is not None]
     count = sum(t.numel() for t in tensors)
     if include_embedding and weights.embed is not weights.lm_head:
         count += weights.embed.numel()
     return count
 
 
-def weight_bytes_per_decode_step(weights: LlamaWeights) -> int:
+def weight_bytes_per_decode_step(weights: ModelWeights) -> int:
     """Bytes of weights a decode step must read: every matrix once (the one embedding row per
     token is negligible and not counted)."""
     return num_parameters(weights, include_embedding=False) * weights.lm_head.element_size()

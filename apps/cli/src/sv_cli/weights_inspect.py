@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from sv_weights import (
-    LlamaConfig,
+    ModelConfig,
     SafetensorsHeader,
     WeightsError,
     read_header,
@@ -43,7 +43,7 @@ def inspect_main(
     path = Path(args.path)
     try:
         if path.is_dir():
-            config = LlamaConfig.from_model_dir(path)
+            config = ModelConfig.from_model_dir(path)
             headers = read_checkpoint_headers(path)
             _print_table(headers, out)
             print(f"config: {config.summary()}", file=out)

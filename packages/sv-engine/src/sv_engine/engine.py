@@ -167,6 +167,7 @@ class Engine:
                 max_step_tokens=max(cfg.max_step_tokens, cfg.max_num_seqs),
                 prefix_caching=cfg.prefix_caching,
                 admission=cfg.admission,
+                sliding_window=loaded.config.sliding_window,
             )
         )
         if warmup and loaded.runner.is_cuda:

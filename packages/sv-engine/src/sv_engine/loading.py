@@ -10,10 +10,10 @@ import torch
 from sv_kernels import TuningCache
 from sv_kernels.reference import FP8_KV_DTYPE
 from sv_kvcache import KVCacheError, pages_for_free_memory, pages_for_mib
-from sv_model import LlamaWeights, ModelRunner
+from sv_model import ModelRunner, ModelWeights
 from sv_scheduler import Admission
 from sv_tokenizer import Tokenizer, TokenizerError
-from sv_weights import LlamaConfig, WeightsError, load_checkpoint
+from sv_weights import ModelConfig, WeightsError, load_checkpoint
 
 from sv_engine.default_model import damaged_default_model_hint
 from sv_engine.errors import EngineError
@@ -49,7 +49,7 @@ class EngineConfig:
 
 @dataclass
 class LoadedModel:
-    config: LlamaConfig
+    config: ModelConfig
     tokenizer: Tokenizer
     runner: ModelRunner
     num_pages: int
@@ -84,14 +84,14 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
     device = resolve_device(cfg.device)
     dtype = cfg.dtype or default_dtype(device)
     try:
-        config = LlamaConfig.from_model_dir(model_dir)
+        config = ModelConfig.from_model_dir(model_dir)
         max_model_len = _context_limit(config, model_dir, cfg.max_model_len)
         tokenizer = Tokenizer.from_model_dir(model_dir)
         tokenizer.check_chat_template()
         state = load_checkpoint(model_dir, device=device)
     except (WeightsError, TokenizerError) as e:
         raise EngineError(f"{e}{damaged_default_model_hint(model_dir)}") from e
-    weights = LlamaWeights.from_state_dict(config, state, device, dtype)
+    weights = ModelWeights.from_state_dict(config, state, device, dtype)
     del state
     kv_dtype = _kv_cache_dtype(cfg.kv_cache_dtype, dtype)
     num_pages = _pool_pages(config, device, kv_dtype, cfg.kv_cache_mib)
@@ -117,7 +117,7 @@ def _kv_cache_dtype(name: str, weights_dtype: torch.dtype) -> torch.dtype:
     raise EngineError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}")
 
 
-def _context_limit(config: LlamaConfig, model_dir: Path, asked: int | None) -> int:
+def _context_limit(config: ModelConfig, model_dir: Path, asked: int | None) -> int:
     """The context limit: the model's, or the user's when lower. Never the KV pool's: a request
     the pool cannot hold is the scheduler's to refuse, saying so."""
     model_limit = config.max_position_embeddings
@@ -137,7 +137,7 @@ def _context_limit(config: LlamaConfig, model_dir: Path, asked: int | None) -> i
 
 
 def _pool_pages(
-    config: LlamaConfig, device: torch.device, dtype: torch.dtype, kv_cache_mib: float | None
+    config: ModelConfig, device: torch.device, dtype: torch.dtype, kv_cache_mib: float | None
 ) -> int:
     shape = (config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype.itemsize)
     if device.type == "cuda" and kv_cache_mib is None:

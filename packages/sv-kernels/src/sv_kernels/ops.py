@@ -147,10 +147,15 @@ def rms_norm(
 
 
 def linear(
-    x: Tensor, weight: Tensor, out_dtype: torch.dtype | None = None, plan: LinearPlan = CUBLAS
+    x: Tensor,
+    weight: Tensor,
+    out_dtype: torch.dtype | None = None,
+    plan: LinearPlan = CUBLAS,
+    bias: Tensor | None = None,
 ) -> Tensor:
-    """x [T, K] @ weight [N, K]^T, as `torch.nn.functional.linear` (cuBLAS on CUDA), in
-    out_dtype if given (the LM head's FP32 logits; on the CPU, `.to(out_dtype)` afterwards).
+    """x [T, K] @ weight [N, K]^T (+ bias [N]), as `torch.nn.functional.linear` (cuBLAS on
+    CUDA), in out_dtype if given (the LM head's FP32 logits; on the CPU, `.to(out_dtype)`
+    afterwards). The bias is added to the FP32 accumulator, before the rounding to x's dtype.
 
     `plan` is this weight's (see `linear_plan`): a one-row CUDA call (a batch-1 decode step)
     goes to the Triton GEMV with the plan's tile when it has one; it writes out_dtype itself.
@@ -159,20 +164,31 @@ def linear(
     them afterwards was a ~95 us kernel per step on the H200. Those logits are then not rounded
     to BF16 first, unlike the GEMV's (BF16 results may differ across batch sizes anyway).
     """
+    if bias is not None:
+        _check_bias("linear", bias, weight, x)
     if plan.one_row_gemv is not None and _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
         from . import triton_ops
 
-        return triton_ops.gemv(x, weight, plan.one_row_gemv, out_dtype=out_dtype)
+        return triton_ops.gemv(x, weight, plan.one_row_gemv, out_dtype=out_dtype, bias=bias)
     if (
-        out_dtype == torch.float32
+        bias is None
+        and out_dtype == torch.float32
         and _on_cuda(x)
         and x.dim() == 2
         and x.dtype in (torch.bfloat16, torch.float16)
         and weight.dtype == x.dtype
     ):
         return torch.mm(x, weight.t(), torch.float32)
-    out = reference.linear(x, weight)
+    out = reference.linear(x, weight, bias)
     return out if out_dtype is None else out.to(out_dtype)
+
+
+def _check_bias(op: str, bias: Tensor, weight: Tensor, x: Tensor) -> None:
+    _check_dims(op, "bias", bias, 1, "[N]")
+    _check_len(op, "bias", bias, 0, weight.shape[0], "one per output feature (weight's rows)")
+    if bias.dtype != x.dtype:
+        _fail(op, f"bias is {bias.dtype} but x is {x.dtype}")
+    _check_device(op, x=x, bias=bias)
 
 
 def linear_swiglu(x: Tensor, gate_up: Tensor, plan: LinearPlan = CUBLAS) -> Tensor:
@@ -298,6 +314,7 @@ def paged_decode_attention(
     seq_lens: Tensor,
     scale: float,
     kv_scales: Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> Tensor:
     op = "paged_decode_attention"
     _check_dims(op, "q", q, 3, "[B, Hq, D]")
@@ -312,6 +329,7 @@ def paged_decode_attention(
     _check_dims(op, "seq_lens", seq_lens, 1, "[B]")
     _check_int(op, "seq_lens", seq_lens)
     _check_len(op, "seq_lens", seq_lens, 0, batch, "one per sequence")
+    _check_window(op, sliding_window)
     _check_device(
         op,
         q=q,
@@ -325,11 +343,34 @@ def paged_decode_attention(
         from . import triton_ops
 
         return triton_ops.paged_decode_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, kv_scales
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            scale,
+            kv_scales=kv_scales,
+            sliding_window=sliding_window,
         )
     return reference.paged_decode_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, kv_scales
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        scale,
+        kv_scales=kv_scales,
+        sliding_window=sliding_window,
     )
+
+
+def _check_window(op: str, sliding_window: int | None) -> None:
+    if sliding_window is not None and (
+        not isinstance(sliding_window, int)
+        or isinstance(sliding_window, bool)
+        or sliding_window < 1
+    ):
+        _fail(op, f"sliding_window must be a host int >= 1 or None, got {sliding_window!r}")
 
 
 def prefill_attention(
@@ -342,6 +383,7 @@ def prefill_attention(
     scale: float,
     max_seqlen_q: int,
     kv_scales: Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> Tensor:
     op = "prefill_attention"
     _check_dims(op, "q", q, 3, "[T, Hq, D]")
@@ -360,6 +402,7 @@ def prefill_attention(
     _check_len(op, "block_tables", block_tables, 0, batch, "one row per sequence")
     if not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
         _fail(op, f"max_seqlen_q must be a host int >= 0, got {max_seqlen_q!r}")
+    _check_window(op, sliding_window)
     _check_device(
         op,
         q=q,
@@ -382,10 +425,20 @@ def prefill_attention(
             block_tables,
             scale,
             max_seqlen_q,
-            kv_scales,
+            kv_scales=kv_scales,
+            sliding_window=sliding_window,
         )
     return reference.prefill_attention(
-        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, kv_scales
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q,
+        seq_lens,
+        block_tables,
+        scale,
+        max_seqlen_q,
+        kv_scales=kv_scales,
+        sliding_window=sliding_window,
     )
 
 

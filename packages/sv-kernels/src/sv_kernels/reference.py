@@ -26,9 +26,9 @@ def embedding(ids: Tensor, weight: Tensor) -> Tensor:
     return weight.index_select(0, ids.long())
 
 
-def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """x [T, K] @ weight [N, K]^T -> [T, N] (a linear layer without bias)."""
-    return torch.nn.functional.linear(x, weight)
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N]."""
+    return torch.nn.functional.linear(x, weight, bias)
 
 
 def rms_norm(
@@ -117,19 +117,28 @@ def rope_cache_write(
 
 
 def gather_kv(
-    cache: Tensor, block_table: Tensor, length: int, scales: Tensor | None = None
-) -> Tensor:  # [length, Hkv, D]
-    """Read positions 0..length-1 of one sequence from a paged cache (reference use only); an
-    FP8 cache is read back as FP32 times its per-head `scales` [Hkv]."""
+    cache: Tensor,
+    block_table: Tensor,
+    length: int,
+    first_page: int = 0,
+    scales: Tensor | None = None,
+) -> Tensor:
+    """Read positions first_page * S .. length-1 of one sequence from a paged cache
+    [length - first_page * S, Hkv, D] (reference use only); an FP8 cache is read back as FP32
+    times its per-head `scales` [Hkv]."""
     page_size = cache.shape[1]
     num_pages = (length + page_size - 1) // page_size
-    pages = block_table[:num_pages].long()
-    kv = cache[pages].reshape(num_pages * page_size, *cache.shape[2:])[:length]
+    pages = block_table[first_page:num_pages].long()
+    rows = cache[pages].reshape((num_pages - first_page) * page_size, *cache.shape[2:])
+    kv = rows[: length - first_page * page_size]
     return kv if scales is None else kv.float() * scales.float()[None, :, None]
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, q_start: int) -> Tensor:
-    """Causal attention of q [Tq, Hq, D] at positions q_start.. over k, v [Tk, Hkv, D] (FP32 softmax)."""
+def _attend(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, q_start: int, sliding_window: int | None
+) -> Tensor:
+    """Causal attention of q [Tq, Hq, D] at positions q_start.. over k, v [Tk, Hkv, D] (FP32
+    softmax); with a sliding window W, the query at p sees only keys p - W < k <= p."""
     hq, hkv = q.shape[1], k.shape[1]
     group = hq // hkv
     kf = k.float().repeat_interleave(group, dim=1)  # [Tk, Hq, D]
@@ -137,7 +146,10 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, q_start: int) -> Tens
     scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * scale
     q_pos = torch.arange(q.shape[0], device=q.device) + q_start
     k_pos = torch.arange(k.shape[0], device=q.device)
-    scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+    hidden = k_pos[None, :] > q_pos[:, None]
+    if sliding_window is not None:
+        hidden |= k_pos[None, :] <= q_pos[:, None] - sliding_window
+    scores = scores.masked_fill(hidden[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, vf).to(q.dtype)
 
@@ -150,20 +162,32 @@ def paged_decode_attention(
     seq_lens: Tensor,
     scale: float,
     kv_scales: Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> Tensor:
     """One query token per sequence: q [B, Hq, D] attends to positions 0..seq_lens[b]-1 of its pages.
 
     block_tables [B, max_pages] int32, seq_lens [B] int32 (the query is the token at seq_lens[b]-1,
-    whose K/V is already in the cache). Returns [B, Hq, D]. `kv_scales`: an FP8 cache's.
+    whose K/V is already in the cache). Returns [B, Hq, D]. `kv_scales`: an FP8 cache's. With
+    `sliding_window` W only the last W positions are attended, and only their pages are read:
+    the table entries of pages wholly before them may name pages given back (any page id).
     """
     out = torch.empty_like(q)
     k_scales, v_scales = (None, None) if kv_scales is None else (kv_scales[0], kv_scales[1])
     for b in range(q.shape[0]):
         n = int(seq_lens[b])
-        k = gather_kv(k_cache, block_tables[b], n, k_scales)
-        v = gather_kv(v_cache, block_tables[b], n, v_scales)
-        out[b] = _attend(q[b : b + 1], k, v, scale, q_start=n - 1)[0]
+        first = _first_visible_page(n - 1, sliding_window, k_cache.shape[1])
+        k = gather_kv(k_cache, block_tables[b], n, first, k_scales)
+        v = gather_kv(v_cache, block_tables[b], n, first, v_scales)
+        start = first * k_cache.shape[1]
+        out[b] = _attend(q[b : b + 1], k, v, scale, n - 1 - start, sliding_window)[0]
     return out
+
+
+def _first_visible_page(first_query: int, sliding_window: int | None, page_size: int) -> int:
+    """The first page a query at `first_query` or later can see."""
+    if sliding_window is None:
+        return 0
+    return max(0, first_query - sliding_window + 1) // page_size
 
 
 def prefill_attention(
@@ -176,6 +200,7 @@ def prefill_attention(
     scale: float,
     max_seqlen_q: int,
     kv_scales: Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> Tensor:
     """Causal attention for several sequences packed into one varlen batch, K/V from the paged cache.
 
@@ -184,7 +209,8 @@ def prefill_attention(
     0..seq_lens[b]-1 read from the cache (the new tokens' K/V were written there first), so a prefix
     already in the cache (prefix caching, chunked prefill) is attended to as well. `max_seqlen_q`
     bounds q_len (used by the kernel for its grid). Returns [T, Hq, D]. `kv_scales`: an FP8
-    cache's.
+    cache's. `sliding_window` as in `paged_decode_attention`: only the pages the first query
+    can see are read.
     """
     del max_seqlen_q
     out = torch.empty_like(q)
@@ -195,9 +221,12 @@ def prefill_attention(
         if hi == lo:
             continue
         n = int(seq_lens[b])
-        k = gather_kv(k_cache, block_tables[b], n, k_scales)
-        v = gather_kv(v_cache, block_tables[b], n, v_scales)
-        out[lo:hi] = _attend(q[lo:hi], k, v, scale, q_start=n - (hi - lo))
+        q_start = n - (hi - lo)
+        first = _first_visible_page(q_start, sliding_window, k_cache.shape[1])
+        k = gather_kv(k_cache, block_tables[b], n, first, k_scales)
+        v = gather_kv(v_cache, block_tables[b], n, first, v_scales)
+        start = first * k_cache.shape[1]
+        out[lo:hi] = _attend(q[lo:hi], k, v, scale, q_start - start, sliding_window)
     return out
 
 

@@ -16,15 +16,22 @@ class BlockTable:
     (`release`). `page_keys[i]` is the prefix-cache key of full page i, kept for every full page
     whose KV has been written (whether or not the pool cached that very page) so the hash chain can
     continue.
+
+    Under a sliding window the pages wholly before it are given back early
+    (`release_pages_before`): the first `num_released` entries of `pages` then name pages this
+    table no longer holds. They keep their places so that position p stays in `pages[p //
+    page_size]`; attention never reads them (its window starts after them), and another
+    sequence may already be writing into them.
     """
 
-    __slots__ = ("page_keys", "page_size", "pages", "pool")
+    __slots__ = ("num_released", "page_keys", "page_size", "pages", "pool")
 
     def __init__(self, pool: PagePool) -> None:
         self.pool = pool
         self.page_size = pool.page_size
         self.pages: list[int] = []
         self.page_keys: list[int] = []
+        self.num_released = 0
 
     @property
     def capacity(self) -> int:
@@ -69,16 +76,32 @@ class BlockTable:
         for i in range(done, full):
             tokens = tuple(token_ids[i * size : (i + 1) * size])
             key = page_key(parent, tokens)
-            register(pages[i], key, parent, tokens)
+            if i >= self.num_released:  # a page given back is not this table's to offer
+                register(pages[i], key, parent, tokens)
             keys.append(key)
             parent = key
         return full - done
+
+    def release_pages_before(self, position: int) -> int:
+        """Give back every held page whose positions all lie before `position` (a sliding
+        window's first visible position: no later query reads them). Returns how many. A
+        page registered in the prefix cache stays there, as any released page does."""
+        end = min(max(position, 0) // self.page_size, len(self.pages))
+        start = self.num_released
+        if end <= start:
+            return 0
+        pool = self.pool
+        for page in self.pages[start:end]:
+            pool.release(page)
+        self.num_released = end
+        return end - start
 
     def release(self) -> None:
         """Give every page back. Last page first, so the tail of a cached chain is evicted before
         its head (a chain is only useful from its first page on)."""
         pool = self.pool
-        for page in reversed(self.pages):
+        for page in reversed(self.pages[self.num_released :]):
             pool.release(page)
         self.pages.clear()
         self.page_keys.clear()
+        self.num_released = 0

@@ -1,21 +1,21 @@
 """sv-model: the Llama model (config-driven) and the model runner (prefill, paged decode, sampling)."""
 
+from sv_model.decoder import AttentionMetadata, DecoderModel, KVCache
 from sv_model.linear_plans import LayerPlans, LinearPlans
-from sv_model.llama import AttentionMetadata, KVCache, LlamaModel
 from sv_model.pending_tokens import PendingTokens
 from sv_model.runner import ModelRunner
 from sv_model.step import SamplingRows, StepInputs
-from sv_model.weights import LayerWeights, LlamaWeights
+from sv_model.weights import LayerWeights, ModelWeights
 
 __all__ = [
     "AttentionMetadata",
+    "DecoderModel",
     "KVCache",
     "LayerPlans",
     "LayerWeights",
     "LinearPlans",
-    "LlamaModel",
-    "LlamaWeights",
     "ModelRunner",
+    "ModelWeights",
     "PendingTokens",
     "SamplingRows",
     "StepInputs",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sv_kernels import LinearPlan, TuningCache, ops
 from sv_kernels.linear_plan import CUBLAS
 
-from sv_model.weights import LlamaWeights
+from sv_model.weights import ModelWeights
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class LayerPlans:
 
 @dataclass(frozen=True)
 class LinearPlans:
-    """A plan for every matrix of a `LlamaWeights`: one `LayerPlans` per layer, and the LM head's."""
+    """A plan for every matrix of a `ModelWeights`: one `LayerPlans` per layer, and the LM head's."""
 
     layers: tuple[LayerPlans, ...]
     lm_head: LinearPlan = CUBLAS
@@ -40,7 +40,7 @@ class LinearPlans:
 
 
 def tune(
-    weights: LlamaWeights,
+    weights: ModelWeights,
     cache: TuningCache | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[LinearPlans, dict[tuple[int, int], str]]:

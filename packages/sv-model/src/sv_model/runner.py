@@ -25,29 +25,29 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from sv_kernels import TuningCache, ops
-from sv_weights import LlamaConfig
+from sv_weights import ModelConfig
 from torch import Tensor
 
 from sv_model import linear_plans, sampler, step_packing, warmup
 from sv_model.block_tables import DeviceBlockTables
 from sv_model.decode_graphs import DecodeGraph, DecodeGraphs
-from sv_model.llama import KVCache, LlamaModel
+from sv_model.decoder import DecoderModel, KVCache
 from sv_model.pending_tokens import PendingTokens
 from sv_model.step import StepInputs
 from sv_model.uploads import upload
-from sv_model.weights import LlamaWeights
+from sv_model.weights import ModelWeights
 
 
 class ModelRunner:
-    """Runs steps of a `LlamaModel` over a paged KV pool of `num_pages` pages of `page_size`
+    """Runs steps of a `DecoderModel` over a paged KV pool of `num_pages` pages of `page_size`
     tokens, for up to `max_num_seqs` sequences (table rows). `tuning_cache`: where the batch-1 GEMV
     tuning of `warmup` keeps its results between processes (None: timed in each process).
     `kv_cache_dtype`: the pool's (None: the weights'; torch.float8_e4m3fn: FP8 pages)."""
 
     def __init__(
         self,
-        config: LlamaConfig,
-        weights: LlamaWeights,
+        config: ModelConfig,
+        weights: ModelWeights,
         *,
         num_pages: int,
         page_size: int = 16,
@@ -64,7 +64,7 @@ class ModelRunner:
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len or config.max_position_embeddings
-        self.model = LlamaModel(config, weights, max_positions=self.max_model_len)
+        self.model = DecoderModel(config, weights, max_positions=self.max_model_len)
         # The scratch page (id num_pages) and the scratch table row (max_num_seqs) absorb the
         # writes and reads of padding rows in a CUDA-graph batch.
         self.num_pages = num_pages

@@ -18,14 +18,14 @@ from sv_kernels import ops
 from torch import Tensor
 
 from sv_model.block_tables import DeviceBlockTables
-from sv_model.llama import AttentionMetadata
+from sv_model.decoder import AttentionMetadata
 from sv_model.step import StepInputs
 from sv_model.uploads import upload, upload_packed
 
 
 @dataclass
 class PackedStep:
-    """A step's forward-pass inputs on the device (`LlamaModel.forward`'s arguments)."""
+    """A step's forward-pass inputs on the device (`DecoderModel.forward`'s arguments)."""
 
     token_ids: Tensor
     positions: Tensor

@@ -1,4 +1,4 @@
-"""Llama weights as the model uses them: per layer, Q/K/V and gate/up packed into one matrix each.
+"""Decoder weights as the model uses them: per layer, Q/K/V and gate/up packed into one matrix each.
 
 Packing turns three (or two) small matmuls into one larger one: one read of the activations,
 one cuBLAS launch, better tensor-core occupancy. The checkpoint keeps Hugging Face's separate
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from sv_weights import LlamaConfig
+from sv_weights import ModelConfig
 from torch import Tensor
 
 
@@ -29,10 +29,13 @@ class LayerWeights:
     post_attention_norm: Tensor  # [H]
     gate_up: Tensor  # [2 * I, H]
     down: Tensor  # [H, I]
+    qkv_bias: Tensor | None = None  # [(Hq + 2*Hkv) * D], Qwen2
+    q_norm: Tensor | None = None  # [D], Qwen3: RMSNorm gain of each query head
+    k_norm: Tensor | None = None  # [D], and of each key head
 
 
 @dataclass
-class LlamaWeights:
+class ModelWeights:
     embed: Tensor  # [V, H]
     layers: list[LayerWeights]
     final_norm: Tensor  # [H]
@@ -41,20 +44,25 @@ class LlamaWeights:
     @classmethod
     def from_state_dict(
         cls,
-        config: LlamaConfig,
+        config: ModelConfig,
         state: dict[str, Tensor],
         device: torch.device | str,
         dtype: torch.dtype,
-    ) -> LlamaWeights:
+    ) -> ModelWeights:
         """Pack a Hugging Face-named state dict (already validated against `config`)."""
 
         def take(name: str) -> Tensor:
             return state[name].to(device=device, dtype=dtype)  # the tensor itself when no change
 
+        architecture = config.architecture
         layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             qkv = _stack_rows([take(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")])
+            qkv_bias = None
+            if architecture.qkv_bias:
+                biases = [take(p + f"self_attn.{n}_proj.bias") for n in ("q", "k", "v")]
+                qkv_bias = torch.cat(biases)
             gate_up = _stack_rows([take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")])
             layers.append(
                 LayerWeights(
@@ -64,6 +72,9 @@ class LlamaWeights:
                     post_attention_norm=take(p + "post_attention_layernorm.weight"),
                     gate_up=gate_up,
                     down=take(p + "mlp.down_proj.weight"),
+                    qkv_bias=qkv_bias,
+                    q_norm=take(p + "self_attn.q_norm.weight") if architecture.qk_norm else None,
+                    k_norm=take(p + "self_attn.k_norm.weight") if architecture.qk_norm else None,
                 )
             )
         embed = take("model.embed_tokens.weight")
@@ -76,7 +87,7 @@ class LlamaWeights:
     def tensors(self) -> list[Tensor]:
         """Every weight tensor once (a tied LM head is the embedding)."""
         tensors = [self.embed, self.final_norm]
-        tensors += [t for layer in self.layers for t in vars(layer).values()]
+        tensors += [t for layer in self.layers for t in vars(layer).values() if t is not None]
         if self.lm_head is not self.embed:
             tensors.append(self.lm_head)
         return tensors

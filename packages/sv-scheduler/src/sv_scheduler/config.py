@@ -27,6 +27,9 @@ class SchedulerConfig:
     admission:       "conservative" reserves each request's whole budget at admission (never
                      preempts); "preemptive" admits on the prompt's pages and preempts the newest
                      running request (it recomputes later) when pages run out. See admission.py.
+    sliding_window:  the model's attention window (Mistral), or None: a running sequence gives
+                     back each page once the window has passed it (`BlockTable.release_pages_before`).
+                     The pool's pages go back early; conservative credits stay reserved.
     """
 
     num_pages: int
@@ -37,6 +40,7 @@ class SchedulerConfig:
     max_step_tokens: int = 8192
     prefix_caching: bool = True
     admission: Admission = "conservative"
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "max_model_len", "page_size", "max_num_seqs", "max_step_tokens"):
@@ -49,6 +53,15 @@ class SchedulerConfig:
             raise SchedulerError(
                 f"SchedulerConfig.max_model_len must be at least 2 (one prompt token and one "
                 f"output token), got {self.max_model_len}"
+            )
+        if self.sliding_window is not None and (
+            isinstance(self.sliding_window, bool)
+            or not isinstance(self.sliding_window, int)
+            or self.sliding_window < 1
+        ):
+            raise SchedulerError(
+                f"SchedulerConfig.sliding_window must be a positive integer or None, "
+                f"got {self.sliding_window!r}"
             )
         if self.policy not in ("continuous", "static"):
             raise SchedulerError(

@@ -65,6 +65,7 @@ class Scheduler:
         self._continuous = config.policy == "continuous"
         self._policy = make_admission_policy(config.admission, self.pool)
         self._prefix_caching = config.prefix_caching
+        self._sliding_window = config.sliding_window
 
         self._waiting: deque[Sequence] = deque()  # FIFO; preempted sequences go back in front
         self._unfinished: dict[RequestId, Sequence] = {}  # waiting or running, by id
@@ -275,6 +276,9 @@ class Scheduler:
             for seq in self._drop_token:
                 seq.num_pending = 0
             self._drop_token.clear()
+
+        if self._sliding_window is not None:
+            self._release_pages_outside_window(plan)
 
         # Decoders filed under this step: finished by length, or their next token needs a page.
         due = self._due.pop(step, None)
@@ -609,6 +613,16 @@ class Scheduler:
             finish_reason=reason,
             num_cached_tokens=seq.num_cached_tokens,
         )
+
+    def _release_pages_outside_window(self, plan: StepPlan) -> None:
+        """Every query from the next step on sits at `num_computed_tokens` or later and sees
+        only the window's positions: the pages before them go back. (Kernels of the step still
+        in flight may read them; a page reused is written by a later step, on the same stream.)"""
+        window = self._sliding_window
+        assert window is not None
+        for seq in [chunk.seq for chunk in plan.prefills] + plan.decodes:
+            if seq.status is _RUNNING:
+                seq.table.release_pages_before(seq.num_computed_tokens - window + 1)
 
     def _stop_running(self, seq: Sequence) -> None:
         """Give back everything a running sequence holds: pages, credits, table row."""

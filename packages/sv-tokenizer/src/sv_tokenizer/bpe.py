@@ -109,6 +109,10 @@ class PairMerger:
         ids = [byte_ids[b] for b in data]
         if -1 in ids:
             ids = self._ids_with_unknown_bytes(data)
+        return self.merge(ids)
+
+    def merge(self, ids: list[int]) -> list[int]:
+        """Apply the listed merges to a piece's initial token ids, best first."""
         if len(ids) > LONG_PIECE_BYTES:
             return _merge_with_heap(ids, self._pair_rank, self._merged)
         get = self.pair_ranks.get

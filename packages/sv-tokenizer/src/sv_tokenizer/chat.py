@@ -39,7 +39,9 @@ class ChatTokenizer(Protocol):
     @property
     def special_tokens(self) -> Mapping[str, int]: ...
 
-    def encode(self, text: str, *, allow_special: bool = False) -> list[int]: ...
+    def encode(
+        self, text: str, *, allow_special: bool = False, at_start: bool = True
+    ) -> list[int]: ...
 
 
 class ChatFormat(Protocol):

@@ -235,10 +235,10 @@ class TemplateChatFormat:
                 if isinstance(part, str):
                     plain.append(part)
                 else:
-                    ids += self.tokenizer.encode("".join(plain))
+                    ids += self.tokenizer.encode("".join(plain), at_start=not ids)
                     plain.clear()
                     ids.append(part)
-        ids += self.tokenizer.encode("".join(plain))
+        ids += self.tokenizer.encode("".join(plain), at_start=not ids)
         return ids
 
 

@@ -1,4 +1,5 @@
-"""HF `tokenizer.json` for byte-level BPE models (Llama 3, SmolLM2, GPT-2 style).
+"""HF `tokenizer.json` for BPE models: byte-level (Llama 3, SmolLM2, Qwen, GPT-2 style) and
+SentencePiece-style with byte fallback (Mistral, Llama 2: see sentencepiece_bpe.py).
 
 What is read: `model` (type BPE: `vocab`, `merges` as "a b" strings or [a, b] pairs,
 `ignore_merges`), `pre_tokenizer` (a `Sequence` of `Split` regexes and `Digits`, ending in
@@ -9,7 +10,8 @@ chat formats add BOS themselves), `truncation` and `padding` (batching concerns)
 steps that cannot change a byte-level vocabulary's output (`ByteFallback`, `Fuse`, the `▁`
 `Replace` that transformers' GGUF converter adds).
 
-Anything else that would change the tokens (a normalizer, BPE dropout, subword prefixes,
+The normalizers read: NFC (Qwen) and the SentencePiece layout's Prepend + Replace. Anything
+else that would change the tokens (another normalizer, BPE dropout, subword prefixes,
 `lstrip`/`rstrip` added tokens, other pre-tokenizers) is a TokenizerError naming the field:
 better refuse than encode differently from the model's training.
 """
@@ -32,6 +34,13 @@ from .pretokenize import (
     PreTokenizer,
     RegexSplit,
 )
+from .sentencepiece_bpe import (
+    SPACE_MARKER,
+    CharPairMerger,
+    Pieces,
+    SpaceMarkerPieces,
+    token_text_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -46,10 +55,11 @@ class AddedToken:
 @dataclass
 class HFTokenizerSpec:
     merger: PairMerger
-    pretokenizer: PreTokenizer
+    pretokenizer: PreTokenizer | Pieces
     token_bytes: list[bytes | None]  # by id: the vocabulary's bytes, then the added tokens'
     added_tokens: list[AddedToken]
     bos_token: str | None  # the special token the post-processor puts first, if any
+    strip_leading_space: bool = False  # decoding drops one leading space (SentencePiece style)
 
 
 def parse_json_document(data: bytes, source: str) -> Any:
@@ -116,9 +126,12 @@ def parse_hf_tokenizer_json(data: bytes, source: str) -> HFTokenizerSpec:
     model = root.obj("model")
     model_type = model.value.get("type", "BPE")
     if model_type != "BPE":
-        raise model.error("type", f"is {model_type!r}; only 'BPE' (byte-level) is supported")
-    _check_normalizer(root)
-    pretokenizer = _parse_pre_tokenizer(root)
+        raise model.error("type", f"is {model_type!r}; only 'BPE' is supported")
+    normalizer = _check_normalizer(root)
+    space_marker = _space_marker_pieces(root, normalizer)
+    if space_marker is not None:
+        return _parse_sentencepiece_bpe(root, model, space_marker)
+    pretokenizer = _parse_pre_tokenizer(root, nfc=normalizer == "NFC")
     decodes_byte_fallback = _check_decoder(root)
 
     dropout = model.value.get("dropout")
@@ -280,18 +293,128 @@ def _parse_added_tokens(root: _Fields) -> list[AddedToken]:
     return tokens
 
 
-def _check_normalizer(root: _Fields) -> None:
+def _check_normalizer(root: _Fields) -> str | None:
+    """None (no normalization), "NFC", or "Prepend+Replace" (the SentencePiece layout)."""
     normalizer = root.value.get("normalizer")
     if normalizer is None:
-        return
+        return None
     fields = _Fields(root.source, "normalizer", normalizer)
+    kind = fields.value.get("type")
     # transformers' GGUF converter writes an empty Sequence: no normalization either.
-    if fields.value.get("type") == "Sequence" and fields.value.get("normalizers") == []:
-        return
-    raise fields.error("type", f"is {fields.value.get('type')!r}; normalizers are not supported")
+    if kind == "Sequence" and fields.value.get("normalizers") == []:
+        return None
+    if kind == "NFC":
+        return "NFC"
+    if kind == "Sequence" and fields.value.get("normalizers") == [
+        {"type": "Prepend", "prepend": SPACE_MARKER},
+        {"type": "Replace", "pattern": {"String": " "}, "content": SPACE_MARKER},
+    ]:
+        return "Prepend+Replace"
+    raise fields.error(
+        "type",
+        f"is {kind!r}; supported normalizers: NFC, and Prepend('▁') + Replace(' ' -> '▁')",
+    )
 
 
-def _parse_pre_tokenizer(root: _Fields) -> PreTokenizer:
+def _space_marker_pieces(root: _Fields, normalizer: str | None) -> SpaceMarkerPieces | None:
+    """The SentencePiece layout's pieces (sentencepiece_bpe.py), None for a byte-level one."""
+    pre = root.value.get("pre_tokenizer")
+    if normalizer == "Prepend+Replace":
+        if pre is not None:
+            raise root.error("pre_tokenizer", "must be null beside the Prepend normalizer")
+        return SpaceMarkerPieces("always", prepend_twice=True, split=False)
+    if not (isinstance(pre, dict) and pre.get("type") == "Metaspace"):
+        return None
+    fields = _Fields(root.source, "pre_tokenizer", pre)
+    if fields.value.get("replacement", SPACE_MARKER) != SPACE_MARKER:
+        raise fields.error("replacement", "must be '▁'")
+    if normalizer is not None:
+        raise root.error("normalizer", "must be null beside a Metaspace pre-tokenizer")
+    scheme = fields.value.get("prepend_scheme", "always")
+    if scheme not in ("always", "first", "never"):
+        raise fields.error("prepend_scheme", f"is {scheme!r}; expected always, first or never")
+    split = fields.value.get("split", True)
+    if not isinstance(split, bool):
+        raise fields.error("split", f"must be true or false, found {_kind(split)}")
+    return SpaceMarkerPieces(scheme, prepend_twice=False, split=split)
+
+
+def _parse_sentencepiece_bpe(
+    root: _Fields, model: _Fields, pieces: SpaceMarkerPieces
+) -> HFTokenizerSpec:
+    for option in ("ignore_merges",):
+        if model.flag(option):
+            raise model.error(option, "is true; not supported for a SentencePiece-style BPE")
+    dropout = model.value.get("dropout")
+    if dropout not in (None, 0, 0.0):
+        raise model.error("dropout", f"is {dropout!r}; BPE dropout is not supported")
+    for affix in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.str_or_none(affix):
+            raise model.error(affix, "is set; subword prefixes/suffixes are not supported")
+    vocab = _parse_vocab(model)
+    added_tokens = _parse_added_tokens(root)
+    size = 1 + max([*vocab.values(), *(t.id for t in added_tokens)])
+    token_bytes: list[bytes | None] = [None] * size
+    for token, token_id in vocab.items():
+        token_bytes[token_id] = token_text_bytes(token)
+    for added in added_tokens:
+        token_bytes[added.id] = added.content.encode("utf-8")
+    byte_token_ids = [vocab.get(f"<0x{byte:02X}>", -1) for byte in range(256)]
+    use_fallback = model.flag("byte_fallback")
+    if use_fallback and min(byte_token_ids) < 0:
+        missing = byte_token_ids.index(-1)
+        raise model.error("vocab", f"has no <0x{missing:02X}> token, which byte_fallback needs")
+    unk_token = model.str_or_none("unk_token")
+    if unk_token is not None and unk_token not in vocab:
+        raise model.error("unk_token", f"is {unk_token!r}, which is not in model.vocab")
+    pair_ranks, merged_ids = _parse_merges(model, vocab)
+    merger = CharPairMerger(
+        {token: i for token, i in vocab.items() if len(token) == 1},
+        pair_ranks,
+        merged_ids,
+        byte_token_ids=byte_token_ids if use_fallback else None,
+        unk_id=vocab[unk_token] if unk_token is not None else None,
+        fuse_unk=model.flag("fuse_unk"),
+    )
+    return HFTokenizerSpec(
+        merger=merger,
+        pretokenizer=pieces,
+        token_bytes=token_bytes,
+        added_tokens=added_tokens,
+        bos_token=_post_processor_bos(root),
+        strip_leading_space=_sentencepiece_decoder_strips(root),
+    )
+
+
+def _sentencepiece_decoder_strips(root: _Fields) -> bool:
+    """Check a SentencePiece-style decoder (▁ -> space, byte fallback, fuse, then a strip of
+    the leading space, or Metaspace doing all that); True if it drops the leading space."""
+    decoder = root.value.get("decoder")
+    if decoder is None:
+        raise root.error("decoder", "is missing; a SentencePiece-style BPE needs one")
+    top = _Fields(root.source, "decoder", decoder)
+    if top.value.get("type") == "Metaspace":
+        return bool(top.value.get("prepend_scheme", "always") != "never")
+    steps = top.required("decoders") if top.value.get("type") == "Sequence" else [decoder]
+    if not isinstance(steps, list):
+        raise top.error("decoders", f"must be a list, found {_kind(steps)}")
+    strips = False
+    for i, value in enumerate(steps):
+        step = _Fields(root.source, f"decoder.decoders[{i}]", value)
+        kind = step.value.get("type")
+        if kind in ("ByteFallback", "Fuse"):
+            continue
+        if kind == "Replace" and step.value.get("pattern") == {"String": SPACE_MARKER}:
+            continue
+        if kind == "Strip" and step.value.get("content") == " " and not step.value.get("stop"):
+            strips = step.value.get("start") == 1
+            if strips:
+                continue
+        raise step.error("type", f"is {kind!r}; not a SentencePiece-style decoder step")
+    return strips
+
+
+def _parse_pre_tokenizer(root: _Fields, *, nfc: bool) -> PreTokenizer:
     if root.value.get("pre_tokenizer") is None:
         raise root.error(
             "pre_tokenizer", "is missing; a byte-level BPE needs a ByteLevel pre-tokenizer"
@@ -313,7 +436,7 @@ def _parse_pre_tokenizer(root: _Fields) -> PreTokenizer:
             "must end with a ByteLevel pre-tokenizer (only byte-level BPE is supported)",
         )
     splits = [_parse_split_step(step, is_last=i == len(steps) - 1) for i, step in enumerate(steps)]
-    return PreTokenizer([split for split in splits if split is not None])
+    return PreTokenizer([split for split in splits if split is not None], nfc=nfc)
 
 
 def _parse_split_step(step: _Fields, *, is_last: bool) -> RegexSplit | None:

@@ -13,6 +13,7 @@ and a `Sequence` applies them in turn, each one to every piece the previous one 
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 
 import regex  # type: ignore[import-untyped]  # (no types-regex in the lock)
@@ -77,16 +78,22 @@ class RegexSplit:
 
 
 class PreTokenizer:
-    """A chain of regex splits; with no split at all the whole text is one piece."""
+    """A chain of regex splits; with no split at all the whole text is one piece. `nfc`:
+    the text is put in Unicode NFC first (Qwen's `normalizer`)."""
 
-    def __init__(self, splits: Sequence[RegexSplit]) -> None:
+    def __init__(self, splits: Sequence[RegexSplit], *, nfc: bool = False) -> None:
         self.splits = tuple(splits)
+        self.nfc = nfc
 
     @classmethod
     def from_pattern(cls, pattern: str) -> PreTokenizer:
         return cls([RegexSplit(pattern)])
 
-    def __call__(self, text: str) -> list[str]:
+    def __call__(self, text: str, at_start: bool = True) -> list[str]:
+        """The pieces of `text` (`at_start`, whether it starts the input, changes nothing
+        here; see `sentencepiece_bpe.Pieces`)."""
+        if self.nfc:
+            text = unicodedata.normalize("NFC", text)
         if not self.splits:
             return [text] if text else []
         first, *rest = self.splits

@@ -1,4 +1,5 @@
-"""The tokenizer: text <-> token ids for byte-level BPE models (Llama 3, SmolLM2).
+"""The tokenizer: text <-> token ids for BPE models, byte-level (Llama 3, SmolLM2, Qwen) or
+SentencePiece-style with byte fallback (Mistral, Llama 2; see sentencepiece_bpe.py).
 
 encode() runs four stages:
 
@@ -7,13 +8,15 @@ encode() runs four stages:
    type a control token. Non-special added tokens (HF `"special": false`) are always cut out,
    as HF does.
 2. pre-tokenization: a regex cuts each stretch of ordinary text into pieces (words, numbers,
-   punctuation runs, whitespace runs); see pretokenize.py.
+   punctuation runs, whitespace runs); see pretokenize.py. A SentencePiece-style vocabulary
+   writes spaces as `▁` instead and keeps each stretch whole.
 3. BPE: each piece's UTF-8 bytes are merged into token ids; see bpe.py.
 4. a cache of piece -> ids: natural text repeats its pieces, so most of them are a single
    dictionary hit. Looking all pieces up is one C-level map(), misses are filled afterwards.
 
 decode() is the concatenation of each token's bytes, decoded as UTF-8 with errors="replace"
-(a U+FFFD per invalid sequence), as tiktoken and HF tokenizers do.
+(a U+FFFD per invalid sequence), as tiktoken and HF tokenizers do; a SentencePiece-style
+tokenizer drops the one leading space its encoding put there, as its HF decoder does.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .errors import TokenizerError
 from .hf_json import AddedToken, parse_hf_tokenizer_json
 from .model_dir import ModelDirConfig, find_tokenizer_file, read_model_dir_config
 from .pretokenize import LLAMA3_PATTERN, PreTokenizer
+from .sentencepiece_bpe import Pieces
 from .tiktoken_file import llama3_special_tokens, parse_tiktoken_bpe
 
 STOP_TOKEN_NAMES = (
@@ -88,16 +92,18 @@ class Tokenizer:
         *,
         source: str,
         merger: RankMerger | PairMerger,
-        pretokenizer: PreTokenizer,
+        pretokenizer: PreTokenizer | Pieces,
         token_bytes: Sequence[bytes | None],
         added_tokens: Sequence[AddedToken],
         bos_token: str | None = None,
         eos_token: str | None = None,
         extra_eos_ids: Iterable[int] = (),
+        strip_leading_space: bool = False,
     ) -> None:
         self.source = source
         self._merger = merger
         self._pretokenize = pretokenizer
+        self._strip_leading_space = strip_leading_space
         self._token_bytes: list[bytes | None] = list(token_bytes)
         self.vocab_size = len(self._token_bytes)
         for added in added_tokens:
@@ -178,15 +184,14 @@ class Tokenizer:
         if data.lstrip()[:1] == b"{":
             spec = parse_hf_tokenizer_json(data, source)
             merger: RankMerger | PairMerger = spec.merger
-            pretokenizer, token_bytes, added_tokens = (
-                spec.pretokenizer,
-                spec.token_bytes,
-                spec.added_tokens,
-            )
+            pretokenizer: PreTokenizer | Pieces = spec.pretokenizer
+            token_bytes, added_tokens = spec.token_bytes, spec.added_tokens
+            strip_leading_space = spec.strip_leading_space
             bos_token = bos_token or spec.bos_token
         elif data[:4096].isascii():
             merger, token_bytes, added_tokens = _tiktoken_parts(data, source, config.added_tokens)
             pretokenizer = PreTokenizer.from_pattern(LLAMA3_PATTERN)
+            strip_leading_space = False
         else:
             raise TokenizerError(
                 f"{source}: neither a tiktoken BPE file ('<base64 token> <rank>' lines) nor an HF "
@@ -201,6 +206,7 @@ class Tokenizer:
             bos_token=bos_token,
             eos_token=config.template_tokens.get("eos_token"),
             extra_eos_ids=config.eos_ids,
+            strip_leading_space=strip_leading_space,
         )
         tokenizer._chat_format = choose_chat_format(
             tokenizer,
@@ -212,34 +218,37 @@ class Tokenizer:
 
     # ---------------------------------------------------------------- encoding
 
-    def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
+    def encode(self, text: str, *, allow_special: bool = False, at_start: bool = True) -> list[int]:
         """Token ids of `text`; no BOS/EOS is added.
 
         With `allow_special=False` (the default) special-token text such as "<|eot_id|>" is
         encoded as ordinary text (tiktoken's `encode_ordinary`); with True it becomes the token.
+        `at_start=False`: the text continues an input encoded before it (a chat render cut at
+        its special tokens), which only a SentencePiece-style tokenizer's leading `▁` heeds.
         """
         try:
-            return self._encode(text, allow_special)
+            return self._encode(text, allow_special, at_start)
         except UnicodeEncodeError:
-            return self._encode(_replace_surrogates(text), allow_special)
+            return self._encode(_replace_surrogates(text), allow_special, at_start)
 
-    def _encode(self, text: str, allow_special: bool) -> list[int]:
+    def _encode(self, text: str, allow_special: bool, at_start: bool) -> list[int]:
         matcher = self._special_or_added_regex if allow_special else self._plain_added_regex
         if matcher is None:
-            return self._encode_ordinary(text)
+            return self._encode_ordinary(text, at_start)
         ids: list[int] = []
         position = 0
         for match in matcher.finditer(text):
             if match.start() > position:
-                ids += self._encode_ordinary(text[position : match.start()])
+                segment = text[position : match.start()]
+                ids += self._encode_ordinary(segment, at_start and position == 0)
             ids.append(self._added_ids[match.group()])
             position = match.end()
         if position < len(text):
-            ids += self._encode_ordinary(text[position:])
+            ids += self._encode_ordinary(text[position:], at_start and position == 0)
         return ids
 
-    def _encode_ordinary(self, text: str) -> list[int]:
-        pieces = self._pretokenize(text)
+    def _encode_ordinary(self, text: str, at_start: bool) -> list[int]:
+        pieces = self._pretokenize(text, at_start)
         cache = self._piece_cache
         found: list[tuple[int, ...] | None] = list(map(cache.get, pieces))
         if None in found:
@@ -277,7 +286,10 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+        data = self.decode_bytes(ids)
+        if self._strip_leading_space and data.startswith(b" "):
+            data = data[1:]
+        return data.decode("utf-8", errors="replace")
 
     # ---------------------------------------------------------------- chat
 

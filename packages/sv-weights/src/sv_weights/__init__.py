@@ -1,4 +1,4 @@
-"""sv-weights: safetensors parsing and validation, zero-copy loading, Llama config, checkpoints.
+"""sv-weights: safetensors parsing and validation, zero-copy loading, model configs, checkpoints.
 
 The safetensors format is parsed here (not through the `safetensors` package): see
 `sv_weights.safetensors`. Checkpoint folders are HF layout: see `sv_weights.checkpoint`.
@@ -6,15 +6,19 @@ The safetensors format is parsed here (not through the `safetensors` package): s
 
 from typing import Any
 
+from sv_weights.architectures import ARCHITECTURES, Architecture
 from sv_weights.checkpoint import expected_tensors, load_checkpoint, validate_checkpoint
-from sv_weights.config import LlamaConfig, RopeScaling
+from sv_weights.config import ModelConfig, RopeScaling
 from sv_weights.errors import WeightsError
-from sv_weights.presets import llama_3_2_1b_config, tiny_llama_config
+from sv_weights.presets import PRESETS, llama_3_2_1b_config, preset_config, tiny_llama_config
 from sv_weights.safetensors import SafetensorsHeader, TensorInfo, load_file, read_header, save_file
 from sv_weights.synthetic import write_random_checkpoint
 
 __all__ = [
-    "LlamaConfig",
+    "ARCHITECTURES",
+    "PRESETS",
+    "Architecture",
+    "ModelConfig",
     "RopeScaling",
     "SafetensorsHeader",
     "TensorInfo",
@@ -24,6 +28,7 @@ __all__ = [
     "llama_3_2_1b_config",
     "load_checkpoint",
     "load_file",
+    "preset_config",
     "read_header",
     "save_file",
     "tiny_llama_config",

@@ -1,4 +1,4 @@
-"""An HF-layout Llama checkpoint folder: which tensors it must hold, checking that, loading it.
+"""An HF-layout checkpoint folder: which tensors it must hold, checking that, loading it.
 
 A folder holds `config.json` and either one `model.safetensors` or shards listed in
 `model.safetensors.index.json` (`{"weight_map": {tensor name: shard file name}}`). Every shard
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sv_weights.config import LlamaConfig
+from sv_weights.config import ModelConfig
 from sv_weights.device_load import FileSpan, copy_file_spans_to
 from sv_weights.errors import WeightsError
 from sv_weights.safetensors import (
@@ -39,11 +39,13 @@ LM_HEAD = "lm_head.weight"
 EMBED_TOKENS = "model.embed_tokens.weight"
 
 
-def expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape, for every weight a checkpoint of `config` holds.
 
     Linear weights are [out_features, in_features]. `lm_head.weight` is absent when tied.
+    The family adds q/k/v biases (Qwen2) or per-head q/k norm gains (Qwen3).
     """
+    architecture = config.architecture
     hidden = config.hidden_size
     q_width = config.num_attention_heads * config.head_dim
     kv_width = config.num_key_value_heads * config.head_dim
@@ -54,6 +56,13 @@ def expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{prefix}.self_attn.q_proj.weight"] = (q_width, hidden)
         shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv_width, hidden)
         shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv_width, hidden)
+        if architecture.qkv_bias:
+            shapes[f"{prefix}.self_attn.q_proj.bias"] = (q_width,)
+            shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_width,)
+            shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_width,)
+        if architecture.qk_norm:
+            shapes[f"{prefix}.self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[f"{prefix}.self_attn.k_norm.weight"] = (config.head_dim,)
         shapes[f"{prefix}.self_attn.o_proj.weight"] = (hidden, q_width)
         shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
         shapes[f"{prefix}.mlp.gate_proj.weight"] = (config.intermediate_size, hidden)
@@ -65,7 +74,7 @@ def expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def validate_checkpoint(config: LlamaConfig, infos: dict[str, TensorInfo], source: str) -> None:
+def validate_checkpoint(config: ModelConfig, infos: dict[str, TensorInfo], source: str) -> None:
     """Check that `infos` holds exactly the tensors of `config`, with its shapes, in float dtypes.
 
     `source` (a file or folder) starts every message. A tied config also accepts an
@@ -84,7 +93,7 @@ def validate_checkpoint(config: LlamaConfig, infos: dict[str, TensorInfo], sourc
     unexpected = sorted(name for name in infos if name not in expected)
     if unexpected:
         raise WeightsError(
-            f"{source}: {len(unexpected)} tensor(s) not in a Llama checkpoint of this config, e.g. "
+            f"{source}: {len(unexpected)} tensor(s) not in a {config.model_type} checkpoint of this config, e.g. "
             f"{_first(unexpected)} (config: {config.num_hidden_layers} layers)"
         )
     for name, shape in expected.items():
@@ -193,7 +202,7 @@ def load_checkpoint(
       `expected_tensors(config)`, in that order rather than the files', each at a multiple of
       TENSOR_ALIGNMENT bytes, filled from every shard by the parallel loader (`device_load`).
       In that order each layer's q, k, v and its gate, up lie end to end, so the model takes
-      each group as one matrix without copying (`sv_model.LlamaWeights.from_state_dict`) and
+      each group as one matrix without copying (`sv_model.ModelWeights.from_state_dict`) and
       the allocation holds nothing the model does not use: peak and resident memory are both
       the weights' own size (the staging ring is 64 MiB of pinned host memory). Packing copies
       of the file's layout instead kept those groups twice, in the buffer the other views keep
@@ -206,7 +215,7 @@ def load_checkpoint(
     device, into tensors of their own. A tied `lm_head.weight` is dropped (never copied).
     """
     model_dir = Path(model_dir)
-    config = LlamaConfig.from_model_dir(model_dir)
+    config = ModelConfig.from_model_dir(model_dir)
     headers = read_checkpoint_headers(model_dir)
     validate_checkpoint(config, checkpoint_infos(headers), str(model_dir))
     target = target_device(device, str(model_dir))
@@ -241,7 +250,7 @@ TENSOR_ALIGNMENT = 256
 
 
 def _copy_in_model_order(
-    config: LlamaConfig, headers: list[SafetensorsHeader], device: torch.device
+    config: ModelConfig, headers: list[SafetensorsHeader], device: torch.device
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The copied load of `load_checkpoint`: one allocation, the tensors in `expected_tensors`
     order, gathered from the validated shards `headers`. Returns the allocation and the views

@@ -1,4 +1,7 @@
-"""Llama `config.json`: parse it into a typed, validated `LlamaConfig`, and write it back.
+"""A model's `config.json`: parse it into a typed, validated `ModelConfig`, and write it back.
+
+Which family it is (Llama, Mistral, Qwen2, Qwen3) comes from `model_type` through the registry
+in `sv_weights.architectures`; what the families share is read here the same way for all.
 
 Two spellings of the RoPE settings exist in the wild and both are read:
   - transformers 4.x (every checkpoint on the Hub, e.g. Llama 3.2): top-level `rope_theta`, and
@@ -6,8 +9,9 @@ Two spellings of the RoPE settings exist in the wild and both are read:
   - transformers 5.x `save_pretrained`: `rope_parameters` = {"rope_type", "rope_theta", ...}.
 We write the 4.x spelling, which both versions of transformers read.
 
-Only what the engine implements is accepted: a config that asks for something else (attention
-biases, another activation, another RoPE scaling) fails here, loudly, instead of producing
+Only what the engine implements is accepted: a config that asks for something else (an
+unknown family, biases its family does not have, another activation, another RoPE scaling,
+Qwen's per-layer sliding window) fails here, loudly, instead of producing
 wrong text later.
 """
 
@@ -20,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sv_weights.architectures import ARCHITECTURES, Architecture, architecture_of
 from sv_weights.errors import WeightsError
 
 CONFIG_FILE = "config.json"
@@ -27,7 +32,7 @@ CONFIG_FILE = "config.json"
 # The dtype names a config may give in `torch_dtype` (or `dtype`, transformers 5).
 TORCH_DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64"})
 
-# Defaults where a key is absent, as transformers' LlamaConfig has them (so a config that
+# Defaults where a key is absent, as transformers' ModelConfig has them (so a config that
 # transformers accepts means the same thing here). The architectural sizes have no default.
 _DEFAULT_ROPE_THETA = 10000.0
 _DEFAULT_TORCH_DTYPE = "float32"
@@ -71,8 +76,10 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
-    """The hyper-parameters of a Llama-architecture decoder, as in HF `config.json`."""
+class ModelConfig:
+    """The hyper-parameters of a decoder of one of the supported families, as in HF
+    `config.json`. `sliding_window` (Mistral's): keys within that many positions of the query,
+    itself included, or None for full attention."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -89,6 +96,8 @@ class LlamaConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...] = field(default=())
     torch_dtype: str = _DEFAULT_TORCH_DTYPE
+    model_type: str = "llama"
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         # Accept the obvious conveniences of direct construction (ints for floats, a list of
@@ -136,9 +145,25 @@ class LlamaConfig:
             raise WeightsError(
                 f"config torch_dtype: {self.torch_dtype!r} is not one of {sorted(TORCH_DTYPE_NAMES)}"
             )
+        architecture = architecture_of(self.model_type, None)
+        if self.sliding_window is not None:
+            if not architecture.sliding_window:
+                raise WeightsError(
+                    f"config sliding_window: the {self.model_type} family has none here"
+                )
+            if not _is_int(self.sliding_window) or self.sliding_window <= 0:
+                raise WeightsError(
+                    f"config sliding_window: expected a positive integer or null, "
+                    f"got {self.sliding_window!r}"
+                )
+
+    @property
+    def architecture(self) -> Architecture:
+        """This config's family: how its forward differs from the shared one."""
+        return ARCHITECTURES[self.model_type]
 
     @classmethod
-    def from_json(cls, path: str | os.PathLike[str]) -> LlamaConfig:
+    def from_json(cls, path: str | os.PathLike[str]) -> ModelConfig:
         """Read a `config.json`. A missing or ill-typed key raises `WeightsError` naming it."""
         path = Path(path)
         try:
@@ -155,7 +180,7 @@ class LlamaConfig:
             raise WeightsError(f"{path}: {exc}") from None
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | os.PathLike[str]) -> LlamaConfig:
+    def from_model_dir(cls, model_dir: str | os.PathLike[str]) -> ModelConfig:
         """Read `<model_dir>/config.json`."""
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -165,9 +190,9 @@ class LlamaConfig:
         return cls.from_json(model_dir / CONFIG_FILE)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> LlamaConfig:
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         """Build from a parsed `config.json` object (see module doc for the accepted spellings)."""
-        _check_supported_architecture(raw)
+        architecture = _check_supported_architecture(raw)
         hidden_size = _get(raw, "hidden_size", int)
         num_attention_heads = _get(raw, "num_attention_heads", int)
         if "head_dim" in raw and raw["head_dim"] is not None:
@@ -200,10 +225,15 @@ class LlamaConfig:
             bos_token_id=_get_optional_int(raw, "bos_token_id"),
             eos_token_ids=_get_eos(raw),
             torch_dtype=_get_torch_dtype(raw),
+            model_type=architecture.model_type,
+            sliding_window=(
+                _get_optional_int(raw, "sliding_window") if architecture.sliding_window else None
+            ),
         )
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The `config.json` object, in the layout of the HF Llama 3.2 files (transformers 4.x)."""
+        """The `config.json` object, in the layout of the HF files of its family (transformers
+        4.x spelling)."""
         eos: int | list[int] | None
         if not self.eos_token_ids:
             eos = None
@@ -211,8 +241,9 @@ class LlamaConfig:
             eos = self.eos_token_ids[0]
         else:
             eos = list(self.eos_token_ids)
-        return {
-            "architectures": ["LlamaForCausalLM"],
+        architecture = self.architecture
+        written: dict[str, Any] = {
+            "architectures": [architecture.class_name],
             "attention_bias": False,
             "attention_dropout": 0.0,
             "bos_token_id": self.bos_token_id,
@@ -224,7 +255,7 @@ class LlamaConfig:
             "intermediate_size": self.intermediate_size,
             "max_position_embeddings": self.max_position_embeddings,
             "mlp_bias": False,
-            "model_type": "llama",
+            "model_type": architecture.model_type,
             "num_attention_heads": self.num_attention_heads,
             "num_hidden_layers": self.num_hidden_layers,
             "num_key_value_heads": self.num_key_value_heads,
@@ -237,6 +268,11 @@ class LlamaConfig:
             "use_cache": True,
             "vocab_size": self.vocab_size,
         }
+        if architecture.sliding_window:
+            written["sliding_window"] = self.sliding_window
+        if architecture.model_type in ("qwen2", "qwen3"):
+            written["use_sliding_window"] = False
+        return written
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_json_dict(), indent=2) + "\n", encoding="utf-8")
@@ -247,11 +283,12 @@ class LlamaConfig:
         if self.rope_scaling:
             rope += f" ({self.rope_scaling.rope_type} x{self.rope_scaling.factor:g})"
         return (
-            f"llama: hidden {self.hidden_size}, layers {self.num_hidden_layers}, heads "
+            f"{self.model_type}: hidden {self.hidden_size}, layers {self.num_hidden_layers}, heads "
             f"{self.num_attention_heads} ({self.num_key_value_heads} kv), head_dim {self.head_dim}, "
             f"ffn {self.intermediate_size}, vocab {self.vocab_size}, "
             f"{'tied' if self.tie_word_embeddings else 'untied'} embeddings, {rope}, "
             f"context {self.max_position_embeddings}, {self.torch_dtype}"
+            + (f", sliding window {self.sliding_window}" if self.sliding_window else "")
         )
 
 
@@ -315,20 +352,27 @@ def _get_torch_dtype(raw: dict[str, Any]) -> str:
     return value
 
 
-def _check_supported_architecture(raw: dict[str, Any]) -> None:
-    model_type = raw.get("model_type", "llama")
-    if model_type != "llama":
-        raise WeightsError(
-            f"config key 'model_type': {model_type!r} is not supported (expected 'llama')"
-        )
+def _check_supported_architecture(raw: dict[str, Any]) -> Architecture:
+    architecture = architecture_of(raw.get("model_type"), raw.get("architectures"))
     for key in ("attention_bias", "mlp_bias"):
         if raw.get(key, False) is not False:
             raise WeightsError(
                 f"config key {key!r}: biases are not supported by this engine (expected false)"
             )
+    # Qwen's sliding window applies to some layers only (max_window_layers, layer_types).
+    layer_types = raw.get("layer_types") or []
+    some_layers_slide = raw.get("use_sliding_window", False) is not False or (
+        isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types)
+    )
+    if some_layers_slide and not architecture.sliding_window:
+        raise WeightsError(
+            f"config key 'use_sliding_window': a sliding window on some layers of a "
+            f"{architecture.model_type} model is not supported (expected false)"
+        )
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise WeightsError(f"config key 'hidden_act': {act!r} is not supported (expected 'silu')")
+    return architecture
 
 
 def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:

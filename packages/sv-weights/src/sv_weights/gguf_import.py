@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from sv_weights.checkpoint import SINGLE_FILE, expected_tensors
-from sv_weights.config import CONFIG_FILE, LlamaConfig
+from sv_weights.config import CONFIG_FILE, ModelConfig
 from sv_weights.errors import WeightsError
 from sv_weights.safetensors import save_file
 
@@ -201,7 +201,7 @@ class GgufFields:
         return value
 
 
-def _config_from_gguf(source: GgufFields) -> LlamaConfig:
+def _config_from_gguf(source: GgufFields) -> ModelConfig:
     path = source.path
     arch = source.require("general.architecture", str)
     if arch != "llama":
@@ -232,7 +232,7 @@ def _config_from_gguf(source: GgufFields) -> LlamaConfig:
     eot = source.optional_int("tokenizer.ggml.eot_token_id")
     eos_ids = tuple(dict.fromkeys(i for i in (eos, eot) if i is not None))
     try:
-        return LlamaConfig(
+        return ModelConfig(
             hidden_size=hidden,
             num_hidden_layers=source.require("llama.block_count", int),
             num_attention_heads=heads,
@@ -254,7 +254,7 @@ def _config_from_gguf(source: GgufFields) -> LlamaConfig:
 
 
 def _hf_weights_from_gguf(
-    reader: gguf.GGUFReader, source: GgufFields, config: LlamaConfig
+    reader: gguf.GGUFReader, source: GgufFields, config: ModelConfig
 ) -> dict[str, torch.Tensor]:
     path = source.path
     weights: dict[str, torch.Tensor] = {}
@@ -322,7 +322,7 @@ _USER_DEFINED = int(gguf.TokenType.USER_DEFINED)
 
 
 def _tokenizer_files_from_gguf(
-    source: GgufFields, config: LlamaConfig
+    source: GgufFields, config: ModelConfig
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tokenizer.json, tokenizer_config.json) contents for a byte-level BPE GGUF tokenizer."""
     path = source.path

@@ -10,6 +10,9 @@ Flash-decoding: when B * Hkv programs would leave SMs idle (small batches, long 
 context is cut into `num_splits` slices; each program writes an unnormalized partial result with
 its max and sum, and a second kernel merges the slices. The split count depends only on shapes
 (so a CUDA graph can capture it); each program finds its own slice from `seq_lens` on the device.
+
+A sliding window of W positions starts the context at `seq_len - W`: the splits share out the
+last W positions only, and no page before them is read (its table entry may be stale).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def _decode_attention_kernel(
     partial_max_ptr,
     partial_sum_ptr,
     scale_log2,
+    window,
     stride_qb,
     stride_qh,
     stride_kc_page,
@@ -73,6 +77,7 @@ def _decode_attention_kernel(
     PRECISION: tl.constexpr,
     FP8_CACHE: tl.constexpr,
     USE_PDL: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     wait_for_prior_kernels(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
@@ -82,9 +87,12 @@ def _decode_attention_kernel(
         v_scale = tl.load(kv_scales_ptr + tl.num_programs(1) + kv_head)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    # An equal, TILE_N-aligned share of this sequence's tokens for each split.
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE_N) * TILE_N
-    start = split * per_split
+    first = 0
+    if SLIDING:
+        first = tl.maximum(seq_len - window, 0)
+    # An equal, TILE_N-aligned share of this sequence's visible tokens for each split.
+    per_split = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), TILE_N) * TILE_N
+    start = first + split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
     g = tl.arange(0, BLOCK_G)
@@ -202,6 +210,7 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     kv_scales: torch.Tensor | None = None,
+    sliding_window: int | None = None,
     *,
     num_splits: int | None = None,
 ) -> torch.Tensor:
@@ -220,9 +229,10 @@ def paged_decode_attention(
     if batch == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(
-            batch, num_kv_heads, num_pages_max * page_size, num_sms(q.device)
-        )
+        max_context = num_pages_max * page_size
+        if sliding_window is not None:
+            max_context = min(max_context, sliding_window)
+        num_splits = choose_num_splits(batch, num_kv_heads, max_context, num_sms(q.device))
     num_splits = max(1, int(num_splits))
     if num_splits > 1:
         partial_acc = torch.empty(
@@ -249,6 +259,7 @@ def paged_decode_attention(
         partial_max,
         partial_sum,
         scale * math.log2(math.e),
+        sliding_window or 0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -272,6 +283,7 @@ def paged_decode_attention(
         PRECISION=dot_precision(q.dtype),
         FP8_CACHE=kv_scales is not None,
         USE_PDL=pdl,
+        SLIDING=sliding_window is not None,
         num_warps=4,
         num_stages=3,
         launch_pdl=pdl,

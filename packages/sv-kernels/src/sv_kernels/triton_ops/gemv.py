@@ -16,6 +16,9 @@ a `LinearPlan` per weight; its caller keeps them and passes each to `ops.linear`
 `swiglu=True` gives the gate/up projection a SwiGLU epilogue: a program takes gate rows and the
 matching up rows and writes silu(gate) * up, which saves the decode step one launch per layer
 (16 fewer kernels at batch 1: 856 -> 831 us per step on the H200, 2026-11-30).
+
+`bias` (Qwen2's q/k/v projection) is added to the FP32 dot products before they are rounded,
+as cuBLAS's bias epilogue does: no separate add kernel.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ def _paired_halves(y, HALF_BLOCK: tl.constexpr):
 def _gemv_kernel(
     x_ptr,
     w_ptr,
+    bias_ptr,
     out_ptr,
     N,
     K,
@@ -96,6 +100,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     GATED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     if GATED:
         # SwiGLU epilogue: W is [gate; up] (N = 2I rows). The program's BLOCK_N rows are
@@ -121,6 +126,8 @@ def _gemv_kernel(
             mask=out_features < N // 2,
         )
     else:
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
         # Rounded to x's dtype first, then to the output's: `linear(x, w).to(out.dtype)`.
         out = y.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + rows, out, mask=row_mask)
@@ -146,8 +153,10 @@ def gemv(
     config: GemvTile | None = None,
     swiglu: bool = False,
     out_dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [1, K] @ w[N, K]^T -> [1, N] in x's dtype. `config` = (BLOCK_N, BLOCK_K, num_warps).
+    """x [1, K] @ w[N, K]^T (+ bias [N]) -> [1, N] in x's dtype. `config` = (BLOCK_N, BLOCK_K,
+    num_warps).
 
     out_dtype: the result as `gemv(x, w).to(out_dtype)` gives it (rounded to x's dtype first),
     written by the kernel itself: the LM head's FP32 logits without a conversion kernel.
@@ -167,12 +176,15 @@ def gemv(
         w = w.contiguous()
     if swiglu and out_dtype not in (None, x.dtype):
         raise KernelError("gemv(swiglu=True) writes x's dtype; out_dtype must be None")
+    if swiglu and bias is not None:
+        raise KernelError("gemv(swiglu=True) takes no bias")
     out = torch.empty((1, n // 2 if swiglu else n), dtype=out_dtype or x.dtype, device=x.device)
     pdl = use_pdl(x.device)
     grid = (cdiv(n // 2, block_n // 2) if swiglu else cdiv(n, block_n),)
     _gemv_kernel[grid](
         x,
         w,
+        out if bias is None else bias.contiguous(),  # unread without a bias
         out,
         n,
         k,
@@ -181,6 +193,7 @@ def gemv(
         BLOCK_K=block_k,
         USE_PDL=pdl,
         GATED=swiglu,
+        HAS_BIAS=bias is not None,
         num_warps=warps,
         launch_pdl=pdl,
     )

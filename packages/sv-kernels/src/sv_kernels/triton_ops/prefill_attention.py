@@ -7,6 +7,11 @@ query head. Its queries are the last q_len positions of the sequence (a prefix m
 in the cache), so query row i sits at position `seq_len - q_len + i`. Key tiles wholly below
 the tile's first query position are attended without a mask; the few tiles that cross the
 diagonal are masked; key tiles past the tile's last query are never visited.
+
+A sliding window of W positions (query p sees keys p - W < k <= p) bounds the key tiles from
+below as well: tiles wholly before every row's window are never visited (so their pages are
+never read and their table entries may be stale), and the tiles at the window's lower edge are
+masked like the diagonal ones.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ def _attend_key_tile(
     v_head,
     table,
     tile_start,
+    key_start,
     key_end,
     q_pos,
     scale_log2,
+    window,
     stride_kc_page,
     stride_kc_slot,
     stride_vc_page,
@@ -42,12 +49,16 @@ def _attend_key_tile(
     PAGE_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
+    SLIDING: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """One online-softmax step over keys tile_start .. tile_start + TILE_N - 1."""
     keys = tile_start + tl.arange(0, TILE_N)
     key_valid = keys < key_end
+    if SLIDING:
+        # Keys before key_start lie in pages that may have been given back: never loaded.
+        key_valid &= keys >= key_start
     pages = tl.load(table + keys // PAGE_SIZE, mask=key_valid, other=0).to(tl.int64)
     in_page = keys % PAGE_SIZE
     d = tl.arange(0, BLOCK_D)
@@ -57,8 +68,13 @@ def _attend_key_tile(
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
     if CAUSAL_MASK:
         visible = (keys[None, :] <= q_pos[:, None]) & key_valid[None, :]
+        if SLIDING:
+            visible &= keys[None, :] > q_pos[:, None] - window
         scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    if SLIDING:
+        # A row may see no key of a window-edge tile yet (max -inf): subtract 0, not -inf.
+        m_new = tl.where(m_new > float("-inf"), m_new, 0.0)
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -79,6 +95,7 @@ def _prefill_attention_kernel(
     kv_scales_ptr,
     out_ptr,
     scale_log2,
+    window,
     stride_qt,
     stride_qh,
     stride_kc_page,
@@ -99,6 +116,7 @@ def _prefill_attention_kernel(
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     FP8_CACHE: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     # Later query tiles see more keys: launch them first so the longest programs do not trail.
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -134,17 +152,32 @@ def _prefill_attention_kernel(
     key_end = tl.minimum(seq_len, context + row_start + TILE_M)
     # Key tiles that end at or before the first row's position are visible to every row.
     unmasked_end = ((context + row_start + 1) // TILE_N) * TILE_N
-    for tile_start in range(0, unmasked_end, TILE_N):
+    # With a window: the first tile any row sees, and the first one every row sees whole.
+    key_start = 0
+    first_tile = 0
+    unmasked_start = 0
+    if SLIDING:
+        key_start = tl.maximum(context + row_start - window + 1, 0)
+        first_tile = (key_start // TILE_N) * TILE_N
+        unmasked_start = tl.cdiv(tl.maximum(key_end - window, 0), TILE_N) * TILE_N
+        unmasked_start = tl.minimum(tl.maximum(unmasked_start, first_tile), unmasked_end)
+    for tile_start in range(first_tile, unmasked_start, TILE_N):
         acc, m_i, l_i = _attend_key_tile(
-            q, acc, m_i, l_i, k_head, v_head, table, tile_start, key_end, q_pos, scale_log2,
-            stride_kc_page, stride_kc_slot, stride_vc_page, stride_vc_slot,
-            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE_N, False, DOT_DTYPE, PRECISION,
+            q, acc, m_i, l_i, k_head, v_head, table, tile_start, key_start, key_end, q_pos, scale_log2,
+            window, stride_kc_page, stride_kc_slot, stride_vc_page, stride_vc_slot,
+            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE_N, True, SLIDING, DOT_DTYPE, PRECISION,
+        )  # fmt: skip
+    for tile_start in range(unmasked_start, unmasked_end, TILE_N):
+        acc, m_i, l_i = _attend_key_tile(
+            q, acc, m_i, l_i, k_head, v_head, table, tile_start, key_start, key_end, q_pos, scale_log2,
+            window, stride_kc_page, stride_kc_slot, stride_vc_page, stride_vc_slot,
+            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE_N, False, SLIDING, DOT_DTYPE, PRECISION,
         )  # fmt: skip
     for tile_start in range(unmasked_end, key_end, TILE_N):
         acc, m_i, l_i = _attend_key_tile(
-            q, acc, m_i, l_i, k_head, v_head, table, tile_start, key_end, q_pos, scale_log2,
-            stride_kc_page, stride_kc_slot, stride_vc_page, stride_vc_slot,
-            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE_N, True, DOT_DTYPE, PRECISION,
+            q, acc, m_i, l_i, k_head, v_head, table, tile_start, key_start, key_end, q_pos, scale_log2,
+            window, stride_kc_page, stride_kc_slot, stride_vc_page, stride_vc_slot,
+            HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE_N, True, SLIDING, DOT_DTYPE, PRECISION,
         )  # fmt: skip
 
     if FP8_CACHE:
@@ -164,6 +197,7 @@ def prefill_attention(
     scale: float,
     max_seqlen_q: int,
     kv_scales: torch.Tensor | None = None,
+    sliding_window: int | None = None,
     *,
     tile_m: int | None = None,
     tile_n: int | None = None,
@@ -201,6 +235,7 @@ def prefill_attention(
         kv_scales if kv_scales is not None else seq_lens,  # unread without an FP8 cache
         out,
         scale * math.log2(math.e),
+        sliding_window or 0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -221,6 +256,7 @@ def prefill_attention(
         DOT_DTYPE=dot_dtype(q.dtype),
         PRECISION=dot_precision(q.dtype),
         FP8_CACHE=kv_scales is not None,
+        SLIDING=sliding_window is not None,
         num_warps=8 if tile_m >= 128 or not wide else 4,
         num_stages=3 if block_d <= 64 else 2,
     )

@@ -1,4 +1,8 @@
-"""The Llama forward pass over a packed batch of tokens and a paged KV cache.
+"""The decoder forward pass over a packed batch of tokens and a paged KV cache.
+
+One forward serves every family of `sv_weights.architectures`: what a family adds (q/k/v
+biases, per-head q/k norms, a sliding window) is present in its weights and config, and the
+forward applies it where it is.
 
 One step of the engine feeds T tokens from B sequences, one after another (a prompt chunk is
 many tokens, a decoding sequence is one). Everything except attention treats those tokens as
@@ -15,11 +19,11 @@ import torch
 from sv_kernels import ops
 from sv_kernels.reference import FP8_KV_DTYPE
 from sv_kernels.rope_tables import Llama3RopeScaling, rope_tables
-from sv_weights import LlamaConfig
+from sv_weights import ModelConfig
 from torch import Tensor
 
 from sv_model.linear_plans import LinearPlans
-from sv_model.weights import LlamaWeights
+from sv_model.weights import ModelWeights
 
 
 @dataclass
@@ -41,7 +45,7 @@ class KVCache:
     @classmethod
     def allocate(
         cls,
-        config: LlamaConfig,
+        config: ModelConfig,
         num_pages: int,
         page_size: int,
         device: torch.device | str,
@@ -97,13 +101,14 @@ class AttentionMetadata:
     max_seqlen_q: int = 1
 
 
-class LlamaModel:
-    """Llama 3 / SmolLM2-style decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP.
+class DecoderModel:
+    """A Llama-family decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP; with Qwen2's
+    q/k/v biases, Qwen3's q/k norms or Mistral's sliding window where the config has them.
 
     `linear_plans` says how each matrix is multiplied (cuBLAS until its owner tunes them); a
     CUDA graph captured earlier keeps the kernels it was captured with."""
 
-    def __init__(self, config: LlamaConfig, weights: LlamaWeights, max_positions: int) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int) -> None:
         self.config = config
         self.weights = weights
         self.linear_plans = LinearPlans.untuned(config.num_hidden_layers)
@@ -111,6 +116,7 @@ class LlamaModel:
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
+        self.sliding_window = config.sliding_window
         scaling = None
         if config.rope_scaling is not None:
             s = config.rope_scaling
@@ -154,10 +160,13 @@ class LlamaModel:
         residual: Tensor | None = None
         for layer_idx, (layer, plan) in enumerate(zip(w.layers, plans.layers, strict=True)):
             x, residual = ops.rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps, residual)
-            qkv = ops.linear(x, layer.qkv, plan=plan.qkv)
+            qkv = ops.linear(x, layer.qkv, plan=plan.qkv, bias=layer.qkv_bias)
             q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
             v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, _ = ops.rms_norm(q, layer.q_norm, self.config.rms_norm_eps)
+                k, _ = ops.rms_norm(k, layer.k_norm, self.config.rms_norm_eps)
             k_cache, v_cache = kv.k[layer_idx], kv.v[layer_idx]
             kv_scales = kv.layer_scales(layer_idx)
             q = ops.rope_cache_write(
@@ -174,7 +183,14 @@ class LlamaModel:
             )
             if attn.cu_seqlens_q is None:
                 o = ops.paged_decode_attention(
-                    q, k_cache, v_cache, attn.block_tables, attn.seq_lens, self.scale, kv_scales
+                    q,
+                    k_cache,
+                    v_cache,
+                    attn.block_tables,
+                    attn.seq_lens,
+                    self.scale,
+                    kv_scales=kv_scales,
+                    sliding_window=self.sliding_window,
                 )
             else:
                 o = ops.prefill_attention(
@@ -186,7 +202,8 @@ class LlamaModel:
                     attn.block_tables,
                     self.scale,
                     attn.max_seqlen_q,
-                    kv_scales,
+                    kv_scales=kv_scales,
+                    sliding_window=self.sliding_window,
                 )
             hidden = ops.linear(o.view(num_tokens, q_size), layer.o, plan=plan.o)
             x, residual = ops.rms_norm(

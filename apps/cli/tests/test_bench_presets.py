@@ -1,0 +1,26 @@
+"""`sv bench --preset`: a name it does not know is refused with the list, and prompts stay the
+DESIGN.md workloads at Llama's vocabulary while fitting a smaller one (Mistral's 32,000)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sv_cli import bench
+
+
+def test_unknown_preset_is_refused_with_the_names(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        bench.bench_main(["--preset", "llama-9b"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'llama-9b'" in err and "llama-3.1-8b" in err and "mistral-7b" in err
+
+
+def test_prompts_are_the_documented_workload_and_fit_the_vocabulary() -> None:
+    rng = random.Random(0)
+    documented = [[rng.randint(0, 127999) for _ in range(rng.randint(100, 1024))] for _ in range(4)]
+    assert bench._random_prompts(random.Random(0), 4, 100, 1024) == documented
+    small = bench._random_prompts(random.Random(0), 4, 100, 1024, vocab=32000)
+    assert [len(p) for p in small] == [len(p) for p in documented]
+    assert max(max(p) for p in small) < 32000

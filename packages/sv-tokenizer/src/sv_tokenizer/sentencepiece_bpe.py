@@ -1,0 +1,97 @@
+"""SentencePiece-style BPE with byte fallback, as HF `tokenizer.json` spells it (Mistral, Llama 2).
+
+Unlike byte-level BPE, the vocabulary is of Unicode text where a space is written `▁`
+(U+2581), and the merges start from characters, not bytes. A character with no token of its
+own becomes the `<0xXX>` tokens of its UTF-8 bytes (`byte_fallback`), else the unknown token.
+Two layouts of the same rules exist:
+
+- Llama 2 / Mistral v0.1: `normalizer` = Sequence[Prepend("▁"), Replace(" " -> "▁")], no
+  pre-tokenizer: every stretch of text between added tokens gets a `▁` in front;
+- tokenizers >= 0.19 (Mistral v0.3): no normalizer, `pre_tokenizer` = Metaspace(replacement
+  "▁", prepend_scheme "first" | "always" | "never", split): with "first" only the stretch at
+  the very start of the text gets one, and never a second one.
+
+Decoding turns `▁` back into spaces and `<0xXX>` into its byte; the decoder's Strip (or
+Metaspace's) then drops one leading space of the whole text: the `▁` encoding put there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import regex  # type: ignore[import-untyped]  # (no types-regex in the lock)
+
+from .bpe import PairMerger
+
+SPACE_MARKER = "\u2581"
+_BYTE_TOKEN = regex.compile(r"<0x([0-9A-Fa-f]{2})>")
+# Metaspace's split: a new piece starts at every marker (HF's MergedWithNext).
+_MARKER_WORDS = regex.compile(SPACE_MARKER + "[^" + SPACE_MARKER + "]*|[^" + SPACE_MARKER + "]+")
+
+Pieces = Callable[[str, bool], list[str]]
+"""Text between added tokens -> the pieces BPE merges; the flag says whether the text starts
+the whole input (Metaspace's prepend_scheme "first" needs to know)."""
+
+
+def token_text_bytes(token: str) -> bytes:
+    """What a vocabulary entry decodes to: `<0xXX>` its byte, anything else its text with `▁`
+    as a space."""
+    byte = _BYTE_TOKEN.fullmatch(token)
+    if byte is not None:
+        return bytes([int(byte.group(1), 16)])
+    return token.replace(SPACE_MARKER, " ").encode("utf-8")
+
+
+class SpaceMarkerPieces:
+    """Spaces written as `▁`, one `▁` put in front (see the module doc), then the text cut
+    into pieces: whole (Llama 2, Metaspace split=false) or at each `▁` (split=true)."""
+
+    def __init__(self, prepend: str, *, prepend_twice: bool, split: bool) -> None:
+        self.prepend = prepend  # "always", "first" or "never"
+        self.prepend_twice = prepend_twice  # Prepend adds one even before a leading marker
+        self.split = split
+
+    def __call__(self, text: str, at_start: bool) -> list[str]:
+        if not text:
+            return []
+        text = text.replace(" ", SPACE_MARKER)
+        wanted = self.prepend == "always" or (self.prepend == "first" and at_start)
+        if wanted and (self.prepend_twice or not text.startswith(SPACE_MARKER)):
+            text = SPACE_MARKER + text
+        return _MARKER_WORDS.findall(text) if self.split else [text]
+
+
+class CharPairMerger(PairMerger):
+    """HF BPE over characters: each character starts as its own token, or its byte-fallback
+    tokens, or the unknown token; then the listed merges apply as in `PairMerger`."""
+
+    def __init__(
+        self,
+        char_ids: dict[str, int],
+        pair_ranks: dict[tuple[int, int], int],
+        merged_ids: list[int],
+        *,
+        byte_token_ids: list[int] | None,
+        unk_id: int | None,
+        fuse_unk: bool,
+    ) -> None:
+        super().__init__([-1] * 256, pair_ranks, merged_ids, unk_id=unk_id, fuse_unk=fuse_unk)
+        self.char_ids = char_ids
+        self.byte_token_ids = byte_token_ids  # by byte value, when every one exists
+
+    def encode(self, data: bytes) -> list[int]:
+        ids: list[int] = []
+        previous_was_unk = False
+        for char in data.decode("utf-8"):
+            token_id = self.char_ids.get(char)
+            if token_id is not None:
+                ids.append(token_id)
+                previous_was_unk = False
+            elif self.byte_token_ids is not None:
+                ids += [self.byte_token_ids[b] for b in char.encode("utf-8")]
+                previous_was_unk = False
+            elif self.unk_id is not None:
+                if not (self.fuse_unk and previous_was_unk):
+                    ids.append(self.unk_id)
+                previous_was_unk = True
+        return self.merge(ids)

