@@ -148,6 +148,15 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
             lambda config=config: ops.gemv(row, torch.zeros(inter, hidden, dtype=dtype), config),
         )
         yield (
+            f"gemv+bias {config} {dtype}",
+            lambda config=config: ops.gemv(
+                row,
+                torch.zeros(inter, hidden, dtype=dtype),
+                config,
+                bias=torch.zeros(inter, dtype=dtype),
+            ),
+        )
+        yield (
             f"gemv+swiglu {config} {dtype}",
             lambda config=config: ops.gemv(
                 row, torch.zeros(2 * inter, hidden, dtype=dtype), config, swiglu=True
@@ -182,21 +191,23 @@ def _attention_cases(
     lens = torch.full((4,), 100, dtype=torch.int32)
     qd = torch.zeros(4, hq, head_dim, dtype=dtype)
     for splits in (1, 8):
-        yield (
-            f"decode splits={splits} {tag}",
-            lambda splits=splits: ops.paged_decode_attention(
-                qd, cache, cache, tables, lens, 0.125, num_splits=splits
-            ),
-        )
+        for window in (None, 40):  # full attention, and Mistral's sliding window
+            yield (
+                f"decode splits={splits} window={window} {tag}",
+                lambda splits=splits, window=window: ops.paged_decode_attention(
+                    qd, cache, cache, tables, lens, 0.125, window, num_splits=splits
+                ),
+            )
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     seq_lens = torch.tensor([3, 8], dtype=torch.int32)
     for max_q in (8, 2048):
-        yield (
-            f"prefill max_q={max_q} {tag}",
-            lambda max_q=max_q: ops.prefill_attention(
-                q, cache, cache, cu, seq_lens, tables[:2], 0.125, max_q
-            ),
-        )
+        for window in (None, 40):
+            yield (
+                f"prefill max_q={max_q} window={window} {tag}",
+                lambda max_q=max_q, window=window: ops.prefill_attention(
+                    q, cache, cache, cu, seq_lens, tables[:2], 0.125, max_q, window
+                ),
+            )
 
 
 def _sampler_variants_per_kernel() -> dict[str, int]:
