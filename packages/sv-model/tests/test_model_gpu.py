@@ -435,3 +435,67 @@ def test_overlapped_engine_equals_the_plain_loop(engine_1b: Any) -> None:
                 engine.clear_prefix_cache()
             assert runs[0] == runs[1]
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+def test_graphed_logprobs_equal_eager_logprobs(llama_1b_dir: Path) -> None:
+    """Decode steps that ask for log-probabilities get them from a captured graph over the
+    decode graph's logits: equal to an eager `ops.token_logprobs` of the same logits, for
+    greedy and sampled ids, at batch 1 and 5 (bucket 8)."""
+    from sv_kernels import ops
+    from sv_model import SamplingRows
+
+    runner = _runner(llama_1b_dir)
+    rng = random.Random(5)
+    for batch in (1, 5):
+        seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 200))] for _ in range(batch)]
+        runner.set_block_tables([(i, list(range(i * 20, i * 20 + 20))) for i in range(batch)])  # type: ignore[attr-defined]
+        runner.execute(_prefill_step(seqs))  # type: ignore[attr-defined]
+        graph = runner.decode_graphs.for_batch(batch)  # type: ignore[attr-defined]
+        for sampled in (False, True):
+            sampling = (
+                SamplingRows([0.9] * batch, [0] * batch, [1.0] * batch, [7] * batch, [1] * batch)
+                if sampled
+                else None
+            )
+            step = _decode_step(seqs, sampling)
+            step.logprobs = True  # type: ignore[attr-defined]
+            pending = runner.launch(step)  # type: ignore[attr-defined]
+            ids = pending.result()
+            got = pending.logprobs()
+            logits = graph.logits[:batch].clone()
+            chosen, values, top = ops.token_logprobs(
+                logits, torch.tensor(ids, device="cuda"), ops.MAX_LOGPROBS
+            )
+            assert got.top_ids == top.tolist()
+            assert torch.allclose(torch.tensor(got.chosen), chosen.cpu(), atol=1e-5)
+            assert torch.allclose(torch.tensor(got.top_values), values.cpu(), atol=1e-5)
+            for s, t in zip(seqs, ids, strict=True):
+                s.append(t)
+
+
+def test_engine_logprobs_within_bf16_tolerance(
+    engine_1b: Any, oracle_fp32: torch.nn.Module, oracle_bf16: torch.nn.Module
+) -> None:
+    """Generated tokens' log-probabilities (graph path) against transformers' FP32
+    log_softmax, teacher-forced: no further off than transformers' own BF16 run."""
+    from sv_engine import SamplingParams
+
+    rng = random.Random(6)
+    prompts = [[rng.randint(0, 127999) for _ in range(n)] for n in (17, 90, 200)]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=20)
+    for c in engine_1b.generate(prompts, params):
+        ids = torch.tensor([c.prompt_ids + c.output_ids], device="cuda")
+        with torch.no_grad():
+            fp32 = torch.log_softmax(oracle_fp32(ids).logits[0].float(), dim=-1)
+            bf16 = torch.log_softmax(oracle_bf16(ids).logits[0].float(), dim=-1)
+        rows = torch.arange(len(c.prompt_ids) - 1, len(c.prompt_ids) - 1 + len(c.output_ids))
+        out = torch.tensor(c.output_ids, device="cuda")
+        want = fp32[rows, out]
+        ours = torch.tensor([lp.logprob for lp in c.logprobs], device="cuda")
+        theirs = bf16[rows, out]
+        assert float((ours - want).abs().max()) <= 2 * float((theirs - want).abs().max()) + 0.02
+        for lp, row in zip(c.logprobs, rows.tolist(), strict=True):
+            values = [v for _, v in lp.top]
+            assert values == sorted(values, reverse=True)
+            best = set(torch.topk(fp32[row], 20).indices.tolist())
+            assert len(best & {t for t, _ in lp.top}) >= 15

@@ -9,6 +9,8 @@ from sv_scheduler import FinishReason, RequestId
 
 from sv_engine.errors import EngineError
 
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs (sv_kernels.ops has it too)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -21,6 +23,12 @@ class SamplingParams:
     ignore_eos:  never stop at the model's stop tokens (benchmarks: always generate max_new_tokens).
     stop_token_ids: more ids to stop at, beside the model's (kept under ignore_eos, as vLLM's);
                  like those, the stop token ends the output and its text is not shown.
+    logprobs:    None: off; K in 0..20: each output token's log-probability and its top K
+                 alternatives (of the raw logits, before temperature or filters), on each
+                 StreamEvent and in the Completion.
+    prompt_logprobs: None: off; K in 0..20: the same for every prompt token but the first (what
+                 an evaluation harness scores; the prompt is computed in full, not taken from
+                 the prefix cache).
     """
 
     max_new_tokens: int = 128
@@ -30,6 +38,8 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -54,10 +64,26 @@ class SamplingParams:
             raise EngineError(
                 f"stop_token_ids must be a frozenset of token ids, got {self.stop_token_ids!r}"
             )
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (
+                isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS
+            ):
+                raise EngineError(f"{name} must be None or in 0..{MAX_LOGPROBS}, got {k!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability under the model (FP32 log-softmax of its raw logits), and
+    the `top` alternatives at its position: (token id, log-probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 @dataclass
@@ -72,6 +98,10 @@ class Completion:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     time_to_first_token_s: float | None = None
     latency_s: float = 0.0
+    # With SamplingParams.logprobs: one per output id. With prompt_logprobs: one per prompt id,
+    # None for the first (nothing precedes it).
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)
@@ -89,3 +119,4 @@ class StreamEvent:
     text: str
     finished: FinishReason | None = None
     completion: Completion | None = field(default=None, repr=False)
+    logprob: TokenLogprob | None = None  # with SamplingParams.logprobs, of token_id

@@ -445,3 +445,24 @@ def sample(
             any_top_p=any_top_p,
         )
     return reference.sample(logits, temperature, top_k, top_p, seeds, steps)
+
+
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`reference.token_logprobs`; on CUDA without materializing the log-softmax."""
+    op = "token_logprobs"
+    _check_dims(op, "logits", logits, 2, "[B, V]")
+    _check_float(op, "logits", logits)
+    _check_dims(op, "ids", ids, 1, "[B]")
+    _check_int(op, "ids", ids)
+    _check_len(op, "ids", ids, 0, logits.shape[0], "one per row of logits")
+    _check_device(op, logits=logits, ids=ids)
+    if not 0 <= k <= min(MAX_LOGPROBS, logits.shape[1]):
+        _fail(op, f"k must be in [0, {min(MAX_LOGPROBS, logits.shape[1])}], got {k}")
+    if _on_cuda(logits):
+        from . import token_logprobs as device
+
+        return device.token_logprobs(logits, ids, k)
+    return reference.token_logprobs(logits, ids, k)

@@ -276,3 +276,16 @@ def sample(
     scores = torch.where(keep, x + gumbel, torch.full_like(x, float("-inf")))
     sampled = torch.argmax(scores, dim=-1)
     return torch.where(greedy, argmax(logits), sampled)
+
+
+# --- Log-probabilities ------------------------------------------------------------------------
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Log-probabilities of logits [B, V] under log_softmax in FP32: of the token `ids[b]` of
+    each row ([B] f32), and the k most likely tokens of each row, most likely first
+    (values [B, k] f32, ids [B, k] int64). 0 <= k <= V."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, ids.long()[:, None])[:, 0]
+    top_values, top_ids = torch.topk(logprobs, k, dim=-1)
+    return chosen, top_values, top_ids

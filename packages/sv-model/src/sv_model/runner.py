@@ -6,6 +6,7 @@ It composes the pieces that live on the device across steps, each in its own mod
 - `step_packing`: a step's host lists as device tensors (one upload per step);
 - `decode_graphs`: on CUDA, one captured graph per decode batch-size bucket;
 - `sampler`: argmax, a sampling graph or an eager `ops.sample`;
+- `logprob_rows`: the log-probabilities of the sampled tokens (and of prompt tokens, for echo);
 - `linear_plans` and `warmup`: the batch-1 GEMV plans and the kernel compiles done before the
   first request.
 
@@ -28,7 +29,7 @@ from sv_kernels import TuningCache, ops
 from sv_weights import LlamaConfig
 from torch import Tensor
 
-from sv_model import linear_plans, sampler, step_packing, warmup
+from sv_model import linear_plans, logprob_rows, sampler, step_packing, warmup
 from sv_model.block_tables import DeviceBlockTables
 from sv_model.decode_graphs import DecodeGraph, DecodeGraphs
 from sv_model.llama import KVCache, LlamaModel
@@ -158,14 +159,20 @@ class ModelRunner:
                 f"{self.max_num_seqs}"
             )
         graph: DecodeGraph | None = None
+        prompt_logprobs = None
         if step.one_token_each:
             logits, greedy_ids, graph = self._decode(step)
         else:
             logits = self._prefill(step)
             greedy_ids = None
+            if step.prompt_logprobs:  # their rows follow the sampled rows' (see pack_prefill)
+                num_sampled = len(step.sample_rows)
+                prompt_logprobs = logprob_rows.of_prompts(step, logits[num_sampled:])
+                logits = logits[:num_sampled]
         ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph)
         self.last_ids[: ids.shape[0]].copy_(ids)
-        return PendingTokens(ids)
+        logprobs = logprob_rows.of_sampled(logits, ids, graph) if step.logprobs else None
+        return PendingTokens(ids, logprobs, prompt_logprobs)
 
     def logits(self, step: StepInputs, *, every_token: bool = False) -> Tensor:
         """FP32 logits of a step, for tests and debugging: [len(sample_rows), V], or with

@@ -48,6 +48,11 @@ class StepInputs:
     # (index into token_ids, row of the previous launch's sampled ids): tokens whose value is
     # still on the device; their token_ids entries are placeholders.
     feed: Sequence[tuple[int, int]] = ()
+    # Whether the sampled tokens' log-probabilities (and the top MAX_LOGPROBS) come back too.
+    logprobs: bool = False
+    # (prefill row b, offset in its chunk, target ids): the log-probability of each target
+    # given the tokens of the chunk up to offset + i (the prompt's own next tokens, for echo).
+    prompt_logprobs: Sequence[tuple[int, int, Sequence[int]]] = ()
 
     @property
     def one_token_each(self) -> bool:
