@@ -110,3 +110,13 @@ def test_stream_events_carry_the_completions_logprobs(engine: Engine) -> None:
 def test_bad_logprobs_refused(field: str, value: object) -> None:
     with pytest.raises(EngineError, match=field):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_first_stream_event_carries_the_prompt_logprobs(engine: Engine) -> None:
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True, prompt_logprobs=0)
+    events = list(engine.stream(PROMPTS[:1], params))
+    completion = events[-1].completion
+    assert completion is not None and completion.prompt_logprobs is not None
+    assert events[0].prompt_logprobs == completion.prompt_logprobs
+    assert len(completion.prompt_logprobs) == len(completion.prompt_ids)
+    assert all(e.prompt_logprobs is None for e in events[1:])

@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-from sv_engine import Engine, EngineError, SamplingParams
+from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_scheduler import max_new_tokens_that_fit
 from sv_tokenizer import Tokenizer, TokenizerError
 
@@ -54,6 +54,7 @@ from sv_server.body import (
 )
 from sv_server.engine_loop import Delivery, EngineLoop, Failed, Rejected, RequestHandle, Token
 from sv_server.errors import ServerError, bad_request
+from sv_server.logprobs import LogprobsWriter, Scored
 from sv_server.metrics import CONTENT_TYPE, Metrics
 from sv_server.protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -443,6 +444,8 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 seed=req.seed,
                 ignore_eos=req.ignore_eos,
                 stop_token_ids=req.stop_token_ids,
+                logprobs=req.logprobs,
+                prompt_logprobs=req.logprobs if req.echo else None,
             )
             for i, ids in enumerate(prompts)
         ]
@@ -463,8 +466,10 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             state.loop,
             RequestHandle(ids, p),
             StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
+            echo=_echo_text(state, req, i),
+            logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
         )
-        for ids, p in zip(prompts, params, strict=True)
+        for i, (ids, p) in enumerate(zip(prompts, params, strict=True))
     ]
     for generation in generations:
         state.loop.submit(generation.handle)
@@ -488,6 +493,14 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     return await _collect(request, req, state.model_name, generations)
 
 
+def _echo_text(state: ServerState, req: GenerationRequest, index: int) -> str:
+    """With `echo`, the text of prompt `index` as the answer repeats it (token ids decoded)."""
+    if not req.echo or req.prompts is None:
+        return ""
+    prompt = req.prompts[index]
+    return prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt)
+
+
 def _close_all(generations: list[_Generation]) -> None:
     for generation in generations:
         generation.close()
@@ -507,14 +520,34 @@ class _Generation:
 
     Ends at the engine's finish ("stop"/"length") or at a stop string, which cancels the
     request in the engine at once. `close()` cancels it if it is still running (client gone).
+    `echo`: text that comes first (the prompt, for completions' echo). With `logprobs`, the
+    scored tokens gather as they come, until `take_logprobs` renders them.
     """
 
-    def __init__(self, loop: EngineLoop, handle: RequestHandle, matcher: StopStringMatcher) -> None:
+    def __init__(
+        self,
+        loop: EngineLoop,
+        handle: RequestHandle,
+        matcher: StopStringMatcher,
+        *,
+        echo: str = "",
+        logprobs: LogprobsWriter | None = None,
+    ) -> None:
         self._loop = loop
         self.handle = handle
         self._matcher = matcher
+        self._echo = echo
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+        self.logprobs = logprobs
+        self._scored: list[Scored] = []
+
+    def take_logprobs(self) -> dict[str, Any] | None:
+        """The log-probabilities of the tokens consumed since the last call, rendered."""
+        if self.logprobs is None:
+            return None
+        scored, self._scored = self._scored, []
+        return self.logprobs.render(scored)
 
     @property
     def prompt_tokens(self) -> int:
@@ -529,6 +562,8 @@ class _Generation:
             while self.finish_reason is None and not deliveries.empty():
                 pieces.append(self._consume(deliveries.get_nowait()))
             text = "".join(pieces)
+            if self._echo:
+                text, self._echo = self._echo + text, ""
             if text:
                 yield text
 
@@ -542,6 +577,8 @@ class _Generation:
         event = delivery.event
         if event.token_id is not None:
             self.completion_tokens += 1
+        if self.logprobs is not None:
+            self._score(event)
         text = self._matcher.push(event.text)
         if self._matcher.stopped:
             self.finish_reason = "stop"
@@ -557,6 +594,13 @@ class _Generation:
             text += self._matcher.flush()
             self.finish_reason = event.finished
         return text
+
+    def _score(self, event: StreamEvent) -> None:
+        if event.prompt_logprobs is not None:  # echo: the prompt's tokens come first
+            self._scored.extend(zip(self.handle.prompt_ids, event.prompt_logprobs, strict=True))
+        # A stop token's text is not shown: nor is its log-probability.
+        if event.token_id is not None and event.logprob is not None and event.finished != "stop":
+            self._scored.append((event.token_id, event.logprob))
 
     def close(self) -> None:
         if self.finish_reason is None:
@@ -599,6 +643,7 @@ async def _collect(
             [(text, g.finish_reason or "") for text, g in zip(texts, generations, strict=True)],
             sum(g.prompt_tokens for g in generations),
             sum(g.completion_tokens for g in generations),
+            logprobs=[g.take_logprobs() for g in generations] if req.logprobs is not None else None,
         )
     )
 
@@ -653,12 +698,25 @@ async def _stream(
     ]
     try:
         async for index, text in _pieces(generations):
-            if text is not None:
+            generation = generations[index]
+            if text is not None and generation.logprobs is None:
                 yield encoders[index].text_event(text)
                 continue
+            logprobs = generation.take_logprobs()
+            if text is not None:
+                yield _sse(
+                    chunk_body(
+                        kind, response_id, model, created, text, index=index, logprobs=logprobs
+                    )
+                )
+                continue
             last = None if kind == "chat" else ""
-            reason = generations[index].finish_reason
-            yield _sse(chunk_body(kind, response_id, model, created, last, reason, index=index))
+            reason = generation.finish_reason
+            yield _sse(
+                chunk_body(
+                    kind, response_id, model, created, last, reason, index=index, logprobs=logprobs
+                )
+            )
     except ServerError as e:  # the status line is gone already: the error goes in the stream
         _close_all(generations)
         yield _sse(e.body())

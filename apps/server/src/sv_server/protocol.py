@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sv_engine import MAX_LOGPROBS
 from sv_tokenizer import Message
 
 from sv_server.errors import bad_request
@@ -38,6 +39,9 @@ class GenerationRequest:
              each; chat: None.
     messages: chat: the conversation; completions: None.
     max_tokens: None = the default (16 for completions, the rest of the context for chat).
+    logprobs: None: off; K: each output token's log-probability and its top K alternatives
+              (chat's `logprobs: true` + `top_logprobs`, completions' integer `logprobs`).
+    echo: completions: the prompt comes first in the text (and its tokens in the logprobs).
     """
 
     kind: Kind
@@ -55,6 +59,8 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    logprobs: int | None = None
+    echo: bool = False
 
 
 # Fields a request may carry only with their "off" value: the engine does not implement them.
@@ -62,9 +68,6 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (None, 0, 0.0),
     "presence_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
@@ -83,13 +86,13 @@ _SAMPLING_FIELDS = frozenset(
         "ignore_eos",
         "stop_token_ids",  # vLLM's
         "include_stop_str_in_output",  # vLLM's
+        "logprobs",
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
     }
 )
-_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt"}
-_CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens"}
-_NOT_FOR_COMPLETIONS = frozenset({"top_logprobs"})
-_NOT_FOR_CHAT = frozenset({"echo", "best_of", "suffix"})
+_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo"}
+_CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}
+_NOT_FOR_CHAT = frozenset({"best_of", "suffix"})
 
 
 # --- field checks ---------------------------------------------------------------------------
@@ -140,7 +143,7 @@ def _is_off(value: Any, off_values: tuple[Any, ...]) -> bool:
 
 def _check_fields(body: Mapping[str, Any], kind: Kind) -> None:
     allowed = _COMPLETION_FIELDS if kind == "completion" else _CHAT_FIELDS
-    excluded = _NOT_FOR_COMPLETIONS if kind == "completion" else _NOT_FOR_CHAT
+    excluded = frozenset() if kind == "completion" else _NOT_FOR_CHAT
     for key, value in body.items():
         if key in allowed:
             continue
@@ -181,6 +184,20 @@ def _stop_token_ids(body: Mapping[str, Any]) -> frozenset[int]:
             f"'stop_token_ids' takes at most {MAX_STOP_TOKEN_IDS} ids", "stop_token_ids"
         )
     return frozenset(ids)
+
+
+def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
+    """How many alternatives per output token (None: no log-probabilities). Chat asks with
+    `logprobs: true` and `top_logprobs: K`; completions with `logprobs: K` (false: off)."""
+    if kind == "chat":
+        on = _bool(body, "logprobs")
+        top = _optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+        if top and not on:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return (top or 0) if on else None
+    if body.get("logprobs") is False:
+        return None
+    return _optional_int(body, "logprobs", 0, MAX_LOGPROBS)
 
 
 def _sampling(
@@ -244,6 +261,8 @@ def _sampling(
         stream=stream,
         include_usage=include_usage,
         ignore_eos=_bool(body, "ignore_eos"),
+        logprobs=_logprobs(body, kind),
+        echo=_bool(body, "echo"),
     )
 
 
@@ -357,12 +376,17 @@ def response_body(
     choices: Sequence[tuple[str, str]],
     prompt_tokens: int,
     completion_tokens: int,
+    logprobs: Sequence[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """The whole (non-streamed) answer: `choices` are (text, finish_reason), in index order;
-    the token counts are their sums."""
+    the token counts are their sums; `logprobs`: each choice's, if asked for."""
     bodies = []
     for index, (text, finish_reason) in enumerate(choices):
-        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {
+            "index": index,
+            "logprobs": logprobs[index] if logprobs else None,
+            "finish_reason": finish_reason,
+        }
         if kind == "completion":
             choice["text"] = text
         else:
@@ -388,10 +412,15 @@ def chunk_body(
     *,
     index: int = 0,
     first: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk, of choice `index`. For chat, the first chunk carries the role, the
-    last an empty delta."""
-    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+    last an empty delta. `logprobs`: those of the chunk's tokens."""
+    choice: dict[str, Any] = {
+        "index": index,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
     if kind == "completion":
         choice["text"] = text or ""
     else:

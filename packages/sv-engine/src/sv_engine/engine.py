@@ -351,7 +351,8 @@ class Engine:
             live = self._live.get(seq.request_id)
             if live is None:  # cancelled, or stopped a step earlier: this token is dropped
                 continue
-            if live.first_token_at is None:
+            first = live.first_token_at is None
+            if first:
                 live.first_token_at = now
             decoder = live.decoder
             text = "" if decoder is None or token in live.stop_ids else decoder.push(token)
@@ -361,12 +362,15 @@ class Engine:
                 logprob = token_logprob(rows, row, token, live.params.logprobs)
                 live.logprobs.append(logprob)
             done = finished.get(seq.request_id)
-            if done is None:
-                events.append(StreamEvent(seq.request_id, token, text, logprob=logprob))
-            else:
-                event = self._finish_event(done, token, text)
-                event.logprob = logprob
-                events.append(event)
+            event = (
+                StreamEvent(seq.request_id, token, text)
+                if done is None
+                else self._finish_event(done, token, text)
+            )
+            event.logprob = logprob
+            if first and live.prompt_logprobs is not None:
+                event.prompt_logprobs = live.prompt_logprobs.scored
+            events.append(event)
         return events
 
     def _prompt_targets(self, plan: StepPlan) -> list[tuple[RequestId, int, int, list[int]]]:

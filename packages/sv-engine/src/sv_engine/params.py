@@ -120,3 +120,6 @@ class StreamEvent:
     finished: FinishReason | None = None
     completion: Completion | None = field(default=None, repr=False)
     logprob: TokenLogprob | None = None  # with SamplingParams.logprobs, of token_id
+    # With SamplingParams.prompt_logprobs, on the request's first event: the prompt's scores
+    # (as Completion.prompt_logprobs), there before any stop string can end the request.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
