@@ -368,8 +368,15 @@ def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
 
 
 def bench_throughput(
-    report: Report, engine: Any, name: str, count: int, variable: bool, new_tokens: int
-) -> None:
+    report: Report,
+    engine: Any,
+    name: str,
+    count: int,
+    variable: bool,
+    new_tokens: int,
+    logprobs: int | None = None,
+) -> float:
+    """Adds the row; returns its output tok/s. `logprobs`: every request asks for them."""
     import torch
     from sv_engine import SamplingParams
 
@@ -382,7 +389,11 @@ def bench_throughput(
     engine.clear_prefix_cache()
     torch.cuda.reset_peak_memory_stats()
     ids = [
-        engine.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True), stream_text=False)
+        engine.add_request(
+            p,
+            SamplingParams(max_new_tokens=n, ignore_eos=True, logprobs=logprobs),
+            stream_text=False,
+        )
         for p, n in zip(prompts, news, strict=True)
     ]
     t0 = time.perf_counter()
@@ -407,6 +418,7 @@ def bench_throughput(
             f"peak GPU mem {peak:.1f} GiB, KV pool {pool:.1f} GiB",
         )
     )
+    return float(out_tokens / wall)
 
 
 def profile_steps(engine: Any, label: str, run: Callable[[], object], out_dir: Path) -> None:
@@ -542,7 +554,9 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--peer", action="store_true", help="also run the transformers peer")
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
     p.add_argument(
-        "--only", help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var"
+        "--only",
+        help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,logprobs "
+        "(logprobs: decode-b1 and throughput with and without top-20 log-probabilities)",
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
@@ -574,7 +588,7 @@ def bench_main(argv: list[str]) -> int:
         from sv_kernels import bench as kernel_bench
 
         kernel_bench.main(["--json", str(Path(args.workdir) / "kernels.json")])
-    engine_workloads = {"decode", "prefill", "throughput", "plain", "var"}
+    engine_workloads = {"decode", "prefill", "throughput", "plain", "var", "logprobs"}
     if args.profile or any(want(name) for name in engine_workloads):
         from sv_cli.bench_runner import kv_pool_bytes
 
@@ -604,6 +618,10 @@ def bench_main(argv: list[str]) -> int:
             engine.overlap = True
         if want("var"):
             bench_throughput(report, engine, "throughput-var", count, True, 0)
+        if want("logprobs"):
+            from sv_cli.bench_logprobs import bench_logprobs
+
+            bench_logprobs(report, engine, args.quick)
         if args.profile:
             run_profiles(engine, Path(args.workdir))
         del engine
