@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from sv_kernels import TuningCache
-from sv_model import ModelRunner, PendingTokens, SamplingRows, StepInputs
+from sv_model import LogitControls, ModelRunner, PendingTokens, SamplingRows, StepInputs
 from sv_scheduler import (
     Admission,
     AdmissionError,
@@ -53,6 +53,7 @@ from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
 from sv_engine.errors import EngineError
 from sv_engine.loading import EngineConfig, load_model
+from sv_engine.logit_controls import RowControls, step_controls
 from sv_engine.logprobs import PromptLogprobs, token_logprob, with_first_rows
 from sv_engine.params import Completion, SamplingParams, StreamEvent, TokenLogprob
 
@@ -74,6 +75,8 @@ class _Live:
     first_token_at: float | None = None
     logprobs: list[TokenLogprob] | None = None  # with params.logprobs
     prompt_logprobs: PromptLogprobs | None = None  # with params.prompt_logprobs
+    controls: RowControls | None = None  # with params.processes_logits
+    hidden_ids: frozenset[int] = frozenset()  # tokens whose text is not shown
 
 
 class _Launched:
@@ -113,6 +116,8 @@ class Engine:
         self._ids = itertools.count(1)  # request 1 is the first prompt, in every message
         self._num_sampling = 0  # live requests with temperature > 0
         self._num_logprobs = 0  # live requests with logprobs or prompt_logprobs
+        self._num_controlled = 0  # live requests with logit processing
+        self._special_ids = frozenset(tokenizer.special_tokens.values())
         # Plan and launch the next step before reading this one's tokens (see the module doc).
         self.overlap = True
         self._in_flight: _Launched | None = None  # launched and advanced, not yet resolved
@@ -242,11 +247,17 @@ class Engine:
                 if params.prompt_logprobs is None
                 else PromptLogprobs(prompt_ids, params.prompt_logprobs, [None])
             ),
+            controls=(
+                RowControls(params, stop_ids, prompt_ids) if params.processes_logits else None
+            ),
+            hidden_ids=stop_ids | self._special_ids if params.skip_special_tokens else stop_ids,
         )
         if not params.greedy:
             self._num_sampling += 1
         if params.logprobs is not None or params.prompt_logprobs is not None:
             self._num_logprobs += 1
+        if params.processes_logits:
+            self._num_controlled += 1
         return request_id
 
     def cancel(self, request_id: RequestId) -> StreamEvent | None:
@@ -355,7 +366,7 @@ class Engine:
             if first:
                 live.first_token_at = now
             decoder = live.decoder
-            text = "" if decoder is None or token in live.stop_ids else decoder.push(token)
+            text = "" if decoder is None or token in live.hidden_ids else decoder.push(token)
             logprob = None
             if rows is not None and live.logprobs is not None:
                 assert live.params.logprobs is not None
@@ -403,6 +414,7 @@ class Engine:
         self._live.clear()
         self._num_sampling = 0
         self._num_logprobs = 0
+        self._num_controlled = 0
 
     def _step_inputs(
         self,
@@ -457,7 +469,16 @@ class Engine:
             logprobs=self._num_logprobs > 0
             and any(self._live[s.request_id].logprobs is not None for s in plan.sampling),
             prompt_logprobs=[(row, offset, t) for _, row, offset, t in prompt_targets],
+            controls=self._controls(plan, previous) if self._num_controlled else None,
         )
+
+    def _controls(self, plan: StepPlan, previous: _Launched | None) -> LogitControls | None:
+        def pending_row(seq: object) -> int:
+            assert previous is not None
+            return previous.row_of(seq)
+
+        rows = [(seq, self._live[seq.request_id].controls) for seq in plan.sampling]
+        return step_controls(rows, pending_row)
 
     def _sampling_rows(self, plan: StepPlan) -> SamplingRows:
         temps, top_ks, top_ps, seeds, steps = [], [], [], [], []
@@ -479,6 +500,8 @@ class Engine:
             self._num_sampling -= 1
         if live.logprobs is not None or live.prompt_logprobs is not None:
             self._num_logprobs -= 1
+        if live.controls is not None:
+            self._num_controlled -= 1
         if live.decoder is not None:
             text += live.decoder.flush()
         output = list(done.output_ids)
@@ -488,7 +511,7 @@ class Engine:
             request_id=done.request_id,
             prompt_ids=list(done.prompt_ids),
             output_ids=output,
-            text=self.tokenizer.decode(visible),
+            text=self.tokenizer.decode(t for t in visible if t not in live.hidden_ids),
             finish_reason=done.finish_reason,
             num_cached_tokens=done.num_cached_tokens,
             time_to_first_token_s=(

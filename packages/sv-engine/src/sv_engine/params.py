@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sv_scheduler import FinishReason, RequestId
@@ -29,6 +30,19 @@ class SamplingParams:
     prompt_logprobs: None: off; K in 0..20: the same for every prompt token but the first (what
                  an evaluation harness scores; the prompt is computed in full, not taken from
                  the prefix cache).
+
+    Logit processing, in vLLM's order and semantics (each off by default):
+    logit_bias:  token id -> value added to its logit (OpenAI's: -100 bans, 100 all but forces).
+    min_tokens:  the stop tokens (the model's unless ignore_eos, and stop_token_ids) are banned
+                 until this many tokens have been generated.
+    repetition_penalty: > 0; a token already in the prompt or the output has a positive logit
+                 divided by it, a negative one multiplied (1 = off).
+    frequency_penalty, presence_penalty: subtract count * frequency + (count > 0) * presence
+                 from each token's logit, count = its occurrences in the output so far (0 = off).
+    min_p:       in [0, 1]; drop tokens less likely than min_p times the most likely one, at the
+                 sampling temperature (0 = off; no effect on greedy rows).
+    skip_special_tokens: leave special tokens (other than the stop token, never shown) out of
+                 the text, as vLLM does by default.
     """
 
     max_new_tokens: int = 128
@@ -40,6 +54,13 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = frozenset()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_p: float = 0.0
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -70,10 +91,61 @@ class SamplingParams:
                 isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS
             ):
                 raise EngineError(f"{name} must be None or in 0..{MAX_LOGPROBS}, got {k!r}")
+        self._check_logit_processing()
+
+    def _check_logit_processing(self) -> None:
+        if not isinstance(self.logit_bias, Mapping) or not all(
+            _is_int(t) and t >= 0 and _is_finite(v) for t, v in self.logit_bias.items()
+        ):
+            raise EngineError(
+                f"logit_bias must map token ids to finite numbers, got {self.logit_bias!r}"
+            )
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise EngineError(
+                f"min_tokens must be an integer in 0..max_new_tokens ({self.max_new_tokens}), "
+                f"got {self.min_tokens!r}"
+            )
+        if not (_is_finite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise EngineError(
+                f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not _is_finite(getattr(self, name)):
+                raise EngineError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if not (_is_finite(self.min_p) and 0 <= self.min_p <= 1):
+            raise EngineError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise EngineError(
+                f"skip_special_tokens must be true or false, got {self.skip_special_tokens!r}"
+            )
+
+    @property
+    def uses_token_counts(self) -> bool:
+        """Whether a penalty reads the tokens seen so far."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the sampler draws from processed logits, not the raw ones."""
+        return (
+            self.uses_token_counts or bool(self.logit_bias) or self.min_tokens > 0 or self.min_p > 0
+        )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from sv_model.linear_plans import LayerPlans, LinearPlans
 from sv_model.llama import AttentionMetadata, KVCache, LlamaModel
 from sv_model.pending_tokens import Logprobs, PendingTokens
 from sv_model.runner import ModelRunner
-from sv_model.step import SamplingRows, StepInputs
+from sv_model.step import LogitControls, SamplingRows, StepInputs
 from sv_model.weights import LayerWeights, LlamaWeights
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "LinearPlans",
     "LlamaModel",
     "LlamaWeights",
+    "LogitControls",
     "Logprobs",
     "ModelRunner",
     "PendingTokens",
