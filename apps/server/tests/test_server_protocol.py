@@ -72,7 +72,7 @@ def test_chat_fields() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
         ({"prompt": "x", "logprobs": True}, "logprobs"),  # True is not 0
         ({"prompt": "x", "echo": 1}, "echo"),
         ({"prompt": "x", "best_of": 2}, "best_of"),

@@ -437,7 +437,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     try:
         params = [
             SamplingParams(
-                max_new_tokens=_max_tokens(state, req, len(ids), _which(i, len(prompts))),
+                max_new_tokens=max_new,
                 temperature=req.temperature,
                 top_k=req.top_k,  # the engine clamps it to the vocabulary
                 top_p=req.top_p,
@@ -446,8 +446,16 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 stop_token_ids=req.stop_token_ids,
                 logprobs=req.logprobs,
                 prompt_logprobs=req.logprobs if req.echo else None,
+                logit_bias=_logit_bias(state, req),
+                min_tokens=_min_tokens(req, max_new),
+                repetition_penalty=req.repetition_penalty,
+                frequency_penalty=req.frequency_penalty,
+                presence_penalty=req.presence_penalty,
+                min_p=req.min_p,
+                skip_special_tokens=req.skip_special_tokens,
             )
             for i, ids in enumerate(prompts)
+            for max_new in [_max_tokens(state, req, len(ids), _which(i, len(prompts)))]
         ]
     except EngineError as e:  # protocol.py checked every field already: a safety net
         raise bad_request(str(e)) from e
@@ -491,6 +499,26 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             on_close=partial(_close_all, generations),
         )
     return await _collect(request, req, state.model_name, generations)
+
+
+def _logit_bias(state: ServerState, req: GenerationRequest) -> dict[int, float]:
+    bad = next((t for t in req.logit_bias if t >= state.vocab_size), None)
+    if bad is not None:
+        raise bad_request(
+            f"'logit_bias': token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
+            "logit_bias",
+        )
+    return dict(req.logit_bias)
+
+
+def _min_tokens(req: GenerationRequest, max_new: int) -> int:
+    if req.min_tokens > max_new:
+        raise bad_request(
+            f"'min_tokens' is {req.min_tokens} but at most {max_new} tokens are generated "
+            "(max_tokens)",
+            "min_tokens",
+        )
+    return req.min_tokens
 
 
 def _echo_text(state: ServerState, req: GenerationRequest, index: int) -> str:

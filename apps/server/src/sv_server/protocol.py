@@ -13,7 +13,7 @@ import reprlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sv_engine import MAX_LOGPROBS
@@ -25,6 +25,9 @@ MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_PROMPTS = 256  # prompts in one /v1/completions request: each is an engine request
 MAX_STOP_TOKEN_IDS = 256  # vLLM's extra stop ids: a set test per token, but bounded
 MAX_TEMPERATURE = 2.0  # as OpenAI
+MAX_PENALTY = 2.0  # presence/frequency_penalty in [-2, 2], as OpenAI
+MAX_BIAS = 100.0  # logit_bias values in [-100, 100], as OpenAI
+MAX_LOGIT_BIAS = 1024  # entries: each one an index on the device per step, but bounded
 SEED_RANGE = (-(2**63), 2**63 - 1)  # the engine keeps seeds in an int64 tensor
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's /v1/completions
 
@@ -61,13 +64,17 @@ class GenerationRequest:
     ignore_eos: bool
     logprobs: int | None = None
     echo: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's
+    min_p: float = 0.0  # vLLM's
+    min_tokens: int = 0  # vLLM's
+    logit_bias: Mapping[int, float] = field(default_factory=dict)  # ids not yet checked
+    skip_special_tokens: bool = True  # vLLM's
 
 
 # Fields a request may carry only with their "off" value: the engine does not implement them.
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
@@ -87,6 +94,13 @@ _SAMPLING_FIELDS = frozenset(
         "stop_token_ids",  # vLLM's
         "include_stop_str_in_output",  # vLLM's
         "logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "repetition_penalty",  # vLLM's
+        "min_p",  # vLLM's
+        "min_tokens",  # vLLM's
+        "skip_special_tokens",  # vLLM's
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
     }
 )
@@ -130,8 +144,9 @@ def _optional_int(body: Mapping[str, Any], key: str, lo: int, hi: int | None = N
     return value  # type: ignore[no-any-return]
 
 
-def _bool(body: Mapping[str, Any], key: str) -> bool:
-    return bool(_get(body, key, lambda v: isinstance(v, bool), "true or false"))
+def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    value = _get(body, key, lambda v: isinstance(v, bool), "true or false")
+    return default if value is None else bool(value)
 
 
 def _is_off(value: Any, off_values: tuple[Any, ...]) -> bool:
@@ -200,6 +215,49 @@ def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
     return _optional_int(body, "logprobs", 0, MAX_LOGPROBS)
 
 
+def _number_in(body: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
+    value = _get(body, key, _is_number, "a number")
+    if value is None:
+        return default
+    if not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}", key)
+    return float(value)
+
+
+def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
+    """OpenAI's {token id (a string): bias}; the ids are checked against the vocabulary later."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise bad_request(f"'logit_bias' must be an object, got {_shown(bias)}", "logit_bias")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise bad_request(
+                f"'logit_bias' keys must be token ids, got {_shown(key)}", "logit_bias"
+            )
+        if not (_is_number(value) and -MAX_BIAS <= value <= MAX_BIAS):
+            raise bad_request(
+                f"'logit_bias' values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
+                f"got {_shown(value)} for token {key}",
+                "logit_bias",
+            )
+        out[int(key)] = float(value)
+    return out
+
+
+def _repetition_penalty(body: Mapping[str, Any]) -> float:
+    value = _get(body, "repetition_penalty", _is_number, "a number")
+    if value is None:
+        return 1.0
+    if value <= 0:
+        raise bad_request(f"'repetition_penalty' must be > 0, got {value}", "repetition_penalty")
+    return float(value)
+
+
 def _sampling(
     body: Mapping[str, Any],
     kind: Kind,
@@ -263,6 +321,13 @@ def _sampling(
         ignore_eos=_bool(body, "ignore_eos"),
         logprobs=_logprobs(body, kind),
         echo=_bool(body, "echo"),
+        presence_penalty=_number_in(body, "presence_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
+        frequency_penalty=_number_in(body, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
+        repetition_penalty=_repetition_penalty(body),
+        min_p=_number_in(body, "min_p", 0.0, 1.0, 0.0),
+        min_tokens=_optional_int(body, "min_tokens", 0) or 0,
+        logit_bias=_logit_bias(body),
+        skip_special_tokens=_bool(body, "skip_special_tokens", default=True),
     )
 
 
