@@ -50,3 +50,36 @@ def test_logprobs_out_of_range_is_one_line_and_exit_2(
     assert main(["generate", "--logprobs", "21", "Hi"]) == 2
     err = capsys.readouterr().err
     assert "logprobs" in err and len(err.strip().splitlines()) == 1
+
+
+def test_sampling_control_flags_reach_the_params() -> None:
+    import argparse
+
+    from sv_cli.common import add_sampling_arguments, sampling_params
+
+    p = argparse.ArgumentParser()
+    add_sampling_arguments(p)
+    args = p.parse_args(
+        [
+            "--min-p",
+            "0.1",
+            "--repetition-penalty",
+            "1.2",
+            "--frequency-penalty",
+            "0.5",
+            "--presence-penalty",
+            "-0.5",
+            "--min-tokens",
+            "3",
+        ]
+    )
+    params = sampling_params(args, 8)
+    assert (params.min_p, params.repetition_penalty) == (0.1, 1.2)
+    assert (params.frequency_penalty, params.presence_penalty, params.min_tokens) == (0.5, -0.5, 3)
+    assert sampling_params(p.parse_args([]), 8).processes_logits is False
+
+
+def test_a_bad_penalty_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--repetition-penalty", "0", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert "repetition_penalty" in err and len(err.strip().splitlines()) == 1
