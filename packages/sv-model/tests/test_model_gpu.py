@@ -499,3 +499,28 @@ def test_engine_logprobs_within_bf16_tolerance(
             assert values == sorted(values, reverse=True)
             best = set(torch.topk(fp32[row], 20).indices.tolist())
             assert len(best & {t for t, _ in lp.top}) >= 15
+
+
+def test_engine_logit_controls_on_the_gpu(engine_1b: Any) -> None:
+    """Logit processing before the Triton sampler, in the engine on the GPU: a +100 bias
+    forces its token, a huge presence penalty forbids any repeat, min_p 0.999 leaves a
+    sampled row only the greedy choice (bar a near-tie), min_tokens holds the stop token off."""
+    from sv_engine import SamplingParams
+
+    rng = random.Random(7)
+    prompt = [rng.randint(0, 127999) for _ in range(40)]
+    forced = engine_1b.generate(
+        [prompt], SamplingParams(max_new_tokens=6, ignore_eos=True, logit_bias={1234: 100.0})
+    )[0]
+    assert forced.output_ids == [1234] * 6
+    fresh = engine_1b.generate(
+        [prompt], SamplingParams(max_new_tokens=24, ignore_eos=True, presence_penalty=1e4)
+    )[0]
+    assert len(set(fresh.output_ids)) == 24
+    greedy = engine_1b.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
+    narrow = SamplingParams(max_new_tokens=8, ignore_eos=True, temperature=1.0, seed=3, min_p=0.999)
+    assert engine_1b.generate([prompt], narrow)[0].output_ids == greedy.output_ids
+    stop = greedy.output_ids[0]
+    held = SamplingParams(max_new_tokens=8, min_tokens=3, stop_token_ids=frozenset({stop}))
+    out = engine_1b.generate([prompt], held)[0].output_ids
+    assert stop not in out[:3] and len(out) >= 3
