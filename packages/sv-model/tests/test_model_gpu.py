@@ -503,8 +503,8 @@ def test_engine_logprobs_within_bf16_tolerance(
 
 def test_engine_logit_controls_on_the_gpu(engine_1b: Any) -> None:
     """Logit processing before the Triton sampler, in the engine on the GPU: a +100 bias
-    forces its token, a huge presence penalty forbids any repeat, min_p 0.999 leaves a
-    sampled row only the greedy choice (bar a near-tie), min_tokens holds the stop token off."""
+    forces its token, a huge presence penalty forbids any repeat, min_p 1 leaves a
+    sampled row only the greedy choice, min_tokens holds the stop token off."""
     from sv_engine import SamplingParams
 
     rng = random.Random(7)
@@ -518,7 +518,7 @@ def test_engine_logit_controls_on_the_gpu(engine_1b: Any) -> None:
     )[0]
     assert len(set(fresh.output_ids)) == 24
     greedy = engine_1b.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
-    narrow = SamplingParams(max_new_tokens=8, ignore_eos=True, temperature=1.0, seed=3, min_p=0.999)
+    narrow = SamplingParams(max_new_tokens=8, ignore_eos=True, temperature=1.0, seed=3, min_p=1.0)
     assert engine_1b.generate([prompt], narrow)[0].output_ids == greedy.output_ids
     stop = greedy.output_ids[0]
     held = SamplingParams(max_new_tokens=8, min_tokens=3, stop_token_ids=frozenset({stop}))
