@@ -505,7 +505,8 @@ def test_engine_logprobs_within_bf16_tolerance(
 def test_engine_logit_controls_on_the_gpu(engine_1b: Any) -> None:
     """Logit processing before the Triton sampler, in the engine on the GPU: a +100 bias
     forces its token, a huge presence penalty forbids any repeat, min_p 0.5 keeps a sampled
-    token at least half as likely as the best (per the engine's own logprobs), min_tokens holds the stop token off."""
+    token at least half as likely as the best (per the engine's own logprobs of the same
+    logits), min_tokens holds the stop token off."""
     from sv_engine import SamplingParams
 
     rng = random.Random(7)
