@@ -120,3 +120,29 @@ def test_first_stream_event_carries_the_prompt_logprobs(engine: Engine) -> None:
     assert events[0].prompt_logprobs == completion.prompt_logprobs
     assert len(completion.prompt_logprobs) == len(completion.prompt_ids)
     assert all(e.prompt_logprobs is None for e in events[1:])
+
+
+def test_prompt_logprobs_of_one_token_chunks(
+    tiny_llama_dir: Path, oracle: transformers.LlamaForCausalLM
+) -> None:
+    """A 4-token step budget with 3 sequences decoding leaves a prompt one token per step:
+    those steps feed one token per sequence, and still score the prompt."""
+    engine = Engine.from_model_dir(
+        tiny_llama_dir, device="cpu", kv_cache_mib=64, max_num_seqs=4, max_step_tokens=4
+    )
+    first = [SamplingParams(max_new_tokens=40, ignore_eos=True)] * 3
+    ids = [engine.add_request(p, q) for p, q in zip(PROMPTS[:2] + PROMPTS[:1], first, strict=True)]
+    for _ in range(6):
+        engine.step()
+    scored = engine.add_request(PROMPTS[2], SamplingParams(max_new_tokens=1, prompt_logprobs=1))
+    done = {}
+    while engine.has_unfinished():
+        done |= {e.request_id: e.completion for e in engine.step() if e.completion is not None}
+    assert set(ids) < set(done)
+    c = done[scored]
+    assert c is not None and c.prompt_logprobs is not None
+    assert len(c.prompt_logprobs) == len(c.prompt_ids)
+    want = hf_logprobs(oracle, c.prompt_ids)
+    for p, got in enumerate(c.prompt_logprobs[1:], start=1):
+        assert got is not None
+        assert_matches(got, want[p - 1], 1)

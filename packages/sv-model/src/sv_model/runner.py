@@ -166,7 +166,7 @@ class ModelRunner:
             )
         graph: DecodeGraph | None = None
         prompt_logprobs = None
-        if step.one_token_each:
+        if step.one_token_each and not step.prompt_logprobs:  # (one-token prompt chunks may score)
             logits, greedy_ids, graph = self._decode(step)
         else:
             logits = self._prefill(step)
