@@ -273,7 +273,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", None),
     ("/v1/completions", {"prompt": "hi", "stop": 7}, 400, "stop", None),
     ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 5}, 400, "logprobs", None),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs", None),
     ("/v1/completions", {"prompt": "hi", "tools": []}, 400, "tools", None),
     ("/v1/completions", {"prompt": "hi", "seed": 2**64}, 400, "seed", None),
     (

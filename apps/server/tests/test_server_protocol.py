@@ -73,9 +73,9 @@ def test_chat_fields() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
         ({"prompt": "x", "logprobs": True}, "logprobs"),  # True is not 0
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "echo": 1}, "echo"),
         ({"prompt": "x", "best_of": 2}, "best_of"),
         ({"prompt": "x", "top_logprobs": 0}, "top_logprobs"),  # chat only
         ({"prompt": "x", "n": 0}, "n"),

@@ -10,6 +10,7 @@ rounding, not correctness).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 from collections.abc import Iterator
@@ -465,3 +466,96 @@ def test_fp8_kv_cache_tracks_the_bf16_cache_1b(llama_1b_dir: Path) -> None:
             s.append(t)
         for r in runners.values():
             r.execute(step)  # type: ignore[attr-defined]
+
+
+def test_graphed_logprobs_equal_eager_logprobs(llama_1b_dir: Path) -> None:
+    """Decode steps that ask for log-probabilities get them from a captured graph over the
+    decode graph's logits: equal to an eager `ops.token_logprobs` of the same logits, for
+    greedy and sampled ids, at batch 1 and 5 (bucket 8)."""
+    from sv_kernels import ops
+    from sv_model import SamplingRows
+
+    runner = _runner(llama_1b_dir)
+    rng = random.Random(5)
+    for batch in (1, 5):
+        seqs = [[rng.randint(0, 127999) for _ in range(rng.randint(5, 200))] for _ in range(batch)]
+        runner.set_block_tables([(i, list(range(i * 20, i * 20 + 20))) for i in range(batch)])  # type: ignore[attr-defined]
+        runner.execute(_prefill_step(seqs))  # type: ignore[attr-defined]
+        graph = runner.decode_graphs.for_batch(batch)  # type: ignore[attr-defined]
+        for sampled in (False, True):
+            sampling = (
+                SamplingRows([0.9] * batch, [0] * batch, [1.0] * batch, [7] * batch, [1] * batch)
+                if sampled
+                else None
+            )
+            step = _decode_step(seqs, sampling)
+            step.logprobs = True  # type: ignore[attr-defined]
+            pending = runner.launch(step)  # type: ignore[attr-defined]
+            ids = pending.result()
+            got = pending.logprobs()
+            logits = graph.logits[:batch].clone()
+            chosen, values, top = ops.token_logprobs(
+                logits, torch.tensor(ids, device="cuda"), ops.MAX_LOGPROBS
+            )
+            assert got.top_ids == top.tolist()
+            assert torch.allclose(torch.tensor(got.chosen), chosen.cpu(), atol=1e-5)
+            assert torch.allclose(torch.tensor(got.top_values), values.cpu(), atol=1e-5)
+            for s, t in zip(seqs, ids, strict=True):
+                s.append(t)
+
+
+def test_engine_logprobs_within_bf16_tolerance(
+    engine_1b: Any, oracle_fp32: torch.nn.Module, oracle_bf16: torch.nn.Module
+) -> None:
+    """Generated tokens' log-probabilities (graph path) against transformers' FP32
+    log_softmax, teacher-forced: no further off than transformers' own BF16 run."""
+    from sv_engine import SamplingParams
+
+    rng = random.Random(6)
+    prompts = [[rng.randint(0, 127999) for _ in range(n)] for n in (17, 90, 200)]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=20)
+    for c in engine_1b.generate(prompts, params):
+        ids = torch.tensor([c.prompt_ids + c.output_ids], device="cuda")
+        with torch.no_grad():
+            fp32 = torch.log_softmax(oracle_fp32(ids).logits[0].float(), dim=-1)
+            bf16 = torch.log_softmax(oracle_bf16(ids).logits[0].float(), dim=-1)
+        rows = torch.arange(len(c.prompt_ids) - 1, len(c.prompt_ids) - 1 + len(c.output_ids))
+        out = torch.tensor(c.output_ids, device="cuda")
+        want = fp32[rows, out]
+        ours = torch.tensor([lp.logprob for lp in c.logprobs], device="cuda")
+        theirs = bf16[rows, out]
+        assert float((ours - want).abs().max()) <= 2 * float((theirs - want).abs().max()) + 0.02
+        for lp, row in zip(c.logprobs, rows.tolist(), strict=True):
+            values = [v for _, v in lp.top]
+            assert values == sorted(values, reverse=True)
+            best = set(torch.topk(fp32[row], 20).indices.tolist())
+            assert len(best & {t for t, _ in lp.top}) >= 15
+
+
+def test_engine_logit_controls_on_the_gpu(engine_1b: Any) -> None:
+    """Logit processing before the Triton sampler, in the engine on the GPU: a +100 bias
+    forces its token, a huge presence penalty forbids any repeat, min_p 0.5 keeps a sampled
+    token at least half as likely as the best (per the engine's own logprobs of the same
+    logits), min_tokens holds the stop token off."""
+    from sv_engine import SamplingParams
+
+    rng = random.Random(7)
+    prompt = [rng.randint(0, 127999) for _ in range(40)]
+    forced = engine_1b.generate(
+        [prompt], SamplingParams(max_new_tokens=6, ignore_eos=True, logit_bias={1234: 100.0})
+    )[0]
+    assert forced.output_ids == [1234] * 6
+    fresh = engine_1b.generate(
+        [prompt], SamplingParams(max_new_tokens=24, ignore_eos=True, presence_penalty=1e4)
+    )[0]
+    assert len(set(fresh.output_ids)) == 24
+    greedy = engine_1b.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
+    narrow = SamplingParams(
+        max_new_tokens=16, ignore_eos=True, temperature=1.0, seed=3, min_p=0.5, logprobs=1
+    )
+    for lp in engine_1b.generate([prompt], narrow)[0].logprobs:  # of these very logits
+        assert math.exp(lp.logprob - lp.top[0][1]) >= 0.5 - 1e-4
+    stop = greedy.output_ids[0]
+    held = SamplingParams(max_new_tokens=8, min_tokens=3, stop_token_ids=frozenset({stop}))
+    out = engine_1b.generate([prompt], held)[0].output_ids
+    assert stop not in out[:3] and len(out) >= 3

@@ -438,8 +438,15 @@ def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
 
 
 def bench_throughput(
-    report: Report, engine: Any, name: str, count: int, variable: bool, new_tokens: int
-) -> None:
+    report: Report,
+    engine: Any,
+    name: str,
+    count: int,
+    variable: bool,
+    new_tokens: int,
+    logprobs: int | None = None,
+) -> float:
+    """Adds the row; returns its output tok/s. `logprobs`: every request asks for them."""
     import torch
     from sv_engine import SamplingParams
 
@@ -452,7 +459,11 @@ def bench_throughput(
     engine.clear_prefix_cache()
     torch.cuda.reset_peak_memory_stats()
     ids = [
-        engine.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True), stream_text=False)
+        engine.add_request(
+            p,
+            SamplingParams(max_new_tokens=n, ignore_eos=True, logprobs=logprobs),
+            stream_text=False,
+        )
         for p, n in zip(prompts, news, strict=True)
     ]
     t0 = time.perf_counter()
@@ -477,6 +488,7 @@ def bench_throughput(
             f"peak GPU mem {peak:.1f} GiB, KV pool {pool:.1f} GiB",
         )
     )
+    return float(out_tokens / wall)
 
 
 def profile_steps(engine: Any, label: str, run: Callable[[], object], out_dir: Path) -> None:
@@ -625,7 +637,9 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
     p.add_argument(
         "--only",
-        help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,long",
+        help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,long,"
+        "logprobs (logprobs: decode-b1 and throughput with and without top-20 "
+        "log-probabilities; long: 32k and 100k contexts with a BF16 and an FP8 KV cache)",
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
@@ -663,7 +677,7 @@ def bench_main(argv: list[str]) -> int:
     if want("long"):
         contexts = [4096] if args.quick else [32768, 100000]
         bench_long_context(report, model_dir, roof, contexts, 32 if args.quick else 128)
-    engine_workloads = {"decode", "prefill", "throughput", "plain", "var"}
+    engine_workloads = {"decode", "prefill", "throughput", "plain", "var", "logprobs"}
     if args.profile or any(want(name) for name in engine_workloads):
         from sv_cli.bench_runner import kv_pool_bytes
 
@@ -693,6 +707,10 @@ def bench_main(argv: list[str]) -> int:
             engine.overlap = True
         if want("var"):
             bench_throughput(report, engine, "throughput-var", count, True, 0)
+        if want("logprobs"):
+            from sv_cli.bench_logprobs import bench_logprobs
+
+            bench_logprobs(report, engine, args.quick)
         if args.profile:
             run_profiles(engine, Path(args.workdir))
         del engine

@@ -18,6 +18,35 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="1.0 = off (default)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="0 = off (default)")
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="divide a seen token's positive logit by R, multiply a negative one (1 = off)",
+    )
+    p.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="subtract F per earlier occurrence from a token's logit (0 = off)",
+    )
+    p.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="subtract F from the logit of a token already generated (0 = off)",
+    )
+    p.add_argument(
+        "--min-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="no stop token before N tokens are generated (0 = off)",
+    )
 
 
 def sampling_params(args: argparse.Namespace, max_new: int) -> SamplingParams:
@@ -29,6 +58,11 @@ def sampling_params(args: argparse.Namespace, max_new: int) -> SamplingParams:
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
+        min_tokens=args.min_tokens,
     )
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import replace
 from typing import Any, TextIO
 
 from sv_engine.options import add_engine_arguments, positive_int
+from sv_engine.params import MAX_LOGPROBS
 
+from sv_cli import logprobs_view
 from sv_cli.common import add_sampling_arguments, open_engine, pool_hint, sampling_params
 
 DEFAULT_MAX_NEW = 128
@@ -68,6 +71,14 @@ def add_parser(sub: Any) -> None:
         help="print KV-pool and batching statistics at the end",
     )
     add_sampling_arguments(p)
+    p.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"after each response, every token's probability and the K most likely "
+        f"alternatives at its position (0..{MAX_LOGPROBS})",
+    )
     p.add_argument("items", nargs="+", metavar="PROMPT", help="PROMPT [MAX_NEW] [PROMPT ...]")
     p.set_defaults(handler=run)
 
@@ -98,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         prompts, max_new = split_prompts(args.items, args.max_new_tokens)
-        params = sampling_params(args, max_new)
+        params = replace(sampling_params(args, max_new), logprobs=args.logprobs)
     except (ValueError, EngineError) as e:
         print(f"sv generate: error: {e}", file=sys.stderr)
         return 2
@@ -135,6 +146,7 @@ def _stream_one(engine: Any, prompt: str, params: Any, out: TextIO) -> None:
                     file=out,
                 )
                 line_open = False
+                _print_logprobs(engine, c, out)
     except KeyboardInterrupt:
         if line_open:  # what follows (--stats) starts on a line of its own
             out.write("\n")
@@ -148,7 +160,15 @@ def _run_many(engine: Any, prompts: list[str], params: Any) -> None:
             print(f"=== request {c.request_id} (finish={c.finish_reason}) ===")
             print(c.text)
             print(f"ids={c.output_ids}")
+            _print_logprobs(engine, c, sys.stdout)
             sys.stdout.flush()
+
+
+def _print_logprobs(engine: Any, completion: Any, out: TextIO) -> None:
+    if completion.logprobs is not None:
+        print("logprobs (token, its probability, the top alternatives):", file=out)
+        for line in logprobs_view.lines(engine.tokenizer, completion.logprobs):
+            print(line, file=out)
 
 
 def print_stats(engine: Any) -> None:

@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-from sv_engine import Engine, EngineError, SamplingParams
+from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_scheduler import max_new_tokens_that_fit
 from sv_tokenizer import Tokenizer, TokenizerError
 
@@ -54,6 +54,7 @@ from sv_server.body import (
 )
 from sv_server.engine_loop import Delivery, EngineLoop, Failed, Rejected, RequestHandle, Token
 from sv_server.errors import ServerError, bad_request
+from sv_server.logprobs import LogprobsWriter, Scored
 from sv_server.metrics import CONTENT_TYPE, Metrics
 from sv_server.protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -436,7 +437,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     try:
         params = [
             SamplingParams(
-                max_new_tokens=_max_tokens(state, req, len(ids), _which(i, len(prompts))),
+                max_new_tokens=max_new,
                 temperature=req.temperature,
                 top_k=req.top_k,  # the engine clamps it to the vocabulary
                 top_p=req.top_p,
@@ -444,8 +445,18 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 ignore_eos=req.ignore_eos,
                 stop_token_ids=req.stop_token_ids,
                 n=req.n,
+                logprobs=req.logprobs,
+                prompt_logprobs=req.logprobs if req.echo else None,
+                logit_bias=_logit_bias(state, req),
+                min_tokens=_min_tokens(req, max_new),
+                repetition_penalty=req.repetition_penalty,
+                frequency_penalty=req.frequency_penalty,
+                presence_penalty=req.presence_penalty,
+                min_p=req.min_p,
+                skip_special_tokens=req.skip_special_tokens,
             )
             for i, ids in enumerate(prompts)
+            for max_new in [_max_tokens(state, req, len(ids), _which(i, len(prompts)))]
         ]
     except EngineError as e:  # protocol.py checked every field already: a safety net
         raise bad_request(str(e)) from e
@@ -466,8 +477,10 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             state.loop,
             RequestHandle(ids, choice),
             StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
+            echo=_echo_text(state, req, i),
+            logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
         )
-        for ids, p in zip(prompts, params, strict=True)
+        for i, (ids, p) in enumerate(zip(prompts, params, strict=True))
         for choice in p.choices()
     ]
     for generation in generations:
@@ -493,6 +506,34 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     return await _collect(request, req, state.model_name, generations, prompt_tokens)
 
 
+def _logit_bias(state: ServerState, req: GenerationRequest) -> dict[int, float]:
+    bad = next((t for t in req.logit_bias if t >= state.vocab_size), None)
+    if bad is not None:
+        raise bad_request(
+            f"'logit_bias': token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
+            "logit_bias",
+        )
+    return dict(req.logit_bias)
+
+
+def _min_tokens(req: GenerationRequest, max_new: int) -> int:
+    if req.min_tokens > max_new:
+        raise bad_request(
+            f"'min_tokens' is {req.min_tokens} but at most {max_new} tokens are generated "
+            "(max_tokens)",
+            "min_tokens",
+        )
+    return req.min_tokens
+
+
+def _echo_text(state: ServerState, req: GenerationRequest, index: int) -> str:
+    """With `echo`, the text of prompt `index` as the answer repeats it (token ids decoded)."""
+    if not req.echo or req.prompts is None:
+        return ""
+    prompt = req.prompts[index]
+    return prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt)
+
+
 def _close_all(generations: list[_Generation]) -> None:
     for generation in generations:
         generation.close()
@@ -512,14 +553,34 @@ class _Generation:
 
     Ends at the engine's finish ("stop"/"length") or at a stop string, which cancels the
     request in the engine at once. `close()` cancels it if it is still running (client gone).
+    `echo`: text that comes first (the prompt, for completions' echo). With `logprobs`, the
+    scored tokens gather as they come, until `take_logprobs` renders them.
     """
 
-    def __init__(self, loop: EngineLoop, handle: RequestHandle, matcher: StopStringMatcher) -> None:
+    def __init__(
+        self,
+        loop: EngineLoop,
+        handle: RequestHandle,
+        matcher: StopStringMatcher,
+        *,
+        echo: str = "",
+        logprobs: LogprobsWriter | None = None,
+    ) -> None:
         self._loop = loop
         self.handle = handle
         self._matcher = matcher
+        self._echo = echo
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+        self.logprobs = logprobs
+        self._scored: list[Scored] = []
+
+    def take_logprobs(self) -> dict[str, Any] | None:
+        """The log-probabilities of the tokens consumed since the last call, rendered."""
+        if self.logprobs is None:
+            return None
+        scored, self._scored = self._scored, []
+        return self.logprobs.render(scored)
 
     async def texts(self) -> AsyncIterator[str]:
         """The answer's text, piece by piece. Tokens that queued up while the client was being
@@ -530,6 +591,8 @@ class _Generation:
             while self.finish_reason is None and not deliveries.empty():
                 pieces.append(self._consume(deliveries.get_nowait()))
             text = "".join(pieces)
+            if self._echo:
+                text, self._echo = self._echo + text, ""
             if text:
                 yield text
 
@@ -543,6 +606,8 @@ class _Generation:
         event = delivery.event
         if event.token_id is not None:
             self.completion_tokens += 1
+        if self.logprobs is not None:
+            self._score(event)
         text = self._matcher.push(event.text)
         if self._matcher.stopped:
             self.finish_reason = "stop"
@@ -558,6 +623,13 @@ class _Generation:
             text += self._matcher.flush()
             self.finish_reason = event.finished
         return text
+
+    def _score(self, event: StreamEvent) -> None:
+        if event.prompt_logprobs is not None:  # echo: the prompt's tokens come first
+            self._scored.extend(zip(self.handle.prompt_ids, event.prompt_logprobs, strict=True))
+        # A stop token's text is not shown: nor is its log-probability.
+        if event.token_id is not None and event.logprob is not None and event.finished != "stop":
+            self._scored.append((event.token_id, event.logprob))
 
     def close(self) -> None:
         if self.finish_reason is None:
@@ -604,6 +676,7 @@ async def _collect(
             [(text, g.finish_reason or "") for text, g in zip(texts, generations, strict=True)],
             prompt_tokens,
             sum(g.completion_tokens for g in generations),
+            logprobs=[g.take_logprobs() for g in generations] if req.logprobs is not None else None,
         )
     )
 
@@ -660,12 +733,25 @@ async def _stream(
     ]
     try:
         async for index, text in _pieces(generations):
-            if text is not None:
+            generation = generations[index]
+            if text is not None and generation.logprobs is None:
                 yield encoders[index].text_event(text)
                 continue
+            logprobs = generation.take_logprobs()
+            if text is not None:
+                yield _sse(
+                    chunk_body(
+                        kind, response_id, model, created, text, index=index, logprobs=logprobs
+                    )
+                )
+                continue
             last = None if kind == "chat" else ""
-            reason = generations[index].finish_reason
-            yield _sse(chunk_body(kind, response_id, model, created, last, reason, index=index))
+            reason = generation.finish_reason
+            yield _sse(
+                chunk_body(
+                    kind, response_id, model, created, last, reason, index=index, logprobs=logprobs
+                )
+            )
     except ServerError as e:  # the status line is gone already: the error goes in the stream
         _close_all(generations)
         yield _sse(e.body())

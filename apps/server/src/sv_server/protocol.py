@@ -13,9 +13,10 @@ import reprlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sv_engine import MAX_LOGPROBS
 from sv_tokenizer import Message
 
 from sv_server.errors import bad_request
@@ -25,6 +26,9 @@ MAX_PROMPTS = 256  # prompts in one /v1/completions request: each is an engine r
 MAX_N = 128  # choices per prompt, as OpenAI; prompts x n is at most MAX_PROMPTS
 MAX_STOP_TOKEN_IDS = 256  # vLLM's extra stop ids: a set test per token, but bounded
 MAX_TEMPERATURE = 2.0  # as OpenAI
+MAX_PENALTY = 2.0  # presence/frequency_penalty in [-2, 2], as OpenAI
+MAX_BIAS = 100.0  # logit_bias values in [-100, 100], as OpenAI
+MAX_LOGIT_BIAS = 1024  # entries: each one an index on the device per step, but bounded
 SEED_RANGE = (-(2**63), 2**63 - 1)  # the engine keeps seeds in an int64 tensor
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's /v1/completions
 
@@ -39,6 +43,9 @@ class GenerationRequest:
              choices each; chat: None.
     messages: chat: the conversation; completions: None.
     max_tokens: None = the default (16 for completions, the rest of the context for chat).
+    logprobs: None: off; K: each output token's log-probability and its top K alternatives
+              (chat's `logprobs: true` + `top_logprobs`, completions' integer `logprobs`).
+    echo: completions: the prompt comes first in the text (and its tokens in the logprobs).
     """
 
     kind: Kind
@@ -56,17 +63,20 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool
-    n: int
+    logprobs: int | None = None
+    echo: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's
+    min_p: float = 0.0  # vLLM's
+    min_tokens: int = 0  # vLLM's
+    logit_bias: Mapping[int, float] = field(default_factory=dict)  # ids not yet checked
+    skip_special_tokens: bool = True  # vLLM's
+    n: int = 1
 
 
 # Fields a request may carry only with their "off" value: the engine does not implement them.
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
@@ -85,13 +95,20 @@ _SAMPLING_FIELDS = frozenset(
         "ignore_eos",
         "stop_token_ids",  # vLLM's
         "include_stop_str_in_output",  # vLLM's
+        "logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "repetition_penalty",  # vLLM's
+        "min_p",  # vLLM's
+        "min_tokens",  # vLLM's
+        "skip_special_tokens",  # vLLM's
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
     }
 )
-_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt"}
-_CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens"}
-_NOT_FOR_COMPLETIONS = frozenset({"top_logprobs"})
-_NOT_FOR_CHAT = frozenset({"echo", "best_of", "suffix"})
+_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo"}
+_CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}
+_NOT_FOR_CHAT = frozenset({"best_of", "suffix"})
 
 
 # --- field checks ---------------------------------------------------------------------------
@@ -129,8 +146,9 @@ def _optional_int(body: Mapping[str, Any], key: str, lo: int, hi: int | None = N
     return value  # type: ignore[no-any-return]
 
 
-def _bool(body: Mapping[str, Any], key: str) -> bool:
-    return bool(_get(body, key, lambda v: isinstance(v, bool), "true or false"))
+def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    value = _get(body, key, lambda v: isinstance(v, bool), "true or false")
+    return default if value is None else bool(value)
 
 
 def _is_off(value: Any, off_values: tuple[Any, ...]) -> bool:
@@ -142,7 +160,7 @@ def _is_off(value: Any, off_values: tuple[Any, ...]) -> bool:
 
 def _check_fields(body: Mapping[str, Any], kind: Kind) -> None:
     allowed = _COMPLETION_FIELDS if kind == "completion" else _CHAT_FIELDS
-    excluded = _NOT_FOR_COMPLETIONS if kind == "completion" else _NOT_FOR_CHAT
+    excluded = frozenset() if kind == "completion" else _NOT_FOR_CHAT
     for key, value in body.items():
         if key in allowed:
             continue
@@ -183,6 +201,63 @@ def _stop_token_ids(body: Mapping[str, Any]) -> frozenset[int]:
             f"'stop_token_ids' takes at most {MAX_STOP_TOKEN_IDS} ids", "stop_token_ids"
         )
     return frozenset(ids)
+
+
+def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
+    """How many alternatives per output token (None: no log-probabilities). Chat asks with
+    `logprobs: true` and `top_logprobs: K`; completions with `logprobs: K` (false: off)."""
+    if kind == "chat":
+        on = _bool(body, "logprobs")
+        top = _optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+        if top and not on:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return (top or 0) if on else None
+    if body.get("logprobs") is False:
+        return None
+    return _optional_int(body, "logprobs", 0, MAX_LOGPROBS)
+
+
+def _number_in(body: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
+    value = _get(body, key, _is_number, "a number")
+    if value is None:
+        return default
+    if not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}", key)
+    return float(value)
+
+
+def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
+    """OpenAI's {token id (a string): bias}; the ids are checked against the vocabulary later."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise bad_request(f"'logit_bias' must be an object, got {_shown(bias)}", "logit_bias")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise bad_request(
+                f"'logit_bias' keys must be token ids, got {_shown(key)}", "logit_bias"
+            )
+        if not (_is_number(value) and -MAX_BIAS <= value <= MAX_BIAS):
+            raise bad_request(
+                f"'logit_bias' values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
+                f"got {_shown(value)} for token {key}",
+                "logit_bias",
+            )
+        out[int(key)] = float(value)
+    return out
+
+
+def _repetition_penalty(body: Mapping[str, Any]) -> float:
+    value = _get(body, "repetition_penalty", _is_number, "a number")
+    if value is None:
+        return 1.0
+    if value <= 0:
+        raise bad_request(f"'repetition_penalty' must be > 0, got {value}", "repetition_penalty")
+    return float(value)
 
 
 def _sampling(
@@ -251,6 +326,15 @@ def _sampling(
         include_usage=include_usage,
         ignore_eos=_bool(body, "ignore_eos"),
         n=n,
+        logprobs=_logprobs(body, kind),
+        echo=_bool(body, "echo"),
+        presence_penalty=_number_in(body, "presence_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
+        frequency_penalty=_number_in(body, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
+        repetition_penalty=_repetition_penalty(body),
+        min_p=_number_in(body, "min_p", 0.0, 1.0, 0.0),
+        min_tokens=_optional_int(body, "min_tokens", 0) or 0,
+        logit_bias=_logit_bias(body),
+        skip_special_tokens=_bool(body, "skip_special_tokens", default=True),
     )
 
 
@@ -364,12 +448,17 @@ def response_body(
     choices: Sequence[tuple[str, str]],
     prompt_tokens: int,
     completion_tokens: int,
+    logprobs: Sequence[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """The whole (non-streamed) answer: `choices` are (text, finish_reason), in index order;
-    the token counts are their sums."""
+    the token counts are their sums; `logprobs`: each choice's, if asked for."""
     bodies = []
     for index, (text, finish_reason) in enumerate(choices):
-        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {
+            "index": index,
+            "logprobs": logprobs[index] if logprobs else None,
+            "finish_reason": finish_reason,
+        }
         if kind == "completion":
             choice["text"] = text
         else:
@@ -395,10 +484,15 @@ def chunk_body(
     *,
     index: int = 0,
     first: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk, of choice `index`. For chat, the first chunk carries the role, the
-    last an empty delta."""
-    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+    last an empty delta. `logprobs`: those of the chunk's tokens."""
+    choice: dict[str, Any] = {
+        "index": index,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
     if kind == "completion":
         choice["text"] = text or ""
     else:

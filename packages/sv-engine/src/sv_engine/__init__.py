@@ -2,6 +2,15 @@
 
 from sv_engine.engine import Engine, Prompt
 from sv_engine.errors import EngineError
-from sv_engine.params import Completion, SamplingParams, StreamEvent
+from sv_engine.params import MAX_LOGPROBS, Completion, SamplingParams, StreamEvent, TokenLogprob
 
-__all__ = ["Completion", "Engine", "EngineError", "Prompt", "SamplingParams", "StreamEvent"]
+__all__ = [
+    "MAX_LOGPROBS",
+    "Completion",
+    "Engine",
+    "EngineError",
+    "Prompt",
+    "SamplingParams",
+    "StreamEvent",
+    "TokenLogprob",
+]

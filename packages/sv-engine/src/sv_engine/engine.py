@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from sv_kernels import TuningCache
-from sv_model import ModelRunner, PendingTokens, SamplingRows, StepInputs
+from sv_model import LogitControls, ModelRunner, PendingTokens, SamplingRows, StepInputs
 from sv_scheduler import (
     Admission,
     AdmissionError,
@@ -53,7 +53,9 @@ from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
 from sv_engine.errors import EngineError
 from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
-from sv_engine.params import Completion, SamplingParams, StreamEvent
+from sv_engine.logit_controls import RowControls, step_controls
+from sv_engine.logprobs import PromptLogprobs, token_logprob, with_first_rows
+from sv_engine.params import Completion, SamplingParams, StreamEvent, TokenLogprob
 
 # A prompt is a user message (str, formatted with the model's chat format), a whole dialog
 # (a list of Messages), or token ids used as they are.
@@ -71,14 +73,24 @@ class _Live:
     prompt_ids: list[int]
     start: float
     first_token_at: float | None = None
+    logprobs: list[TokenLogprob] | None = None  # with params.logprobs
+    prompt_logprobs: PromptLogprobs | None = None  # with params.prompt_logprobs
+    controls: RowControls | None = None  # with params.processes_logits
+    hidden_ids: frozenset[int] = frozenset()  # tokens whose text is not shown
 
 
 class _Launched:
     """A step queued on the device: its plan and its sampled ids on their way to the host."""
 
-    def __init__(self, plan: StepPlan, tokens: PendingTokens) -> None:
+    def __init__(
+        self,
+        plan: StepPlan,
+        tokens: PendingTokens,
+        prompt_targets: Sequence[tuple[RequestId, Sequence[int]]] = (),
+    ) -> None:
         self.plan = plan
         self.tokens = tokens
+        self.prompt_targets = prompt_targets  # (request, prompt ids scored), in row order
         self._rows: dict[int, int] | None = None
 
     def row_of(self, seq: object) -> int:
@@ -103,6 +115,9 @@ class Engine:
         self._live: dict[RequestId, _Live] = {}
         self._ids = itertools.count(1)  # request 1 is the first prompt, in every message
         self._num_sampling = 0  # live requests with temperature > 0
+        self._num_logprobs = 0  # live requests with logprobs or prompt_logprobs
+        self._num_controlled = 0  # live requests with logit processing
+        self._special_ids = frozenset(tokenizer.special_tokens.values())
         # Plan and launch the next step before reading this one's tokens (see the module doc).
         self.overlap = True
         self._in_flight: _Launched | None = None  # launched and advanced, not yet resolved
@@ -219,6 +234,7 @@ class Engine:
                 prompt_ids=prompt_ids,
                 max_new_tokens=params.max_new_tokens,
                 stop_ids=stop_ids,
+                reuse_cached_prefix=params.prompt_logprobs is None,
             )
         )
         # Any Python int is a valid seed. The sampler hashes only its low 32 bits and the step
@@ -232,9 +248,23 @@ class Engine:
             stop_ids=stop_ids,
             prompt_ids=prompt_ids,
             start=time.perf_counter(),
+            logprobs=None if params.logprobs is None else [],
+            prompt_logprobs=(
+                None
+                if params.prompt_logprobs is None
+                else PromptLogprobs(prompt_ids, params.prompt_logprobs, [None])
+            ),
+            controls=(
+                RowControls(params, stop_ids, prompt_ids) if params.processes_logits else None
+            ),
+            hidden_ids=stop_ids | self._special_ids if params.skip_special_tokens else stop_ids,
         )
         if not params.greedy:
             self._num_sampling += 1
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            self._num_logprobs += 1
+        if params.processes_logits:
+            self._num_controlled += 1
         return request_id
 
     def add_choices(
@@ -340,29 +370,66 @@ class Engine:
         self.runner.set_block_tables(
             [(s.table_row, s.block_table) for s in plan.block_table_changed]
         )
-        return _Launched(plan, self.runner.launch(self._step_inputs(plan, previous)))
+        prompt_targets = self._prompt_targets(plan) if self._num_logprobs else []
+        inputs = self._step_inputs(plan, previous, prompt_targets)
+        return _Launched(
+            plan, self.runner.launch(inputs), [(r, t) for r, _, _, t in prompt_targets]
+        )
 
     def _resolve(self, launched: _Launched) -> list[StreamEvent]:
         """Wait for a launched step's tokens; hand them to the scheduler; make the events."""
         plan = launched.plan
         tokens = launched.tokens.result()
         finished = {f.request_id: f for f in self.scheduler.resolve(plan, tokens)}
+        self._deliver_prompt_logprobs(launched)
+        rows = launched.tokens.logprobs()
         events = []
         now = time.perf_counter()
-        for seq, token in zip(plan.sampling, tokens, strict=True):
+        for row, (seq, token) in enumerate(zip(plan.sampling, tokens, strict=True)):
             live = self._live.get(seq.request_id)
             if live is None:  # cancelled, or stopped a step earlier: this token is dropped
                 continue
-            if live.first_token_at is None:
+            first = live.first_token_at is None
+            if first:
                 live.first_token_at = now
             decoder = live.decoder
-            text = "" if decoder is None or token in live.stop_ids else decoder.push(token)
+            text = "" if decoder is None or token in live.hidden_ids else decoder.push(token)
+            logprob = None
+            if rows is not None and live.logprobs is not None:
+                assert live.params.logprobs is not None
+                logprob = token_logprob(rows, row, token, live.params.logprobs)
+                live.logprobs.append(logprob)
             done = finished.get(seq.request_id)
-            if done is None:
-                events.append(StreamEvent(seq.request_id, token, text))
-            else:
-                events.append(self._finish_event(done, token, text))
+            event = (
+                StreamEvent(seq.request_id, token, text)
+                if done is None
+                else self._finish_event(done, token, text)
+            )
+            event.logprob = logprob
+            if first and live.prompt_logprobs is not None:
+                event.prompt_logprobs = live.prompt_logprobs.scored
+            events.append(event)
         return events
+
+    def _prompt_targets(self, plan: StepPlan) -> list[tuple[RequestId, int, int, list[int]]]:
+        """(request, prefill row, offset in its chunk, prompt ids) of each chunk of this plan
+        that scores prompt tokens (SamplingParams.prompt_logprobs)."""
+        out = []
+        for row, chunk in enumerate(plan.prefills):
+            prompt = self._live[chunk.seq.request_id].prompt_logprobs
+            found = prompt.targets(chunk) if prompt is not None else None
+            if found is not None:
+                out.append((chunk.seq.request_id, row, *found))
+        return out
+
+    def _deliver_prompt_logprobs(self, launched: _Launched) -> None:
+        rows = launched.tokens.prompt_logprobs()
+        if rows is None:
+            return
+        for request_id, first_row, targets in with_first_rows(launched.prompt_targets):
+            live = self._live.get(request_id)
+            if live is not None and live.prompt_logprobs is not None:
+                live.prompt_logprobs.add(rows, first_row, targets)
 
     def _abandon_all(self) -> None:
         """A step failed: end every request (pages and credits back) and forget the steps in
@@ -373,8 +440,15 @@ class Engine:
             self.cancel(request_id)
         self._live.clear()
         self._num_sampling = 0
+        self._num_logprobs = 0
+        self._num_controlled = 0
 
-    def _step_inputs(self, plan: StepPlan, previous: _Launched | None) -> StepInputs:
+    def _step_inputs(
+        self,
+        plan: StepPlan,
+        previous: _Launched | None,
+        prompt_targets: Sequence[tuple[RequestId, int, int, list[int]]] = (),
+    ) -> StepInputs:
         token_ids: list[int] = []
         positions: list[int] = []
         table_rows: list[int] = []
@@ -419,7 +493,19 @@ class Engine:
             sample_rows=sample_rows,
             sampling=self._sampling_rows(plan) if self._num_sampling else None,
             feed=feed,
+            logprobs=self._num_logprobs > 0
+            and any(self._live[s.request_id].logprobs is not None for s in plan.sampling),
+            prompt_logprobs=[(row, offset, t) for _, row, offset, t in prompt_targets],
+            controls=self._controls(plan, previous) if self._num_controlled else None,
         )
+
+    def _controls(self, plan: StepPlan, previous: _Launched | None) -> LogitControls | None:
+        def pending_row(seq: object) -> int:
+            assert previous is not None
+            return previous.row_of(seq)
+
+        rows = [(seq, self._live[seq.request_id].controls) for seq in plan.sampling]
+        return step_controls(rows, pending_row)
 
     def _sampling_rows(self, plan: StepPlan) -> SamplingRows:
         temps, top_ks, top_ps, seeds, steps = [], [], [], [], []
@@ -439,6 +525,10 @@ class Engine:
         live = self._live.pop(done.request_id)
         if not live.params.greedy:
             self._num_sampling -= 1
+        if live.logprobs is not None or live.prompt_logprobs is not None:
+            self._num_logprobs -= 1
+        if live.controls is not None:
+            self._num_controlled -= 1
         if live.decoder is not None:
             text += live.decoder.flush()
         output = list(done.output_ids)
@@ -448,13 +538,15 @@ class Engine:
             request_id=done.request_id,
             prompt_ids=list(done.prompt_ids),
             output_ids=output,
-            text=self.tokenizer.decode(visible),
+            text=self.tokenizer.decode(t for t in visible if t not in live.hidden_ids),
             finish_reason=done.finish_reason,
             num_cached_tokens=done.num_cached_tokens,
             time_to_first_token_s=(
                 None if live.first_token_at is None else live.first_token_at - live.start
             ),
             latency_s=now - live.start,
+            logprobs=None if live.logprobs is None else live.logprobs[: len(output)],
+            prompt_logprobs=None if live.prompt_logprobs is None else live.prompt_logprobs.scored,
         )
         return StreamEvent(done.request_id, token, text, done.finish_reason, completion)
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from sv_scheduler import FinishReason, RequestId
 
 from sv_engine.errors import EngineError
+
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs (sv_kernels.ops has it too)
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,25 @@ class SamplingParams:
     n:           how many choices to generate for the prompt (`Engine.add_choices`): each is a
                  request of its own with its own seed stream; they share the prompt's full
                  pages through the prefix cache.
+    logprobs:    None: off; K in 0..20: each output token's log-probability and its top K
+                 alternatives (of the raw logits, before temperature or filters), on each
+                 StreamEvent and in the Completion.
+    prompt_logprobs: None: off; K in 0..20: the same for every prompt token but the first (what
+                 an evaluation harness scores; the prompt is computed in full, not taken from
+                 the prefix cache).
+
+    Logit processing, in vLLM's order and semantics (each off by default):
+    logit_bias:  token id -> value added to its logit (OpenAI's: -100 bans, 100 all but forces).
+    min_tokens:  the stop tokens (the model's unless ignore_eos, and stop_token_ids) are banned
+                 until this many tokens have been generated.
+    repetition_penalty: > 0; a token already in the prompt or the output has a positive logit
+                 divided by it, a negative one multiplied (1 = off).
+    frequency_penalty, presence_penalty: subtract count * frequency + (count > 0) * presence
+                 from each token's logit, count = its occurrences in the output so far (0 = off).
+    min_p:       in [0, 1]; drop tokens less likely than min_p times the most likely one, at the
+                 sampling temperature (0 = off; no effect on greedy rows).
+    skip_special_tokens: leave special tokens (other than the stop token, never shown) out of
+                 the text, as vLLM does by default.
     """
 
     max_new_tokens: int = 128
@@ -34,6 +56,15 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
     n: int = 1
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_p: float = 0.0
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -58,6 +89,55 @@ class SamplingParams:
             raise EngineError(
                 f"stop_token_ids must be a frozenset of token ids, got {self.stop_token_ids!r}"
             )
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (
+                isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS
+            ):
+                raise EngineError(f"{name} must be None or in 0..{MAX_LOGPROBS}, got {k!r}")
+        self._check_logit_processing()
+
+    def _check_logit_processing(self) -> None:
+        if not isinstance(self.logit_bias, Mapping) or not all(
+            _is_int(t) and t >= 0 and _is_finite(v) for t, v in self.logit_bias.items()
+        ):
+            raise EngineError(
+                f"logit_bias must map token ids to finite numbers, got {self.logit_bias!r}"
+            )
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise EngineError(
+                f"min_tokens must be an integer in 0..max_new_tokens ({self.max_new_tokens}), "
+                f"got {self.min_tokens!r}"
+            )
+        if not (_is_finite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise EngineError(
+                f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not _is_finite(getattr(self, name)):
+                raise EngineError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if not (_is_finite(self.min_p) and 0 <= self.min_p <= 1):
+            raise EngineError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise EngineError(
+                f"skip_special_tokens must be true or false, got {self.skip_special_tokens!r}"
+            )
+
+    @property
+    def uses_token_counts(self) -> bool:
+        """Whether a penalty reads the tokens seen so far."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the sampler draws from processed logits, not the raw ones."""
+        return (
+            self.uses_token_counts or bool(self.logit_bias) or self.min_tokens > 0 or self.min_p > 0
+        )
 
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             raise EngineError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}")
@@ -94,6 +174,24 @@ def _mix(seed: int, index: int) -> int:
     return (x ^ (x >> 31)) >> 1
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability under the model (FP32 log-softmax of its raw logits), and
+    the `top` alternatives at its position: (token id, log-probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
 @dataclass
 class Completion:
     """A finished request."""
@@ -106,6 +204,10 @@ class Completion:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     time_to_first_token_s: float | None = None
     latency_s: float = 0.0
+    # With SamplingParams.logprobs: one per output id. With prompt_logprobs: one per prompt id,
+    # None for the first (nothing precedes it).
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)
@@ -123,3 +225,7 @@ class StreamEvent:
     text: str
     finished: FinishReason | None = None
     completion: Completion | None = field(default=None, repr=False)
+    logprob: TokenLogprob | None = None  # with SamplingParams.logprobs, of token_id
+    # With SamplingParams.prompt_logprobs, on the request's first event: the prompt's scores
+    # (as Completion.prompt_logprobs), there before any stop string can end the request.
+    prompt_logprobs: list[TokenLogprob | None] | None = None

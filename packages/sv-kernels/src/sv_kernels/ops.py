@@ -546,3 +546,93 @@ def sample(
             any_top_p=any_top_p,
         )
     return reference.sample(logits, temperature, top_k, top_p, seeds, steps)
+
+
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`reference.token_logprobs`; on CUDA without materializing the log-softmax."""
+    op = "token_logprobs"
+    _check_dims(op, "logits", logits, 2, "[B, V]")
+    _check_float(op, "logits", logits)
+    _check_dims(op, "ids", ids, 1, "[B]")
+    _check_int(op, "ids", ids)
+    _check_len(op, "ids", ids, 0, logits.shape[0], "one per row of logits")
+    _check_device(op, logits=logits, ids=ids)
+    if not 0 <= k <= min(MAX_LOGPROBS, logits.shape[1]):
+        _fail(op, f"k must be in [0, {min(MAX_LOGPROBS, logits.shape[1])}], got {k}")
+    if _on_cuda(logits):
+        from . import token_logprobs as device
+
+        return device.token_logprobs(logits, ids, k)
+    return reference.token_logprobs(logits, ids, k)
+
+
+def _check_rows(op: str, batch: int, **rows: Tensor) -> None:
+    for name, t in rows.items():
+        _check_dims(op, name, t, 1, "[B]")
+        _check_len(op, name, t, 0, batch, "one per row of logits")
+
+
+def apply_logit_bias(logits: Tensor, rows: Tensor, tokens: Tensor, values: Tensor) -> Tensor:
+    """`reference.apply_logit_bias` (torch's index_put on every backend)."""
+    op = "apply_logit_bias"
+    _check_dims(op, "logits", logits, 2, "[B, V]")
+    _check_float(op, "logits", logits)
+    for name, t in (("rows", rows), ("tokens", tokens), ("values", values)):
+        _check_dims(op, name, t, 1, "[N]")
+        _check_len(op, name, t, 0, rows.shape[0], "one per bias entry")
+    _check_int(op, "rows", rows)
+    _check_int(op, "tokens", tokens)
+    _check_float(op, "values", values)
+    _check_device(op, logits=logits, rows=rows, tokens=tokens, values=values)
+    return reference.apply_logit_bias(logits, rows, tokens, values)
+
+
+def apply_penalties(
+    logits: Tensor,
+    output_counts: Tensor,
+    prompt_mask: Tensor,
+    presence: Tensor,
+    frequency: Tensor,
+    repetition: Tensor,
+) -> Tensor:
+    """`reference.apply_penalties`: a few elementwise passes over [B, V], as torch ops on every
+    backend (memory-bound and capturable; the sampler's own kernels dominate)."""
+    op = "apply_penalties"
+    _check_dims(op, "logits", logits, 2, "[B, V]")
+    _check_float(op, "logits", logits)
+    for name, t in (("output_counts", output_counts), ("prompt_mask", prompt_mask)):
+        if t.shape != logits.shape:
+            _fail(op, f"{name} must be shaped like logits {_shape(logits)}, got {_shape(t)}")
+    _check_int(op, "output_counts", output_counts)
+    if prompt_mask.dtype != torch.bool:
+        _fail(op, f"prompt_mask must be a bool tensor, got {prompt_mask.dtype}")
+    _check_rows(op, logits.shape[0], presence=presence, frequency=frequency, repetition=repetition)
+    for name, t in (("presence", presence), ("frequency", frequency), ("repetition", repetition)):
+        _check_float(op, name, t)
+    _check_device(
+        op,
+        logits=logits,
+        output_counts=output_counts,
+        prompt_mask=prompt_mask,
+        presence=presence,
+        frequency=frequency,
+        repetition=repetition,
+    )
+    return reference.apply_penalties(
+        logits, output_counts, prompt_mask, presence, frequency, repetition
+    )
+
+
+def apply_min_p(logits: Tensor, temperature: Tensor, min_p: Tensor) -> Tensor:
+    """`reference.apply_min_p` (torch ops on every backend)."""
+    op = "apply_min_p"
+    _check_dims(op, "logits", logits, 2, "[B, V]")
+    _check_float(op, "logits", logits)
+    _check_rows(op, logits.shape[0], temperature=temperature, min_p=min_p)
+    _check_float(op, "temperature", temperature)
+    _check_float(op, "min_p", min_p)
+    _check_device(op, logits=logits, temperature=temperature, min_p=min_p)
+    return reference.apply_min_p(logits, temperature, min_p)

@@ -334,3 +334,69 @@ def sample(
     scores = torch.where(keep, x + gumbel, torch.full_like(x, float("-inf")))
     sampled = torch.argmax(scores, dim=-1)
     return torch.where(greedy, argmax(logits), sampled)
+
+
+# --- Log-probabilities ------------------------------------------------------------------------
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Log-probabilities of logits [B, V] under log_softmax in FP32: of the token `ids[b]` of
+    each row ([B] f32), and the k most likely tokens of each row, most likely first
+    (values [B, k] f32, ids [B, k] int64). 0 <= k <= V."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, ids.long()[:, None])[:, 0]
+    top_values, top_ids = torch.topk(logprobs, k, dim=-1)
+    return chosen, top_values, top_ids
+
+
+# --- Logit processing (before sampling) ------------------------------------------------------
+#
+# vLLM's order and semantics: additive biases (logit_bias, min_tokens' banned stop ids) on the
+# raw logits, then the repetition, frequency and presence penalties, then (after temperature)
+# min_p. Every function returns a new FP32 tensor; the raw logits stay as they were (the
+# log-probabilities a request asks for are of those).
+
+
+def apply_logit_bias(logits: Tensor, rows: Tensor, tokens: Tensor, values: Tensor) -> Tensor:
+    """logits [B, V] + sparse biases: values[i] (f32, -inf bans) is added at (rows[i],
+    tokens[i]); an entry repeated adds up."""
+    out = logits.float().clone()
+    out.index_put_((rows.long(), tokens.long()), values.float(), accumulate=True)
+    return out
+
+
+def apply_penalties(
+    logits: Tensor,
+    output_counts: Tensor,
+    prompt_mask: Tensor,
+    presence: Tensor,
+    frequency: Tensor,
+    repetition: Tensor,
+) -> Tensor:
+    """vLLM's penalties on logits [B, V]. output_counts [B, V] int: how often each token was
+    generated so far; prompt_mask [B, V] bool: tokens in the prompt; presence, frequency,
+    repetition [B] f32 (off: 0, 0, 1).
+
+    repetition (CTRL's): a token seen in the prompt or the output has a positive logit divided
+    by it, a negative one multiplied. Then OpenAI's: logit -= count * frequency + (count > 0) *
+    presence."""
+    x = logits.float()
+    counts = output_counts.float()
+    seen = prompt_mask | (output_counts > 0)
+    rep = repetition.float()[:, None]
+    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - frequency.float()[:, None] * counts
+    return x - presence.float()[:, None] * (output_counts > 0).float()
+
+
+def apply_min_p(logits: Tensor, temperature: Tensor, min_p: Tensor) -> Tensor:
+    """min_p [B] f32 (0 = off): drop (-inf) tokens whose probability at the row's temperature
+    is below min_p times the most likely token's. p_i / p_max = exp((l_i - l_max) / T), so the
+    cut is l_i < l_max + T * ln(min_p), on the untempered logits. Greedy rows (T <= 0) keep
+    every token: the argmax survives any min_p."""
+    x = logits.float()
+    t = temperature.float()
+    on = (min_p > 0) & (t > 0)
+    cut = x.max(dim=-1).values + t * torch.log(min_p.float().clamp(min=1e-30))
+    drop = on[:, None] & (x < cut[:, None])
+    return x.masked_fill(drop, float("-inf"))

@@ -2,9 +2,9 @@
 
 from sv_model.decoder import AttentionMetadata, DecoderModel, KVCache
 from sv_model.linear_plans import LayerPlans, LinearPlans
-from sv_model.pending_tokens import PendingTokens
+from sv_model.pending_tokens import Logprobs, PendingTokens
 from sv_model.runner import ModelRunner
-from sv_model.step import SamplingRows, StepInputs
+from sv_model.step import LogitControls, SamplingRows, StepInputs
 from sv_model.weights import LayerWeights, ModelWeights
 
 __all__ = [
@@ -14,6 +14,8 @@ __all__ = [
     "LayerPlans",
     "LayerWeights",
     "LinearPlans",
+    "LogitControls",
+    "Logprobs",
     "ModelRunner",
     "ModelWeights",
     "PendingTokens",

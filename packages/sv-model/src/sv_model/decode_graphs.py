@@ -5,7 +5,7 @@ would cost more than the kernels themselves, so decode replays graphs and only p
 few launches per FLOP) runs eagerly. A step of B sequences replays the graph of the smallest
 bucket >= B; its padding rows feed token 0 at position 0 of the scratch table row, which writes
 only the scratch page. Once a step samples, the bucket also gets one sampling graph per mix of
-filters in use.
+filters in use, and one log-probability graph when a step asks for log-probabilities.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from sv_kernels import graphs, ops
 from torch import Tensor
 
+from sv_model.pending_tokens import DeviceLogprobs
 from sv_model.step import SamplingRows
 
 # The decode forward pass on device tensors: (token ids, positions, table rows) -> FP32 logits.
@@ -111,6 +112,7 @@ class DecodeGraph:
         self.inputs.upload()
         self._graph, (self.logits, self.ids) = graphs.capture(self._run, warmups=2, pool=pool)
         self._samplers: dict[tuple[bool, bool], _SampleGraph] = {}
+        self._logprobs: _LogprobGraph | None = None
 
     def _run(self) -> tuple[Tensor, Tensor]:
         d = self.inputs.dev[0]
@@ -152,6 +154,13 @@ class DecodeGraph:
         if sampler is None:
             sampler = self._samplers[key] = _SampleGraph(self.logits, *key)
         return sampler.replay(batch, sampling)
+
+    def logprobs(self, batch: int, ids: Tensor) -> DeviceLogprobs:
+        """`ops.token_logprobs` of the last replay's logits (the top MAX_LOGPROBS), for the
+        tokens `ids` [batch] chosen from them, through a captured graph (on first need)."""
+        if self._logprobs is None:
+            self._logprobs = _LogprobGraph(self.logits)
+        return self._logprobs.replay(batch, ids)
 
     @property
     def num_sampling_graphs(self) -> int:
@@ -216,3 +225,24 @@ class _SampleGraph:
         self.inputs.upload()
         self.graph.replay()
         return self.ids[:batch]
+
+
+class _LogprobGraph:
+    """`ops.token_logprobs` over a decode graph's logits buffer, captured once and replayed.
+
+    The chosen ids are copied into its own input buffer on the device first (they come from
+    the decode graph's argmax or a sampling graph); padding rows read token 0. Its outputs are
+    overwritten by the next replay, so the caller copies them out behind it (PendingTokens).
+    """
+
+    def __init__(self, logits: Tensor) -> None:
+        self._ids = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+        self.graph, self.out = graphs.capture(
+            lambda: ops.token_logprobs(logits, self._ids, ops.MAX_LOGPROBS)
+        )
+
+    def replay(self, batch: int, ids: Tensor) -> DeviceLogprobs:
+        self._ids[:batch].copy_(ids)
+        self.graph.replay()
+        chosen, values, top_ids = self.out
+        return chosen[:batch], values[:batch], top_ids[:batch]

@@ -1,29 +1,71 @@
-"""The sampled ids of a launched step, on their way to the host."""
+"""The sampled ids of a launched step (and their log-probabilities), on their way to the host."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+# Device results of ops.token_logprobs: (chosen [N] f32, top values [N, K] f32, top ids [N, K]).
+DeviceLogprobs = tuple[Tensor, Tensor, Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class Logprobs:
+    """Log-probabilities of N tokens: each token's own, and the top K of its distribution
+    (most likely first)."""
+
+    chosen: list[float]
+    top_ids: list[list[int]]
+    top_values: list[list[float]]
 
 
 class PendingTokens:
     """The sampled ids of a launched step, on their way to the host: `result()` waits for them.
 
-    On CUDA the ids are copied into pinned memory behind the step, and an event marks the copy's
-    end; on the CPU the step has already run."""
+    On CUDA the ids (and any log-probabilities) are copied into pinned memory behind the step,
+    and one event marks the copies' end; on the CPU the step has already run."""
 
-    def __init__(self, ids: Tensor) -> None:
+    def __init__(
+        self,
+        ids: Tensor,
+        logprobs: DeviceLogprobs | None = None,
+        prompt_logprobs: DeviceLogprobs | None = None,
+    ) -> None:
         self._ready: torch.cuda.Event | None = None
+        self._host = _to_host(ids)
+        self._logprobs = None if logprobs is None else tuple(map(_to_host, logprobs))
+        self._prompt = None if prompt_logprobs is None else tuple(map(_to_host, prompt_logprobs))
         if ids.is_cuda:
-            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            self._host.copy_(ids, non_blocking=True)
             self._ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._ready.record()
-        else:
-            self._host = ids
 
     def result(self) -> list[int]:
         if self._ready is not None:
             self._ready.synchronize()
         ids: list[int] = self._host.tolist()
         return ids
+
+    def logprobs(self) -> Logprobs | None:
+        """The sampled tokens' log-probabilities (after `result()`), if the step asked."""
+        return _as_logprobs(self._logprobs)
+
+    def prompt_logprobs(self) -> Logprobs | None:
+        """The prompt targets' log-probabilities, in `StepInputs.prompt_logprobs` order."""
+        return _as_logprobs(self._prompt)
+
+
+def _to_host(t: Tensor) -> Tensor:
+    if not t.is_cuda:
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+def _as_logprobs(host: tuple[Tensor, ...] | None) -> Logprobs | None:
+    if host is None:
+        return None
+    chosen, values, ids = host
+    return Logprobs(chosen.tolist(), ids.tolist(), values.tolist())

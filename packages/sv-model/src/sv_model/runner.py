@@ -5,7 +5,9 @@ It composes the pieces that live on the device across steps, each in its own mod
 - `block_tables`: the block table of every running sequence, one table row each, on the device;
 - `step_packing`: a step's host lists as device tensors (one upload per step);
 - `decode_graphs`: on CUDA, one captured graph per decode batch-size bucket;
+- `logit_processing`: penalties, min_p and logit_bias, the one step between logits and sampler;
 - `sampler`: argmax, a sampling graph or an eager `ops.sample`;
+- `logprob_rows`: the log-probabilities of the sampled tokens (and of prompt tokens, for echo);
 - `linear_plans` and `warmup`: the batch-1 GEMV plans and the kernel compiles done before the
   first request.
 
@@ -28,10 +30,11 @@ from sv_kernels import TuningCache, ops
 from sv_weights import ModelConfig
 from torch import Tensor
 
-from sv_model import linear_plans, sampler, step_packing, warmup
+from sv_model import linear_plans, logprob_rows, sampler, step_packing, warmup
 from sv_model.block_tables import DeviceBlockTables
 from sv_model.decode_graphs import DecodeGraph, DecodeGraphs
 from sv_model.decoder import DecoderModel, KVCache
+from sv_model.logit_processing import LogitProcessor
 from sv_model.pending_tokens import PendingTokens
 from sv_model.step import StepInputs
 from sv_model.uploads import upload
@@ -87,6 +90,10 @@ class ModelRunner:
             else None
         )
         self.linear_choices: dict[tuple[int, int], str] = {}  # filled by tune_linear
+        # Penalties, min_p, logit_bias: the one step between the logits and the sampler.
+        self.logit_processor = LogitProcessor(
+            max_num_seqs + 1, config.vocab_size, self.device, self.last_ids
+        )
 
     # --- warm-up ----------------------------------------------------------------------------
 
@@ -163,14 +170,25 @@ class ModelRunner:
                 f"{self.max_num_seqs}"
             )
         graph: DecodeGraph | None = None
-        if step.one_token_each:
+        prompt_logprobs = None
+        if step.one_token_each and not step.prompt_logprobs:  # (one-token prompt chunks may score)
             logits, greedy_ids, graph = self._decode(step)
         else:
             logits = self._prefill(step)
             greedy_ids = None
-        ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph)
+            if step.prompt_logprobs:  # their rows follow the sampled rows' (see pack_prefill)
+                num_sampled = len(step.sample_rows)
+                prompt_logprobs = logprob_rows.of_prompts(step, logits[num_sampled:])
+                logits = logits[:num_sampled]
+        processed = self.logit_processor.process(step, logits)
+        if processed is not logits:  # the graph's argmax and buffers are of the raw logits
+            ids = sampler.next_token_ids(processed, None, step.sampling, None)
+        else:
+            ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph)
+        self.logit_processor.count(ids)
         self.last_ids[: ids.shape[0]].copy_(ids)
-        return PendingTokens(ids)
+        logprobs = logprob_rows.of_sampled(logits, ids, graph) if step.logprobs else None
+        return PendingTokens(ids, logprobs, prompt_logprobs)
 
     def logits(self, step: StepInputs, *, every_token: bool = False) -> Tensor:
         """FP32 logits of a step, for tests and debugging: [len(sample_rows), V], or with

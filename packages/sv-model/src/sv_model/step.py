@@ -29,6 +29,31 @@ class SamplingRows:
 
 
 @dataclass
+class LogitControls:
+    """How the logits of the rows that get a token this step are processed before sampling
+    (one entry per row; off: presence 0, frequency 0, repetition 1, min_p 0).
+
+    bias: (row, token id, value added to its logit; -inf bans it): logit_bias, and min_tokens'
+    stop ids. resets: (table row, prompt ids, output ids known so far, row of the previous
+    launch's sampled ids holding one more output token still on the device, or -1): the
+    penalties' token counts of that table row start afresh (a sequence new on it).
+    """
+
+    presence: Sequence[float]
+    frequency: Sequence[float]
+    repetition: Sequence[float]
+    min_p: Sequence[float]
+    bias: Sequence[tuple[int, int, float]] = ()
+    resets: Sequence[tuple[int, Sequence[int], Sequence[int], int]] = ()
+
+    def any_penalty(self) -> bool:
+        return any(self.presence) or any(self.frequency) or any(r != 1.0 for r in self.repetition)
+
+    def any_min_p(self) -> bool:
+        return any(self.min_p)
+
+
+@dataclass
 class StepInputs:
     """One step, as the engine describes it (host-side lists).
 
@@ -48,6 +73,12 @@ class StepInputs:
     # (index into token_ids, row of the previous launch's sampled ids): tokens whose value is
     # still on the device; their token_ids entries are placeholders.
     feed: Sequence[tuple[int, int]] = ()
+    # Whether the sampled tokens' log-probabilities (and the top MAX_LOGPROBS) come back too.
+    logprobs: bool = False
+    # (prefill row b, offset in its chunk, target ids): the log-probability of each target
+    # given the tokens of the chunk up to offset + i (the prompt's own next tokens, for echo).
+    prompt_logprobs: Sequence[tuple[int, int, Sequence[int]]] = ()
+    controls: LogitControls | None = None  # None: the raw logits are sampled
 
     @property
     def one_token_each(self) -> bool:

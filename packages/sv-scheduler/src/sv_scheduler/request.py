@@ -20,6 +20,8 @@ class Request:
     stop_ids:   generation stops after any of these ids is sampled (EOS/EOT/EOM from the
                 tokenizer); the stop token is part of the output.
     ignore_eos: ignore stop_ids and always generate up to the limit (benchmarks).
+    reuse_cached_prefix: start on prefix-cache pages when they match (False: compute every
+                prompt token, for a caller that wants the logits of each).
     """
 
     request_id: RequestId
@@ -27,6 +29,7 @@ class Request:
     max_new_tokens: int
     stop_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    reuse_cached_prefix: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -521,7 +521,7 @@ class Scheduler:
     def _cached_prefix(self, seq: Sequence) -> PrefixMatch:
         """Cached pages `seq` may start on: at most num_tokens-1 tokens, so the page holding the
         last token is always computed and the model produces logits to sample from."""
-        if not self._prefix_caching:
+        if not (self._prefix_caching and seq.reuse_cached_prefix):
             return NO_MATCH
         return self.pool.match_prefix(seq.token_ids, seq.num_tokens - 1)
 
@@ -539,7 +539,7 @@ class Scheduler:
     def _next_page_in_progress(self, seq: Sequence, match: PrefixMatch) -> bool:
         """Whether a prefilling sequence is about to compute the page `seq` would compute next
         (the same tokens up to its end), so that `seq` can wait and share it."""
-        if not self._computing:
+        if not (self._computing and seq.reuse_cached_prefix):
             return False
         key = self._next_page_key(seq, match)
         other = self._computing.get(key) if key is not None else None

@@ -55,6 +55,7 @@ class Sequence:
         "num_prompt_tokens",
         "prefilled_tokens",
         "request_id",
+        "reuse_cached_prefix",
         "status",
         "stop_ids",
         "table",
@@ -77,6 +78,7 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self.max_new_tokens = max_new_tokens  # already clamped to the context limit
         self.ignore_eos = request.ignore_eos
+        self.reuse_cached_prefix = request.reuse_cached_prefix
         self.stop_ids: frozenset[int] = frozenset() if request.ignore_eos else request.stop_ids
         self.credits = credits
         self.finish_len = self.num_prompt_tokens + max_new_tokens

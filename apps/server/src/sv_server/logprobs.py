@@ -1,0 +1,75 @@
+"""Token log-probabilities in OpenAI's response shapes.
+
+chat:        {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
+              "refusal": None}
+completions: {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}],
+              "text_offset": [...]}; with echo the prompt's tokens come first, the very first
+              with null log-probabilities (nothing precedes it).
+
+A token is shown as its text (its bytes as UTF-8, a cut multi-byte character as U+FFFD) and,
+for chat, its raw bytes too, so a client can join split characters back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sv_engine import TokenLogprob
+from sv_tokenizer import Tokenizer
+
+from sv_server.protocol import Kind
+
+# (token id, its log-probabilities or None): an echoed prompt's first token has none.
+Scored = tuple[int, TokenLogprob | None]
+
+
+class LogprobsWriter:
+    """Renders one choice's log-probabilities, chunk after chunk (completions' text offsets
+    run on across chunks)."""
+
+    def __init__(self, kind: Kind, tokenizer: Tokenizer) -> None:
+        self._kind = kind
+        self._tokenizer = tokenizer
+        self._offset = 0  # completions: where the next token's text starts in the choice's text
+
+    def render(self, scored: Sequence[Scored]) -> dict[str, Any]:
+        return self._chat(scored) if self._kind == "chat" else self._completion(scored)
+
+    def _text(self, token_id: int) -> str:
+        return self._tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        return {
+            "token": self._text(token_id),
+            "logprob": logprob,
+            "bytes": list(self._tokenizer.token_bytes(token_id)),
+        }
+
+    def _chat(self, scored: Sequence[Scored]) -> dict[str, Any]:
+        content = []
+        for token_id, lp in scored:
+            assert lp is not None  # chat has no echo
+            entry = self._entry(token_id, lp.logprob)
+            entry["top_logprobs"] = [self._entry(t, v) for t, v in lp.top]
+            content.append(entry)
+        return {"content": content, "refusal": None}
+
+    def _completion(self, scored: Sequence[Scored]) -> dict[str, Any]:
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        for token_id, lp in scored:
+            text = self._text(token_id)
+            tokens.append(text)
+            offsets.append(self._offset)
+            self._offset += len(text)
+            token_logprobs.append(None if lp is None else lp.logprob)
+            top.append(None if lp is None else {self._text(t): v for t, v in lp.top})
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }

@@ -1,0 +1,193 @@
+"""Log-probabilities and echo through the official `openai` client, on the default model on
+the CPU, against transformers' FP32 log_softmax of the same token ids (the oracle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+import transformers
+from sv_engine import SamplingParams
+from sv_tokenizer import Message
+
+RunningServer = Any  # conftest.py's
+TOL = 1e-4
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def oracle(default_model: Path) -> transformers.LlamaForCausalLM:
+    return transformers.LlamaForCausalLM.from_pretrained(default_model, dtype=torch.float32).eval()
+
+
+def hf_logprobs(model: transformers.LlamaForCausalLM, ids: list[int]) -> torch.Tensor:
+    """[len(ids), V]: row p is the log-distribution of token p + 1."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def text_of(engine: Any, token_id: int) -> str:
+    return str(engine.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace"))
+
+
+def greedy(engine: Any, prompt: Any, n: int) -> Any:
+    """The in-process engine's greedy answer: the token ids the server must have scored."""
+    return engine.generate([prompt], SamplingParams(max_new_tokens=n))[0]
+
+
+def test_chat_logprobs_equal_transformers(
+    client: openai.OpenAI,
+    server: RunningServer,
+    oracle_engine: Any,
+    oracle: transformers.LlamaForCausalLM,
+) -> None:
+    expected = greedy(oracle_engine, [Message("user", QUESTION)], 8)
+    reply = client.chat.completions.create(
+        model=server.model_name,
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    choice = reply.choices[0]
+    assert choice.message.content == expected.text
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    shown = expected.output_ids[:-1] if expected.finish_reason == "stop" else expected.output_ids
+    want = hf_logprobs(oracle, expected.prompt_ids + expected.output_ids)
+    assert len(choice.logprobs.content) == len(shown)
+    for i, (entry, token_id) in enumerate(zip(choice.logprobs.content, shown, strict=True)):
+        row = want[len(expected.prompt_ids) - 1 + i]
+        assert entry.token == text_of(oracle_engine, token_id)
+        assert entry.bytes == list(oracle_engine.tokenizer.token_bytes(token_id))
+        assert entry.logprob == pytest.approx(float(row[token_id]), abs=TOL)
+        values, ids = torch.topk(row, 3)
+        assert [t.token for t in entry.top_logprobs] == [text_of(oracle_engine, t) for t in ids]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(values.tolist(), abs=TOL)
+    assert "".join(e.token for e in choice.logprobs.content) == expected.text
+
+    chunks = list(
+        client.chat.completions.create(
+            model=server.model_name,
+            messages=[{"role": "user", "content": QUESTION}],
+            max_tokens=8,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=3,
+            stream=True,
+        )
+    )
+    streamed = [
+        e
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content or []
+    ]
+    # (Within TOL, not equal: the second request starts on the first's prefix-cache pages.)
+    assert [e.token for e in streamed] == [e.token for e in choice.logprobs.content]
+    assert [e.logprob for e in streamed] == pytest.approx(
+        [e.logprob for e in choice.logprobs.content], abs=TOL
+    )
+    assert [[t.token for t in e.top_logprobs] for e in streamed] == [
+        [t.token for t in e.top_logprobs] for e in choice.logprobs.content
+    ]
+
+
+@pytest.mark.parametrize("prompt_ids", [False, True])
+def test_completion_echo_scores_the_prompt(
+    client: openai.OpenAI,
+    server: RunningServer,
+    oracle_engine: Any,
+    oracle: transformers.LlamaForCausalLM,
+    prompt_ids: bool,
+) -> None:
+    """echo + logprobs (what lm-eval's loglikelihood asks): the prompt's tokens first, the
+    first unscored, then the output's; as one answer and streamed."""
+    text = "The capital of France is"
+    ids = oracle_engine.tokenizer.encode(text)
+    prompt: Any = ids if prompt_ids else text
+    expected = greedy(oracle_engine, ids, 3)
+    args: dict[str, Any] = {
+        "model": server.model_name,
+        "prompt": prompt,
+        "max_tokens": 3,
+        "temperature": 0,
+        "echo": True,
+        "logprobs": 2,
+    }
+    choice = client.completions.create(**args).choices[0]
+    assert choice.text == text + expected.text
+    lp = choice.logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    assert lp.top_logprobs is not None and lp.text_offset is not None
+    scored = ids + expected.output_ids
+    assert lp.tokens == [text_of(oracle_engine, t) for t in scored]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    want = hf_logprobs(oracle, scored)
+    for p in range(1, len(scored)):
+        assert lp.token_logprobs[p] == pytest.approx(float(want[p - 1, scored[p]]), abs=TOL)
+        values, top = torch.topk(want[p - 1], 2)
+        got = lp.top_logprobs[p]
+        assert got is not None
+        assert list(got) == [text_of(oracle_engine, t) for t in top]
+        assert list(got.values()) == pytest.approx(values.tolist(), abs=TOL)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(scored))]
+
+    chunks = list(client.completions.create(**args, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    streamed: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for c in chunks:
+        for key, values in streamed.items():
+            values.extend(getattr(c.choices[0].logprobs, key) or [])
+    assert streamed["tokens"] == lp.tokens and streamed["text_offset"] == lp.text_offset
+    assert streamed["token_logprobs"][0] is None
+    assert streamed["token_logprobs"][1:] == pytest.approx(lp.token_logprobs[1:], abs=TOL)
+
+
+def test_echo_without_logprobs_repeats_the_prompt(
+    client: openai.OpenAI, server: RunningServer, oracle_engine: Any
+) -> None:
+    text = "Once upon a time"
+    expected = greedy(oracle_engine, oracle_engine.tokenizer.encode(text), 4)
+    choice = client.completions.create(
+        model=server.model_name, prompt=text, max_tokens=4, temperature=0, echo=True
+    ).choices[0]
+    assert choice.text == text + expected.text and choice.logprobs is None
+
+
+def test_greedy_text_unchanged_by_logprobs(client: openai.OpenAI, server: RunningServer) -> None:
+    args: dict[str, Any] = {"model": server.model_name, "prompt": QUESTION, "max_tokens": 12}
+    plain = client.completions.create(**args, temperature=0).choices[0].text
+    scored = client.completions.create(**args, temperature=0, logprobs=5).choices[0].text
+    assert scored == plain
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # logprobs not on
+        ("/v1/chat/completions", {"logprobs": 3}, "logprobs"),  # chat's is true/false
+        ("/v1/completions", {"logprobs": 21}, "logprobs"),
+        ("/v1/completions", {"logprobs": -1}, "logprobs"),
+        ("/v1/completions", {"echo": "yes"}, "echo"),
+        ("/v1/completions", {"top_logprobs": 2}, "top_logprobs"),  # chat's field
+        ("/v1/chat/completions", {"echo": True}, "echo"),  # completions' field
+    ],
+)
+def test_bad_logprobs_fields_get_400_naming_them(
+    server: RunningServer, path: str, body: dict[str, Any], param: str
+) -> None:
+    base = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    response = httpx.post(f"{server.url}{path}", json=base | body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

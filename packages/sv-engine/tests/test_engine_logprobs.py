@@ -1,0 +1,148 @@
+"""Log-probabilities through the engine on the CPU, against transformers' FP32 log_softmax."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from sv_engine import Engine, EngineError, SamplingParams, TokenLogprob
+
+PROMPTS = [
+    "Write a haiku about the sea.",
+    "What is 2 + 2?",
+    "Translate 'good morning' into French, please, and explain the phrase in detail.",
+]
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir: Path) -> Engine:
+    # A small step budget splits the longer prompts into chunks (prompt logprobs per chunk).
+    return Engine.from_model_dir(
+        tiny_llama_dir, device="cpu", kv_cache_mib=64, max_num_seqs=4, max_step_tokens=8
+    )
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_llama_dir: Path) -> transformers.LlamaForCausalLM:
+    return transformers.LlamaForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+
+
+def hf_logprobs(model: transformers.LlamaForCausalLM, ids: list[int]) -> torch.Tensor:
+    """[len(ids), V]: row p is the log-distribution of token p + 1."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def assert_matches(got: TokenLogprob, want_row: torch.Tensor, k: int) -> None:
+    assert got.logprob == pytest.approx(float(want_row[got.token_id]), abs=TOL)
+    values, ids = torch.topk(want_row, k)
+    assert [t for t, _ in got.top] == ids.tolist()  # the order too
+    assert [v for _, v in got.top] == pytest.approx(values.tolist(), abs=TOL)
+
+
+def test_output_logprobs_equal_transformers(
+    engine: Engine, oracle: transformers.LlamaForCausalLM
+) -> None:
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True, logprobs=20)
+    for c in engine.generate(PROMPTS, params):
+        assert c.logprobs is not None and len(c.logprobs) == len(c.output_ids)
+        want = hf_logprobs(oracle, c.prompt_ids + c.output_ids)
+        for i, got in enumerate(c.logprobs):
+            assert got.token_id == c.output_ids[i]
+            assert_matches(got, want[len(c.prompt_ids) - 1 + i], 20)
+
+
+def test_greedy_output_unchanged_by_logprobs(engine: Engine) -> None:
+    plain = engine.generate(PROMPTS, SamplingParams(max_new_tokens=10, ignore_eos=True))
+    scored = engine.generate(
+        PROMPTS, SamplingParams(max_new_tokens=10, ignore_eos=True, logprobs=5)
+    )
+    assert [c.output_ids for c in scored] == [c.output_ids for c in plain]
+    assert all(c.logprobs is None for c in plain)
+
+
+def test_sampled_tokens_scored_on_the_raw_logits(
+    engine: Engine, oracle: transformers.LlamaForCausalLM
+) -> None:
+    """Temperature and top-k change the draw, not the reported distribution."""
+    params = SamplingParams(
+        max_new_tokens=5, ignore_eos=True, temperature=1.7, top_k=40, seed=3, logprobs=2
+    )
+    [c] = engine.generate(PROMPTS[:1], params)
+    assert c.logprobs is not None
+    want = hf_logprobs(oracle, c.prompt_ids + c.output_ids)
+    for i, got in enumerate(c.logprobs):
+        assert_matches(got, want[len(c.prompt_ids) - 1 + i], 2)
+
+
+def test_prompt_logprobs_equal_transformers_across_chunks_and_cache(
+    engine: Engine, oracle: transformers.LlamaForCausalLM
+) -> None:
+    """Every prompt token but the first is scored, chunk by chunk (8-token steps), also when
+    the same prompt's pages are in the prefix cache from the run before."""
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True, prompt_logprobs=3)
+    engine.generate(PROMPTS[2:], SamplingParams(max_new_tokens=1))  # fills the prefix cache
+    for c in engine.generate(PROMPTS, params):
+        scored = c.prompt_logprobs
+        assert scored is not None and len(scored) == len(c.prompt_ids) > 8
+        assert scored[0] is None
+        want = hf_logprobs(oracle, c.prompt_ids)
+        for p, got in enumerate(scored[1:], start=1):
+            assert got is not None and got.token_id == c.prompt_ids[p]
+            assert_matches(got, want[p - 1], 3)
+
+
+def test_stream_events_carry_the_completions_logprobs(engine: Engine) -> None:
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True, logprobs=1)
+    events = list(engine.stream(PROMPTS[:2], params))
+    for request_id in {e.request_id for e in events}:
+        mine = [e for e in events if e.request_id == request_id]
+        completion = mine[-1].completion
+        assert completion is not None
+        assert [e.logprob for e in mine] == completion.logprobs
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+@pytest.mark.parametrize("value", [-1, 21, True, 2.0])
+def test_bad_logprobs_refused(field: str, value: object) -> None:
+    with pytest.raises(EngineError, match=field):
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_first_stream_event_carries_the_prompt_logprobs(engine: Engine) -> None:
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True, prompt_logprobs=0)
+    events = list(engine.stream(PROMPTS[:1], params))
+    completion = events[-1].completion
+    assert completion is not None and completion.prompt_logprobs is not None
+    assert events[0].prompt_logprobs == completion.prompt_logprobs
+    assert len(completion.prompt_logprobs) == len(completion.prompt_ids)
+    assert all(e.prompt_logprobs is None for e in events[1:])
+
+
+def test_prompt_logprobs_of_one_token_chunks(
+    tiny_llama_dir: Path, oracle: transformers.LlamaForCausalLM
+) -> None:
+    """A 4-token step budget with 3 sequences decoding leaves a prompt one token per step:
+    those steps feed one token per sequence, and still score the prompt."""
+    engine = Engine.from_model_dir(
+        tiny_llama_dir, device="cpu", kv_cache_mib=64, max_num_seqs=4, max_step_tokens=4
+    )
+    first = [SamplingParams(max_new_tokens=40, ignore_eos=True)] * 3
+    ids = [engine.add_request(p, q) for p, q in zip(PROMPTS[:2] + PROMPTS[:1], first, strict=True)]
+    for _ in range(6):
+        engine.step()
+    scored = engine.add_request(PROMPTS[2], SamplingParams(max_new_tokens=1, prompt_logprobs=1))
+    done = {}
+    while engine.has_unfinished():
+        done |= {e.request_id: e.completion for e in engine.step() if e.completion is not None}
+    assert set(ids) < set(done)
+    c = done[scored]
+    assert c is not None and c.prompt_logprobs is not None
+    assert len(c.prompt_logprobs) == len(c.prompt_ids)
+    want = hf_logprobs(oracle, c.prompt_ids)
+    for p, got in enumerate(c.prompt_logprobs[1:], start=1):
+        assert got is not None
+        assert_matches(got, want[p - 1], 1)

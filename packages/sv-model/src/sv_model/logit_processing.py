@@ -1,0 +1,119 @@
+"""The one place where a step's logits are processed before sampling.
+
+vLLM's order: additive biases (logit_bias, min_tokens' banned stop ids), then the repetition,
+frequency and presence penalties (they read each table row's output-token counts and prompt
+tokens, kept on the device), then min_p. A step without `StepInputs.controls` samples its
+raw logits. The result is a new tensor: the raw logits stay for the log-probabilities.
+
+Runs eagerly (a handful of torch ops, no host sync): a step with controls samples through
+`ops.sample`, not a captured sampling graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sv_kernels import ops
+from torch import Tensor
+
+from sv_model.step import LogitControls, StepInputs
+from sv_model.uploads import upload
+
+
+class TokenCounts:
+    """Per table row, on the device: how often each token was generated (int32 [R, V]) and
+    which tokens its prompt holds (bool [R, V]). A table row's entries are valid for the
+    sequence last reset on it."""
+
+    def __init__(self, num_rows: int, vocab_size: int, device: torch.device) -> None:
+        self.output = torch.zeros((num_rows, vocab_size), dtype=torch.int32, device=device)
+        self.prompt = torch.zeros((num_rows, vocab_size), dtype=torch.bool, device=device)
+
+    def reset(self, controls: LogitControls, last_ids: Tensor) -> None:
+        device = self.output.device
+        for table_row, prompt_ids, output_ids, pending_row in controls.resets:
+            self.output[table_row].zero_()
+            self.prompt[table_row].zero_()
+            self.prompt[table_row, upload(np.asarray(prompt_ids, dtype=np.int64), device)] = True
+            if output_ids:
+                out = upload(np.asarray(output_ids, dtype=np.int64), device)
+                self.output[table_row].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
+            if pending_row >= 0:  # its value is on the device only
+                self.output[table_row].index_add_(
+                    0, last_ids[pending_row : pending_row + 1], self._one
+                )
+
+    @property
+    def _one(self) -> Tensor:
+        return torch.ones(1, dtype=torch.int32, device=self.output.device)
+
+    def count(self, table_rows: Tensor, ids: Tensor) -> None:
+        self.output.index_put_(
+            (table_rows, ids), torch.ones_like(ids, dtype=torch.int32), accumulate=True
+        )
+
+
+class LogitProcessor:
+    """Applies `StepInputs.controls`; keeps the token counts (allocated on first need) for
+    `num_rows` table rows."""
+
+    def __init__(
+        self, num_rows: int, vocab_size: int, device: torch.device, last_ids: Tensor
+    ) -> None:
+        self._num_rows = num_rows
+        self._vocab_size = vocab_size
+        self._device = device
+        self._last_ids = last_ids
+        self._counts: TokenCounts | None = None
+        self._table_rows: Tensor | None = None  # of the current step's sampled rows
+
+    def process(self, step: StepInputs, logits: Tensor) -> Tensor:
+        """The logits to sample `step`'s rows from (`logits` itself without controls)."""
+        controls = step.controls
+        self._table_rows = None
+        if controls is None:
+            return logits
+        x = logits
+        if controls.bias:
+            rows, tokens, values = zip(*controls.bias, strict=True)
+            x = ops.apply_logit_bias(
+                x,
+                upload(np.asarray(rows, dtype=np.int64), self._device),
+                upload(np.asarray(tokens, dtype=np.int64), self._device),
+                upload(np.asarray(values, dtype=np.float32), self._device),
+            )
+        floats = upload(
+            np.asarray(
+                [controls.presence, controls.frequency, controls.repetition, controls.min_p],
+                dtype=np.float32,
+            ),
+            self._device,
+        )
+        if controls.any_penalty() or controls.resets:
+            counts = self._ensure_counts()
+            counts.reset(controls, self._last_ids)
+            table_rows = np.asarray(step.table_rows, dtype=np.int64)[list(step.sample_rows)]
+            self._table_rows = upload(table_rows, self._device)
+            if controls.any_penalty():
+                x = ops.apply_penalties(
+                    x,
+                    counts.output.index_select(0, self._table_rows),
+                    counts.prompt.index_select(0, self._table_rows),
+                    floats[0],
+                    floats[1],
+                    floats[2],
+                )
+        if controls.any_min_p() and step.sampling is not None:
+            temperature = upload(np.asarray(step.sampling.temperature, np.float32), self._device)
+            x = ops.apply_min_p(x, temperature, floats[3])
+        return x
+
+    def count(self, ids: Tensor) -> None:
+        """Count the sampled `ids` of the step `process` just saw, for the penalties."""
+        if self._counts is not None and self._table_rows is not None:
+            self._counts.count(self._table_rows, ids)
+
+    def _ensure_counts(self) -> TokenCounts:
+        if self._counts is None:
+            self._counts = TokenCounts(self._num_rows, self._vocab_size, self._device)
+        return self._counts
