@@ -95,6 +95,8 @@ class SamplingParams:
                 isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS
             ):
                 raise EngineError(f"{name} must be None or in 0..{MAX_LOGPROBS}, got {k!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise EngineError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}")
         self._check_logit_processing()
 
     def _check_logit_processing(self) -> None:
@@ -138,9 +140,6 @@ class SamplingParams:
         return (
             self.uses_token_counts or bool(self.logit_bias) or self.min_tokens > 0 or self.min_p > 0
         )
-
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
-            raise EngineError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}")
 
     @property
     def greedy(self) -> bool:
