@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from sv_kernels import TuningCache
-from sv_model import ModelRunner, PendingTokens, SamplingRows, StepInputs
+from sv_model import ModelRunner, PendingTokens, SamplingRows, StepInputs, TokenBitmask
 from sv_scheduler import (
     Admission,
     AdmissionError,
@@ -52,6 +52,7 @@ from sv_scheduler import (
 from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
 from sv_engine.errors import EngineError
+from sv_engine.grammar import GrammarMatcher, Grammars
 from sv_engine.loading import EngineConfig, load_model
 from sv_engine.params import Completion, SamplingParams, StreamEvent
 
@@ -71,6 +72,7 @@ class _Live:
     prompt_ids: list[int]
     start: float
     first_token_at: float | None = None
+    matcher: GrammarMatcher | None = None  # the request's grammar, if it has one
 
 
 class _Launched:
@@ -80,6 +82,7 @@ class _Launched:
         self.plan = plan
         self.tokens = tokens
         self._rows: dict[int, int] | None = None
+        self.grammars_advanced = False  # its tokens have been given to the grammar matchers
 
     def row_of(self, seq: object) -> int:
         """The row of `seq`'s token among this step's sampled ids."""
@@ -103,6 +106,8 @@ class Engine:
         self._live: dict[RequestId, _Live] = {}
         self._ids = itertools.count(1)  # request 1 is the first prompt, in every message
         self._num_sampling = 0  # live requests with temperature > 0
+        self.grammars = Grammars(tokenizer, runner.config.vocab_size, stop_ids)
+        self._num_constrained = 0  # live requests with a grammar
         # Plan and launch the next step before reading this one's tokens (see the module doc).
         self.overlap = True
         self._in_flight: _Launched | None = None  # launched and advanced, not yet resolved
@@ -204,8 +209,11 @@ class Engine:
         params = params or SamplingParams()
         prompt_ids = self.encode_prompt(prompt)
         request_id = next(self._ids)
-        # ignore_eos drops the model's stop ids only: the request's own still stop it.
-        stop_ids = (frozenset() if params.ignore_eos else self.stop_ids) | params.stop_token_ids
+        # ignore_eos drops the model's stop ids only: the request's own still stop it. A
+        # grammar's end is a stop token too (its mask allows nothing else), so those stay.
+        model_stops = frozenset() if params.ignore_eos and params.grammar is None else self.stop_ids
+        stop_ids = model_stops | params.stop_token_ids
+        matcher = self.grammars.matcher(params.grammar) if params.grammar is not None else None
         self.scheduler.add(
             Request(
                 request_id=request_id,
@@ -225,9 +233,12 @@ class Engine:
             stop_ids=stop_ids,
             prompt_ids=prompt_ids,
             start=time.perf_counter(),
+            matcher=matcher,
         )
         if not params.greedy:
             self._num_sampling += 1
+        if matcher is not None:
+            self._num_constrained += 1
         return request_id
 
     def cancel(self, request_id: RequestId) -> StreamEvent | None:
@@ -319,6 +330,7 @@ class Engine:
         """Wait for a launched step's tokens; hand them to the scheduler; make the events."""
         plan = launched.plan
         tokens = launched.tokens.result()
+        self._advance_grammars(launched)
         finished = {f.request_id: f for f in self.scheduler.resolve(plan, tokens)}
         events = []
         now = time.perf_counter()
@@ -346,6 +358,7 @@ class Engine:
             self.cancel(request_id)
         self._live.clear()
         self._num_sampling = 0
+        self._num_constrained = 0
 
     def _step_inputs(self, plan: StepPlan, previous: _Launched | None) -> StepInputs:
         token_ids: list[int] = []
@@ -392,7 +405,43 @@ class Engine:
             sample_rows=sample_rows,
             sampling=self._sampling_rows(plan) if self._num_sampling else None,
             feed=feed,
+            token_bitmask=self._token_bitmask(plan, previous) if self._num_constrained else None,
         )
+
+    # --- structured output ----------------------------------------------------------------------
+
+    def _token_bitmask(
+        self, plan: StepPlan, previous: _Launched | None
+    ) -> Callable[[], TokenBitmask | None]:
+        """What the runner calls once the step's forward is queued: the grammar masks of its
+        constrained rows. A constrained request's mask depends on the token the step before
+        gave it, so with overlap this is where the engine waits for that step (the device is
+        busy with this step's forward meanwhile) and advances the matchers: the overlap is
+        kept, and only sampling waits for the mask (see ARCHITECTURE.md, the overlap rule)."""
+
+        def bitmask() -> TokenBitmask | None:
+            if previous is not None:
+                self._advance_grammars(previous)
+            rows = []
+            for row, seq in enumerate(plan.sampling):
+                live = self._live.get(seq.request_id)
+                if live is not None and live.matcher is not None:
+                    rows.append((row, live.matcher))
+            return self.grammars.bitmask(rows)
+
+        return bitmask
+
+    def _advance_grammars(self, launched: _Launched) -> None:
+        """Give a step's tokens to the matchers of its live constrained requests, once."""
+        if launched.grammars_advanced:
+            return
+        launched.grammars_advanced = True
+        if not self._num_constrained:
+            return
+        for seq, token in zip(launched.plan.sampling, launched.tokens.result(), strict=True):
+            live = self._live.get(seq.request_id)
+            if live is not None and live.matcher is not None:
+                live.matcher.accept(token)
 
     def _sampling_rows(self, plan: StepPlan) -> SamplingRows:
         temps, top_ks, top_ps, seeds, steps = [], [], [], [], []
@@ -412,6 +461,8 @@ class Engine:
         live = self._live.pop(done.request_id)
         if not live.params.greedy:
             self._num_sampling -= 1
+        if live.matcher is not None:
+            self._num_constrained -= 1
         if live.decoder is not None:
             text += live.decoder.flush()
         output = list(done.output_ids)

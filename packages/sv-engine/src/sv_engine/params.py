@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from sv_scheduler import FinishReason, RequestId
 
 from sv_engine.errors import EngineError
+from sv_engine.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class SamplingParams:
     ignore_eos:  never stop at the model's stop tokens (benchmarks: always generate max_new_tokens).
     stop_token_ids: more ids to stop at, beside the model's (kept under ignore_eos, as vLLM's);
                  like those, the stop token ends the output and its text is not shown.
+    grammar:     constrain the output to a JSON schema, regex, choice or EBNF grammar
+                 (sv_engine.grammar); its end stops the request, ignore_eos or not.
     """
 
     max_new_tokens: int = 128
@@ -30,6 +33,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -54,6 +58,8 @@ class SamplingParams:
             raise EngineError(
                 f"stop_token_ids must be a frozenset of token ids, got {self.stop_token_ids!r}"
             )
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise EngineError(f"grammar must be a Grammar or None, got {self.grammar!r}")
 
     @property
     def greedy(self) -> bool:

@@ -4,7 +4,7 @@ from sv_model.linear_plans import LayerPlans, LinearPlans
 from sv_model.llama import AttentionMetadata, KVCache, LlamaModel
 from sv_model.pending_tokens import PendingTokens
 from sv_model.runner import ModelRunner
-from sv_model.step import SamplingRows, StepInputs
+from sv_model.step import SamplingRows, StepInputs, TokenBitmask
 from sv_model.weights import LayerWeights, LlamaWeights
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "PendingTokens",
     "SamplingRows",
     "StepInputs",
+    "TokenBitmask",
 ]

@@ -163,7 +163,9 @@ class ModelRunner:
         else:
             logits = self._prefill(step)
             greedy_ids = None
-        ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph)
+        # The forward is queued: the host now computes the grammar masks while it runs.
+        bitmask = step.token_bitmask() if step.token_bitmask is not None else None
+        ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph, bitmask)
         self.last_ids[: ids.shape[0]].copy_(ids)
         return PendingTokens(ids)
 
