@@ -542,7 +542,8 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--peer", action="store_true", help="also run the transformers peer")
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
     p.add_argument(
-        "--only", help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var"
+        "--only",
+        help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,grammar",
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
@@ -574,7 +575,7 @@ def bench_main(argv: list[str]) -> int:
         from sv_kernels import bench as kernel_bench
 
         kernel_bench.main(["--json", str(Path(args.workdir) / "kernels.json")])
-    engine_workloads = {"decode", "prefill", "throughput", "plain", "var"}
+    engine_workloads = {"decode", "prefill", "throughput", "plain", "var", "grammar"}
     if args.profile or any(want(name) for name in engine_workloads):
         from sv_cli.bench_runner import kv_pool_bytes
 
@@ -604,6 +605,10 @@ def bench_main(argv: list[str]) -> int:
             engine.overlap = True
         if want("var"):
             bench_throughput(report, engine, "throughput-var", count, True, 0)
+        if want("grammar"):  # JSON-schema constrained decoding beside unconstrained
+            from sv_cli.bench_grammar import bench_grammar
+
+            bench_grammar(report, engine, 64 if args.quick else 256, 16 if args.quick else 64)
         if args.profile:
             run_profiles(engine, Path(args.workdir))
         del engine

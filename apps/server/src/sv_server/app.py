@@ -443,6 +443,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 seed=req.seed,
                 ignore_eos=req.ignore_eos,
                 stop_token_ids=req.stop_token_ids,
+                grammar=req.grammar,
             )
             for i, ids in enumerate(prompts)
         ]

@@ -16,9 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sv_engine.grammar import Grammar
 from sv_tokenizer import Message
 
 from sv_server.errors import bad_request
+from sv_server.structured import STRUCTURED_FIELDS, parse_grammar
 
 MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_PROMPTS = 256  # prompts in one /v1/completions request: each is an engine request
@@ -55,6 +57,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    grammar: Grammar | None = None  # response_format / guided_*: see structured.py
 
 
 # Fields a request may carry only with their "off" value: the engine does not implement them.
@@ -84,6 +87,7 @@ _SAMPLING_FIELDS = frozenset(
         "stop_token_ids",  # vLLM's
         "include_stop_str_in_output",  # vLLM's
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
+        *STRUCTURED_FIELDS,
     }
 )
 _COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt"}
@@ -244,6 +248,7 @@ def _sampling(
         stream=stream,
         include_usage=include_usage,
         ignore_eos=_bool(body, "ignore_eos"),
+        grammar=parse_grammar(body),
     )
 
 

@@ -9,7 +9,8 @@ parallel across matchers, while the device runs the forward pass); the sampler a
 
 When the grammar is complete, the mask allows only the model's stop tokens, so the grammar's
 end ends the request like any stop token (even under ignore_eos: see `Engine.add_request`).
-Why llguidance rather than xgrammar: BENCHMARKS.md, "Grammar library".
+Why llguidance rather than xgrammar: BENCHMARKS.md, "Grammar library". It is imported at the
+first constrained request, so an engine that never sees one does not need it installed.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import llguidance
-import llguidance.numpy
 import numpy as np
 from sv_model import TokenBitmask
 from sv_tokenizer import Tokenizer, TokenizerError
 
 from sv_engine.errors import EngineError
+
+if TYPE_CHECKING:
+    import llguidance
 
 GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
 GRAMMAR_KINDS: tuple[GrammarKind, ...] = (
@@ -75,6 +77,8 @@ class Grammar:
     def compile(self) -> str:
         """The llguidance grammar for this constraint; EngineError naming the problem when the
         library cannot compile it (a bad schema, regex or grammar)."""
+        import llguidance
+
         try:
             if self.kind == "json_object":
                 grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
@@ -128,6 +132,8 @@ class Grammars:
         self._executor: llguidance.LLExecutor | None = None
 
     def matcher(self, grammar: Grammar) -> GrammarMatcher:
+        import llguidance
+
         matcher = llguidance.LLMatcher(self._vocabulary(), grammar.compile(), log_level=0)
         if matcher.is_error():
             raise EngineError(f"the {grammar.kind} cannot be compiled: {matcher.get_error()}")
@@ -136,6 +142,9 @@ class Grammars:
     def bitmask(self, rows: Sequence[tuple[int, GrammarMatcher]]) -> TokenBitmask | None:
         """The token bitmasks of the (sampled row, matcher) pairs; None when there are none.
         A matcher whose grammar is complete allows only the stop tokens."""
+        import llguidance
+        import llguidance.numpy
+
         live = list(rows)
         if not live:
             return None
@@ -150,6 +159,8 @@ class Grammars:
         return TokenBitmask(rows=[row for row, _ in live], words=words)
 
     def _vocabulary(self) -> llguidance.LLTokenizer:
+        import llguidance
+
         if self._lltokenizer is None:
             self._lltokenizer = llguidance.LLTokenizer(
                 llguidance.TokenizerWrapper(
