@@ -44,6 +44,7 @@ from sv_engine import Engine, EngineError, SamplingParams
 from sv_scheduler import max_new_tokens_that_fit
 from sv_tokenizer import Tokenizer, TokenizerError
 
+from sv_server import tools
 from sv_server.auth import ApiKeyMiddleware
 from sv_server.body import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -358,7 +359,8 @@ def _prepare(
     _check_model(state, req.model)
     if req.messages is not None:  # chat: the model's chat format
         try:
-            return req, [state.tokenizer.chat_format.encode_dialog(req.messages)]
+            tools = req.tools.tools if req.tools is not None else None
+            return req, [state.tokenizer.chat_format.encode_dialog(req.messages, tools=tools)]
         except TokenizerError as e:
             raise bad_request(str(e), param="messages") from e
     prompts = req.prompts or []
@@ -592,16 +594,17 @@ async def _collect(
     finally:
         hangup.cancel()
         _close_all(generations)
-    return JSONResponse(
-        response_body(
-            req.kind,
-            new_id(req.kind),
-            model,
-            [(text, g.finish_reason or "") for text, g in zip(texts, generations, strict=True)],
-            sum(g.prompt_tokens for g in generations),
-            sum(g.completion_tokens for g in generations),
-        )
+    body = response_body(
+        req.kind,
+        new_id(req.kind),
+        model,
+        [(text, g.finish_reason or "") for text, g in zip(texts, generations, strict=True)],
+        sum(g.prompt_tokens for g in generations),
+        sum(g.completion_tokens for g in generations),
     )
+    if req.tools is not None:
+        tools.apply_to_response(body, req.tools)
+    return JSONResponse(body)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -652,13 +655,22 @@ async def _stream(
     encoders = [
         ChunkEncoder(kind, response_id, model, created, index) for index in range(len(generations))
     ]
+    # Chat with tools: text that may be a tool call is held back and sent as its deltas.
+    calls = tools.ToolCallStream(req.tools) if req.tools is not None and req.tools.parses else None
     try:
         async for index, text in _pieces(generations):
-            if text is not None:
+            if calls is not None:
+                deltas = calls.push(text) if text is not None else calls.finish()
+                for delta in deltas:
+                    yield _sse(tools.delta_chunk(response_id, model, created, delta))
+            elif text is not None:
                 yield encoders[index].text_event(text)
+            if text is not None:
                 continue
             last = None if kind == "chat" else ""
             reason = generations[index].finish_reason
+            if calls is not None and calls.called:
+                reason = "tool_calls"
             yield _sse(chunk_body(kind, response_id, model, created, last, reason, index=index))
     except ServerError as e:  # the status line is gone already: the error goes in the stream
         _close_all(generations)

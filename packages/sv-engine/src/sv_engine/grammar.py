@@ -28,8 +28,13 @@ from sv_engine.errors import EngineError
 
 if TYPE_CHECKING:
     import llguidance
+    from llguidance._lib import JsonCompileOptions
 
 GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+# No free whitespace between JSON tokens: the library's default allows any run of it, and a
+# model that keeps choosing newlines (a weak or random one does) never reaches the end.
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+
 GRAMMAR_KINDS: tuple[GrammarKind, ...] = (
     "json_object",
     "json_schema",
@@ -81,9 +86,13 @@ class Grammar:
 
         try:
             if self.kind == "json_object":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    {"type": "object"}, overrides=_JSON_OPTIONS
+                )
             elif self.kind == "json_schema":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(self.source)
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    self.source, overrides=_JSON_OPTIONS
+                )
             elif self.kind == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(self.source)
             elif self.kind == "choice":
