@@ -13,8 +13,11 @@ import jsonschema
 import openai
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from server_test_support import openai_error
 from sv_server.errors import ServerError
+from sv_server.protocol import parse_chat_request
 from sv_server.tools import ToolCallStream, ToolRequest, parse_tool_call, parse_tools
 from sv_tokenizer.cli import installed_llama_tokenizer_dir
 from sv_weights import tiny_llama_config, write_random_checkpoint
@@ -191,3 +194,37 @@ def test_tool_call_stream_holds_back_only_what_may_be_a_call() -> None:
     assert not_a_call.push("{not json") == [] and not_a_call.finish() == [{"content": "{not json"}]
     with pytest.raises(ServerError):
         parse_tools({"tools": TOOLS, "tool_choice": "sometimes"})
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_CALL = st.fixed_dictionaries(
+    {"id": st.text(max_size=4), "type": st.just("function"),
+     "function": st.fixed_dictionaries({"name": st.text(max_size=6), "arguments": st.text(max_size=12) | st.just('{"a": 1}')})}
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tools=st.none() | _JSON | st.just(TOOLS),
+    choice=st.none() | _JSON | st.sampled_from(["auto", "none", "required"]),
+    calls=st.none() | _JSON | st.lists(_CALL, max_size=2),
+)
+def test_chat_bodies_with_tools_parse_or_are_400(tools: Any, choice: Any, calls: Any) -> None:
+    body: dict[str, Any] = {"messages": [QUESTION, {"role": "assistant", "content": None}]}
+    for key, value in (("tools", tools), ("tool_choice", choice)):
+        if value is not None:
+            body[key] = value
+    if calls is not None:
+        body["messages"][1]["tool_calls"] = calls
+    try:
+        req = parse_chat_request(body)
+    except ServerError as e:
+        assert e.status == 400
+        return
+    assert (req.tools is None) == (tools is None)
