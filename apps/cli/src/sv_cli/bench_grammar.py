@@ -33,8 +33,14 @@ def _prompts(rng: random.Random, count: int, lo: int, hi: int) -> list[list[int]
 
 
 def bench_grammar(report: Report, engine: Any, new_tokens: int, batch: int) -> None:
+    import importlib.util
+
     from sv_engine import SamplingParams
     from sv_engine.grammar import Grammar
+
+    if importlib.util.find_spec("llguidance") is None:  # the rest of the run goes on
+        print("[bench] grammar: skipped, llguidance is not installed (carry .grammar-deps)")
+        return
 
     grammar = Grammar.json_schema(SCHEMA)
     plain = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
