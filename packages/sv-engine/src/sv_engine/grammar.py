@@ -99,7 +99,7 @@ class Grammar:
                 grammar = llguidance.grammar_from("choice", self.source)
             else:
                 grammar = llguidance.grammar_from("grammar", self.source)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, RuntimeError) as e:  # how the library reports bad input
             raise EngineError(f"the {self.kind} cannot be compiled: {e}") from None
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
         if is_error:
