@@ -484,8 +484,8 @@ def test_token_bitmask_constrains_graphed_decode(llama_1b_dir: Path) -> None:
 
 def test_engine_json_schema_outputs_validate_on_the_gpu(engine_1b: Any) -> None:
     """The whole path on the GPU (graphs, overlap, batched, greedy and sampled): each output of
-    a random-weight model under a JSON schema parses and validates."""
-    jsonschema = pytest.importorskip("jsonschema")
+    a random-weight model under a JSON schema parses and validates (checked by hand here: the
+    GPU image has no jsonschema)."""
     import json
 
     from sv_engine import SamplingParams
@@ -516,4 +516,8 @@ def test_engine_json_schema_outputs_validate_on_the_gpu(engine_1b: Any) -> None:
     for request_id in ids:
         completion = done[request_id]
         assert completion.finish_reason == "stop", completion.text
-        jsonschema.validate(json.loads(completion.text), schema)
+        value = json.loads(completion.text)
+        assert set(value) == {"n", "tag", "s"}, value
+        assert isinstance(value["n"], int) and not isinstance(value["n"], bool)
+        assert value["tag"] in ("a", "b")
+        assert isinstance(value["s"], str) and len(value["s"]) <= 10
