@@ -60,8 +60,8 @@ SCHEMAS: list[dict[str, Any]] = [
                     "location": {
                         "type": "object",
                         "properties": {
-                            "lat": {"type": "number", "minimum": -90, "maximum": 90},
-                            "lon": {"type": "number", "minimum": -180, "maximum": 180},
+                            "lat": {"type": "integer", "minimum": -90, "maximum": 90},
+                            "lon": {"type": "integer", "minimum": -180, "maximum": 180},
                         },
                         "required": ["lat", "lon"],
                         "additionalProperties": False,
