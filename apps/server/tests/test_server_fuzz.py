@@ -50,7 +50,9 @@ VALID = {
     "include_stop_str_in_output": st.booleans(),
 }
 FIELDS = st.sampled_from([*VALID, "max_completion_tokens", "n", "stream_options", "echo",
-                          "best_of", "suffix", "logit_bias", "top_logprobs", "tools"])  # fmt: skip
+                          "best_of", "suffix", "logit_bias", "top_logprobs", "tools",
+                          "tool_choice", "response_format", "guided_json", "guided_regex",
+                          "guided_choice", "guided_grammar"])  # fmt: skip
 ODD_FIELD = st.dictionaries(FIELDS, JSON, min_size=1, max_size=1)
 
 

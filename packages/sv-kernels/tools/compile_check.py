@@ -123,6 +123,12 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
     )
     logits = torch.zeros(4, vocab, dtype=dtype)
     yield f"argmax {dtype}", lambda: ops.argmax(logits)
+    yield (
+        f"apply_token_bitmask {dtype}",
+        lambda: ops.apply_token_bitmask(
+            logits, torch.zeros(2, (vocab + 31) // 32, dtype=torch.int32), ids[:2]
+        ),
+    )
     per_row = (
         torch.ones(4),
         torch.zeros(4, dtype=torch.int32),

@@ -638,8 +638,9 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument(
         "--only",
         help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,long,"
-        "logprobs (logprobs: decode-b1 and throughput with and without top-20 "
-        "log-probabilities; long: 32k and 100k contexts with a BF16 and an FP8 KV cache)",
+        "logprobs,grammar (logprobs: decode-b1 and throughput with and without top-20 "
+        "log-probabilities; long: 32k and 100k contexts with a BF16 and an FP8 KV cache; "
+        "grammar: JSON-schema constrained decoding beside unconstrained)",
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
@@ -677,7 +678,7 @@ def bench_main(argv: list[str]) -> int:
     if want("long"):
         contexts = [4096] if args.quick else [32768, 100000]
         bench_long_context(report, model_dir, roof, contexts, 32 if args.quick else 128)
-    engine_workloads = {"decode", "prefill", "throughput", "plain", "var", "logprobs"}
+    engine_workloads = {"decode", "prefill", "throughput", "plain", "var", "logprobs", "grammar"}
     if args.profile or any(want(name) for name in engine_workloads):
         from sv_cli.bench_runner import kv_pool_bytes
 
@@ -711,6 +712,10 @@ def bench_main(argv: list[str]) -> int:
             from sv_cli.bench_logprobs import bench_logprobs
 
             bench_logprobs(report, engine, args.quick)
+        if want("grammar"):  # JSON-schema constrained decoding beside unconstrained
+            from sv_cli.bench_grammar import bench_grammar
+
+            bench_grammar(report, engine, 64 if args.quick else 256, 16 if args.quick else 64)
         if args.profile:
             run_profiles(engine, Path(args.workdir))
         del engine

@@ -44,6 +44,7 @@ from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_scheduler import max_new_tokens_that_fit
 from sv_tokenizer import Tokenizer, TokenizerError
 
+from sv_server import tools
 from sv_server.auth import ApiKeyMiddleware
 from sv_server.body import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -359,7 +360,8 @@ def _prepare(
     _check_model(state, req.model)
     if req.messages is not None:  # chat: the model's chat format
         try:
-            return req, [state.tokenizer.chat_format.encode_dialog(req.messages)]
+            tools = req.tools.tools if req.tools is not None else None
+            return req, [state.tokenizer.chat_format.encode_dialog(req.messages, tools=tools)]
         except TokenizerError as e:
             raise bad_request(str(e), param="messages") from e
     prompts = req.prompts or []
@@ -454,6 +456,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 presence_penalty=req.presence_penalty,
                 min_p=req.min_p,
                 skip_special_tokens=req.skip_special_tokens,
+                grammar=req.grammar,
             )
             for i, ids in enumerate(prompts)
             for max_new in [_max_tokens(state, req, len(ids), _which(i, len(prompts)))]
@@ -668,17 +671,18 @@ async def _collect(
     finally:
         hangup.cancel()
         _close_all(generations)
-    return JSONResponse(
-        response_body(
-            req.kind,
-            new_id(req.kind),
-            model,
-            [(text, g.finish_reason or "") for text, g in zip(texts, generations, strict=True)],
-            prompt_tokens,
-            sum(g.completion_tokens for g in generations),
-            logprobs=[g.take_logprobs() for g in generations] if req.logprobs is not None else None,
-        )
+    body = response_body(
+        req.kind,
+        new_id(req.kind),
+        model,
+        [(text, g.finish_reason or "") for text, g in zip(texts, generations, strict=True)],
+        prompt_tokens,
+        sum(g.completion_tokens for g in generations),
+        logprobs=[g.take_logprobs() for g in generations] if req.logprobs is not None else None,
     )
+    if req.tools is not None:
+        tools.apply_to_response(body, req.tools)
+    return JSONResponse(body)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -731,22 +735,34 @@ async def _stream(
     encoders = [
         ChunkEncoder(kind, response_id, model, created, index) for index in range(len(generations))
     ]
+    # Chat with tools: text that may be a tool call is held back and sent as its deltas.
+    calls = tools.ToolCallStream(req.tools) if req.tools is not None and req.tools.parses else None
     try:
         async for index, text in _pieces(generations):
             generation = generations[index]
-            if text is not None and generation.logprobs is None:
+            logprobs = None
+            if calls is not None:  # one choice, no logprobs: protocol.py refuses the others
+                deltas = calls.push(text) if text is not None else calls.finish()
+                for delta in deltas:
+                    yield _sse(tools.delta_chunk(response_id, model, created, delta))
+                if text is not None:
+                    continue
+            elif text is not None and generation.logprobs is None:
                 yield encoders[index].text_event(text)
                 continue
-            logprobs = generation.take_logprobs()
-            if text is not None:
-                yield _sse(
-                    chunk_body(
-                        kind, response_id, model, created, text, index=index, logprobs=logprobs
+            else:
+                logprobs = generation.take_logprobs()
+                if text is not None:
+                    yield _sse(
+                        chunk_body(
+                            kind, response_id, model, created, text, index=index, logprobs=logprobs
+                        )
                     )
-                )
-                continue
+                    continue
             last = None if kind == "chat" else ""
             reason = generation.finish_reason
+            if calls is not None and calls.called:
+                reason = "tool_calls"
             yield _sse(
                 chunk_body(
                     kind, response_id, model, created, last, reason, index=index, logprobs=logprobs

@@ -13,13 +13,16 @@ import reprlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from sv_engine import MAX_LOGPROBS
-from sv_tokenizer import Message
+from sv_engine.grammar import Grammar
+from sv_tokenizer import Message, ToolCall
 
 from sv_server.errors import bad_request
+from sv_server.structured import STRUCTURED_FIELDS, parse_grammar
+from sv_server.tools import TOOL_FIELDS, ToolRequest, parse_tools
 
 MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_PROMPTS = 256  # prompts in one /v1/completions request: each is an engine request
@@ -73,6 +76,8 @@ class GenerationRequest:
     logit_bias: Mapping[int, float] = field(default_factory=dict)  # ids not yet checked
     skip_special_tokens: bool = True  # vLLM's
     n: int = 1
+    grammar: Grammar | None = None  # response_format / guided_*: see structured.py
+    tools: ToolRequest | None = None  # chat: tools and tool_choice, see tools.py
 
 
 # Fields a request may carry only with their "off" value: the engine does not implement them.
@@ -104,10 +109,13 @@ _SAMPLING_FIELDS = frozenset(
         "min_tokens",  # vLLM's
         "skip_special_tokens",  # vLLM's
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
+        *STRUCTURED_FIELDS,
     }
 )
 _COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo"}
-_CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}
+_CHAT_FIELDS = (
+    _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"} | TOOL_FIELDS
+)
 _NOT_FOR_CHAT = frozenset({"best_of", "suffix"})
 
 
@@ -335,6 +343,7 @@ def _sampling(
         min_tokens=_optional_int(body, "min_tokens", 0) or 0,
         logit_bias=_logit_bias(body),
         skip_special_tokens=_bool(body, "skip_special_tokens", default=True),
+        grammar=parse_grammar(body),
     )
 
 
@@ -392,17 +401,41 @@ def parse_chat_request(body: Any) -> GenerationRequest:
         raise bad_request(
             "'max_tokens' and 'max_completion_tokens' disagree; give one", "max_completion_tokens"
         )
-    return _sampling(body, "chat", None, parsed, max_completion or max_tokens)
+    req = _sampling(body, "chat", None, parsed, max_completion or max_tokens)
+    tools = parse_tools(body)
+    if tools is not None and tools.parses:
+        # An answer read for tool calls is parsed as one stream of text: one choice, and no
+        # per-token logprobs to place beside deltas that are not its text.
+        for field_name, on in (("n", req.n != 1), ("logprobs", req.logprobs is not None)):
+            if on:
+                raise bad_request(
+                    f"'{field_name}' is not supported together with 'tools' here (unless "
+                    'tool_choice is "none")',
+                    param=field_name,
+                )
+    call_grammar = tools.grammar() if tools is not None else None
+    if call_grammar is not None and req.grammar is not None:
+        raise bad_request(
+            "a required or named tool call is already constrained: drop the output constraint",
+            param="tool_choice",
+        )
+    return replace(req, tools=tools, grammar=req.grammar or call_grammar)
 
 
 def _message(item: Any, index: int) -> Message:
     param = f"messages[{index}]"
     if not isinstance(item, dict):
         raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
-    unknown = set(item) - {"role", "content", "name"}
+    unknown = set(item) - {"role", "content", "name", "tool_calls", "tool_call_id"}
     if unknown:
         raise bad_request(f"unknown field {_shown(f'{param}.{sorted(unknown)[0]}')}", param)
     role, content, name = item.get("role"), item.get("content"), item.get("name")
+    calls = _tool_calls(item.get("tool_calls"), role, param)
+    call_id = item.get("tool_call_id")
+    if call_id is not None and (role != "tool" or not isinstance(call_id, str)):
+        raise bad_request(f"{param}.tool_call_id must be a string, on a 'tool' message", param)
+    if calls and content is None:  # an assistant turn that only called a tool
+        content = ""
     if not isinstance(role, str):
         raise bad_request(f"{param}.role must be a string, got {_shown(role)}", param)
     if name is not None and not isinstance(name, str):
@@ -423,7 +456,42 @@ def _message(item: Any, index: int) -> Message:
         content = "".join(texts)
     if not isinstance(content, str):
         raise bad_request(f"{param}.content must be a string or a list of text parts", param)
-    return Message(role, content, name)
+    return Message(role, content, name, calls, call_id)
+
+
+def _tool_calls(value: Any, role: Any, param: str) -> tuple[ToolCall, ...]:
+    """An assistant message's `tool_calls`, as OpenAI sends them back in the history."""
+    if value is None:
+        return ()
+    if role != "assistant" or not isinstance(value, list):
+        raise bad_request(f"{param}.tool_calls must be a list, on an 'assistant' message", param)
+    calls = []
+    for call in value:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(function, dict)
+            and call.get("type", "function") == "function"
+            and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments"), str)
+            and (call.get("id") is None or isinstance(call["id"], str))
+        ):
+            raise bad_request(
+                f"{param}.tool_calls entries must be {{'id', 'type': 'function', "
+                "'function': {'name': str, 'arguments': str}}",
+                param,
+            )
+        try:
+            arguments = json.loads(function["arguments"])
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise bad_request(
+                f"{param}.tool_calls: the arguments of {function['name']!r} must be a JSON "
+                "object's text",
+                param,
+            )
+        calls.append(ToolCall(function["name"], function["arguments"], call.get("id")))
+    return tuple(calls)
 
 
 # --- responses ------------------------------------------------------------------------------

@@ -37,7 +37,14 @@ from pathlib import Path
 
 import torch
 from sv_kernels import TuningCache
-from sv_model import LogitControls, ModelRunner, PendingTokens, SamplingRows, StepInputs
+from sv_model import (
+    LogitControls,
+    ModelRunner,
+    PendingTokens,
+    SamplingRows,
+    StepInputs,
+    TokenBitmask,
+)
 from sv_scheduler import (
     Admission,
     AdmissionError,
@@ -52,6 +59,7 @@ from sv_scheduler import (
 from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
 from sv_engine.errors import EngineError
+from sv_engine.grammar import GrammarMatcher, Grammars
 from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
 from sv_engine.logit_controls import RowControls, step_controls
 from sv_engine.logprobs import PromptLogprobs, token_logprob, with_first_rows
@@ -77,6 +85,7 @@ class _Live:
     prompt_logprobs: PromptLogprobs | None = None  # with params.prompt_logprobs
     controls: RowControls | None = None  # with params.processes_logits
     hidden_ids: frozenset[int] = frozenset()  # tokens whose text is not shown
+    matcher: GrammarMatcher | None = None  # the request's grammar, if it has one
 
 
 class _Launched:
@@ -92,6 +101,7 @@ class _Launched:
         self.tokens = tokens
         self.prompt_targets = prompt_targets  # (request, prompt ids scored), in row order
         self._rows: dict[int, int] | None = None
+        self.grammars_advanced = False  # its tokens have been given to the grammar matchers
 
     def row_of(self, seq: object) -> int:
         """The row of `seq`'s token among this step's sampled ids."""
@@ -118,6 +128,8 @@ class Engine:
         self._num_logprobs = 0  # live requests with logprobs or prompt_logprobs
         self._num_controlled = 0  # live requests with logit processing
         self._special_ids = frozenset(tokenizer.special_tokens.values())
+        self.grammars = Grammars(tokenizer, runner.config.vocab_size, stop_ids)
+        self._num_constrained = 0  # live requests with a grammar
         # Plan and launch the next step before reading this one's tokens (see the module doc).
         self.overlap = True
         self._in_flight: _Launched | None = None  # launched and advanced, not yet resolved
@@ -226,8 +238,11 @@ class Engine:
             raise EngineError(f"add_request queues one choice, but n = {params.n}: use add_choices")
         prompt_ids = self.encode_prompt(prompt)
         request_id = next(self._ids)
-        # ignore_eos drops the model's stop ids only: the request's own still stop it.
-        stop_ids = (frozenset() if params.ignore_eos else self.stop_ids) | params.stop_token_ids
+        # ignore_eos drops the model's stop ids only: the request's own still stop it. A
+        # grammar's end is a stop token too (its mask allows nothing else), so those stay.
+        model_stops = frozenset() if params.ignore_eos and params.grammar is None else self.stop_ids
+        stop_ids = model_stops | params.stop_token_ids
+        matcher = self.grammars.matcher(params.grammar) if params.grammar is not None else None
         self.scheduler.add(
             Request(
                 request_id=request_id,
@@ -258,6 +273,7 @@ class Engine:
                 RowControls(params, stop_ids, prompt_ids) if params.processes_logits else None
             ),
             hidden_ids=stop_ids | self._special_ids if params.skip_special_tokens else stop_ids,
+            matcher=matcher,
         )
         if not params.greedy:
             self._num_sampling += 1
@@ -265,6 +281,8 @@ class Engine:
             self._num_logprobs += 1
         if params.processes_logits:
             self._num_controlled += 1
+        if matcher is not None:
+            self._num_constrained += 1
         return request_id
 
     def add_choices(
@@ -380,6 +398,7 @@ class Engine:
         """Wait for a launched step's tokens; hand them to the scheduler; make the events."""
         plan = launched.plan
         tokens = launched.tokens.result()
+        self._advance_grammars(launched)
         finished = {f.request_id: f for f in self.scheduler.resolve(plan, tokens)}
         self._deliver_prompt_logprobs(launched)
         rows = launched.tokens.logprobs()
@@ -442,6 +461,7 @@ class Engine:
         self._num_sampling = 0
         self._num_logprobs = 0
         self._num_controlled = 0
+        self._num_constrained = 0
 
     def _step_inputs(
         self,
@@ -497,6 +517,7 @@ class Engine:
             and any(self._live[s.request_id].logprobs is not None for s in plan.sampling),
             prompt_logprobs=[(row, offset, t) for _, row, offset, t in prompt_targets],
             controls=self._controls(plan, previous) if self._num_controlled else None,
+            token_bitmask=self._token_bitmask(plan, previous) if self._num_constrained else None,
         )
 
     def _controls(self, plan: StepPlan, previous: _Launched | None) -> LogitControls | None:
@@ -506,6 +527,41 @@ class Engine:
 
         rows = [(seq, self._live[seq.request_id].controls) for seq in plan.sampling]
         return step_controls(rows, pending_row)
+
+    # --- structured output ----------------------------------------------------------------------
+
+    def _token_bitmask(
+        self, plan: StepPlan, previous: _Launched | None
+    ) -> Callable[[], TokenBitmask | None]:
+        """What the runner calls once the step's forward is queued: the grammar masks of its
+        constrained rows. A constrained request's mask depends on the token the step before
+        gave it, so with overlap this is where the engine waits for that step (the device is
+        busy with this step's forward meanwhile) and advances the matchers: the overlap is
+        kept, and only sampling waits for the mask (see ARCHITECTURE.md, the overlap rule)."""
+
+        def bitmask() -> TokenBitmask | None:
+            if previous is not None:
+                self._advance_grammars(previous)
+            rows = []
+            for row, seq in enumerate(plan.sampling):
+                live = self._live.get(seq.request_id)
+                if live is not None and live.matcher is not None:
+                    rows.append((row, live.matcher))
+            return self.grammars.bitmask(rows)
+
+        return bitmask
+
+    def _advance_grammars(self, launched: _Launched) -> None:
+        """Give a step's tokens to the matchers of its live constrained requests, once."""
+        if launched.grammars_advanced:
+            return
+        launched.grammars_advanced = True
+        if not self._num_constrained:
+            return
+        for seq, token in zip(launched.plan.sampling, launched.tokens.result(), strict=True):
+            live = self._live.get(seq.request_id)
+            if live is not None and live.matcher is not None:
+                live.matcher.accept(token)
 
     def _sampling_rows(self, plan: StepPlan) -> SamplingRows:
         temps, top_ks, top_ps, seeds, steps = [], [], [], [], []
@@ -529,6 +585,8 @@ class Engine:
             self._num_logprobs -= 1
         if live.controls is not None:
             self._num_controlled -= 1
+        if live.matcher is not None:
+            self._num_constrained -= 1
         if live.decoder is not None:
             text += live.decoder.flush()
         output = list(done.output_ids)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from sv_scheduler import FinishReason, RequestId
 
 from sv_engine.errors import EngineError
+from sv_engine.grammar import Grammar
 
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs (sv_kernels.ops has it too)
 
@@ -46,6 +47,8 @@ class SamplingParams:
                  sampling temperature (0 = off; no effect on greedy rows).
     skip_special_tokens: leave special tokens (other than the stop token, never shown) out of
                  the text, as vLLM does by default.
+    grammar:     constrain the output to a JSON schema, regex, choice or EBNF grammar
+                 (sv_engine.grammar); its end stops the request, ignore_eos or not.
     """
 
     max_new_tokens: int = 128
@@ -65,6 +68,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     min_p: float = 0.0
     skip_special_tokens: bool = True
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -97,6 +101,8 @@ class SamplingParams:
                 raise EngineError(f"{name} must be None or in 0..{MAX_LOGPROBS}, got {k!r}")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             raise EngineError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise EngineError(f"grammar must be a Grammar or None, got {self.grammar!r}")
         self._check_logit_processing()
 
     def _check_logit_processing(self) -> None:

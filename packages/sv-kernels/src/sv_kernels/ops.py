@@ -485,6 +485,31 @@ def feed_tokens(token_ids: Tensor, source_rows: Tensor, sampled: Tensor) -> Tens
     return reference.feed_tokens(token_ids, source_rows, sampled)
 
 
+def apply_token_bitmask(logits: Tensor, bitmask: Tensor, rows: Tensor) -> None:
+    """`reference.apply_token_bitmask`: in place, the rows of logits named by `rows` keep only
+    the tokens their bitmask row allows. Row indices are not range-checked (that would need a
+    sync); the caller's rows must index logits."""
+    op = "apply_token_bitmask"
+    _check_dims(op, "logits", logits, 2, "[B, V]")
+    _check_float(op, "logits", logits)
+    _check_dims(op, "bitmask", bitmask, 2, "[N, ceil(V / 32)]")
+    if bitmask.dtype != torch.int32:
+        _fail(op, f"bitmask must be int32, got {bitmask.dtype}")
+    _check_len(op, "bitmask", bitmask, 1, (logits.shape[1] + 31) // 32, "32 tokens a word")
+    _check_dims(op, "rows", rows, 1, "[N]")
+    _check_int(op, "rows", rows)
+    _check_len(op, "rows", rows, 0, bitmask.shape[0], "one per bitmask row")
+    if logits.stride(1) != 1:
+        _fail(op, "logits must be contiguous along its last dim (V)")
+    _check_device(op, logits=logits, bitmask=bitmask, rows=rows)
+    if _on_cuda(logits):
+        from . import triton_ops
+
+        triton_ops.apply_token_bitmask(logits, bitmask, rows)
+        return
+    reference.apply_token_bitmask(logits, bitmask, rows)
+
+
 def argmax(logits: Tensor) -> Tensor:
     op = "argmax"
     _check_dims(op, "logits", logits, 2, "[B, V]")

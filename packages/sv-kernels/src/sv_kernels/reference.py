@@ -257,6 +257,20 @@ def feed_tokens(token_ids: Tensor, source_rows: Tensor, sampled: Tensor) -> Tens
     return torch.where(pending, fed, token_ids)
 
 
+def apply_token_bitmask(logits: Tensor, bitmask: Tensor, rows: Tensor) -> None:
+    """Constrain rows of logits [B, V] to a grammar's allowed tokens, in place.
+
+    bitmask [N, ceil(V / 32)] int32: token t is allowed in row rows[i] when bit t % 32 of
+    bitmask[i, t // 32] is set (the layout xgrammar and llguidance fill). Disallowed tokens'
+    logits become -inf; rows not named in `rows` [N] are untouched.
+    """
+    vocab = logits.shape[1]
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.int().unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :vocab]
+    index = rows.long()
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+
+
 def argmax(logits: Tensor) -> Tensor:
     """Greedy choice per row of logits [B, V] -> [B] int64 (the lowest index among ties)."""
     return torch.argmax(logits.float(), dim=-1)

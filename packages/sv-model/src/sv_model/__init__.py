@@ -4,7 +4,7 @@ from sv_model.decoder import AttentionMetadata, DecoderModel, KVCache
 from sv_model.linear_plans import LayerPlans, LinearPlans
 from sv_model.pending_tokens import Logprobs, PendingTokens
 from sv_model.runner import ModelRunner
-from sv_model.step import LogitControls, SamplingRows, StepInputs
+from sv_model.step import LogitControls, SamplingRows, StepInputs, TokenBitmask
 from sv_model.weights import LayerWeights, ModelWeights
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "PendingTokens",
     "SamplingRows",
     "StepInputs",
+    "TokenBitmask",
 ]

@@ -181,10 +181,12 @@ class ModelRunner:
                 prompt_logprobs = logprob_rows.of_prompts(step, logits[num_sampled:])
                 logits = logits[:num_sampled]
         processed = self.logit_processor.process(step, logits)
+        # The forward is queued: the host now computes the grammar masks while it runs.
+        bitmask = step.token_bitmask() if step.token_bitmask is not None else None
         if processed is not logits:  # the graph's argmax and buffers are of the raw logits
-            ids = sampler.next_token_ids(processed, None, step.sampling, None)
+            ids = sampler.next_token_ids(processed, None, step.sampling, None, bitmask)
         else:
-            ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph)
+            ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph, bitmask)
         self.logit_processor.count(ids)
         self.last_ids[: ids.shape[0]].copy_(ids)
         logprobs = logprob_rows.of_sampled(logits, ids, graph) if step.logprobs else None

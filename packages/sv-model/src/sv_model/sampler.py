@@ -1,6 +1,7 @@
 """Choosing how a step's next tokens are drawn from its logits.
 
-Greedy rows take the argmax (a decode graph computes it in the same replay); sampled rows of a
+A grammar's token bitmask, when the step has one, is applied first (`apply_grammar`), in
+place: the drawing below then only ever sees allowed tokens. Greedy rows take the argmax (a decode graph computes it in the same replay); sampled rows of a
 graph-replayed decode step are drawn by a captured sampling graph over that graph's logits
 buffer; any other step calls `ops.sample` eagerly.
 """
@@ -13,7 +14,7 @@ from sv_kernels import ops
 from torch import Tensor
 
 from sv_model.decode_graphs import DecodeGraph
-from sv_model.step import SamplingRows
+from sv_model.step import SamplingRows, TokenBitmask
 from sv_model.uploads import upload
 
 
@@ -22,14 +23,26 @@ def next_token_ids(
     greedy_ids: Tensor | None,
     sampling: SamplingRows | None,
     graph: DecodeGraph | None,
+    bitmask: TokenBitmask | None = None,
 ) -> Tensor:
     """The next token of each row of `logits`. `greedy_ids`: their argmax, if already computed;
-    `graph`: the decode graph whose logits buffer holds exactly these rows, if any."""
+    `graph`: the decode graph whose logits buffer holds exactly these rows, if any; `bitmask`:
+    the grammar constraints of some rows."""
+    if bitmask is not None:
+        apply_grammar(logits, bitmask)
+        greedy_ids = None  # the decode graph's argmax saw the logits before the mask
     if sampling is None or sampling.all_greedy():
         return greedy_ids if greedy_ids is not None else ops.argmax(logits)
     if graph is not None:  # the logits are the graph's own buffer: sample in a graph too
         return graph.sample(logits.shape[0], sampling)
     return sample_eagerly(logits, sampling)
+
+
+def apply_grammar(logits: Tensor, bitmask: TokenBitmask) -> None:
+    """Disallowed tokens of the constrained rows get -inf, in place (one upload, one kernel)."""
+    rows = upload(np.asarray(bitmask.rows, dtype=np.int32), logits.device)
+    words = upload(np.ascontiguousarray(bitmask.words, dtype=np.int32), logits.device)
+    ops.apply_token_bitmask(logits, words, rows)
 
 
 def sample_eagerly(logits: Tensor, sampling: SamplingRows) -> Tensor:

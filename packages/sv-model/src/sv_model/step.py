@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass
@@ -54,6 +56,15 @@ class LogitControls:
 
 
 @dataclass
+class TokenBitmask:
+    """Grammar constraints on some of a step's sampled rows: the row `rows[i]` (an index into
+    `sample_rows`) may take token t only when bit t % 32 of `words[i, t // 32]` is set."""
+
+    rows: Sequence[int]
+    words: np.ndarray  # [len(rows), ceil(vocab / 32)] int32
+
+
+@dataclass
 class StepInputs:
     """One step, as the engine describes it (host-side lists).
 
@@ -79,6 +90,9 @@ class StepInputs:
     # given the tokens of the chunk up to offset + i (the prompt's own next tokens, for echo).
     prompt_logprobs: Sequence[tuple[int, int, Sequence[int]]] = ()
     controls: LogitControls | None = None  # None: the raw logits are sampled
+    # Called once the forward pass is queued, before sampling: the grammar constraints of the
+    # rows, computed on the host while the device runs the forward (None: no row constrained).
+    token_bitmask: Callable[[], TokenBitmask | None] | None = None
 
     @property
     def one_token_each(self) -> bool:

@@ -4,7 +4,15 @@ SmolLM2 (tokenizer.json), with incremental decoding and the models' chat formats
 Needs only `regex`; jinja2 (the `chat-template` extra) only to render a folder's chat template.
 """
 
-from .chat import ChatFormat, ChatMLFormat, ChatTokenizer, Llama3ChatFormat, Message
+from .chat import (
+    ChatFormat,
+    ChatMLFormat,
+    ChatTokenizer,
+    Llama3ChatFormat,
+    Message,
+    ToolCall,
+    Tools,
+)
 from .chat_choice import choose_chat_format
 from .chat_template import TemplateChatFormat, TemplateTokenizer
 from .errors import TokenizerError
@@ -22,5 +30,7 @@ __all__ = [
     "TemplateTokenizer",
     "Tokenizer",
     "TokenizerError",
+    "ToolCall",
+    "Tools",
     "choose_chat_format",
 ]

@@ -13,9 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import TokenizerError
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call an assistant made: its name and its arguments as JSON object text (as
+    OpenAI sends them), and the id a later tool message answers."""
+
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+Tools = Sequence[Mapping[str, Any]]  # OpenAI's tool definitions: {"type": "function", ...}
 
 
 @dataclass(frozen=True)
@@ -27,6 +40,8 @@ class Message:
     role: str  # "system", "user", "assistant" (Llama 3 also "ipython"/"tool": a tool's result)
     content: str
     name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls (content then usually "")
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class ChatTokenizer(Protocol):
@@ -46,9 +61,14 @@ class ChatTokenizer(Protocol):
 
 class ChatFormat(Protocol):
     def encode_dialog(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Tools | None = None,
     ) -> list[int]:
-        """The conversation's ids; with add_generation_prompt, ending in the assistant's header."""
+        """The conversation's ids; with add_generation_prompt, ending in the assistant's header.
+        `tools`: the functions the model may call, written as the format writes them."""
         ...
 
     def encode_user_prompt(self, text: str) -> list[int]:
@@ -103,8 +123,17 @@ class Llama3ChatFormat:
         return [*self._header(role), *body, self.end_of_turn]
 
     def encode_dialog(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Tools | None = None,
     ) -> list[int]:
+        """Tools and tool calls in Llama 3.x's JSON tool-call format (see tool_format.py)."""
+        from .tool_format import with_llama3_tools
+
+        if tools or any(m.tool_calls for m in messages):
+            messages = with_llama3_tools(messages, tools)
         ids = [self.begin_of_text]
         for index, message in enumerate(messages):
             ids += self.encode_message(message, index)
@@ -153,8 +182,17 @@ class ChatMLFormat:
         ]
 
     def encode_dialog(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Tools | None = None,
     ) -> list[int]:
+        if tools or any(m.tool_calls for m in messages):
+            raise TokenizerError(
+                f"{self.tokenizer.source}: the built-in ChatML format has no tool calls; a "
+                "model folder whose chat_template renders tools gets them"
+            )
         ids: list[int] = []
         if messages and messages[0].role != "system" and self.default_system_prompt is not None:
             ids += self._message("system", self.default_system_prompt)

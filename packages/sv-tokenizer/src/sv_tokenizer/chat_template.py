@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from .chat import ChatTokenizer, Message
+from .chat import ChatTokenizer, Message, Tools
 from .errors import TokenizerError
 
 _OPEN = "\U000f0000"  # Supplementary Private Use Area-A: never in real text, untouched by
@@ -147,24 +147,44 @@ class TemplateChatFormat:
             )
         self._render: RenderFunction | None = None
 
-    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Tools | None = None,
+    ) -> str:
         """The template's text for this conversation, exactly as transformers renders it."""
-        return self._render_dicts([_as_dict(m, m.content) for m in messages], add_generation_prompt)
+        return self._render_dicts(
+            [_as_dict(m, m.content) for m in messages], add_generation_prompt, tools
+        )
 
-    def _render_dicts(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def _render_dicts(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: Tools | None
+    ) -> str:
         if self._render is None:
             self._render = compile_chat_template(self.template, self.source)
         return self._render(
             **self.template_tokens,
             messages=messages,
             add_generation_prompt=add_generation_prompt,
-            tools=None,
+            tools=list(tools) if tools else None,
             documents=None,
         )
 
     def encode_dialog(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Tools | None = None,
     ) -> list[int]:
+        # Tools and tool calls are rendered as template text, where special-token text counts.
+        calls = [c for m in messages for c in m.tool_calls]
+        as_text = json.dumps([list(tools or ()), [(c.name, c.arguments) for c in calls]])
+        forged_in_tools = self.tokenizer.find_special(as_text)
+        if forged_in_tools is not None:
+            raise TokenizerError(f"the tools or tool calls contain the token {forged_in_tools}")
         for index, message in enumerate(messages):
             # Roles and names are rendered as template text, where special-token text counts.
             for field, value in (("role", message.role), ("name", message.name)):
@@ -173,8 +193,8 @@ class TemplateChatFormat:
                     raise TokenizerError(
                         f"chat message {index}: {field} {value!r} contains the token {forged}"
                     )
-        rendered = self.render(messages, add_generation_prompt=add_generation_prompt)
-        segments = self._segments(messages, add_generation_prompt, rendered)
+        rendered = self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        segments = self._segments(messages, add_generation_prompt, rendered, tools)
         if segments is not None:
             return self._encode_segments(segments)
         # The template changes contents beyond trimming: the plain render is only safe when no
@@ -192,7 +212,11 @@ class TemplateChatFormat:
         return self.encode_dialog([Message("user", text)])
 
     def _segments(
-        self, messages: Sequence[Message], add_generation_prompt: bool, rendered: str
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        rendered: str,
+        tools: Tools | None,
     ) -> list[tuple[str, bool]] | None:
         """The render cut into (text, is_message_content) pieces, or None if that cannot be trusted."""
         everything = [
@@ -212,7 +236,7 @@ class TemplateChatFormat:
             trailing = content[len(content.rstrip()) :] if core else ""
             cores.append(core)
             placeholders.append(_as_dict(message, f"{leading}{_OPEN}{index}{_CLOSE}{trailing}"))
-        with_placeholders = self._render_dicts(placeholders, add_generation_prompt)
+        with_placeholders = self._render_dicts(placeholders, add_generation_prompt, tools)
         pieces = _SENTINEL.split(with_placeholders)
         # split() alternates: template text, message index, template text, ...
         segments = [
@@ -242,10 +266,22 @@ class TemplateChatFormat:
         return ids
 
 
-def _as_dict(message: Message, content: str) -> dict[str, str]:
-    """A message as transformers hands it to a template: `name` only when the message has one
-    (templates test `message.name is defined`)."""
-    item = {"role": message.role, "content": content}
+def _as_dict(message: Message, content: str) -> dict[str, Any]:
+    """A message as transformers hands it to a template: `name`, `tool_calls` and
+    `tool_call_id` only when the message has them (templates test `message.name is defined`).
+    A call's arguments are the decoded object, as templates expect (`arguments | tojson`)."""
+    item: dict[str, Any] = {"role": message.role, "content": content}
     if message.name is not None:
         item["name"] = message.name
+    if message.tool_calls:
+        item["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.loads(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        item["tool_call_id"] = message.tool_call_id
     return item

@@ -21,8 +21,10 @@ from .rms_norm import rms_norm
 from .rope_cache import rope_cache_write
 from .sampling import argmax, sample
 from .swiglu import swiglu
+from .token_bitmask import apply_token_bitmask
 
 __all__ = [
+    "apply_token_bitmask",
     "argmax",
     "choose_num_splits",
     "decode_metadata",

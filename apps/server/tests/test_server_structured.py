@@ -1,0 +1,122 @@
+"""Structured output through the official `openai` client, on the default model on the CPU:
+every output validates (jsonschema, re.fullmatch), streamed or not; a constraint the grammar
+library cannot compile is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+RunningServer = Any
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "minimum": 0},
+        "coastal": {"type": "boolean"},
+    },
+    "required": ["city", "population", "coastal"],
+    "additionalProperties": False,
+}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
+QUESTION = [{"role": "user", "content": "Describe Lisbon as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_response_format_json_schema(client: openai.OpenAI, server: RunningServer) -> None:
+    reply = client.chat.completions.create(
+        model=server.model_name, messages=QUESTION, max_tokens=60, response_format=FORMAT
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    jsonschema.validate(json.loads(choice.message.content or ""), SCHEMA)
+
+
+def test_response_format_json_schema_streamed(client: openai.OpenAI, server: RunningServer) -> None:
+    stream = client.chat.completions.create(
+        model=server.model_name,
+        messages=QUESTION,
+        max_tokens=60,
+        response_format=FORMAT,
+        temperature=0.8,
+        seed=3,
+        stream=True,
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_json_object_and_guided_fields(client: openai.OpenAI, server: RunningServer) -> None:
+    reply = client.chat.completions.create(
+        model=server.model_name,
+        messages=QUESTION,
+        max_tokens=60,
+        response_format={"type": "json_object"},
+    )
+    assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)
+    done = client.completions.create(
+        model=server.model_name,
+        prompt="The answer is",
+        max_tokens=10,
+        extra_body={"guided_choice": ["yes", "no"]},
+    )
+    assert done.choices[0].text in ("yes", "no")
+    done = client.completions.create(
+        model=server.model_name,
+        prompt="A date:",
+        max_tokens=20,
+        extra_body={"guided_regex": r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"},
+    )
+    assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", done.choices[0].text)
+    done = client.completions.create(
+        model=server.model_name,
+        prompt="A sum:",
+        max_tokens=20,
+        extra_body={"guided_grammar": 'root ::= num " + " num\nnum ::= [1-9] [0-9]?'},
+    )
+    assert re.fullmatch(r"[1-9][0-9]? \+ [1-9][0-9]?", done.choices[0].text)
+    done = client.completions.create(
+        model=server.model_name,
+        prompt="Data:",
+        max_tokens=40,
+        extra_body={"guided_json": json.dumps(SCHEMA)},
+    )
+    jsonschema.validate(json.loads(done.choices[0].text), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"guided_regex": "(unclosed"}, "guided_regex"),
+        ({"guided_grammar": "root ::= missing_rule"}, "guided_grammar"),
+        ({"guided_json": "{not json"}, "guided_json"),
+        ({"guided_choice": []}, "guided_choice"),
+        (
+            {"guided_json": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}},
+            "guided_json",
+        ),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ],
+)
+def test_constraints_that_cannot_compile_are_400(
+    client: openai.OpenAI, server: RunningServer, extra: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(
+            model=server.model_name, prompt="x", max_tokens=5, extra_body=extra
+        )
+    assert field in str(caught.value)

