@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 from sv_kernels import TuningCache
+from sv_kernels.quantized import QuantKind
 from sv_model import ModelRunner, PendingTokens, SamplingRows, StepInputs
 from sv_scheduler import (
     Admission,
@@ -125,6 +126,7 @@ class Engine:
         tuning_cache: TuningCache | None = None,
         warmup: bool = True,
         progress: Callable[[str], None] | None = None,
+        quantization: QuantKind | None = None,
     ) -> Engine:
         """Load a Llama checkpoint folder (config.json, safetensors, tokenizer) into a ready engine.
 
@@ -137,7 +139,8 @@ class Engine:
         `sv_engine.options.default_tuning_cache()`). On CUDA, `warmup` compiles the kernels and
         captures the decode graphs before returning, so no request pays for them; `progress`
         hears a line per phase (see `ModelRunner.warmup`: seconds, or about half a minute the
-        first time on a machine).
+        first time on a machine). `quantization` ("fp8" or "int8") quantizes the matrices at
+        load (see `sv_model.quantize`); a pre-quantized checkpoint's come quantized anyway.
         """
         cfg = EngineConfig(
             device=device,
@@ -151,6 +154,7 @@ class Engine:
             admission=admission,
             use_cuda_graphs=use_cuda_graphs,
             tuning_cache=tuning_cache,
+            quantization=quantization,
         )
         loaded = load_model(Path(model_dir), cfg)
         scheduler = Scheduler(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sv_kernels import TuningCache
+from sv_kernels.quantized import QUANT_KINDS
 from sv_scheduler import Admission
 
 from sv_engine.cache_folder import cache_dir
@@ -55,8 +56,8 @@ ADMISSION_HELP = {
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
-    """--model, --kv-cache-mib, --device, --max-model-len, --admission, --no-overlap.
-    `admission` is this app's default policy."""
+    """--model, --kv-cache-mib, --device, --max-model-len, --admission, --no-overlap,
+    --quantization. `admission` is this app's default policy."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -84,6 +85,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         default=admission,
         help=f"how requests share the KV-cache pool (default {admission}): "
         + "; ".join(f"{name}: {text}" for name, text in sorted(ADMISSION_HELP.items())),
+    )
+    p.add_argument(
+        "--quantization",
+        choices=QUANT_KINDS,
+        help="quantize the weight matrices at load: fp8 (e4m3) or int8, one scale per output "
+        "channel; half the bytes of BF16 per decode step (default: the checkpoint's own "
+        "dtypes; an FP8 checkpoint's matrices stay FP8)",
     )
     p.add_argument(
         "--no-overlap",
@@ -121,6 +129,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         max_model_len=args.max_model_len,
         admission=args.admission,
         tuning_cache=default_tuning_cache(),
+        quantization=getattr(args, "quantization", None),
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
         **overrides,
     )

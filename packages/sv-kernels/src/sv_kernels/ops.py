@@ -16,13 +16,14 @@ from typing import NoReturn
 import torch
 from torch import Tensor
 
-from . import reference
+from . import quantized_ops, reference
 from .errors import KernelError
 from .linear_plan import CUBLAS, LinearPlan, TunedLinear
+from .quantized import LinearWeight, QuantizedWeight
 from .tuning_cache import TuningCache
 
 
-def _on_cuda(t: Tensor) -> bool:
+def _on_cuda(t: Tensor | QuantizedWeight) -> bool:
     return t.device.type == "cuda"
 
 
@@ -92,10 +93,14 @@ def _check_heads(op: str, q: Tensor, k_cache: Tensor) -> None:
 # --- ops --------------------------------------------------------------------------------------
 
 
-def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+def embedding(ids: Tensor, weight: LinearWeight) -> Tensor:
     op = "embedding"
     _check_dims(op, "ids", ids, 1, "[T]")
     _check_int(op, "ids", ids)
+    if isinstance(weight, QuantizedWeight):  # a quantized tied LM head: gather and dequantize
+        weight.check(op)
+        _check_device(op, ids=ids, weight=weight.data)
+        return reference.embedding(ids, weight)
     _check_dims(op, "weight", weight, 2, "[V, H]")
     _check_device(op, ids=ids, weight=weight)
     if _on_cuda(weight):
@@ -127,7 +132,10 @@ def rms_norm(
 
 
 def linear(
-    x: Tensor, weight: Tensor, out_dtype: torch.dtype | None = None, plan: LinearPlan = CUBLAS
+    x: Tensor,
+    weight: LinearWeight,
+    out_dtype: torch.dtype | None = None,
+    plan: LinearPlan = CUBLAS,
 ) -> Tensor:
     """x [T, K] @ weight [N, K]^T, as `torch.nn.functional.linear` (cuBLAS on CUDA), in
     out_dtype if given (the LM head's FP32 logits; on the CPU, `.to(out_dtype)` afterwards).
@@ -138,7 +146,11 @@ def linear(
     (`torch.mm`'s out_dtype): at batch 256 the LM head's BF16 logits are 66 MB, and widening
     them afterwards was a ~95 us kernel per step on the H200. Those logits are then not rounded
     to BF16 first, unlike the GEMV's (BF16 results may differ across batch sizes anyway).
+
+    A `QuantizedWeight` (FP8 or int8 with per-row scales) goes to `quantized_ops.linear`.
     """
+    if isinstance(weight, QuantizedWeight):
+        return quantized_ops.linear(x, weight, out_dtype, plan)
     if plan.one_row_gemv is not None and _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
         from . import triton_ops
 
@@ -155,7 +167,7 @@ def linear(
     return out if out_dtype is None else out.to(out_dtype)
 
 
-def linear_swiglu(x: Tensor, gate_up: Tensor, plan: LinearPlan = CUBLAS) -> Tensor:
+def linear_swiglu(x: Tensor, gate_up: LinearWeight, plan: LinearPlan = CUBLAS) -> Tensor:
     """swiglu(linear(x, gate_up)) for a packed [gate; up] projection [2I, K] -> [T, I].
 
     A one-row CUDA call whose plan gives the GEMV a tile runs as one kernel: the GEMV applies
@@ -163,6 +175,9 @@ def linear_swiglu(x: Tensor, gate_up: Tensor, plan: LinearPlan = CUBLAS) -> Tens
     fused kernel uses the tile tuned for the plain GEMV of this weight: its programs stream
     the same number of weight rows (half gate, half up), so the timing carries over.
     """
+    if isinstance(gate_up, QuantizedWeight):
+        fused = quantized_ops.linear_swiglu(x, gate_up, plan)
+        return swiglu(linear(x, gate_up, plan=plan)) if fused is None else fused
     tile = plan.one_row_gemv
     one_row = _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1
     if tile is not None and one_row and gate_up.shape[0] % 2 == 0:
@@ -173,7 +188,7 @@ def linear_swiglu(x: Tensor, gate_up: Tensor, plan: LinearPlan = CUBLAS) -> Tens
 
 
 def tune_linear(
-    weights: list[Tensor],
+    weights: list[LinearWeight],
     cache: TuningCache | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[TunedLinear]:

@@ -3,6 +3,7 @@
 from sv_model.linear_plans import LayerPlans, LinearPlans
 from sv_model.llama import AttentionMetadata, KVCache, LlamaModel
 from sv_model.pending_tokens import PendingTokens
+from sv_model.quantize import quantize_weights
 from sv_model.runner import ModelRunner
 from sv_model.step import SamplingRows, StepInputs
 from sv_model.weights import LayerWeights, LlamaWeights
@@ -19,4 +20,5 @@ __all__ = [
     "PendingTokens",
     "SamplingRows",
     "StepInputs",
+    "quantize_weights",
 ]
