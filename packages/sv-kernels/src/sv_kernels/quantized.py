@@ -113,5 +113,6 @@ def dequantize(weight: QuantizedWeight, dtype: torch.dtype | None = None) -> Ten
 def dequantize_rows(weight: QuantizedWeight, rows: Tensor) -> Tensor:
     """`dequantize(weight)[rows]` without dequantizing the other rows (an embedding gather)."""
     rows = rows.long()
-    picked = weight.data.index_select(0, rows).float() * weight.scale.index_select(0, rows)[:, None]
-    return picked.to(weight.dtype)
+    # Gathered as bytes: index_select is not implemented for FP8 on every backend.
+    data = weight.data.view(torch.uint8).index_select(0, rows).view(weight.data.dtype)
+    return (data.float() * weight.scale.index_select(0, rows)[:, None]).to(weight.dtype)
