@@ -109,7 +109,7 @@ def test_gemv_swiglu_dequantizes(gen: torch.Generator, kind: QuantKind, inter: i
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("rows", [1, 5, 17])  # 17: past the int8 kernel's rows, the reference
 def test_ops_linear_on_the_cpu_matches_the_reference(
     gen: torch.Generator, kind: QuantKind, rows: int
 ) -> None:

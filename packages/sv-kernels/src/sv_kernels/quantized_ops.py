@@ -4,11 +4,13 @@
   them in registers and applies the row scales to its FP32 sums (half BF16's bytes).
 - CUDA, other calls: the plan's `many_rows`: FP8 tensor cores with per-token activation scales
   (`scaled_mm`), or the matrix dequantized to x's dtype for cuBLAS.
-- CPU, int8: torch's int8 weight kernel (`torch._weight_int8pack_mm`, AVX2/AVX-512 vectorized)
-  on BF16 activations; 2.6-2.9x faster than the FP32 matmuls at the default model's shapes on
-  the 2-core development machine. It crashes (SIGSEGV, torch 2.13) when K is not a multiple of
-  8, so such a matrix takes the reference. Its per-row scales are BF16, so it gets scales of 1
-  and the FP32 scales are applied to its output.
+- CPU, int8, up to INT8_KERNEL_MAX_ROWS rows (decode steps): torch's int8 weight kernel
+  (`torch._weight_int8pack_mm`, AVX2/AVX-512 vectorized) on BF16 activations; its batch-1
+  matmuls took 2.6-2.9x less time than FP32's at the default model's shapes on the 2-core
+  development machine. At 512 rows (a prompt) it was slower than dequantizing for FP32's
+  matmul, which then runs instead. It crashes (SIGSEGV, torch 2.13) when K is not a multiple
+  of 8, so such a matrix takes the reference. Its per-row scales are BF16, so it gets scales of
+  1 and the FP32 scales are applied to its output.
 - anything else: the reference (dequantize, then matmul).
 """
 
@@ -22,8 +24,9 @@ from .errors import KernelError
 from .linear_plan import LinearPlan
 from .quantized import MAX_VALUE, QuantizedWeight, dequantize
 
-# torch._weight_int8pack_mm needs K % 8 == 0 (see the module doc).
+# torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
 _INT8PACK_K_MULTIPLE = 8
+INT8_KERNEL_MAX_ROWS = 16
 # torch._scaled_mm needs both matrix dims of the weight to be multiples of 16.
 _SCALED_MM_MULTIPLE = 16
 
@@ -58,7 +61,11 @@ def linear(
             out = scaled_mm(x, weight)
         else:
             out = torch.nn.functional.linear(x, dequantize(weight, x.dtype))
-    elif weight.kind == "int8" and weight.shape[1] % _INT8PACK_K_MULTIPLE == 0:
+    elif (
+        weight.kind == "int8"
+        and weight.shape[1] % _INT8PACK_K_MULTIPLE == 0
+        and x.shape[0] <= INT8_KERNEL_MAX_ROWS
+    ):
         out = int8_cpu(x, weight)
     else:
         out = reference.linear(x, weight)
