@@ -1,6 +1,6 @@
 """CPU decode speed of the default model: sv FP32, sv int8 weights and transformers FP32, side by side.
 
-    uv run --frozen python scripts/cpu-bench.py [--model DIR] [--tokens 64] [--rounds 3]
+    uv run --frozen python scripts/cpu-bench.py [--model DIR] [--tokens 64] [--rounds 3] [--threads N]
 
 One greedy request (a short chat prompt, EOS ignored), decode tok/s from the first to the last
 streamed token; transformers' `generate` on the same weights, its decode rate taken as the
@@ -42,12 +42,37 @@ def hf_rate(model: object, ids: torch.Tensor, tokens: int) -> float:
     return tokens / (run(1 + tokens) - run(1))
 
 
+def matmul_ms(engine: Engine) -> float:
+    """One batch-1 decode step's matrices alone (every linear layer and the LM head, through
+    `ops.linear` as the model calls it), in ms: the part of a step quantization shrinks."""
+    from sv_kernels import ops
+
+    weights = engine.runner.model.weights
+    matrices = [
+        m for layer in weights.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    ]
+    matrices.append(weights.lm_head)
+    inputs = [torch.randn(1, m.shape[1]) for m in matrices]
+    with torch.inference_mode():
+        for x, m in zip(inputs, matrices, strict=True):
+            ops.linear(x, m)
+        t0 = time.perf_counter()
+        for x, m in zip(inputs, matrices, strict=True):
+            ops.linear(x, m)
+    return (time.perf_counter() - t0) * 1e3
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model folder (default: the embedded default model)")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args()
+    if args.threads:
+        # On a machine shared with other busy processes, one thread avoids OpenMP's barriers
+        # waiting on a descheduled partner thread at every op.
+        torch.set_num_threads(args.threads)
     import transformers
 
     model_dir = Path(args.model) if args.model else default_model_dir()
@@ -66,6 +91,14 @@ def main() -> int:
     )
     best: dict[str, float] = {}
     for r in range(args.rounds):
+        matmuls = {name: matmul_ms(engine) for name, engine in engines.items()}
+        print(
+            f"round {r + 1}: batch-1 matrices alone: "
+            + ", ".join(f"{k} {v:.1f} ms" for k, v in matmuls.items()),
+            flush=True,
+        )
+        for name, value in matmuls.items():
+            best[name + " matrices ms"] = min(best.get(name + " matrices ms", 1e9), value)
         figures = {name: sv_rate(engine, args.tokens) for name, engine in engines.items()}
         figures["transformers FP32"] = hf_rate(hf, ids, args.tokens)
         print(
@@ -78,6 +111,8 @@ def main() -> int:
     print("|---|---|---|---|")
     print(f"| | {fp32:.1f} | {int8:.1f} | {peer:.1f} |")
     print(f"int8 / sv FP32 = {int8 / fp32:.2f}x, int8 / transformers FP32 = {int8 / peer:.2f}x")
+    m32, m8 = best["sv FP32 matrices ms"], best["sv int8 matrices ms"]
+    print(f"batch-1 matrices alone (best): FP32 {m32:.1f} ms, int8 {m8:.1f} ms = {m32 / m8:.2f}x")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     return 0
 
