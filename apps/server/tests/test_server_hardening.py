@@ -223,7 +223,7 @@ ODD_JSON = [
     (b'{"prompt": "hi", "temperature": -Infinity}', "-Infinity is not a JSON number"),
     (b'{"prompt": "\\ud800"}', "lone UTF-16 surrogate"),
     (b'{"\\udfff": 1, "prompt": "hi"}', "lone UTF-16 surrogate"),
-    (b'{"prompt": "hi", "n": ' + b"7" * 4000 + b"}", "only n=1"),
+    (b'{"prompt": "hi", "n": ' + b"7" * 4000 + b"}", "'n' must be between 1 and 128"),
     (b'{"prompt": "\xff\xfe"}', "not UTF-8"),
     (b'{"prompt": "hi"', "not valid JSON"),
 ]

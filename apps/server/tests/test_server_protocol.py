@@ -37,6 +37,7 @@ def test_completion_defaults() -> None:
         stream=False,
         include_usage=False,
         ignore_eos=False,
+        n=1,
     )
 
 

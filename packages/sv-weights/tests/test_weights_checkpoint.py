@@ -27,6 +27,7 @@ from sv_weights import (
     write_random_checkpoint,
 )
 from sv_weights.checkpoint import INDEX_FILE, read_checkpoint_headers
+from sv_weights.device_load import FileSpan
 from sv_weights.safetensors import TensorInfo
 from sv_weights.synthetic import random_weights
 
@@ -350,11 +351,44 @@ def test_a_non_finite_weight_is_refused_naming_its_tensor(
         load_checkpoint(tmp_path, copy=copy)
 
 
-def test_huge_finite_weights_are_not_mistaken_for_damage(tmp_path: Path) -> None:
+@pytest.mark.parametrize("copy", [False, True])
+def test_huge_finite_weights_are_not_mistaken_for_damage(tmp_path: Path, copy: bool) -> None:
     """Their float32 sum overflows; the element-wise look that follows clears them."""
     config = tiny_llama_config()
     weights = random_weights(config, seed=1, dtype=torch.float32)
     weights["model.norm.weight"].fill_(3e38)
     config.write_json(tmp_path / "config.json")
     save_file(weights, tmp_path / "model.safetensors")
-    assert torch.equal(load_checkpoint(tmp_path)["model.norm.weight"], weights["model.norm.weight"])
+    loaded = load_checkpoint(tmp_path, copy=copy)["model.norm.weight"]
+    assert torch.equal(loaded, weights["model.norm.weight"])
+
+
+def test_padding_between_copied_tensors_is_not_read_as_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copied load checks the whole allocation in one sum, and the bytes between tensors
+    must not spoil it (they start as all-ones here, a NaN in every float type): finite weights
+    are cleared by that sum alone, never by the tensor-by-tensor look."""
+    import sv_weights.checkpoint as checkpoint
+
+    config = tiny_llama_config()  # its norm weights are smaller than the alignment: padding
+    weights = random_weights(config, seed=2)
+    config.write_json(tmp_path / "config.json")
+    save_file(weights, tmp_path / "model.safetensors")
+    real_copy = checkpoint.copy_file_spans_to
+
+    def copy_over_ones(spans: list[FileSpan], dest: torch.Tensor) -> None:
+        real_copy(spans, dest)
+        covered = torch.zeros(dest.numel(), dtype=torch.bool)
+        for span in spans:
+            covered[span.dest : span.dest + span.size] = True
+        assert not covered.all(), "no padding in this layout: the test would prove nothing"
+        dest[~covered] = 0xFF
+
+    def no_tensor_by_tensor_look(tensors: object, source: str) -> None:
+        raise AssertionError(f"the one-sum check failed on finite weights from {source}")
+
+    monkeypatch.setattr(checkpoint, "copy_file_spans_to", copy_over_ones)
+    monkeypatch.setattr(checkpoint, "check_finite", no_tensor_by_tensor_look)
+    loaded = load_checkpoint(tmp_path, copy=True)
+    assert all(torch.equal(loaded[name], weights[name]) for name in loaded)

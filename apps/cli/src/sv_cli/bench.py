@@ -290,6 +290,54 @@ def bench_decode_b1(
         )
 
 
+def bench_long_context(
+    report: Report, model_dir: Path, roof: dict[str, float], contexts: list[int], new_tokens: int
+) -> None:
+    """One prompt of each length in `contexts`, then `new_tokens` greedy tokens: TTFT and the
+    decode rate, for a BF16 and an FP8 KV cache in turn (one engine each, sized for the
+    longest context). Each decode step reads the weights and the context's K and V once: that
+    over the copy bandwidth is the roofline."""
+    import torch
+    from sv_engine import SamplingParams
+
+    from sv_cli.bench_runner import weight_bytes_per_decode_step
+
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    rng = random.Random(7)
+    prompts = {n: _random_prompts(rng, 1, n, n)[0] for n in contexts}
+    for kv_dtype in ("auto", "fp8"):
+        engine = _engine(
+            model_dir, max_model_len=max(contexts) + new_tokens, kv_cache_dtype=kv_dtype
+        )
+        config, kv = engine.runner.config, engine.runner.kv
+        weight_bytes = weight_bytes_per_decode_step(engine.runner.model.weights)
+        kv_bytes_per_token = (
+            2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+        ) * kv.k.element_size()
+        engine.generate([prompts[min(contexts)][:512]], replace(params, max_new_tokens=8))
+        name = "BF16" if kv_dtype == "auto" else "FP8"
+        for n in contexts:
+            engine.clear_prefix_cache()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            times = [time.perf_counter() for _event in engine.stream([prompts[n]], params)]
+            ttft = times[0] - t0
+            decode = (len(times) - 1) / (times[-1] - times[0])
+            context_bytes = kv_bytes_per_token * (n + new_tokens // 2)
+            report.add(
+                Row(
+                    f"long context {n:,}, {name} KV: decode",
+                    decode,
+                    "tok/s",
+                    roof["copy_bw"] / (weight_bytes + context_bytes),
+                    f"TTFT {ttft * 1e3:.0f} ms; per token {weight_bytes / 1e9:.2f} GB of "
+                    f"weights + {context_bytes / 1e9:.2f} GB of K/V",
+                )
+            )
+        del engine
+        torch.cuda.empty_cache()
+
+
 def bench_decode_step(report: Report, engine: Any, roof: dict[str, float], batch: int) -> None:
     """The GPU time of one graph-replayed decode step alone (no scheduler, no host round trip):
     how far the end-to-end figure is from what the kernels themselves allow. Twenty replays are
@@ -587,7 +635,8 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--peer", action="store_true", help="also run the transformers peer")
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
     p.add_argument(
-        "--only", help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var"
+        "--only",
+        help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,long",
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
@@ -634,6 +683,9 @@ def bench_main(argv: list[str]) -> int:
         from sv_kernels import bench as kernel_bench
 
         kernel_bench.main(["--json", str(Path(args.workdir) / "kernels.json")])
+    if want("long"):
+        contexts = [4096] if args.quick else [32768, 100000]
+        bench_long_context(report, model_dir, roof, contexts, 32 if args.quick else 128)
     engine_workloads = {"decode", "prefill", "throughput", "plain", "var"}
     if args.profile or any(want(name) for name in engine_workloads):
         from sv_cli.bench_runner import kv_pool_bytes

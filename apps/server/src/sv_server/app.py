@@ -443,6 +443,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 seed=req.seed,
                 ignore_eos=req.ignore_eos,
                 stop_token_ids=req.stop_token_ids,
+                n=req.n,
             )
             for i, ids in enumerate(prompts)
         ]
@@ -457,14 +458,17 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             code="queue_full",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
-    # One engine request per prompt: they batch in the engine; any failure ends them all.
+    # One engine request per choice of each prompt (choice index = prompt * n + choice, as
+    # OpenAI numbers them): they batch in the engine, a prompt's choices share its pages, and
+    # any failure ends them all.
     generations = [
         _Generation(
             state.loop,
-            RequestHandle(ids, p),
+            RequestHandle(ids, choice),
             StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
         )
         for ids, p in zip(prompts, params, strict=True)
+        for choice in p.choices()
     ]
     for generation in generations:
         state.loop.submit(generation.handle)
@@ -472,20 +476,21 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
         for index, generation in enumerate(generations):
             first = await generation.handle.deliveries.get()
             if isinstance(first, Rejected):
-                where = "" if len(generations) == 1 else f"prompt[{index}]: "
+                where = "" if len(prompts) == 1 else f"prompt[{index // req.n}]: "
                 raise bad_request(where + first.message, code="rejected")
             if isinstance(first, Failed):
                 raise first.error()
     except BaseException:  # refused, failed, or the handler was cancelled: end every one
         _close_all(generations)
         raise
-    state.metrics.prompt_tokens += sum(map(len, prompts))
+    prompt_tokens = sum(map(len, prompts))  # once per prompt, however many choices
+    state.metrics.prompt_tokens += prompt_tokens
     if req.stream:
         return _EventStream(
-            _stream(req, state.model_name, generations),
+            _stream(req, state.model_name, generations, prompt_tokens),
             on_close=partial(_close_all, generations),
         )
-    return await _collect(request, req, state.model_name, generations)
+    return await _collect(request, req, state.model_name, generations, prompt_tokens)
 
 
 def _close_all(generations: list[_Generation]) -> None:
@@ -515,10 +520,6 @@ class _Generation:
         self._matcher = matcher
         self.completion_tokens = 0
         self.finish_reason: str | None = None
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.handle.prompt_ids)
 
     async def texts(self) -> AsyncIterator[str]:
         """The answer's text, piece by piece. Tokens that queued up while the client was being
@@ -565,7 +566,11 @@ class _Generation:
 
 
 async def _collect(
-    request: Request, req: GenerationRequest, model: str, generations: list[_Generation]
+    request: Request,
+    req: GenerationRequest,
+    model: str,
+    generations: list[_Generation],
+    prompt_tokens: int,
 ) -> Response:
     """A non-streamed answer; a client that hangs up meanwhile cancels every request of it."""
 
@@ -597,7 +602,7 @@ async def _collect(
             new_id(req.kind),
             model,
             [(text, g.finish_reason or "") for text, g in zip(texts, generations, strict=True)],
-            sum(g.prompt_tokens for g in generations),
+            prompt_tokens,
             sum(g.completion_tokens for g in generations),
         )
     )
@@ -641,13 +646,15 @@ async def _pieces(generations: list[_Generation]) -> AsyncIterator[tuple[int, st
 
 
 async def _stream(
-    req: GenerationRequest, model: str, generations: list[_Generation]
+    req: GenerationRequest, model: str, generations: list[_Generation], prompt_tokens: int
 ) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk schema, ending with `data: [DONE]`. Each choice's
-    chunks carry its index; a choice's last chunk carries its finish_reason."""
+    chunks carry its index (for chat, its first one the role); a choice's last chunk carries
+    its finish_reason."""
     response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
     if kind == "chat":
-        yield _sse(chunk_body(kind, response_id, model, created, "", first=True))
+        for index in range(len(generations)):
+            yield _sse(chunk_body(kind, response_id, model, created, "", index=index, first=True))
     encoders = [
         ChunkEncoder(kind, response_id, model, created, index) for index in range(len(generations))
     ]
@@ -671,7 +678,7 @@ async def _stream(
                 response_id,
                 model,
                 created,
-                sum(g.prompt_tokens for g in generations),
+                prompt_tokens,
                 sum(g.completion_tokens for g in generations),
             )
         )

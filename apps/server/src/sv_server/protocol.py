@@ -22,6 +22,7 @@ from sv_server.errors import bad_request
 
 MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_PROMPTS = 256  # prompts in one /v1/completions request: each is an engine request
+MAX_N = 128  # choices per prompt, as OpenAI; prompts x n is at most MAX_PROMPTS
 MAX_STOP_TOKEN_IDS = 256  # vLLM's extra stop ids: a set test per token, but bounded
 MAX_TEMPERATURE = 2.0  # as OpenAI
 SEED_RANGE = (-(2**63), 2**63 - 1)  # the engine keeps seeds in an int64 tensor
@@ -34,8 +35,8 @@ Kind = Literal["completion", "chat"]
 class GenerationRequest:
     """One request for /v1/completions or /v1/chat/completions, checked.
 
-    prompts: completions: each prompt's raw text or token ids (not chat-formatted), one choice
-             each; chat: None.
+    prompts: completions: each prompt's raw text or token ids (not chat-formatted), `n`
+             choices each; chat: None.
     messages: chat: the conversation; completions: None.
     max_tokens: None = the default (16 for completions, the rest of the context for chat).
     """
@@ -55,6 +56,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    n: int
 
 
 # Fields a request may carry only with their "off" value: the engine does not implement them.
@@ -192,9 +194,13 @@ def _sampling(
 ) -> GenerationRequest:
     model = _get(body, "model", lambda v: isinstance(v, str), "a string")
     _get(body, "user", lambda v: isinstance(v, str), "a string")
-    n = _optional_int(body, "n", 1)
-    if n is not None and n != 1:
-        raise bad_request(f"only n=1 is supported, got n={_shown(n)}", param="n")
+    n = _optional_int(body, "n", 1, MAX_N) or 1
+    if prompts is not None and len(prompts) * n > MAX_PROMPTS:
+        raise bad_request(
+            f"{len(prompts)} prompts x n={n} choices is {len(prompts) * n} generations; at "
+            f"most {MAX_PROMPTS} fit in one request",
+            param="n",
+        )
     temperature = _get(body, "temperature", _is_number, "a number")
     if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
         raise bad_request(
@@ -244,6 +250,7 @@ def _sampling(
         stream=stream,
         include_usage=include_usage,
         ignore_eos=_bool(body, "ignore_eos"),
+        n=n,
     )
 
 

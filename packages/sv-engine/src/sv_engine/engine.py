@@ -53,7 +53,7 @@ from sv_scheduler import (
 from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
 from sv_engine.errors import EngineError
-from sv_engine.loading import EngineConfig, load_model
+from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
 from sv_engine.params import Completion, SamplingParams, StreamEvent
 
 # A prompt is a user message (str, formatted with the model's chat format), a whole dialog
@@ -124,6 +124,7 @@ class Engine:
         admission: Admission = "conservative",
         use_cuda_graphs: bool = True,
         tuning_cache: TuningCache | None = None,
+        kv_cache_dtype: KVCacheDtype = "auto",
         warmup: bool = True,
         progress: Callable[[str], None] | None = None,
         quantization: QuantKind | None = None,
@@ -136,7 +137,9 @@ class Engine:
         budget up front, "preemptive" admits on the prompt's pages and preempts when pages run
         out (see sv_scheduler.admission). `tuning_cache`: the file that keeps the batch-1 GEMV
         timings between processes (None: time them in every process; the apps pass
-        `sv_engine.options.default_tuning_cache()`). On CUDA, `warmup` compiles the kernels and
+        `sv_engine.options.default_tuning_cache()`). `kv_cache_dtype` "fp8" stores the KV pool
+        as FP8 e4m3 (half the bytes of BF16 per token, so twice the tokens in the same memory;
+        see sv_model.KVCache); "auto" uses the weights' dtype. On CUDA, `warmup` compiles the kernels and
         captures the decode graphs before returning, so no request pays for them; `progress`
         hears a line per phase (see `ModelRunner.warmup`: seconds, or about half a minute the
         first time on a machine). `quantization` ("fp8" or "int8") quantizes the matrices at
@@ -155,6 +158,7 @@ class Engine:
             use_cuda_graphs=use_cuda_graphs,
             tuning_cache=tuning_cache,
             quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
         )
         loaded = load_model(Path(model_dir), cfg)
         scheduler = Scheduler(
@@ -206,6 +210,8 @@ class Engine:
         decoded once, into the completion: cheaper for batch work nobody watches token by token.
         """
         params = params or SamplingParams()
+        if params.n != 1:
+            raise EngineError(f"add_request queues one choice, but n = {params.n}: use add_choices")
         prompt_ids = self.encode_prompt(prompt)
         request_id = next(self._ids)
         # ignore_eos drops the model's stop ids only: the request's own still stop it.
@@ -233,6 +239,26 @@ class Engine:
         if not params.greedy:
             self._num_sampling += 1
         return request_id
+
+    def add_choices(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, stream_text: bool = True
+    ) -> list[RequestId]:
+        """Queue the `params.n` choices of one prompt, all or none: one request each
+        (`SamplingParams.choices`), queued together, so admission counts every one and they
+        share the prompt's full pages (the prefix cache; those admitted in one step wait for
+        the page another is computing). Each computes its own last, partial page: at most 16
+        positions, where copying the page would be a mechanism of its own for the same work."""
+        params = params or SamplingParams()
+        prompt_ids = self.encode_prompt(prompt)
+        ids: list[RequestId] = []
+        try:
+            for choice in params.choices():
+                ids.append(self.add_request(prompt_ids, choice, stream_text=stream_text))
+        except (EngineError, AdmissionError):
+            for request_id in ids:
+                self.cancel(request_id)
+            raise
+        return ids
 
     def cancel(self, request_id: RequestId) -> StreamEvent | None:
         """Cancel a request at once (between steps): its pages and credits are returned.
@@ -447,7 +473,8 @@ class Engine:
     def generate(
         self, prompts: Iterable[Prompt], params: SamplingParams | None = None
     ) -> list[Completion]:
-        """Run every prompt to completion; completions come back in prompt order."""
+        """Run every prompt to completion; completions come back in prompt order (with
+        `params.n` > 1, each prompt's choices in turn)."""
         ids = self._add_all(prompts, params, stream_text=False)
         done = {e.request_id: e.completion for e in self._run(ids) if e.completion is not None}
         return [done[r] for r in ids]
@@ -468,11 +495,12 @@ class Engine:
     def _add_all(
         self, prompts: Iterable[Prompt], params: SamplingParams | None, stream_text: bool = True
     ) -> list[RequestId]:
-        """Add all prompts or none: a prompt that can never run cancels the ones before it."""
+        """Add all prompts (each `params.n` times) or none: a prompt that can never run cancels
+        the ones before it."""
         ids: list[RequestId] = []
         try:
             for prompt in prompts:
-                ids.append(self.add_request(prompt, params, stream_text=stream_text))
+                ids.extend(self.add_choices(prompt, params, stream_text=stream_text))
         except (EngineError, AdmissionError):
             for request_id in ids:
                 self.cancel(request_id)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from sv_kernels import TuningCache
 from sv_kernels.quantized import QUANT_KINDS, QuantKind
+from sv_kernels.reference import FP8_KV_DTYPE
 from sv_kvcache import KVCacheError, pages_for_free_memory, pages_for_mib
 from sv_model import LlamaWeights, ModelRunner, quantize_weights
 from sv_scheduler import Admission
@@ -26,6 +28,9 @@ CPU_DEFAULT_KV_MIB = 256
 # the rest is for activations (a prefill chunk of 8,192 tokens) and CUDA graphs.
 GPU_KV_FRACTION = 0.85
 
+KVCacheDtype = Literal["auto", "fp8"]
+KV_CACHE_DTYPES: tuple[KVCacheDtype, ...] = ("auto", "fp8")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -41,6 +46,7 @@ class EngineConfig:
     tuning_cache: TuningCache | None = None  # where the batch-1 GEMV choices are kept
     use_cuda_graphs: bool = True
     quantization: QuantKind | None = None  # quantize the matrices at load (fp8 or int8)
+    kv_cache_dtype: KVCacheDtype = "auto"  # "auto": the weights' dtype; "fp8": e4m3 pages
 
 
 @dataclass
@@ -97,7 +103,8 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
         weights = quantize_weights(weights, cfg.quantization)
         if device.type == "cuda":  # the unquantized weights' memory, back to the device
             torch.cuda.empty_cache()
-    num_pages = _pool_pages(config, device, dtype, cfg.kv_cache_mib)
+    kv_dtype = _kv_cache_dtype(cfg.kv_cache_dtype, dtype)
+    num_pages = _pool_pages(config, device, kv_dtype, cfg.kv_cache_mib)
     runner = ModelRunner(
         config,
         weights,
@@ -107,8 +114,17 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
         max_model_len=max_model_len,
         use_cuda_graphs=cfg.use_cuda_graphs,
         tuning_cache=cfg.tuning_cache,
+        kv_cache_dtype=kv_dtype,
     )
     return LoadedModel(config, tokenizer, runner, num_pages, max_model_len)
+
+
+def _kv_cache_dtype(name: str, weights_dtype: torch.dtype) -> torch.dtype:
+    if name == "auto":
+        return weights_dtype
+    if name == "fp8":
+        return FP8_KV_DTYPE
+    raise EngineError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}")
 
 
 def _context_limit(config: LlamaConfig, model_dir: Path, asked: int | None) -> int:

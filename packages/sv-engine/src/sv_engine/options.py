@@ -17,7 +17,7 @@ from sv_engine.cache_folder import cache_dir
 from sv_engine.default_model import default_model_dir
 from sv_engine.engine import Engine
 from sv_engine.errors import EngineError
-from sv_engine.loading import resolve_device
+from sv_engine.loading import KV_CACHE_DTYPES, resolve_device
 
 EXIT_USAGE = 2
 
@@ -58,8 +58,8 @@ ADMISSION_HELP = {
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
-    """--model, --kv-cache-mib, --device, --max-model-len, --admission, --no-overlap,
-    --quantization. `admission` is this app's default policy."""
+    """--model, --kv-cache-mib, --kv-cache-dtype, --device, --max-model-len, --admission,
+    --no-overlap, --quantization. `admission` is this app's default policy."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -97,6 +97,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         "(an FP8 checkpoint's matrices stay FP8 anyway); auto (default): int8 on the CPU, "
         "where its perplexity on the default model is within 0.5%% of FP32's (BENCHMARKS.md), "
         "none on CUDA",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="KV-cache storage: auto (default: the weights' dtype) or fp8 (e4m3: half the "
+        "bytes per token, twice the tokens in the same pool)",
     )
     p.add_argument(
         "--no-overlap",
@@ -145,6 +152,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         kv_cache_mib=args.kv_cache_mib,
         max_model_len=args.max_model_len,
         admission=args.admission,
+        kv_cache_dtype=args.kv_cache_dtype,
         tuning_cache=default_tuning_cache(),
         quantization=resolve_quantization(getattr(args, "quantization", "auto"), args.device),
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),

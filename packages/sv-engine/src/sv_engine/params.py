@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sv_scheduler import FinishReason, RequestId
 
@@ -21,6 +21,9 @@ class SamplingParams:
     ignore_eos:  never stop at the model's stop tokens (benchmarks: always generate max_new_tokens).
     stop_token_ids: more ids to stop at, beside the model's (kept under ignore_eos, as vLLM's);
                  like those, the stop token ends the output and its text is not shown.
+    n:           how many choices to generate for the prompt (`Engine.add_choices`): each is a
+                 request of its own with its own seed stream; they share the prompt's full
+                 pages through the prefix cache.
     """
 
     max_new_tokens: int = 128
@@ -30,6 +33,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -55,9 +59,39 @@ class SamplingParams:
                 f"stop_token_ids must be a frozenset of token ids, got {self.stop_token_ids!r}"
             )
 
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise EngineError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}")
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def choices(self) -> list[SamplingParams]:
+        """The parameters of each of the n choices, each with n = 1.
+
+        Choice 0 keeps the seed, so n = 1 and the first of n choices are the same draw. Choice
+        i > 0 gets a seed of its own, mixed from (seed, i): reproducible, and unlike seed + i
+        not another request's stream (seed 0's choice 5 would be seed 5's answer, and a test
+        of choices over consecutive seeds fails). Without a seed, every choice draws its own.
+        """
+        if self.seed is None:
+            return [replace(self, n=1) for _ in range(self.n)]
+        return [
+            replace(self, n=1, seed=self.seed if i == 0 else _mix(self.seed, i))
+            for i in range(self.n)
+        ]
+
+
+# As OpenAI's API: at most 128 choices per prompt.
+MAX_N = 128
+
+
+def _mix(seed: int, index: int) -> int:
+    """splitmix64 of the pair, as a non-negative 63-bit int."""
+    x = (seed + index * 0x9E3779B97F4A7C15) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) >> 1
 
 
 @dataclass

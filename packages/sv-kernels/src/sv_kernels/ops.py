@@ -79,6 +79,26 @@ def _check_cache(op: str, k_cache: Tensor, v_cache: Tensor) -> None:
             _fail(op, f"{name} must be contiguous along its last dim (D)")
 
 
+def _check_kv_scales(op: str, k_cache: Tensor, kv_scales: Tensor | None) -> None:
+    """An FP8 cache needs its scales [2, Hkv] (FP32); any other cache takes none."""
+    fp8 = k_cache.dtype == reference.FP8_KV_DTYPE
+    if kv_scales is None:
+        if fp8:
+            _fail(op, f"an {k_cache.dtype} cache needs kv_scales [2, Hkv]")
+        return
+    if not fp8:
+        _fail(op, f"kv_scales are for an FP8 cache, but the cache is {k_cache.dtype}")
+    _check_dims(op, "kv_scales", kv_scales, 2, "[2, Hkv]")
+    if tuple(kv_scales.shape) != (2, k_cache.shape[2]) or kv_scales.dtype != torch.float32:
+        _fail(
+            op,
+            f"kv_scales must be float32 [2, {k_cache.shape[2]}] (K's and V's scale per KV "
+            f"head), got {kv_scales.dtype} {_shape(kv_scales)}",
+        )
+    if not kv_scales.is_contiguous():
+        _fail(op, "kv_scales must be contiguous")
+
+
 def _check_heads(op: str, q: Tensor, k_cache: Tensor) -> None:
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
@@ -86,7 +106,7 @@ def _check_heads(op: str, q: Tensor, k_cache: Tensor) -> None:
         _fail(op, f"q has head dim {head_dim}, the cache {k_cache.shape[3]}")
     if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
         _fail(op, f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    if q.dtype != k_cache.dtype:
+    if q.dtype != k_cache.dtype and k_cache.dtype != reference.FP8_KV_DTYPE:
         _fail(op, f"q is {q.dtype} but the cache is {k_cache.dtype}")
 
 
@@ -232,6 +252,7 @@ def rope_cache_write(
     k_cache: Tensor,
     v_cache: Tensor,
     slot_mapping: Tensor,
+    kv_scales: Tensor | None = None,
 ) -> Tensor:
     op = "rope_cache_write"
     _check_dims(op, "q", q, 3, "[T, Hq, D]")
@@ -254,6 +275,7 @@ def rope_cache_write(
     if sin.shape != cos.shape:
         _fail(op, f"sin {_shape(sin)} must have cos's shape {_shape(cos)}")
     _check_cache(op, k_cache, v_cache)
+    _check_kv_scales(op, k_cache, kv_scales)
     if k_cache.shape[2:] != k.shape[1:]:
         _fail(op, f"cache heads x dim {_shape(k_cache)[1:]} do not match k {_shape(k)}")
     _check_dims(op, "slot_mapping", slot_mapping, 1, "[T]")
@@ -270,14 +292,17 @@ def rope_cache_write(
         k_cache=k_cache,
         v_cache=v_cache,
         slot_mapping=slot_mapping,
+        kv_scales=kv_scales,
     )
     if _on_cuda(q):
         from . import triton_ops
 
         return triton_ops.rope_cache_write(
-            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping
+            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales
         )
-    return reference.rope_cache_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+    return reference.rope_cache_write(
+        q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales
+    )
 
 
 def paged_decode_attention(
@@ -287,11 +312,13 @@ def paged_decode_attention(
     block_tables: Tensor,
     seq_lens: Tensor,
     scale: float,
+    kv_scales: Tensor | None = None,
 ) -> Tensor:
     op = "paged_decode_attention"
     _check_dims(op, "q", q, 3, "[B, Hq, D]")
     _check_float(op, "q", q)
     _check_cache(op, k_cache, v_cache)
+    _check_kv_scales(op, k_cache, kv_scales)
     _check_heads(op, q, k_cache)
     batch = q.shape[0]
     _check_dims(op, "block_tables", block_tables, 2, "[B, max_pages]")
@@ -301,13 +328,23 @@ def paged_decode_attention(
     _check_int(op, "seq_lens", seq_lens)
     _check_len(op, "seq_lens", seq_lens, 0, batch, "one per sequence")
     _check_device(
-        op, q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens
+        op,
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        kv_scales=kv_scales,
     )
     if _on_cuda(q):
         from . import triton_ops
 
-        return triton_ops.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return triton_ops.paged_decode_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, kv_scales
+        )
+    return reference.paged_decode_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, kv_scales
+    )
 
 
 def prefill_attention(
@@ -319,11 +356,13 @@ def prefill_attention(
     block_tables: Tensor,
     scale: float,
     max_seqlen_q: int,
+    kv_scales: Tensor | None = None,
 ) -> Tensor:
     op = "prefill_attention"
     _check_dims(op, "q", q, 3, "[T, Hq, D]")
     _check_float(op, "q", q)
     _check_cache(op, k_cache, v_cache)
+    _check_kv_scales(op, k_cache, kv_scales)
     _check_heads(op, q, k_cache)
     _check_dims(op, "seq_lens", seq_lens, 1, "[B]")
     _check_int(op, "seq_lens", seq_lens)
@@ -344,15 +383,24 @@ def prefill_attention(
         cu_seqlens_q=cu_seqlens_q,
         seq_lens=seq_lens,
         block_tables=block_tables,
+        kv_scales=kv_scales,
     )
     if _on_cuda(q):
         from . import triton_ops
 
         return triton_ops.prefill_attention(
-            q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q,
+            seq_lens,
+            block_tables,
+            scale,
+            max_seqlen_q,
+            kv_scales,
         )
     return reference.prefill_attention(
-        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, kv_scales
     )
 
 

@@ -77,6 +77,19 @@ def apply_rope(x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor) -> Tensor
     return out.to(x.dtype)
 
 
+# An FP8 (e4m3) KV cache stores x / scale, saturated to the format's largest finite value
+# (e4m3fn has no infinity: an overflowing cast would be NaN), with one FP32 scale per KV head
+# for K and one for V (`kv_scales` [2, Hkv]); reading multiplies the scale back.
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_KV_MAX = 448.0
+
+
+def quantize_kv(x: Tensor, scales: Tensor) -> Tensor:
+    """x [T, Hkv, D] -> e4m3 of x / scales[h], saturated."""
+    scaled = x.float() / scales.float()[None, :, None]
+    return scaled.clamp(-FP8_KV_MAX, FP8_KV_MAX).to(FP8_KV_DTYPE)
+
+
 def rope_cache_write(
     q: Tensor,
     k: Tensor,
@@ -87,11 +100,14 @@ def rope_cache_write(
     k_cache: Tensor,
     v_cache: Tensor,
     slot_mapping: Tensor,
+    kv_scales: Tensor | None = None,
 ) -> Tensor:
     """Apply RoPE to q [T, Hq, D] and k [T, Hkv, D]; write rotated k and v [T, Hkv, D] to the cache.
 
     Token t is written at slot `slot_mapping[t]` (page * S + offset); a negative slot means "do not
-    write" (padding). Returns the rotated q as a new tensor; k and v are not modified.
+    write" (padding). Returns the rotated q as a new tensor; k and v are not modified. An FP8
+    cache takes `kv_scales` [2, Hkv] (see `quantize_kv`); the rotated k is rounded to k's dtype
+    first, as for any cache.
     """
     q_rot = apply_rope(q, positions, cos, sin)
     k_rot = apply_rope(k, positions, cos, sin)
@@ -99,17 +115,25 @@ def rope_cache_write(
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
     pages, offsets = slots // page_size, slots % page_size
-    k_cache[pages, offsets] = k_rot[valid].to(k_cache.dtype)
-    v_cache[pages, offsets] = v[valid].to(v_cache.dtype)
+    if kv_scales is None:
+        k_cache[pages, offsets] = k_rot[valid].to(k_cache.dtype)
+        v_cache[pages, offsets] = v[valid].to(v_cache.dtype)
+    else:
+        k_cache[pages, offsets] = quantize_kv(k_rot[valid], kv_scales[0])
+        v_cache[pages, offsets] = quantize_kv(v[valid], kv_scales[1])
     return q_rot
 
 
-def gather_kv(cache: Tensor, block_table: Tensor, length: int) -> Tensor:  # [length, Hkv, D]
-    """Read positions 0..length-1 of one sequence from a paged cache (reference use only)."""
+def gather_kv(
+    cache: Tensor, block_table: Tensor, length: int, scales: Tensor | None = None
+) -> Tensor:  # [length, Hkv, D]
+    """Read positions 0..length-1 of one sequence from a paged cache (reference use only); an
+    FP8 cache is read back as FP32 times its per-head `scales` [Hkv]."""
     page_size = cache.shape[1]
     num_pages = (length + page_size - 1) // page_size
     pages = block_table[:num_pages].long()
-    return cache[pages].reshape(num_pages * page_size, *cache.shape[2:])[:length]
+    kv = cache[pages].reshape(num_pages * page_size, *cache.shape[2:])[:length]
+    return kv if scales is None else kv.float() * scales.float()[None, :, None]
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, q_start: int) -> Tensor:
@@ -133,17 +157,19 @@ def paged_decode_attention(
     block_tables: Tensor,
     seq_lens: Tensor,
     scale: float,
+    kv_scales: Tensor | None = None,
 ) -> Tensor:
     """One query token per sequence: q [B, Hq, D] attends to positions 0..seq_lens[b]-1 of its pages.
 
     block_tables [B, max_pages] int32, seq_lens [B] int32 (the query is the token at seq_lens[b]-1,
-    whose K/V is already in the cache). Returns [B, Hq, D].
+    whose K/V is already in the cache). Returns [B, Hq, D]. `kv_scales`: an FP8 cache's.
     """
     out = torch.empty_like(q)
+    k_scales, v_scales = (None, None) if kv_scales is None else (kv_scales[0], kv_scales[1])
     for b in range(q.shape[0]):
         n = int(seq_lens[b])
-        k = gather_kv(k_cache, block_tables[b], n)
-        v = gather_kv(v_cache, block_tables[b], n)
+        k = gather_kv(k_cache, block_tables[b], n, k_scales)
+        v = gather_kv(v_cache, block_tables[b], n, v_scales)
         out[b] = _attend(q[b : b + 1], k, v, scale, q_start=n - 1)[0]
     return out
 
@@ -157,6 +183,7 @@ def prefill_attention(
     block_tables: Tensor,
     scale: float,
     max_seqlen_q: int,
+    kv_scales: Tensor | None = None,
 ) -> Tensor:
     """Causal attention for several sequences packed into one varlen batch, K/V from the paged cache.
 
@@ -164,18 +191,20 @@ def prefill_attention(
     of its context, i.e. positions seq_lens[b] - q_len .. seq_lens[b] - 1. Keys/values are positions
     0..seq_lens[b]-1 read from the cache (the new tokens' K/V were written there first), so a prefix
     already in the cache (prefix caching, chunked prefill) is attended to as well. `max_seqlen_q`
-    bounds q_len (used by the kernel for its grid). Returns [T, Hq, D].
+    bounds q_len (used by the kernel for its grid). Returns [T, Hq, D]. `kv_scales`: an FP8
+    cache's.
     """
     del max_seqlen_q
     out = torch.empty_like(q)
+    k_scales, v_scales = (None, None) if kv_scales is None else (kv_scales[0], kv_scales[1])
     cu = cu_seqlens_q.tolist()
     for b in range(len(cu) - 1):
         lo, hi = cu[b], cu[b + 1]
         if hi == lo:
             continue
         n = int(seq_lens[b])
-        k = gather_kv(k_cache, block_tables[b], n)
-        v = gather_kv(v_cache, block_tables[b], n)
+        k = gather_kv(k_cache, block_tables[b], n, k_scales)
+        v = gather_kv(v_cache, block_tables[b], n, v_scales)
         out[lo:hi] = _attend(q[lo:hi], k, v, scale, q_start=n - (hi - lo))
     return out
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from sv_kernels import ops
+from sv_kernels.reference import FP8_KV_DTYPE
 from sv_kernels.rope_tables import Llama3RopeScaling, rope_tables
 from sv_weights import LlamaConfig
 from torch import Tensor
@@ -26,10 +27,16 @@ class KVCache:
     """The paged KV pool: k and v are [layers, pages, page_size, kv_heads, head_dim].
 
     A page id names the same 16 token slots in every layer, so one block table serves all layers.
+    An FP8 (e4m3) pool has `scales` [layers, 2, kv_heads] (FP32): K and V are stored divided by
+    their layer's and head's scale (see `sv_kernels.reference.quantize_kv`). The scales are 1:
+    e4m3 reaches +-448 with 3 mantissa bits at every magnitude down to 2^-6, which holds the K
+    and V of Llama-family models (as vLLM's uncalibrated default); a checkpoint's calibrated
+    scales would go here.
     """
 
     k: Tensor
     v: Tensor
+    scales: Tensor | None = None
 
     @classmethod
     def allocate(
@@ -47,10 +54,21 @@ class KVCache:
             config.num_key_value_heads,
             config.head_dim,
         )
+        scales = None
+        if dtype == FP8_KV_DTYPE:
+            scales = torch.ones(
+                (config.num_hidden_layers, 2, config.num_key_value_heads),
+                device=device,
+                dtype=torch.float32,
+            )
         return cls(
             torch.zeros(shape, device=device, dtype=dtype),
             torch.zeros(shape, device=device, dtype=dtype),
+            scales,
         )
+
+    def layer_scales(self, layer: int) -> Tensor | None:
+        return None if self.scales is None else self.scales[layer]
 
     @property
     def page_size(self) -> int:
@@ -141,12 +159,22 @@ class LlamaModel:
             k = qkv[:, q_size : q_size + kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
             v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
             k_cache, v_cache = kv.k[layer_idx], kv.v[layer_idx]
+            kv_scales = kv.layer_scales(layer_idx)
             q = ops.rope_cache_write(
-                q, k, v, positions, self.cos, self.sin, k_cache, v_cache, attn.slot_mapping
+                q,
+                k,
+                v,
+                positions,
+                self.cos,
+                self.sin,
+                k_cache,
+                v_cache,
+                attn.slot_mapping,
+                kv_scales,
             )
             if attn.cu_seqlens_q is None:
                 o = ops.paged_decode_attention(
-                    q, k_cache, v_cache, attn.block_tables, attn.seq_lens, self.scale
+                    q, k_cache, v_cache, attn.block_tables, attn.seq_lens, self.scale, kv_scales
                 )
             else:
                 o = ops.prefill_attention(
@@ -158,6 +186,7 @@ class LlamaModel:
                     attn.block_tables,
                     self.scale,
                     attn.max_seqlen_q,
+                    kv_scales,
                 )
             hidden = ops.linear(o.view(num_tokens, q_size), layer.o, plan=plan.o)
             x, residual = ops.rms_norm(

@@ -41,7 +41,8 @@ from sv_model.weights import LlamaWeights
 class ModelRunner:
     """Runs steps of a `LlamaModel` over a paged KV pool of `num_pages` pages of `page_size`
     tokens, for up to `max_num_seqs` sequences (table rows). `tuning_cache`: where the batch-1 GEMV
-    tuning of `warmup` keeps its results between processes (None: timed in each process)."""
+    tuning of `warmup` keeps its results between processes (None: timed in each process).
+    `kv_cache_dtype`: the pool's (None: the weights'; torch.float8_e4m3fn: FP8 pages)."""
 
     def __init__(
         self,
@@ -54,6 +55,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         use_cuda_graphs: bool = True,
         tuning_cache: TuningCache | None = None,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.config = config
         self.tuning_cache = tuning_cache
@@ -67,7 +69,10 @@ class ModelRunner:
         # writes and reads of padding rows in a CUDA-graph batch.
         self.num_pages = num_pages
         self.scratch_page = num_pages
-        self.kv = KVCache.allocate(config, num_pages + 1, page_size, self.device, self.dtype)
+        self.kv_cache_dtype = kv_cache_dtype or self.dtype
+        self.kv = KVCache.allocate(
+            config, num_pages + 1, page_size, self.device, self.kv_cache_dtype
+        )
         self.block_tables = DeviceBlockTables(
             max_num_seqs, self.max_model_len, page_size, self.scratch_page, self.device
         )

@@ -1,7 +1,7 @@
-"""Two fixes to Triton 3.6's CPU interpreter (TRITON_INTERPRET=1), applied only in that mode.
+"""Three fixes to Triton 3.6's CPU interpreter (TRITON_INTERPRET=1), applied only in that mode.
 
-The interpreter is how the kernels run in CI, on CPU tensors. Two of its defects would make it
-disagree with the GPU:
+The interpreter is how the kernels run in CI, on CPU tensors. Three of its defects would make
+it disagree with the GPU:
 
 1. It truncates FP32 -> BF16 casts (round toward zero) where the GPU rounds to nearest even,
    which doubles the error of every BF16 output and breaks bit-exact comparisons that hold on
@@ -9,6 +9,10 @@ disagree with the GPU:
 2. It converts a scalar (kept as a 1-element array) to a Python int with `int(array)`, which
    numpy >= 2.4 rejects: loops whose bounds come from a loaded value (`range(start, end)`)
    fail. The fix converts the one element.
+3. Its casts to FP8 e4m3 drop the carry when rounding up crosses a power of two (7.98 becomes
+   4.0, not 8.0: one value in 40 of a normal sample). The fix converts with torch, which rounds
+   to nearest even as the GPU's cvt.rn does (the kernels saturate before the cast, so the two
+   agree on out-of-range values too).
 
 Nothing changes in compiled mode; the kernels are the same code either way.
 """
@@ -41,6 +45,19 @@ def apply_interpreter_fixes() -> None:
         return original_cast(self, src, dst_type)
 
     builder.cast_impl = cast_impl
+    original_fp_to_fp = builder.create_fp_to_fp
+
+    def create_fp_to_fp(self: Any, src: Any, dst_type: Any, rounding_mode: Any) -> Any:
+        if dst_type.scalar == tl.float8e4nv and src.dtype.scalar != tl.float8e4nv:
+            wide = src
+            if src.dtype.scalar != tl.float32:
+                wide = original_fp_to_fp(self, src, tl.float32, rounding_mode)
+            values = torch.from_numpy(np.ascontiguousarray(wide.data, dtype=np.float32))
+            bits = values.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+            return interpreter.TensorHandle(bits, tl.float8e4nv)
+        return original_fp_to_fp(self, src, dst_type, rounding_mode)
+
+    builder.create_fp_to_fp = create_fp_to_fp
 
     original_patch_tensor = interpreter._patch_lang_tensor
 

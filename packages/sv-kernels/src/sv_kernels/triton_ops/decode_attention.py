@@ -45,6 +45,7 @@ def _decode_attention_kernel(
     v_cache_ptr,
     block_tables_ptr,
     seq_lens_ptr,
+    kv_scales_ptr,
     out_ptr,
     partial_acc_ptr,
     partial_max_ptr,
@@ -70,11 +71,15 @@ def _decode_attention_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_for_prior_kernels(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
+    if FP8_CACHE:  # K's scale folds into the scores, V's into the result: one head each
+        scale_log2 = scale_log2 * tl.load(kv_scales_ptr + kv_head)
+        v_scale = tl.load(kv_scales_ptr + tl.num_programs(1) + kv_head)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     # An equal, TILE_N-aligned share of this sequence's tokens for each split.
@@ -116,6 +121,8 @@ def _decode_attention_kernel(
         pv = tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    if FP8_CACHE:
+        acc = acc * v_scale
 
     if NUM_SPLITS == 1:
         # An empty sequence (a padding row) gives zeros, like the reference.
@@ -194,6 +201,7 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    kv_scales: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
 ) -> torch.Tensor:
@@ -235,6 +243,7 @@ def paged_decode_attention(
         v_cache,
         block_tables,
         seq_lens,
+        kv_scales if kv_scales is not None else seq_lens,  # unread without an FP8 cache
         out,
         partial_acc,
         partial_max,
@@ -261,6 +270,7 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits,
         DOT_DTYPE=dot_dtype(q.dtype),
         PRECISION=dot_precision(q.dtype),
+        FP8_CACHE=kv_scales is not None,
         USE_PDL=pdl,
         num_warps=4,
         num_stages=3,

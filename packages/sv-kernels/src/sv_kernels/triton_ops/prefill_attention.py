@@ -76,6 +76,7 @@ def _prefill_attention_kernel(
     cu_seqlens_ptr,
     seq_lens_ptr,
     block_tables_ptr,
+    kv_scales_ptr,
     out_ptr,
     scale_log2,
     stride_qt,
@@ -97,6 +98,7 @@ def _prefill_attention_kernel(
     TILE_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
 ):
     # Later query tiles see more keys: launch them first so the longest programs do not trail.
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -123,6 +125,8 @@ def _prefill_attention_kernel(
     l_i = tl.zeros([TILE_M], tl.float32)
     acc = tl.zeros([TILE_M, BLOCK_D], tl.float32)
     kv_head = head // GROUP
+    if FP8_CACHE:  # K's scale folds into the scores, V's into the result: one head each
+        scale_log2 = scale_log2 * tl.load(kv_scales_ptr + kv_head)
     k_head = k_cache_ptr + kv_head * stride_kc_head
     v_head = v_cache_ptr + kv_head * stride_vc_head
     table = block_tables_ptr + seq * stride_bt
@@ -143,6 +147,8 @@ def _prefill_attention_kernel(
             HEAD_DIM, BLOCK_D, PAGE_SIZE, TILE_N, True, DOT_DTYPE, PRECISION,
         )  # fmt: skip
 
+    if FP8_CACHE:
+        acc = acc * tl.load(kv_scales_ptr + tl.num_programs(1) // GROUP + kv_head)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     out_offsets = (q_first + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :]
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -157,6 +163,7 @@ def prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     max_seqlen_q: int,
+    kv_scales: torch.Tensor | None = None,
     *,
     tile_m: int | None = None,
     tile_n: int | None = None,
@@ -191,6 +198,7 @@ def prefill_attention(
         cu_seqlens_q,
         seq_lens,
         block_tables,
+        kv_scales if kv_scales is not None else seq_lens,  # unread without an FP8 cache
         out,
         scale * math.log2(math.e),
         q.stride(0),
@@ -212,6 +220,7 @@ def prefill_attention(
         TILE_N=tile_n,
         DOT_DTYPE=dot_dtype(q.dtype),
         PRECISION=dot_precision(q.dtype),
+        FP8_CACHE=kv_scales is not None,
         num_warps=8 if tile_m >= 128 or not wide else 4,
         num_stages=3 if block_d <= 64 else 2,
     )

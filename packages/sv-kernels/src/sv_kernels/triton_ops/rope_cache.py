@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..reference import FP8_KV_MAX
 from ._common import cdiv, next_pow2, num_sms, unit_last_stride, use_pdl, wait_for_prior_kernels
 
 # Token tiles are grown while the grid keeps at least this many programs per SM. Measured on
@@ -30,6 +31,7 @@ _MIN_PROGRAMS_PER_SM = 32
 _MAX_TILE_T = 8
 # Two warps: a program moves only a few KB; more warps per program measured slower.
 _NUM_WARPS = 2
+_FP8_MAX = tl.constexpr(FP8_KV_MAX)
 
 
 @triton.jit
@@ -38,6 +40,12 @@ def _rotated_halves(src_ptr, offsets, mask, cos, sin, HALF: tl.constexpr):
     x1 = tl.load(src_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src_ptr + offsets + HALF, mask=mask, other=0.0).to(tl.float32)
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def _saturate(x):
+    """Clamp to e4m3's largest finite value: past it a cast would give NaN (no infinity)."""
+    return tl.minimum(tl.maximum(x, -_FP8_MAX), _FP8_MAX)
 
 
 @triton.jit
@@ -51,6 +59,7 @@ def _rope_cache_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slots_ptr,
+    kv_scales_ptr,
     q_out_ptr,
     num_tokens,
     num_q_heads,
@@ -77,6 +86,7 @@ def _rope_cache_kernel(
     TILE_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HKV: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_for_prior_kernels(USE_PDL)
@@ -105,8 +115,17 @@ def _rope_cache_kernel(
         k_offsets = tokens[:, None, None] * stride_kt + kv * stride_kh + d[None, None, :]
         k1, k2 = _rotated_halves(k_ptr, k_offsets, kv_mask, cos, sin, HALF)
         # Round to k's dtype first (the rotated k), then to the cache's, as the reference does.
-        k1 = k1.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
-        k2 = k2.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+        k1 = k1.to(k_ptr.dtype.element_ty)
+        k2 = k2.to(k_ptr.dtype.element_ty)
+        if FP8_CACHE:  # x / scale of its head, saturated (see reference.quantize_kv)
+            head_ok = kv_heads < num_kv_heads
+            k_scale = tl.load(kv_scales_ptr + kv_heads, mask=head_ok, other=1.0)[None, :, None]
+            v_scale = tl.load(kv_scales_ptr + num_kv_heads + kv_heads, mask=head_ok, other=1.0)
+            v_scale = v_scale[None, :, None]
+            k1 = _saturate(k1.to(tl.float32) / k_scale)
+            k2 = _saturate(k2.to(tl.float32) / k_scale)
+        k1 = k1.to(k_cache_ptr.dtype.element_ty)
+        k2 = k2.to(k_cache_ptr.dtype.element_ty)
         pages = tl.where(write, slots // PAGE_SIZE, 0)
         in_page = tl.where(write, slots % PAGE_SIZE, 0)
         kc_offsets = (pages * stride_kc_page + in_page * stride_kc_slot)[:, None, None]
@@ -119,6 +138,9 @@ def _rope_cache_kernel(
         vc_offsets += kv * stride_vc_head + d[None, None, :]
         v1 = tl.load(v_ptr + v_offsets, mask=kv_mask, other=0.0)
         v2 = tl.load(v_ptr + v_offsets + HALF, mask=kv_mask, other=0.0)
+        if FP8_CACHE:
+            v1 = _saturate(v1.to(tl.float32) / v_scale)
+            v2 = _saturate(v2.to(tl.float32) / v_scale)
         tl.store(v_cache_ptr + vc_offsets, v1.to(v_cache_ptr.dtype.element_ty), mask=kv_mask)
         tl.store(v_cache_ptr + vc_offsets + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=kv_mask)
     else:
@@ -155,6 +177,7 @@ def rope_cache_write(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kv_scales: torch.Tensor | None = None,
     *,
     tile_tokens: int | None = None,
     num_warps: int = _NUM_WARPS,
@@ -162,7 +185,8 @@ def rope_cache_write(
     """RoPE on q [T, Hq, D] and k [T, Hkv, D], rotated k and v written to their cache slots.
 
     Returns the rotated q. q, k and v may be strided views (e.g. slices of a fused QKV output)
-    as long as their last dim is contiguous. See `reference.rope_cache_write`.
+    as long as their last dim is contiguous. See `reference.rope_cache_write`; an FP8 cache
+    takes `kv_scales` [2, Hkv].
     `tile_tokens` (a power of two) forces the tokens per program, which `choose_tile_tokens`
     picks otherwise; tests and the kernel benchmark use it.
     """
@@ -196,6 +220,7 @@ def rope_cache_write(
         k_cache,
         v_cache,
         slot_mapping,
+        kv_scales if kv_scales is not None else slot_mapping,  # unread without an FP8 cache
         q_out,
         num_tokens,
         num_q_heads,
@@ -222,6 +247,7 @@ def rope_cache_write(
         TILE_T=tile_tokens,
         BLOCK_HQ=block_hq,
         BLOCK_HKV=block_hkv,
+        FP8_CACHE=kv_scales is not None,
         USE_PDL=pdl,
         num_warps=num_warps,
         launch_pdl=pdl,
