@@ -8,7 +8,8 @@
 #                structured output, and .http-deps for the serving benchmark: `make gpu-assets`
 #                builds all three)
 #   options via env: SV_BENCH_ARGS="--quick" (added), SV_BENCH_FLAGS (replaces the default
-#   "--kernels --peer --profile"), SV_SKIP_TESTS=1, SV_PYTEST_ARGS="-k decode", SV_SERVE_ARGS and
+#   "--kernels --peer --profile --quantization fp8,int8"), SV_SKIP_TESTS=1,
+#   SV_PYTEST_ARGS="-k decode", SV_SERVE_ARGS and
 #   SV_MIX_ARGS (the two serving benchmarks' arguments), SV_SKIP_SERVE=1
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +41,7 @@ fi
 
 echo "== benchmarks"
 python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
-    ${SV_BENCH_FLAGS:---kernels --peer --profile} --json "$OUT/bench.json" ${SV_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^\[bench\]'
+    ${SV_BENCH_FLAGS:---kernels --peer --profile --quantization fp8,int8} --json "$OUT/bench.json" ${SV_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^\[bench\]'
 bench_rc=${PIPESTATUS[0]}
 
 serve_rc=skipped

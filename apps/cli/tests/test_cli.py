@@ -382,3 +382,25 @@ def test_nan_weights_in_a_damaged_cached_default_model(default_model: Path, tmp_
     line = one_line_error(sv("generate", "Hi", "1", env={"SV_CACHE_DIR": str(tmp_path)}))
     assert "tensor model.layers.1.self_attn.k_proj.weight holds NaN or infinite values" in line
     assert f"delete the folder {cached} and the next run converts it again" in line
+
+
+@pytest.mark.parametrize("mode", ["none", "int8", "fp8"])
+def test_quantization_flag_generates_on_the_cpu(
+    default_model: Path, capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    """Every --quantization mode generates; FP32 and int8 (the CPU default) answer the capital
+    question. FP8's 3-bit mantissas move this 135M model more (BENCHMARKS.md): it answers
+    something else, so only its output's form is checked."""
+    assert main(["generate", "--quantization", mode, "What is the capital of France?", "8"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\[request 1\] finish=(stop|length) ids=\[\d", out)
+    if mode != "fp8":
+        assert "Paris" in out
+
+
+def test_cpu_default_quantization_is_int8() -> None:
+    from sv_engine.options import resolve_quantization
+
+    assert resolve_quantization("auto", "cpu") == "int8"
+    assert resolve_quantization("none", "cpu") is None
+    assert resolve_quantization("fp8", "cpu") == "fp8"

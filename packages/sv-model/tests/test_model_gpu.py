@@ -1,4 +1,5 @@
-"""GPU correctness at the real size: Llama 3.2 1B shapes, BF16, Triton kernels, CUDA graphs.
+"""GPU correctness at the real size: Llama 3.2 1B shapes, BF16 (and fp8, int8 weights), Triton
+kernels, CUDA graphs.
 
 Run on the device machine by scripts/gpu-check.sh (`pytest -m gpu`); skipped without CUDA.
 The oracle is transformers' LlamaForCausalLM on the same random checkpoint, in FP32 and BF16:
@@ -436,6 +437,80 @@ def test_overlapped_engine_equals_the_plain_loop(engine_1b: Any) -> None:
                 engine.clear_prefix_cache()
             assert runs[0] == runs[1]
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+# --- quantized weights (fp8, int8) ---------------------------------------------------------
+
+GIB = 2**30
+
+
+def _quantized_weights(model_dir: Path, kind: str) -> object:
+    from sv_model import LlamaWeights, quantize_weights
+    from sv_weights import LlamaConfig, load_checkpoint
+
+    config = LlamaConfig.from_model_dir(model_dir)
+    state = load_checkpoint(model_dir, device="cuda")
+    weights = LlamaWeights.from_state_dict(config, state, "cuda", torch.bfloat16)
+    del state
+    quantized = quantize_weights(weights, kind)  # type: ignore[arg-type]
+    del weights
+    torch.cuda.empty_cache()
+    return quantized
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+@pytest.mark.parametrize("tuned", [False, True])
+def test_quantized_teacher_forced_logits_1b(
+    llama_1b_dir: Path,
+    oracle_fp32: torch.nn.Module,
+    kind: str,
+    tuned: bool,
+) -> None:
+    from sv_model import ModelRunner, StepInputs
+    from sv_weights import LlamaConfig
+
+    config = LlamaConfig.from_model_dir(llama_1b_dir)
+    weights = _quantized_weights(llama_1b_dir, kind)
+    runner = ModelRunner(config, weights, num_pages=512, max_model_len=4096, use_cuda_graphs=False)  # type: ignore[arg-type]
+    if tuned:  # the tuned plans: Triton GEMV at one row, FP8 tensor cores where they win
+        runner.warmup()
+    rng = random.Random(1)
+    # Each sequence its own step: the one-token one runs every matrix at one row (the GEMV).
+    seqs = [[rng.randint(0, 127999) for _ in range(n)] for n in (300, 1)]
+    got, wanted = [], []
+    for row, s in enumerate(seqs):
+        runner.set_block_tables([(row, list(range(20 * row, 20 * row + 19)))])
+        step = StepInputs(s, list(range(len(s))), [row], [len(s)], [len(s)], [0])
+        got.append(runner.logits(step, every_token=True))
+        with torch.no_grad():
+            wanted.append(oracle_fp32(torch.tensor([s], device="cuda")).logits[0])
+    ours, want = torch.cat(got), torch.cat(wanted)
+    err = rel(ours, want)
+    top2 = want.float().topk(2, dim=-1)
+    lead = top2.values[:, 0] - top2.values[:, 1]
+    noise = (ours.float() - want.float()).pow(2).mean(-1).sqrt()
+    clear = lead > 4 * noise
+    agree = (ours.float().argmax(-1) == top2.indices[:, 0])[clear]
+    print(
+        f"{kind} tuned={tuned}: rel err {err:.3e}, {int(clear.sum())} clear positions, "
+        f"agreement {float(agree.float().mean()) if agree.numel() else float('nan'):.4f}"
+    )
+    assert err < {"fp8": 0.15, "int8": 0.08}[kind]
+    assert agree.numel() == 0 or float(agree.float().mean()) >= 0.99
+
+
+def test_fp8_weights_resident_1b(llama_1b_dir: Path) -> None:
+    """Quantized as the engine does it, the 1B model's FP8 weights (the tied LM head too) keep
+    at most 1.3 GiB of GPU memory: the unquantized buffer is gone."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    weights = _quantized_weights(llama_1b_dir, "fp8")
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated() - before
+    resident = weights.storage_bytes()  # type: ignore[attr-defined]
+    print(f"fp8 weights: storages {resident / GIB:.3f} GiB, allocated {allocated / GIB:.3f} GiB")
+    assert resident <= 1.3 * GIB and allocated <= 1.02 * resident
 
 
 def test_fp8_kv_cache_tracks_the_bf16_cache_1b(llama_1b_dir: Path) -> None:

@@ -272,7 +272,9 @@ def _vocab(engine: Any) -> int:
     return int(engine.runner.config.vocab_size)
 
 
-def bench_decode_b1(report: Report, engine: Any, roof: dict[str, float], new_tokens: int) -> None:
+def bench_decode_b1(
+    report: Report, engine: Any, roof: dict[str, float], new_tokens: int, tag: str = ""
+) -> None:
     from sv_engine import SamplingParams
 
     from sv_cli.bench_runner import weight_bytes_per_decode_step
@@ -301,7 +303,7 @@ def bench_decode_b1(report: Report, engine: Any, roof: dict[str, float], new_tok
         decode = (len(times) - 1) / (times[-1] - times[0])
         report.add(
             Row(
-                name,
+                name + tag,
                 decode,
                 "tok/s",
                 roofline,
@@ -491,6 +493,48 @@ def bench_throughput(
     return float(out_tokens / wall)
 
 
+def bench_quantized(
+    report: Report,
+    model_dir: Path,
+    roof: dict[str, float],
+    mode: str,
+    workloads: set[str],
+    quick: bool,
+    bf16_throughput: float | None,
+) -> None:
+    """decode-b1, throughput and the resident weight bytes with the matrices quantized at load
+    to `mode` (fp8 or int8), each row tagged [mode]; run beside the BF16 rows of the same call."""
+    import torch
+
+    from sv_cli.bench_runner import weight_bytes_per_decode_step
+
+    engine = _engine(model_dir, max_num_seqs=256, quantization=mode)
+    tag = f" [{mode}]"
+    weights = engine.runner.model.weights
+    for shape, choice in engine.runner.linear_choices.items():
+        print(f"[bench] {mode} linear {shape[0]}x{shape[1]}: {choice}", flush=True)
+    read = weight_bytes_per_decode_step(weights) / MIB
+    report.add(
+        Row(
+            "weights resident: distinct storages" + tag,
+            weights.storage_bytes() / MIB,
+            "MiB",
+            weights.weight_bytes() / MIB,
+            f"{read:,.0f} MiB read per decode step",
+        )
+    )
+    if "decode" in workloads:
+        bench_decode_b1(report, engine, roof, 64 if quick else 256, tag)
+    if "throughput" in workloads:
+        rate = bench_throughput(
+            report, engine, "throughput" + tag, 32 if quick else 256, False, 64 if quick else 512
+        )
+        if bf16_throughput:
+            report.add(Row("throughput vs BF16" + tag, rate / bf16_throughput, "x"))
+    del engine, weights
+    torch.cuda.empty_cache()
+
+
 def profile_steps(engine: Any, label: str, run: Callable[[], object], out_dir: Path) -> None:
     """Where the time of `run` goes: the top CUDA kernels and the host time around them."""
     import torch
@@ -644,9 +688,23 @@ def bench_main(argv: list[str]) -> int:
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
+    p.add_argument(
+        "--quantization",
+        default="",
+        help="comma-separated fp8,int8: also run decode-b1 and throughput (as --only allows) "
+        "and report the resident weights with the matrices quantized at load, each tagged "
+        "[fp8] / [int8], beside the BF16 rows",
+    )
     args = p.parse_args(argv)
     if args.preset not in _preset_names():
         p.error(f"unknown preset {args.preset!r} (presets: {', '.join(_preset_names())})")
+    modes = [m for m in args.quantization.split(",") if m]
+    unknown = [m for m in modes if m not in ("fp8", "int8")]
+    if unknown:
+        print(
+            f"sv bench: error: unknown --quantization {unknown[0]!r} (fp8, int8)", file=sys.stderr
+        )
+        return 2
 
     import torch
     from sv_tokenizer.cli import installed_llama_tokenizer_dir
@@ -659,6 +717,7 @@ def bench_main(argv: list[str]) -> int:
     def want(name: str) -> bool:
         return only is None or name in only
 
+    bf16_throughput: float | None = None
     report = Report()
     report.info["device"] = torch.cuda.get_device_name()
     report.info["preset"] = args.preset
@@ -694,7 +753,9 @@ def bench_main(argv: list[str]) -> int:
             bench_prefill(report, engine, roof)
         count = 32 if args.quick else 256
         if want("throughput"):
-            bench_throughput(report, engine, "throughput", count, False, 64 if args.quick else 512)
+            bf16_throughput = bench_throughput(
+                report, engine, "throughput", count, False, 64 if args.quick else 512
+            )
         if want("plain"):  # the same without the overlapped step loop, for comparison
             engine.overlap = False
             bench_throughput(
@@ -720,6 +781,9 @@ def bench_main(argv: list[str]) -> int:
             run_profiles(engine, Path(args.workdir))
         del engine
         torch.cuda.empty_cache()
+    workloads = {name for name in ("decode", "throughput") if want(name)}
+    for mode in modes:
+        bench_quantized(report, model_dir, roof, mode, workloads, args.quick, bf16_throughput)
     if args.peer:
         bench_peer(report, model_dir, args.quick)
     report.add(Row("host probe at end", host_probe_ms(), "ms", note="sum(range(10**7))"))

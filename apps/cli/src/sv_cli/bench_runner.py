@@ -9,23 +9,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sv_kernels.quantized import LinearWeight, QuantizedWeight
 from sv_model import KVCache, ModelRunner, ModelWeights, StepInputs
 
 
-def num_parameters(weights: ModelWeights, include_embedding: bool = True) -> int:
-    """Parameters in the weights (a tied LM head counted once)."""
-    tensors = [weights.final_norm, weights.lm_head]
-    tensors += [t for layer in weights.layers for t in vars(layer).values() if t is not None]
-    count = sum(t.numel() for t in tensors)
+def _weights(weights: ModelWeights, include_embedding: bool) -> list[LinearWeight]:
+    found: list[LinearWeight] = [weights.final_norm, weights.lm_head]
+    found += [t for layer in weights.layers for t in vars(layer).values() if t is not None]
     if include_embedding and weights.embed is not weights.lm_head:
-        count += weights.embed.numel()
-    return count
+        found.append(weights.embed)
+    return found
+
+
+def num_parameters(weights: ModelWeights, include_embedding: bool = True) -> int:
+    """Parameters in the weights (a tied LM head counted once; a quantized matrix's scales
+    are not parameters)."""
+    found = _weights(weights, include_embedding)
+    return sum(w.data.numel() if isinstance(w, QuantizedWeight) else w.numel() for w in found)
 
 
 def weight_bytes_per_decode_step(weights: ModelWeights) -> int:
-    """Bytes of weights a decode step must read: every matrix once (the one embedding row per
-    token is negligible and not counted)."""
-    return num_parameters(weights, include_embedding=False) * weights.lm_head.element_size()
+    """Bytes of weights a decode step must read: every matrix once, with its scales when
+    quantized (the one embedding row per token is negligible and not counted)."""
+    found = _weights(weights, include_embedding=False)
+    parts = [t for w in found for t in (w.tensors() if isinstance(w, QuantizedWeight) else (w,))]
+    return sum(t.nbytes for t in parts)
 
 
 def kv_pool_bytes(kv: KVCache) -> int:

@@ -20,6 +20,7 @@ from sv_weights import (
     validate_checkpoint,
 )
 from sv_weights.checkpoint import checkpoint_infos, read_checkpoint_headers
+from sv_weights.quantization import read_quantization
 
 PROG = "sv weights inspect"
 
@@ -47,7 +48,8 @@ def inspect_main(
             headers = read_checkpoint_headers(path)
             _print_table(headers, out)
             print(f"config: {config.summary()}", file=out)
-            validate_checkpoint(config, checkpoint_infos(headers), str(path))
+            infos = checkpoint_infos(headers)
+            validate_checkpoint(config, infos, str(path), read_quantization(path))
             print("check: tensors match config.json", file=out)
         else:
             _print_table([read_header(path)], out)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 from sv_kernels import TuningCache
+from sv_kernels.quantized import QuantKind
 from sv_model import (
     LogitControls,
     ModelRunner,
@@ -153,6 +154,7 @@ class Engine:
         kv_cache_dtype: KVCacheDtype = "auto",
         warmup: bool = True,
         progress: Callable[[str], None] | None = None,
+        quantization: QuantKind | None = None,
     ) -> Engine:
         """Load a Llama checkpoint folder (config.json, safetensors, tokenizer) into a ready engine.
 
@@ -167,7 +169,8 @@ class Engine:
         see sv_model.KVCache); "auto" uses the weights' dtype. On CUDA, `warmup` compiles the kernels and
         captures the decode graphs before returning, so no request pays for them; `progress`
         hears a line per phase (see `ModelRunner.warmup`: seconds, or about half a minute the
-        first time on a machine).
+        first time on a machine). `quantization` ("fp8" or "int8") quantizes the matrices at
+        load (see `sv_model.quantize`); a pre-quantized checkpoint's come quantized anyway.
         """
         cfg = EngineConfig(
             device=device,
@@ -181,6 +184,7 @@ class Engine:
             admission=admission,
             use_cuda_graphs=use_cuda_graphs,
             tuning_cache=tuning_cache,
+            quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
         )
         loaded = load_model(Path(model_dir), cfg)

@@ -8,9 +8,10 @@ from typing import Literal
 
 import torch
 from sv_kernels import TuningCache
+from sv_kernels.quantized import QUANT_KINDS, QuantKind
 from sv_kernels.reference import FP8_KV_DTYPE
 from sv_kvcache import KVCacheError, pages_for_free_memory, pages_for_mib
-from sv_model import ModelRunner, ModelWeights
+from sv_model import ModelRunner, ModelWeights, quantize_weights
 from sv_scheduler import Admission
 from sv_tokenizer import Tokenizer, TokenizerError
 from sv_weights import ModelConfig, WeightsError, load_checkpoint
@@ -44,6 +45,7 @@ class EngineConfig:
     admission: Admission = "conservative"
     tuning_cache: TuningCache | None = None  # where the batch-1 GEMV choices are kept
     use_cuda_graphs: bool = True
+    quantization: QuantKind | None = None  # quantize the matrices at load (fp8 or int8)
     kv_cache_dtype: KVCacheDtype = "auto"  # "auto": the weights' dtype; "fp8": e4m3 pages
 
 
@@ -81,6 +83,10 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
         raise EngineError(f"policy must be 'continuous' or 'static', got {cfg.policy!r}")
     if not model_dir.is_dir():
         raise EngineError(f"model folder {model_dir} does not exist")
+    if cfg.quantization is not None and cfg.quantization not in QUANT_KINDS:
+        raise EngineError(
+            f"quantization must be one of {', '.join(QUANT_KINDS)}, got {cfg.quantization!r}"
+        )
     device = resolve_device(cfg.device)
     dtype = cfg.dtype or default_dtype(device)
     try:
@@ -93,6 +99,10 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
         raise EngineError(f"{e}{damaged_default_model_hint(model_dir)}") from e
     weights = ModelWeights.from_state_dict(config, state, device, dtype)
     del state
+    if cfg.quantization is not None:
+        weights = quantize_weights(weights, cfg.quantization)
+        if device.type == "cuda":  # the unquantized weights' memory, back to the device
+            torch.cuda.empty_cache()
     kv_dtype = _kv_cache_dtype(cfg.kv_cache_dtype, dtype)
     num_pages = _pool_pages(config, device, kv_dtype, cfg.kv_cache_mib)
     runner = ModelRunner(

@@ -12,17 +12,26 @@ can join its kernel choice here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 # (BLOCK_N, BLOCK_K, num_warps) of `triton_ops.gemv`.
 GemvTile = tuple[int, int, int]
+
+# How a quantized weight is multiplied by more than one row on CUDA: "cublas" dequantizes it to
+# the activations' dtype and calls cuBLAS; "scaled_mm" (FP8 only) quantizes the activations per
+# token to FP8 and multiplies on the FP8 tensor cores (`torch._scaled_mm`), reading the 1-byte
+# weights as they are.
+ManyRows = Literal["cublas", "scaled_mm"]
 
 
 @dataclass(frozen=True)
 class LinearPlan:
     """The kernels `ops.linear` runs for one weight. `one_row_gemv`: the Triton GEMV tile for a
-    one-row CUDA call, or None for cuBLAS there too (the default: nothing measured)."""
+    one-row CUDA call, or None for cuBLAS there too (the default: nothing measured).
+    `many_rows`: the path of a quantized weight's other CUDA calls (see `ManyRows`)."""
 
     one_row_gemv: GemvTile | None = None
+    many_rows: ManyRows = "cublas"
 
 
 # The plan of a weight nobody tuned: cuBLAS (or the CPU reference) for every call.

@@ -16,13 +16,14 @@ from typing import NoReturn
 import torch
 from torch import Tensor
 
-from . import reference
+from . import quantized_ops, reference
 from .errors import KernelError
 from .linear_plan import CUBLAS, LinearPlan, TunedLinear
+from .quantized import LinearWeight, QuantizedWeight
 from .tuning_cache import TuningCache
 
 
-def _on_cuda(t: Tensor) -> bool:
+def _on_cuda(t: Tensor | QuantizedWeight) -> bool:
     return t.device.type == "cuda"
 
 
@@ -112,10 +113,14 @@ def _check_heads(op: str, q: Tensor, k_cache: Tensor) -> None:
 # --- ops --------------------------------------------------------------------------------------
 
 
-def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+def embedding(ids: Tensor, weight: LinearWeight) -> Tensor:
     op = "embedding"
     _check_dims(op, "ids", ids, 1, "[T]")
     _check_int(op, "ids", ids)
+    if isinstance(weight, QuantizedWeight):  # a quantized tied LM head: gather and dequantize
+        weight.check(op)
+        _check_device(op, ids=ids, weight=weight.data)
+        return reference.embedding(ids, weight)
     _check_dims(op, "weight", weight, 2, "[V, H]")
     _check_device(op, ids=ids, weight=weight)
     if _on_cuda(weight):
@@ -148,7 +153,7 @@ def rms_norm(
 
 def linear(
     x: Tensor,
-    weight: Tensor,
+    weight: LinearWeight,
     out_dtype: torch.dtype | None = None,
     plan: LinearPlan = CUBLAS,
     bias: Tensor | None = None,
@@ -163,9 +168,14 @@ def linear(
     (`torch.mm`'s out_dtype): at batch 256 the LM head's BF16 logits are 66 MB, and widening
     them afterwards was a ~95 us kernel per step on the H200. Those logits are then not rounded
     to BF16 first, unlike the GEMV's (BF16 results may differ across batch sizes anyway).
+
+    A `QuantizedWeight` (FP8 or int8 with per-row scales) goes to `quantized_ops.linear`.
     """
     if bias is not None:
         _check_bias("linear", bias, weight, x)
+    if isinstance(weight, QuantizedWeight):  # the bias after the scaled product, in out's dtype
+        out = quantized_ops.linear(x, weight, out_dtype, plan)
+        return out if bias is None else out + bias.to(out.dtype)
     if plan.one_row_gemv is not None and _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
         from . import triton_ops
 
@@ -183,7 +193,7 @@ def linear(
     return out if out_dtype is None else out.to(out_dtype)
 
 
-def _check_bias(op: str, bias: Tensor, weight: Tensor, x: Tensor) -> None:
+def _check_bias(op: str, bias: Tensor, weight: LinearWeight, x: Tensor) -> None:
     _check_dims(op, "bias", bias, 1, "[N]")
     _check_len(op, "bias", bias, 0, weight.shape[0], "one per output feature (weight's rows)")
     if bias.dtype != x.dtype:
@@ -191,7 +201,7 @@ def _check_bias(op: str, bias: Tensor, weight: Tensor, x: Tensor) -> None:
     _check_device(op, x=x, bias=bias)
 
 
-def linear_swiglu(x: Tensor, gate_up: Tensor, plan: LinearPlan = CUBLAS) -> Tensor:
+def linear_swiglu(x: Tensor, gate_up: LinearWeight, plan: LinearPlan = CUBLAS) -> Tensor:
     """swiglu(linear(x, gate_up)) for a packed [gate; up] projection [2I, K] -> [T, I].
 
     A one-row CUDA call whose plan gives the GEMV a tile runs as one kernel: the GEMV applies
@@ -199,6 +209,9 @@ def linear_swiglu(x: Tensor, gate_up: Tensor, plan: LinearPlan = CUBLAS) -> Tens
     fused kernel uses the tile tuned for the plain GEMV of this weight: its programs stream
     the same number of weight rows (half gate, half up), so the timing carries over.
     """
+    if isinstance(gate_up, QuantizedWeight):
+        fused = quantized_ops.linear_swiglu(x, gate_up, plan)
+        return swiglu(linear(x, gate_up, plan=plan)) if fused is None else fused
     tile = plan.one_row_gemv
     one_row = _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1
     if tile is not None and one_row and gate_up.shape[0] % 2 == 0:
@@ -209,7 +222,7 @@ def linear_swiglu(x: Tensor, gate_up: Tensor, plan: LinearPlan = CUBLAS) -> Tens
 
 
 def tune_linear(
-    weights: list[Tensor],
+    weights: list[LinearWeight],
     cache: TuningCache | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[TunedLinear]:

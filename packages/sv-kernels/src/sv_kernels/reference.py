@@ -20,14 +20,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .quantized import LinearWeight, QuantizedWeight, dequantize, dequantize_rows
 
-def embedding(ids: Tensor, weight: Tensor) -> Tensor:
-    """Gather rows of `weight` [V, H] for `ids` [T] -> [T, H]."""
+
+def embedding(ids: Tensor, weight: LinearWeight) -> Tensor:
+    """Gather rows of `weight` [V, H] for `ids` [T] -> [T, H] (a quantized matrix's rows
+    dequantized, in its dtype)."""
+    if isinstance(weight, QuantizedWeight):
+        return dequantize_rows(weight, ids)
     return weight.index_select(0, ids.long())
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N]."""
+def linear(x: Tensor, weight: LinearWeight, bias: Tensor | None = None) -> Tensor:
+    """x [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N]. A quantized weight is dequantized to
+    x's dtype first: that is what every quantized kernel computes."""
+    if isinstance(weight, QuantizedWeight):
+        weight = dequantize(weight, x.dtype)
     return torch.nn.functional.linear(x, weight, bias)
 
 

@@ -9,6 +9,10 @@ Tied embeddings: when `tie_word_embeddings` is true the output projection is the
 matrix, so `lm_head.weight` is not expected. Some exporters write it anyway; it is accepted when
 its shape is right and then dropped by `load_checkpoint` (like transformers, which re-ties it to
 `model.embed_tokens.weight`): the model always uses the embedding matrix.
+
+Pre-quantized FP8 checkpoints (compressed-tensors, see `sv_weights.quantization`) hold, beside
+each FP8 linear weight, its `weight_scale` (and maybe an `input_scale`, checked and dropped):
+they are validated against the config's `quantization_config` and loaded with the weights.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from sv_weights.config import ModelConfig
 from sv_weights.device_load import FileSpan, copy_file_spans_to
 from sv_weights.errors import WeightsError
+from sv_weights.quantization import FP8_DTYPE, INPUT_SCALE, FP8Quantization, read_quantization
 from sv_weights.safetensors import (
     DTYPES,
     FLOAT_DTYPES,
@@ -74,15 +79,33 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def validate_checkpoint(config: ModelConfig, infos: dict[str, TensorInfo], source: str) -> None:
+def validate_checkpoint(
+    config: ModelConfig,
+    infos: dict[str, TensorInfo],
+    source: str,
+    quantization: FP8Quantization | None = None,
+) -> set[str]:
     """Check that `infos` holds exactly the tensors of `config`, with its shapes, in float dtypes.
 
     `source` (a file or folder) starts every message. A tied config also accepts an
-    `lm_head.weight` of the embedding's shape (see the module doc).
+    `lm_head.weight` of the embedding's shape (see the module doc). With `quantization` (the
+    config's FP8 scheme) the quantized linear weights must be FP8 with their scales beside
+    them; without it no tensor may be FP8. Returns the names of the scale tensors.
     """
     expected = expected_tensors(config)
     if config.tie_word_embeddings and LM_HEAD in infos:
         expected[LM_HEAD] = expected[EMBED_TOKENS]
+    scales: set[str] = set()
+    if quantization is not None:
+        linear = {n: s for n, s in expected.items() if n.endswith("_proj.weight") or n == LM_HEAD}
+        scales = quantization.check_tensors(linear, infos, source)
+    else:
+        fp8 = sorted(name for name, info in infos.items() if info.dtype == FP8_DTYPE)
+        if fp8:
+            raise WeightsError(
+                f"{source}: tensor {fp8[0]!r} is {FP8_DTYPE}, but config.json has no "
+                "quantization_config saying how to scale it"
+            )
     missing = [name for name in expected if name not in infos]
     if missing:
         raise WeightsError(
@@ -90,7 +113,7 @@ def validate_checkpoint(config: ModelConfig, infos: dict[str, TensorInfo], sourc
             f"{_first(missing)} (config: {config.num_hidden_layers} layers, "
             f"tie_word_embeddings={str(config.tie_word_embeddings).lower()})"
         )
-    unexpected = sorted(name for name in infos if name not in expected)
+    unexpected = sorted(name for name in infos if name not in expected and name not in scales)
     if unexpected:
         raise WeightsError(
             f"{source}: {len(unexpected)} tensor(s) not in a {config.model_type} checkpoint of this config, e.g. "
@@ -108,6 +131,7 @@ def validate_checkpoint(config: ModelConfig, infos: dict[str, TensorInfo], sourc
                 f"{source}: tensor {name!r} has dtype {info.dtype}, expected a float dtype "
                 f"({', '.join(sorted(FLOAT_DTYPES))})"
             )
+    return scales
 
 
 def _first(names: list[str], count: int = 3) -> str:
@@ -212,12 +236,16 @@ def load_checkpoint(
       from does not count it.
 
     `dtype` converts every weight (e.g. torch.bfloat16 for a float32 file), on the target
-    device, into tensors of their own. A tied `lm_head.weight` is dropped (never copied).
+    device, into tensors of their own; FP8 weights and their scales stay as they are. A tied
+    `lm_head.weight` is dropped (never copied), and so are the `input_scale`s of an FP8
+    checkpoint (activations are scaled per token at run time).
     """
     model_dir = Path(model_dir)
     config = ModelConfig.from_model_dir(model_dir)
     headers = read_checkpoint_headers(model_dir)
-    validate_checkpoint(config, checkpoint_infos(headers), str(model_dir))
+    quantization = read_quantization(model_dir)
+    scales = validate_checkpoint(config, checkpoint_infos(headers), str(model_dir), quantization)
+    weight_scales = sorted(name for name in scales if not name.endswith(INPUT_SCALE))
     target = target_device(device, str(model_dir))
     if dtype is not None and not dtype.is_floating_point:
         raise WeightsError(f"{model_dir}: cannot convert weights to the non-float dtype {dtype}")
@@ -229,15 +257,21 @@ def load_checkpoint(
             tensors.update(loaded)
         if config.tie_word_embeddings:
             tensors.pop(LM_HEAD, None)
+        for name in scales.difference(weight_scales):
+            tensors.pop(name)
     else:
-        data, tensors = _copy_in_model_order(config, headers, target)
+        data, tensors = _copy_in_model_order(config, headers, target, weight_scales)
         if not _all_finite_at_once(data, tensors):
             for header in headers:
                 check_finite(
                     {n: tensors[n] for n in header.tensors if n in tensors}, str(header.path)
                 )
     if dtype is not None:
-        tensors = {name: tensor.to(dtype) for name, tensor in tensors.items()}
+        keep = set(weight_scales)
+        tensors = {
+            name: t if name in keep or t.dtype == DTYPES[FP8_DTYPE] else t.to(dtype)
+            for name, t in tensors.items()
+        }
     return tensors
 
 
@@ -250,16 +284,19 @@ TENSOR_ALIGNMENT = 256
 
 
 def _copy_in_model_order(
-    config: ModelConfig, headers: list[SafetensorsHeader], device: torch.device
+    config: ModelConfig,
+    headers: list[SafetensorsHeader],
+    device: torch.device,
+    scales: list[str],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The copied load of `load_checkpoint`: one allocation, the tensors in `expected_tensors`
-    order, gathered from the validated shards `headers`. Returns the allocation and the views
-    of it; the padding between tensors is zeroed."""
+    order and then the FP8 weights' `scales`, gathered from the validated shards `headers`.
+    Returns the allocation and the views of it; the padding between tensors is zeroed."""
     where = {name: header for header in headers for name in header.tensors}
     placed: list[tuple[TensorInfo, int]] = []
     spans: list[FileSpan] = []
     size = 0
-    for name in expected_tensors(config):
+    for name in [*expected_tensors(config), *scales]:
         header = where[name]
         info = header.tensors[name]
         at = -(-size // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
@@ -307,7 +344,7 @@ def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
     sums = torch.stack([t.sum(dtype=torch.float32) for _, t in floats])
     for index in torch.nonzero(~torch.isfinite(sums)).flatten().tolist():
         name, tensor = floats[index]
-        if not bool(torch.isfinite(tensor).all()):
+        if not bool(torch.isfinite(tensor.float()).all()):  # (no isfinite for FP8)
             raise WeightsError(
                 f"{source}: tensor {name} holds NaN or infinite values (expected finite weights: "
                 "the file is damaged or was exported wrongly)"

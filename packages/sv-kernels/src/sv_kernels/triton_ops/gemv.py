@@ -13,6 +13,10 @@ Whether it beats cuBLAS depends on the shape and the chip, so nothing assumes it
 `tune_gemv` times both (and a few tile shapes) for each weight shape the model has and returns
 a `LinearPlan` per weight; its caller keeps them and passes each to `ops.linear`.
 
+Quantized weights (FP8 e4m3 or int8, see `sv_kernels.quantized`) stream through the same
+kernel: it loads 1-byte values, converts them to FP32 in registers and multiplies each row's
+sum by that row's scale at the end, so a batch-1 step reads half the bytes of BF16.
+
 `swiglu=True` gives the gate/up projection a SwiGLU epilogue: a program takes gate rows and the
 matching up rows and writes silu(gate) * up, which saves the decode step one launch per layer
 (16 fewer kernels at batch 1: 856 -> 831 us per step on the H200, 2026-11-30).
@@ -34,7 +38,9 @@ import triton.language as tl
 from .. import tuning_cache
 from ..errors import KernelError
 from ..graphs import graph_ms_per_call, sets_to_overflow_l2
-from ..linear_plan import GemvTile, LinearPlan, TunedLinear
+from ..linear_plan import GemvTile, LinearPlan, ManyRows, TunedLinear
+from ..quantized import LinearWeight, QuantizedWeight, dequantize
+from ..quantized_ops import scaled_mm, scaled_mm_fits
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
 
 
@@ -92,6 +98,7 @@ def _gemv_kernel(
     x_ptr,
     w_ptr,
     bias_ptr,
+    scale_ptr,
     out_ptr,
     N,
     K,
@@ -101,6 +108,7 @@ def _gemv_kernel(
     USE_PDL: tl.constexpr,
     GATED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     if GATED:
         # SwiGLU epilogue: W is [gate; up] (N = 2I rows). The program's BLOCK_N rows are
@@ -114,6 +122,8 @@ def _gemv_kernel(
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < N
     y = _dot_rows(x_ptr, w_ptr, rows, row_mask, K, stride_wn, BLOCK_N, BLOCK_K, USE_PDL)
+    if SCALED:  # a quantized weight: row r stands for data[r] * scale[r]
+        y = y * tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
     if GATED:
         # Round gate and up to the output dtype first, as the unfused path stores them, so
         # that fused and unfused give the same bits (see `swiglu`).
@@ -154,9 +164,13 @@ def gemv(
     swiglu: bool = False,
     out_dtype: torch.dtype | None = None,
     bias: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [1, K] @ w[N, K]^T (+ bias [N]) -> [1, N] in x's dtype. `config` = (BLOCK_N, BLOCK_K,
     num_warps).
+
+    scale [N] (FP32): w holds quantized values (FP8 e4m3 or int8) and row n stands for
+    w[n] * scale[n]; the result is x @ (w * scale)^T, each dot product in FP32.
 
     out_dtype: the result as `gemv(x, w).to(out_dtype)` gives it (rounded to x's dtype first),
     written by the kernel itself: the LM head's FP32 logits without a conversion kernel.
@@ -181,10 +195,13 @@ def gemv(
     out = torch.empty((1, n // 2 if swiglu else n), dtype=out_dtype or x.dtype, device=x.device)
     pdl = use_pdl(x.device)
     grid = (cdiv(n // 2, block_n // 2) if swiglu else cdiv(n, block_n),)
+    if scale is not None and (scale.shape != (n,) or scale.dtype != torch.float32):
+        raise KernelError(f"gemv: scale must be FP32 [{n}], got {scale.dtype} {list(scale.shape)}")
     _gemv_kernel[grid](
         x,
         w,
         out if bias is None else bias.contiguous(),  # unread without a bias
+        w if scale is None else scale,  # any pointer when unscaled: never read
         out,
         n,
         k,
@@ -194,6 +211,7 @@ def gemv(
         USE_PDL=pdl,
         GATED=swiglu,
         HAS_BIAS=bias is not None,
+        SCALED=scale is not None,
         num_warps=warps,
         launch_pdl=pdl,
     )
@@ -209,7 +227,7 @@ _TUNE_CALLS = 20
 
 
 def tune_gemv(
-    weights: list[torch.Tensor],
+    weights: list[LinearWeight],
     cache: tuning_cache.TuningCache | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[TunedLinear]:
@@ -219,6 +237,9 @@ def tune_gemv(
     `tuning_fingerprint`) are not timed again, unless `cache.retune`; shapes timed here are
     added to it. `progress` hears one line before the first shape that has to be timed (a few
     seconds in all). Weights of one shape share one result. Remembers nothing itself.
+
+    An FP8 weight is also timed at MANY_ROWS rows, FP8 tensor cores (`scaled_mm`) against
+    dequantizing for cuBLAS, for its plan's `many_rows` (kept under its own cache key).
 
     Must not run while a CUDA graph is being captured (it synchronizes and captures graphs of
     its own).
@@ -248,18 +269,80 @@ def tune_gemv(
             source = "measured"
         tile = None if tuned.choice is None else CONFIGS[CONFIGS.index(tuned.choice)]
         name = "cuBLAS" if tile is None else f"triton gemv {tile}"
-        by_shape[shape] = TunedLinear(
-            LinearPlan(one_row_gemv=tile),
-            f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}",
-        )
+        summary = f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}"
+        many_rows: ManyRows = "cublas"
+        if isinstance(w, QuantizedWeight) and scaled_mm_fits(w) and _fp8_tensor_cores(w.device):
+            key = f"{shape}, {MANY_ROWS} rows"
+            rows = kept.get(key)
+            if rows is None or rows.choice not in (None, (1,)):
+                rows = measured[key] = _time_many_rows(w)
+            many_rows = "cublas" if rows.choice is None else "scaled_mm"
+            summary += (
+                f"; at {MANY_ROWS} rows {many_rows}: {rows.us:.1f} us "
+                f"(dequantize + cuBLAS {rows.cublas_us:.1f} us)"
+            )
+        by_shape[shape] = TunedLinear(LinearPlan(one_row_gemv=tile, many_rows=many_rows), summary)
     if cache is not None and measured:
         tuning_cache.store(cache.path, fingerprint, measured)
     return [by_shape[_shape_key(w)] for w in weights]
 
 
-def _shape_key(w: torch.Tensor) -> str:
-    """A weight shape as the tuning cache names it: "3072x2048 torch.bfloat16"."""
+def _shape_key(w: LinearWeight) -> str:
+    """A weight shape as the tuning cache names it: "3072x2048 torch.bfloat16", or for a
+    quantized one "3072x2048 torch.float8_e4m3fn per-row scales -> torch.bfloat16"."""
+    if isinstance(w, QuantizedWeight):
+        return f"{w.shape[0]}x{w.shape[1]} {w.data.dtype} per-row scales -> {w.dtype}"
     return f"{w.shape[0]}x{w.shape[1]} {w.dtype}"
+
+
+# The batch at which an FP8 weight's many-row path is timed: a large decode batch.
+MANY_ROWS = 256
+
+
+def _fp8_tensor_cores(device: torch.device) -> bool:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index) >= (8, 9)
+
+
+def _copies(w: LinearWeight) -> list[LinearWeight]:
+    """w and enough clones of it to overflow L2 (see `sets_to_overflow_l2`)."""
+    if isinstance(w, QuantizedWeight):
+        return list(_quantized_copies(w))
+
+    count = sets_to_overflow_l2(w.numel() * w.element_size(), w.device)
+    return [w, *(w.clone() for _ in range(count - 1))]
+
+
+def _quantized_copies(w: QuantizedWeight) -> list[QuantizedWeight]:
+    count = sets_to_overflow_l2(w.data.nbytes, w.device)
+    clones = [
+        QuantizedWeight(w.data.clone(), w.scale.clone(), w.kind, w.dtype) for _ in range(count - 1)
+    ]
+    return [w, *clones]
+
+
+def _one_row_cublas(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+    if isinstance(w, QuantizedWeight):
+        return torch.nn.functional.linear(x, dequantize(w, x.dtype))
+    return torch.nn.functional.linear(x, w)
+
+
+def _gemv_call(x: torch.Tensor, w: LinearWeight, config: GemvTile) -> torch.Tensor:
+    if isinstance(w, QuantizedWeight):
+        return gemv(x, w.data, config, scale=w.scale)
+    return gemv(x, w, config)
+
+
+def _time_many_rows(w: QuantizedWeight) -> tuning_cache.TunedShape:
+    """FP8 tensor cores against dequantize + cuBLAS at MANY_ROWS rows: choice (1,) when
+    `scaled_mm` wins, None when cuBLAS does."""
+    copies = _quantized_copies(w)
+    x = torch.randn(MANY_ROWS, w.shape[1], dtype=w.dtype, device=w.device)
+    calls = [functools.partial(_one_row_cublas, x, c) for c in copies]
+    cublas = graph_ms_per_call(calls, _TUNE_CALLS)
+    fp8 = graph_ms_per_call([functools.partial(scaled_mm, x, c) for c in copies], _TUNE_CALLS)
+    choice = (1,) if fp8 < cublas else None
+    return tuning_cache.TunedShape(choice, min(fp8, cublas) * 1e3, cublas * 1e3)
 
 
 def tuning_fingerprint(device: torch.device) -> str:
@@ -274,16 +357,17 @@ def tuning_fingerprint(device: torch.device) -> str:
     )
 
 
-def _time_candidates(w: torch.Tensor) -> tuple[float, GemvTile | None, float]:
-    """(cuBLAS ms, the best config or None if cuBLAS won, its ms) per call, for weight w."""
-    nbytes = w.numel() * w.element_size()
-    copies = [w] + [w.clone() for _ in range(sets_to_overflow_l2(nbytes, w.device) - 1)]
+def _time_candidates(w: LinearWeight) -> tuple[float, GemvTile | None, float]:
+    """(cuBLAS ms, the best config or None if cuBLAS won, its ms) per call, for weight w (a
+    quantized one: cuBLAS on it dequantized, as `ops.linear` would run it without a tile)."""
+    copies = _copies(w)
     x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
-    linear = torch.nn.functional.linear
-    cublas = graph_ms_per_call([functools.partial(linear, x, c) for c in copies], _TUNE_CALLS)
+    calls = [functools.partial(_one_row_cublas, x, c) for c in copies]
+    cublas = graph_ms_per_call(calls, _TUNE_CALLS)
     best, best_ms = None, cublas
     for config in CONFIGS:
-        ms = graph_ms_per_call([functools.partial(gemv, x, c, config) for c in copies], _TUNE_CALLS)
+        calls = [functools.partial(_gemv_call, x, c, config) for c in copies]
+        ms = graph_ms_per_call(calls, _TUNE_CALLS)
         if ms < best_ms:
             best, best_ms = config, ms
     return cublas, best, best_ms

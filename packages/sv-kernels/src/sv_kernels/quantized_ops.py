@@ -1,0 +1,114 @@
+"""`ops.linear` and `ops.linear_swiglu` for a `QuantizedWeight`: the checks and the kernel choice.
+
+- CUDA, one row, a plan with a GEMV tile: the Triton GEMV reads the 8-bit values, converts
+  them in registers and applies the row scales to its FP32 sums (half BF16's bytes).
+- CUDA, other calls: the plan's `many_rows`: FP8 tensor cores with per-token activation scales
+  (`scaled_mm`), or the matrix dequantized to x's dtype for cuBLAS.
+- CPU, int8, up to INT8_KERNEL_MAX_ROWS rows (decode steps): torch's int8 weight kernel
+  (`torch._weight_int8pack_mm`, AVX2/AVX-512 vectorized) on BF16 activations; its batch-1
+  matmuls took 2.6-2.9x less time than FP32's at the default model's shapes on the 2-core
+  development machine. At 512 rows (a prompt) it was slower than dequantizing for FP32's
+  matmul, which then runs instead. It crashes (SIGSEGV, torch 2.13) when K is not a multiple
+  of 8, so such a matrix takes the reference. Its per-row scales are BF16, so it gets scales of
+  1 and the FP32 scales are applied to its output.
+- anything else: the reference (dequantize, then matmul).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import reference
+from .errors import KernelError
+from .linear_plan import LinearPlan
+from .quantized import MAX_VALUE, QuantizedWeight, dequantize
+
+# torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
+_INT8PACK_K_MULTIPLE = 8
+INT8_KERNEL_MAX_ROWS = 16
+# torch._scaled_mm needs both matrix dims of the weight to be multiples of 16.
+_SCALED_MM_MULTIPLE = 16
+
+
+def check_linear(op: str, x: Tensor, weight: QuantizedWeight) -> None:
+    weight.check(op)
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise KernelError(f"{op}: x must be a 2-D tensor [T, K] with a quantized weight")
+    if x.shape[1] != weight.shape[1]:
+        raise KernelError(
+            f"{op}: x has {x.shape[1]} features, the weight {list(weight.shape)} expects "
+            f"{weight.shape[1]}"
+        )
+    if x.dtype != weight.dtype:
+        raise KernelError(f"{op}: x is {x.dtype}, the quantized weight stands for {weight.dtype}")
+    if x.device != weight.device:
+        raise KernelError(f"{op}: x is on {x.device}, the weight on {weight.device}")
+
+
+def linear(
+    x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None, plan: LinearPlan
+) -> Tensor:
+    check_linear("linear", x, weight)
+    if x.device.type == "cuda":
+        if plan.one_row_gemv is not None and x.shape[0] == 1:
+            from . import triton_ops
+
+            return triton_ops.gemv(
+                x, weight.data, plan.one_row_gemv, out_dtype=out_dtype, scale=weight.scale
+            )
+        if plan.many_rows == "scaled_mm" and scaled_mm_fits(weight):
+            out = scaled_mm(x, weight)
+        else:
+            out = torch.nn.functional.linear(x, dequantize(weight, x.dtype))
+    elif (
+        weight.kind == "int8"
+        and weight.shape[1] % _INT8PACK_K_MULTIPLE == 0
+        and x.shape[0] <= INT8_KERNEL_MAX_ROWS
+    ):
+        out = int8_cpu(x, weight)
+    else:
+        out = reference.linear(x, weight)
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+def linear_swiglu(x: Tensor, gate_up: QuantizedWeight, plan: LinearPlan) -> Tensor | None:
+    """The fused one-row GEMV + SwiGLU when the plan and shapes allow it, else None (the
+    caller runs linear, then swiglu)."""
+    check_linear("linear_swiglu", x, gate_up)
+    tile = plan.one_row_gemv
+    if tile is None or x.device.type != "cuda" or x.shape[0] != 1 or gate_up.shape[0] % 2:
+        return None
+    from . import triton_ops
+
+    return triton_ops.gemv(x, gate_up.data, tile, swiglu=True, scale=gate_up.scale)
+
+
+def int8_cpu(x: Tensor, weight: QuantizedWeight) -> Tensor:
+    """x @ dequantize(weight)^T through torch's int8 CPU kernel, x rounded to BF16 for it."""
+    ones = torch.ones(weight.shape[0], dtype=torch.bfloat16)
+    out = torch._weight_int8pack_mm(x.to(torch.bfloat16), weight.data, ones)
+    return (out.float() * weight.scale).to(x.dtype)
+
+
+def scaled_mm_fits(weight: QuantizedWeight) -> bool:
+    n, k = weight.shape
+    return weight.kind == "fp8" and n % _SCALED_MM_MULTIPLE == 0 and k % _SCALED_MM_MULTIPLE == 0
+
+
+def scaled_mm(x: Tensor, weight: QuantizedWeight) -> Tensor:
+    """x @ dequantize(weight)^T on FP8 tensor cores: each row of x quantized to e4m3 with its
+    own scale (absmax / 448), the product scaled by both scales in the GEMM's epilogue, in x's
+    dtype (BF16; FP32 logits are widened by the caller)."""
+    x32 = x.float()
+    x_scale = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / MAX_VALUE["fp8"]
+    xq = (x32 / x_scale).to(torch.float8_e4m3fn)
+    out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    out = torch._scaled_mm(
+        xq,
+        weight.data.t(),
+        scale_a=x_scale,
+        scale_b=weight.scale[None, :],
+        out_dtype=out_dtype,
+    )
+    return out.to(x.dtype)

@@ -1,0 +1,199 @@
+"""Quantized weights (FP8 e4m3, int8; one scale per row) in every kernel `ops.linear` may run.
+
+Oracles: hand-computed quantization of small matrices, and for every kernel the plain-torch
+reference (dequantize, then matmul) in FP64: the batch-1 Triton GEMV (plain and with its SwiGLU
+epilogue; the interpreter on the CPU, compiled on a GPU, where the Llama 3.2 1B shapes run
+too), torch's int8 CPU kernel and the FP8 tensor-core path (`torch._scaled_mm`, which torch
+also runs on the CPU).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from kernels_testing import DEVICE, GPU, gpu_test, randn
+from sv_kernels import KernelError, ops, quantized_ops, reference, triton_ops
+from sv_kernels.linear_plan import LinearPlan
+from sv_kernels.quantized import (
+    QuantizedWeight,
+    QuantKind,
+    dequantize,
+    quantize,
+)
+
+KINDS: tuple[QuantKind, ...] = ("fp8", "int8")
+
+
+def test_int8_quantization_by_hand() -> None:
+    w = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [-254.0, 127.0, 1.0]])
+    q = quantize(w, "int8")
+    # Row scales: absmax / 127; an all-zero row gets 1.
+    assert torch.equal(q.scale, torch.tensor([2.0 / 127, 1.0, 2.0]))
+    assert torch.equal(
+        q.data, torch.tensor([[64, -127, 32], [0, 0, 0], [-127, 64, 0]]).to(torch.int8)
+    )
+    assert q.data.dtype == torch.int8 and q.dtype == torch.float32
+    assert dequantize(q)[2].tolist() == [-254.0, 128.0, 0.0]
+
+
+def test_fp8_quantization_by_hand() -> None:
+    w = torch.tensor([[448.0, -1.0, 0.1], [3.5, 0.0, 7.0]], dtype=torch.bfloat16)
+    q = quantize(w, "fp8")
+    assert q.data.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
+    assert torch.equal(q.scale, torch.tensor([1.0, 7.0 / 448]))
+    # e4m3 holds 448, -1, 3.5*64=224 and 448 exactly; 0.1 rounds to 0.1015625 (13/128).
+    assert q.data.float().tolist() == [[448.0, -1.0, 0.1015625], [224.0, 0.0, 448.0]]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_quantization_error_is_small(gen: torch.Generator, kind: QuantKind) -> None:
+    w = randn(gen, 64, 256, dtype=torch.float32)
+    err = float((dequantize(quantize(w, kind)) - w).norm() / w.norm())
+    # int8: uniform rounding of 1/127 of the row max; e4m3: 3 mantissa bits (~2.5% rms).
+    assert err < {"int8": 0.01, "fp8": 0.04}[kind]
+
+
+def assert_matches_dequantized(
+    out: torch.Tensor, x: torch.Tensor, w: QuantizedWeight, tol: float, what: str
+) -> None:
+    """out against x @ dequantize(w)^T in FP64, relative to sum |x| |w| per output."""
+    full = dequantize(w, torch.float64)
+    exact = x.double() @ full.t()
+    scale = x.double().abs() @ full.abs().t()
+    err = float((out.double() - exact).norm() / scale.norm())
+    assert err <= tol, f"{what}: error {err:.3g} of sum |x||w|"
+
+
+GEMV_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("n", "k"),
+    [
+        (1, 16),
+        (37, 100),
+        (64, 1024),
+        pytest.param(3072, 2048, marks=GPU),  # Llama 3.2 1B qkv
+        pytest.param(2048, 8192, marks=GPU),  # down
+        pytest.param(128256, 2048, marks=GPU),  # LM head
+    ],
+)
+def test_gemv_dequantizes_in_registers(
+    gen: torch.Generator, kind: QuantKind, dtype: torch.dtype, n: int, k: int
+) -> None:
+    x = randn(gen, 1, k, dtype=dtype)
+    w = quantize(randn(gen, n, k, dtype=dtype, scale=0.05), kind)
+    out = triton_ops.gemv(x, w.data, (2, 64 if k < 1024 else 1024, 4), scale=w.scale)
+    assert out.shape == (1, n) and out.dtype == dtype
+    assert_matches_dequantized(out, x, w, GEMV_TOL[dtype], f"gemv {kind}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("inter", "k"), [(19, 100), (64, 256), pytest.param(8192, 2048, marks=GPU)]
+)
+def test_gemv_swiglu_dequantizes(gen: torch.Generator, kind: QuantKind, inter: int, k: int) -> None:
+    dtype = torch.bfloat16
+    x = randn(gen, 1, k, dtype=dtype)
+    w = quantize(randn(gen, 2 * inter, k, dtype=dtype, scale=0.05), kind)
+    out = triton_ops.gemv(x, w.data, (4, 64, 4), swiglu=True, scale=w.scale)
+    # Oracle: gate and up from the FP64 product, rounded to BF16 as the kernel stores them.
+    gate_up = (x.double() @ dequantize(w, torch.float64).t()).to(dtype)
+    expected = reference.swiglu(gate_up)
+    err = float((out.double() - expected.double()).norm() / expected.double().norm())
+    assert out.shape == (1, inter) and err < 2e-2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 5, 17])  # 17: past the int8 kernel's rows, the reference
+def test_ops_linear_on_the_cpu_matches_the_reference(
+    gen: torch.Generator, kind: QuantKind, rows: int
+) -> None:
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    x = randn(cpu, rows, 96, dtype=torch.float32)
+    w = quantize(randn(cpu, 40, 96, dtype=torch.float32, scale=0.05), kind)
+    out = ops.linear(x, w)
+    assert out.dtype == torch.float32 and out.shape == (rows, 40)
+    # int8 runs torch's int8 kernel on BF16 activations: BF16's rounding; fp8 the reference.
+    assert_matches_dequantized(out, x, w, 1e-2 if kind == "int8" else 1e-6, f"linear {kind}")
+    logits = ops.linear(x, w, out_dtype=torch.float64)
+    assert logits.dtype == torch.float64
+
+
+def test_int8_cpu_kernel_is_skipped_where_it_would_crash(gen: torch.Generator) -> None:
+    # torch._weight_int8pack_mm segfaults when K % 8 != 0 (torch 2.13): the reference runs.
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    x = randn(cpu, 2, 17, dtype=torch.float32)
+    w = quantize(randn(cpu, 7, 17, dtype=torch.float32), "int8")
+    assert_matches_dequantized(ops.linear(x, w), x, w, 1e-6, "int8, K = 17")
+
+
+def test_scaled_mm_quantizes_activations_per_token(gen: torch.Generator) -> None:
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    x = randn(cpu, 8, 64, dtype=torch.bfloat16)
+    x[3] *= 100  # one token far larger than the others: per-token scales keep the rest exact
+    w = quantize(randn(cpu, 32, 64, dtype=torch.bfloat16, scale=0.05), "fp8")
+    out = quantized_ops.scaled_mm(x, w)
+    assert out.dtype == torch.bfloat16 and out.shape == (8, 32)
+    # e4m3 activations: ~2.5% rms per element, so ~4% of sum |x||w| at most.
+    for row in range(8):
+        assert_matches_dequantized(out[row : row + 1], x[row : row + 1], w, 4e-2, f"row {row}")
+
+
+def test_ops_linear_swiglu_and_embedding_take_quantized_weights(gen: torch.Generator) -> None:
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    x = randn(cpu, 3, 32, dtype=torch.float32)
+    w = quantize(randn(cpu, 24, 32, dtype=torch.float32), "fp8")
+    expected = reference.swiglu(x @ dequantize(w).t())
+    assert torch.allclose(ops.linear_swiglu(x, w), expected, rtol=1e-5, atol=1e-5)
+    ids = torch.tensor([3, 0, 23, 3])
+    assert torch.equal(ops.embedding(ids, w), dequantize(w)[ids])
+
+
+def test_ops_linear_rejects_bad_quantized_weights() -> None:
+    x = torch.randn(2, 16)
+    good = quantize(torch.randn(8, 16), "int8")
+    cases = {
+        "scale must be [N] = [8]": QuantizedWeight(
+            good.data, good.scale[:4], "int8", torch.float32
+        ),
+        "int8 data must be torch.int8": QuantizedWeight(
+            good.data.float(), good.scale, "int8", torch.float32
+        ),
+        "scale must be float32": QuantizedWeight(
+            good.data, good.scale.double(), "int8", torch.float32
+        ),
+        "stands for torch.bfloat16": QuantizedWeight(good.data, good.scale, "int8", torch.bfloat16),
+    }
+    for message, weight in cases.items():
+        with pytest.raises(KernelError, match=re.escape(message)):
+            ops.linear(x, weight)
+    with pytest.raises(KernelError, match="x has 15 features"):
+        ops.linear(torch.randn(2, 15), good)
+
+
+@gpu_test
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("n", "k"), [(3072, 2048), (16384, 2048), (2048, 8192)])
+def test_ops_linear_many_rows_on_the_gpu(
+    gen: torch.Generator, kind: QuantKind, n: int, k: int
+) -> None:
+    x = randn(gen, 256, k, dtype=torch.bfloat16)
+    w = quantize(randn(gen, n, k, dtype=torch.bfloat16, scale=0.02), kind)
+    assert_matches_dequantized(ops.linear(x, w), x, w, 1e-2, f"{kind} dequantize + cuBLAS")
+    if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
+        out = ops.linear(x, w, plan=LinearPlan(many_rows="scaled_mm"))
+        assert_matches_dequantized(out, x, w, 4e-2, "fp8 scaled_mm")
+
+
+@gpu_test
+def test_tuner_plans_quantized_weights() -> None:
+    w = quantize(torch.randn(3072, 2048, device=DEVICE, dtype=torch.bfloat16), "fp8")
+    (tuned,) = ops.tune_linear([w])
+    assert tuned.plan.many_rows in ("cublas", "scaled_mm")
+    x = torch.randn(1, 2048, device=DEVICE, dtype=torch.bfloat16)
+    assert_matches_dequantized(ops.linear(x, w, plan=tuned.plan), x, w, 1e-2, "tuned plan")

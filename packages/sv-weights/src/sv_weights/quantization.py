@@ -1,0 +1,184 @@
+"""Pre-quantized checkpoints: the compressed-tensors FP8 layout of published FP8 Llama 3.x models.
+
+Such a checkpoint's config.json carries a `quantization_config` like
+
+    {"quant_method": "compressed-tensors", "format": "float-quantized",
+     "config_groups": {"group_0": {"targets": ["Linear"],
+         "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": true,
+                     "dynamic": false, "group_size": null},
+         "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                               "dynamic": true}}},
+     "ignore": ["lm_head"]}
+
+and each quantized linear layer `X` holds `X.weight` (F8_E4M3, [out, in]) and `X.weight_scale`
+(one scale per output channel, [out, 1], or one per matrix, [1] or []), and with static
+activation scales also `X.input_scale` ([1] or []). The weight is `weight * weight_scale`.
+
+sv reads FP8 weights with channel or tensor scales; activations are always quantized per
+token at run time by the kernels that use them, so an `input_scale` is checked and not used.
+Anything else (int4 packs, group scales, asymmetric weights, regex ignore lists) is refused
+with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sv_weights.errors import WeightsError
+from sv_weights.safetensors import TensorInfo
+
+QUANT_METHOD = "compressed-tensors"
+FP8_DTYPE = "F8_E4M3"
+SCALE_DTYPES = frozenset({"F32", "BF16", "F16"})
+WEIGHT_SCALE = "_scale"  # "X.weight" -> "X.weight_scale"
+INPUT_SCALE = "input_scale"
+
+# The linear layers of a Llama layer, as module names under "model.layers.N.".
+LINEAR_MODULES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+LM_HEAD_MODULE = "lm_head"
+
+Strategy = Literal["channel", "tensor"]
+
+
+@dataclass(frozen=True)
+class FP8Quantization:
+    """A checkpoint's FP8 weight scheme: scale strategy and the modules left unquantized."""
+
+    strategy: Strategy
+    ignore: frozenset[str]
+
+    def quantizes(self, module: str) -> bool:
+        """Whether the linear module `module` (e.g. "model.layers.0.mlp.up_proj") is FP8."""
+        short = module.rsplit(".", 1)[-1]
+        return module not in self.ignore and short not in self.ignore
+
+    def check_tensors(
+        self, linear_weights: dict[str, tuple[int, ...]], infos: dict[str, TensorInfo], source: str
+    ) -> set[str]:
+        """Check each quantized linear weight's dtype and its scales (`linear_weights`: weight
+        name -> expected shape); return the names of the scale tensors found (the weights'
+        `weight_scale`s and any `input_scale`s), which the plain validation must accept."""
+        scales: set[str] = set()
+        for name, shape in linear_weights.items():
+            module = name.removesuffix(".weight")
+            quantized = self.quantizes(module)
+            info = infos.get(name)
+            scale_name = name + WEIGHT_SCALE
+            input_name = f"{module}.{INPUT_SCALE}"
+            if not quantized:
+                for extra in (scale_name, input_name):
+                    if extra in infos:
+                        raise WeightsError(
+                            f"{source}: {extra!r} belongs to {module!r}, which "
+                            "quantization_config.ignore leaves unquantized"
+                        )
+                continue
+            if info is not None and info.dtype != FP8_DTYPE:
+                raise WeightsError(
+                    f"{source}: tensor {name!r} has dtype {info.dtype}; quantization_config "
+                    f"quantizes {module!r}, so expected {FP8_DTYPE}"
+                )
+            scale = infos.get(scale_name)
+            if scale is None:
+                raise WeightsError(
+                    f"{source}: {name!r} is FP8 but its scales {scale_name!r} are missing"
+                )
+            expected = [(shape[0], 1)] if self.strategy == "channel" else [(1,), ()]
+            if scale.shape not in expected:
+                raise WeightsError(
+                    f"{source}: {scale_name!r} has shape {list(scale.shape)}, expected "
+                    f"{' or '.join(str(list(s)) for s in expected)} ({self.strategy} scales)"
+                )
+            scales.add(scale_name)
+            input_scale = infos.get(input_name)
+            if input_scale is not None:
+                if input_scale.shape not in ((1,), ()):
+                    raise WeightsError(
+                        f"{source}: {input_name!r} has shape {list(input_scale.shape)}, expected "
+                        "[1] or [] (one static activation scale per matrix)"
+                    )
+                scales.add(input_name)
+            for found in (scale, input_scale):
+                if found is not None and found.dtype not in SCALE_DTYPES:
+                    raise WeightsError(
+                        f"{source}: {found.name!r} has dtype {found.dtype}, expected one of "
+                        f"{', '.join(sorted(SCALE_DTYPES))}"
+                    )
+        return scales
+
+
+def read_quantization(model_dir: str | Path) -> FP8Quantization | None:
+    """The FP8 scheme of `<model_dir>/config.json`, or None when it has no
+    quantization_config. Raises WeightsError for a layout sv does not read."""
+    path = Path(model_dir) / "config.json"
+    try:
+        raw: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise WeightsError(f"{path}: cannot read it as JSON ({exc})") from exc
+    if not isinstance(raw, dict) or raw.get("quantization_config") is None:
+        return None
+    return parse_quantization_config(raw["quantization_config"], str(path))
+
+
+def parse_quantization_config(qc: Any, source: str) -> FP8Quantization:
+    """Check a `quantization_config` object (see the module doc) and return its scheme."""
+    where = f"{source}: quantization_config"
+    if not isinstance(qc, dict):
+        raise WeightsError(f"{where} must be an object")
+    method = qc.get("quant_method")
+    if method != QUANT_METHOD:
+        raise WeightsError(
+            f"{where}.quant_method is {method!r}; sv reads only {QUANT_METHOD!r} FP8 checkpoints"
+        )
+    fmt = qc.get("format")
+    if fmt != "float-quantized":
+        raise WeightsError(f"{where}.format is {fmt!r}; sv reads only 'float-quantized' (FP8)")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or len(groups) != 1:
+        raise WeightsError(f"{where}.config_groups must hold exactly one group")
+    ((group_name, group),) = groups.items()
+    gwhere = f"{where}.config_groups.{group_name}"
+    if not isinstance(group, dict):
+        raise WeightsError(f"{gwhere} must be an object")
+    targets = group.get("targets")
+    if targets != ["Linear"]:
+        raise WeightsError(f"{gwhere}.targets is {targets!r}; sv reads only ['Linear']")
+    strategy = _check_fp8_args(group.get("weights"), f"{gwhere}.weights", ("channel", "tensor"))
+    activations = group.get("input_activations")
+    if activations is not None:
+        _check_fp8_args(activations, f"{gwhere}.input_activations", ("token", "tensor"))
+    ignore = qc.get("ignore", [])
+    if not isinstance(ignore, list) or not all(isinstance(m, str) for m in ignore):
+        raise WeightsError(f"{where}.ignore must be a list of module names")
+    patterns = [m for m in ignore if m.startswith("re:")]
+    if patterns:
+        raise WeightsError(f"{where}.ignore holds patterns ({patterns[0]!r}); sv reads only names")
+    return FP8Quantization("channel" if strategy == "channel" else "tensor", frozenset(ignore))
+
+
+def _check_fp8_args(args: Any, where: str, strategies: tuple[str, ...]) -> str:
+    if not isinstance(args, dict):
+        raise WeightsError(f"{where} must be an object")
+    wanted: dict[str, Any] = {"num_bits": 8, "type": "float"}
+    for key, value in wanted.items():
+        if args.get(key) != value:
+            raise WeightsError(f"{where}.{key} is {args.get(key)!r}; sv reads only {value!r}")
+    if args.get("symmetric", True) is not True:
+        raise WeightsError(f"{where}.symmetric is {args.get('symmetric')!r}; sv reads only true")
+    if args.get("group_size") is not None:
+        raise WeightsError(f"{where}.group_size is {args['group_size']!r}; sv reads no groups")
+    strategy = args.get("strategy")
+    if strategy not in strategies:
+        raise WeightsError(f"{where}.strategy is {strategy!r}; sv reads {' or '.join(strategies)}")
+    return str(strategy)

@@ -1,0 +1,148 @@
+"""Pre-quantized FP8 checkpoints in the compressed-tensors layout of published FP8 Llama 3.x.
+
+Oracle: the checkpoint is written by the `safetensors` package from weights quantized here by
+hand (per output channel: scale = absmax / 448, e4m3 values), with the quantization_config
+those checkpoints carry; loading must give back exactly those values and scales, so the
+dequantized weights are the file's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import safetensors.torch
+import torch
+from sv_weights import (
+    ModelConfig,
+    WeightsError,
+    expected_tensors,
+    load_checkpoint,
+    tiny_llama_config,
+)
+from sv_weights.quantization import parse_quantization_config
+from sv_weights.synthetic import random_weights
+
+FP8 = torch.float8_e4m3fn
+
+
+def compressed_tensors_config(strategy: str = "channel") -> dict[str, Any]:
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {
+                    "num_bits": 8,
+                    "type": "float",
+                    "strategy": strategy,
+                    "symmetric": True,
+                    "dynamic": False,
+                    "group_size": None,
+                },
+                "input_activations": {
+                    "num_bits": 8,
+                    "type": "float",
+                    "strategy": "token",
+                    "dynamic": True,
+                    "symmetric": True,
+                },
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+
+
+def write_fp8_checkpoint(
+    folder: Path, config: ModelConfig, strategy: str = "channel", **edits: Any
+) -> dict[str, torch.Tensor]:
+    """Write an FP8 checkpoint of random weights; return what the file holds."""
+    state: dict[str, torch.Tensor] = {}
+    for name, w in random_weights(config, seed=3).items():
+        if not name.endswith("_proj.weight"):
+            state[name] = w
+            continue
+        w32 = w.float()
+        if strategy == "channel":
+            scale = w32.abs().amax(dim=1, keepdim=True) / 448.0
+        else:
+            scale = (w32.abs().amax() / 448.0).reshape(1)
+        state[name] = (w32 / scale).to(FP8)
+        state[name + "_scale"] = scale.to(torch.bfloat16)
+        state[name.removesuffix("weight") + "input_scale"] = torch.ones(1)
+    state.update(edits.pop("tensors", {}))
+    for name in edits.pop("drop", ()):
+        del state[name]
+    folder.mkdir(parents=True, exist_ok=True)
+    safetensors.torch.save_file(state, str(folder / "model.safetensors"))
+    raw = config.to_json_dict()
+    raw["quantization_config"] = edits.pop(
+        "quantization_config", compressed_tensors_config(strategy)
+    )
+    (folder / "config.json").write_text(json.dumps(raw))
+    return state
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+@pytest.mark.parametrize("copy", [False, True])
+def test_fp8_checkpoint_loads_its_values_and_scales(
+    tmp_path: Path, strategy: str, copy: bool
+) -> None:
+    config = tiny_llama_config()
+    written = write_fp8_checkpoint(tmp_path, config, strategy)
+    loaded = load_checkpoint(tmp_path, copy=copy)
+    assert set(loaded) == set(expected_tensors(config)) | {
+        n for n in written if n.endswith("weight_scale")
+    }  # input_scale: checked, not loaded
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert loaded[name].dtype == FP8
+    assert torch.equal(loaded[name].view(torch.uint8), written[name].view(torch.uint8))
+    dequantized = loaded[name].float() * loaded[name + "_scale"].float()
+    assert torch.equal(dequantized, written[name].float() * written[name + "_scale"].float())
+    assert torch.equal(loaded["model.norm.weight"], written["model.norm.weight"])
+
+
+def test_fp8_checkpoint_errors_name_the_tensor(tmp_path: Path) -> None:
+    config = tiny_llama_config()
+    q = "model.layers.0.self_attn.q_proj.weight"
+    cases: list[tuple[dict[str, Any], str]] = [
+        (
+            {"drop": [q + "_scale"]},
+            "its scales 'model.layers.0.self_attn.q_proj.weight_scale' are missing",
+        ),
+        ({"tensors": {q + "_scale": torch.ones(3, 1)}}, "expected [64, 1] (channel scales)"),
+        ({"tensors": {q: torch.zeros(64, 64, dtype=torch.bfloat16)}}, "expected F8_E4M3"),
+        ({"tensors": {q + "_scale": torch.ones(64, 1, dtype=torch.int32)}}, "has dtype I32"),
+        ({"quantization_config": None}, "has no quantization_config"),
+    ]
+    for i, (edits, message) in enumerate(cases):
+        folder = tmp_path / str(i)
+        write_fp8_checkpoint(folder, config, **edits)
+        with pytest.raises(WeightsError, match=re.escape(message)):
+            load_checkpoint(folder)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"quant_method": "gptq"}, "quant_method is 'gptq'"),
+        ({"format": "pack-quantized"}, "format is 'pack-quantized'"),
+        ({"ignore": ["re:.*lm_head"]}, "holds patterns"),
+    ],
+)
+def test_unsupported_quantization_configs_are_refused(change: dict[str, Any], message: str) -> None:
+    raw = compressed_tensors_config() | change
+    with pytest.raises(WeightsError, match=message):
+        parse_quantization_config(raw, "config.json")
+
+
+def test_group_scales_are_refused() -> None:
+    raw = compressed_tensors_config()
+    raw["config_groups"]["group_0"]["weights"]["strategy"] = "group"
+    raw["config_groups"]["group_0"]["weights"]["group_size"] = 128
+    with pytest.raises(WeightsError, match="group_size is 128"):
+        parse_quantization_config(raw, "config.json")

@@ -1,0 +1,121 @@
+"""CPU decode speed of the default model: sv FP32, sv int8 weights and transformers FP32, side by side.
+
+    uv run --frozen python scripts/cpu-bench.py [--model DIR] [--tokens 64] [--rounds 3] [--threads N]
+
+One greedy request (a short chat prompt, EOS ignored), decode tok/s from the first to the last
+streamed token; transformers' `generate` on the same weights, its decode rate taken as the
+extra tokens over the extra time between a 1-token and a (1 + tokens)-token call. The three
+are measured in turns, `--rounds` times, in one process, so a shared machine's load falls on
+all of them alike; each figure is the best round. Not a test: the figures depend on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from sv_engine import Engine, SamplingParams
+from sv_engine.default_model import default_model_dir
+
+PROMPT = "Write a short story about a lighthouse keeper who builds a clock."
+
+
+def sv_rate(engine: Engine, tokens: int) -> float:
+    params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+    times = [time.perf_counter() for _event in engine.stream([PROMPT], params)]
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def hf_rate(model: object, ids: torch.Tensor, tokens: int) -> float:
+    def run(n: int) -> float:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(  # type: ignore[attr-defined]
+                ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+            )
+        return time.perf_counter() - t0
+
+    return tokens / (run(1 + tokens) - run(1))
+
+
+def matmul_ms(engine: Engine) -> float:
+    """One batch-1 decode step's matrices alone (every linear layer and the LM head, through
+    `ops.linear` as the model calls it), in ms: the part of a step quantization shrinks."""
+    from sv_kernels import ops
+
+    weights = engine.runner.model.weights
+    matrices = [
+        m for layer in weights.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    ]
+    matrices.append(weights.lm_head)
+    inputs = [torch.randn(1, m.shape[1]) for m in matrices]
+    with torch.inference_mode():
+        for x, m in zip(inputs, matrices, strict=True):
+            ops.linear(x, m)
+        t0 = time.perf_counter()
+        for x, m in zip(inputs, matrices, strict=True):
+            ops.linear(x, m)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="model folder (default: the embedded default model)")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    args = p.parse_args()
+    if args.threads:
+        # On a machine shared with other busy processes, one thread avoids OpenMP's barriers
+        # waiting on a descheduled partner thread at every op.
+        torch.set_num_threads(args.threads)
+    import transformers
+
+    model_dir = Path(args.model) if args.model else default_model_dir()
+    engines = {
+        "sv FP32": Engine.from_model_dir(model_dir, device="cpu", kv_cache_mib=64),
+        "sv int8": Engine.from_model_dir(
+            model_dir, device="cpu", kv_cache_mib=64, quantization="int8"
+        ),
+    }
+    hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompt_ids = engines["sv FP32"].tokenizer.chat_format.encode_user_prompt(PROMPT)
+    ids = torch.tensor([prompt_ids])
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f}; {args.tokens} new tokens, {len(prompt_ids)}-token prompt"
+    )
+    best: dict[str, float] = {}
+    for r in range(args.rounds):
+        matmuls = {name: matmul_ms(engine) for name, engine in engines.items()}
+        print(
+            f"round {r + 1}: batch-1 matrices alone: "
+            + ", ".join(f"{k} {v:.1f} ms" for k, v in matmuls.items()),
+            flush=True,
+        )
+        for name, value in matmuls.items():
+            best[name + " matrices ms"] = min(best.get(name + " matrices ms", 1e9), value)
+        figures = {name: sv_rate(engine, args.tokens) for name, engine in engines.items()}
+        figures["transformers FP32"] = hf_rate(hf, ids, args.tokens)
+        print(
+            f"round {r + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()), flush=True
+        )
+        for name, value in figures.items():
+            best[name] = max(best.get(name, 0.0), value)
+    fp32, int8, peer = best["sv FP32"], best["sv int8"], best["transformers FP32"]
+    print("\n| decode tok/s (best of rounds) | sv FP32 | sv int8 | transformers FP32 |")
+    print("|---|---|---|---|")
+    print(f"| | {fp32:.1f} | {int8:.1f} | {peer:.1f} |")
+    print(f"int8 / sv FP32 = {int8 / fp32:.2f}x, int8 / transformers FP32 = {int8 / peer:.2f}x")
+    m32, m8 = best["sv FP32 matrices ms"], best["sv int8 matrices ms"]
+    print(f"batch-1 matrices alone (best): FP32 {m32:.1f} ms, int8 {m8:.1f} ms = {m32 / m8:.2f}x")
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
