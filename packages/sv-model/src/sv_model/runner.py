@@ -164,7 +164,8 @@ class ModelRunner:
             logits = self._prefill(step)
             greedy_ids = None
         ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph)
-        self.last_ids[: ids.shape[0]].copy_(ids)
+        kept = len(step.sample_rows)  # ids past these (draft positions) are never fed
+        self.last_ids[:kept].copy_(ids[:kept])
         return PendingTokens(ids)
 
     def logits(self, step: StepInputs, *, every_token: bool = False) -> Tensor:

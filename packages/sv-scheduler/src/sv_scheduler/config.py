@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import SchedulerError
+from .speculation import SpeculationConfig
 
 Policy = Literal["continuous", "static"]
 Admission = Literal["conservative", "preemptive"]
@@ -27,6 +28,7 @@ class SchedulerConfig:
     admission:       "conservative" reserves each request's whole budget at admission (never
                      preempts); "preemptive" admits on the prompt's pages and preempts the newest
                      running request (it recomputes later) when pages run out. See admission.py.
+    speculation:     prompt-lookup speculative decoding (speculation.py); None: off.
     """
 
     num_pages: int
@@ -37,6 +39,7 @@ class SchedulerConfig:
     max_step_tokens: int = 8192
     prefix_caching: bool = True
     admission: Admission = "conservative"
+    speculation: SpeculationConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "max_model_len", "page_size", "max_num_seqs", "max_step_tokens"):
@@ -66,3 +69,5 @@ class SchedulerConfig:
             )
         if not isinstance(self.prefix_caching, bool):
             raise SchedulerError("SchedulerConfig.prefix_caching must be a bool")
+        if self.speculation is not None and not isinstance(self.speculation, SpeculationConfig):
+            raise SchedulerError("SchedulerConfig.speculation must be a SpeculationConfig or None")
