@@ -542,7 +542,10 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--peer", action="store_true", help="also run the transformers peer")
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
     p.add_argument(
-        "--only", help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var"
+        "--only",
+        help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,spec "
+        "(spec: verify-step cost for k = 1..8 and decode-b1 with --speculate ngram; not in "
+        "the default set)",
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
@@ -608,6 +611,14 @@ def bench_main(argv: list[str]) -> int:
             run_profiles(engine, Path(args.workdir))
         del engine
         torch.cuda.empty_cache()
+    if only is not None and "spec" in only:
+        from sv_cli import bench_spec
+
+        engine = _engine(model_dir, max_num_seqs=256)
+        bench_spec.bench_verify_steps(report, engine)
+        del engine
+        torch.cuda.empty_cache()
+        bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
     if args.peer:
         bench_peer(report, model_dir, args.quick)
     report.add(Row("host probe at end", host_probe_ms(), "ms", note="sum(range(10**7))"))

@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sv_kernels import TuningCache
-from sv_scheduler import Admission
+from sv_scheduler import Admission, SchedulerError, SpeculationConfig
 
 from sv_engine.cache_folder import cache_dir
 from sv_engine.default_model import default_model_dir
 from sv_engine.engine import Engine
+from sv_engine.errors import EngineError
 
 EXIT_USAGE = 2
+_SPECULATION = SpeculationConfig()  # the defaults --spec-k and --spec-ngram show
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -55,8 +57,8 @@ ADMISSION_HELP = {
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
-    """--model, --kv-cache-mib, --device, --max-model-len, --admission, --no-overlap.
-    `admission` is this app's default policy."""
+    """--model, --kv-cache-mib, --device, --max-model-len, --admission, --no-overlap,
+    --speculate with --spec-k and --spec-ngram. `admission` is this app's default policy."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -92,6 +94,27 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         help="run the plain step loop: wait for each step's tokens before planning the next "
         "(same output, slower; for debugging and comparison)",
     )
+    p.add_argument(
+        "--speculate",
+        choices=["ngram"],
+        help="speculative decoding: ngram drafts the next tokens by looking the last few up in "
+        "the prompt and output, and one step verifies them (same output; faster where the "
+        "output repeats its input: summaries, rewrites, code edits)",
+    )
+    p.add_argument(
+        "--spec-k",
+        type=positive_int,
+        default=_SPECULATION.max_draft,
+        metavar="K",
+        help=f"with --speculate: most draft tokens per step (default {_SPECULATION.max_draft})",
+    )
+    p.add_argument(
+        "--spec-ngram",
+        type=positive_int,
+        default=_SPECULATION.ngram,
+        metavar="N",
+        help=f"with --speculate ngram: longest suffix looked up (default {_SPECULATION.ngram})",
+    )
 
 
 GEMV_TUNING_FILE = "gemv-tuning.json"
@@ -102,6 +125,16 @@ def default_tuning_cache() -> TuningCache:
     ~/.cache/sv); SV_RETUNE=1 in the environment measures again (and replaces what was kept)."""
     retune = os.environ.get("SV_RETUNE", "") not in ("", "0")
     return TuningCache(cache_dir() / GEMV_TUNING_FILE, retune=retune)
+
+
+def speculation_from_args(args: argparse.Namespace) -> SpeculationConfig | None:
+    """The speculation --speculate, --spec-k and --spec-ngram ask for (None: off)."""
+    if getattr(args, "speculate", None) is None:
+        return None
+    try:
+        return SpeculationConfig(max_draft=args.spec_k, ngram=args.spec_ngram)
+    except SchedulerError as e:
+        raise EngineError(str(e)) from e
 
 
 def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine, Path]:
@@ -120,6 +153,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         kv_cache_mib=args.kv_cache_mib,
         max_model_len=args.max_model_len,
         admission=args.admission,
+        speculation=speculation_from_args(args),
         tuning_cache=default_tuning_cache(),
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
         **overrides,

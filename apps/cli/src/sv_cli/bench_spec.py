@@ -1,0 +1,93 @@
+"""`sv bench --only spec`: what speculative decoding costs on the GPU at the benchmark's shapes.
+
+- verify-b1 k=K: one sequence (128 tokens of context) feeding its newest token and K draft
+  tokens, with a choice at every position (the eager packed path a verify step runs on), in ms
+  per step beside the graph-replayed decode step (k=0). A draft of K tokens with a accepted pays
+  when (1 + a) decode steps cost more than one verify step.
+- decode-b1 --speculate ngram: the end-to-end decode-b1 figure with prompt-lookup speculation
+  on, on random-token prompts; random weights accept next to nothing, so this is the cost of
+  trying (drafts found and verified, then speculation paused); the note gives drafted and
+  accepted tokens. Target: at least 0.97x the plain decode-b1 row.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+from typing import Any
+
+from sv_cli.bench import Report, Row
+
+
+def bench_verify_steps(report: Report, engine: Any, max_k: int = 8) -> None:
+    import torch
+    from sv_model import StepInputs
+
+    runner = engine.runner
+    context = 128
+    pages = -(-(context + max_k) // runner.page_size)
+    runner.set_block_tables([(0, list(range(pages)))])
+    rng = random.Random(2)
+    tokens = [rng.randint(0, 127999) for _ in range(context + max_k)]
+    baseline = None
+    for k in range(max_k + 1):
+        step = StepInputs(
+            token_ids=tokens[context - 1 : context + k],
+            positions=list(range(context - 1, context + k)),
+            table_rows=[0],
+            query_lens=[1 + k],
+            seq_lens=[context + k],
+            sample_rows=[0],
+            logits_at=list(range(1 + k)) if k else None,
+        )
+        for _ in range(3):
+            runner.launch(step).result()
+        torch.cuda.synchronize()
+        reps = 30
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            runner.launch(step).result()
+        ms = (time.perf_counter() - t0) / reps * 1e3
+        baseline = baseline or ms
+        name = "decode-b1 step (graph), k=0" if k == 0 else f"verify-b1 step, k={k}"
+        report.add(Row(name, ms, "ms", note=f"{ms / baseline:.2f}x the decode step; launch + wait"))
+
+
+def bench_spec_decode_b1(report: Report, model_dir: Any, new_tokens: int) -> None:
+    from sv_engine import Engine, SamplingParams
+    from sv_engine.options import default_tuning_cache
+    from sv_scheduler import SpeculationConfig
+
+    rng = random.Random(1)
+    warm, prompt = ([rng.randint(0, 127999) for _ in range(128)] for _ in range(2))
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    for name, spec in (
+        ("decode-b1 (same engine settings)", None),
+        ("decode-b1 --speculate ngram", SpeculationConfig()),
+    ):
+        engine = Engine.from_model_dir(
+            model_dir,
+            device="cuda",
+            max_num_seqs=256,
+            speculation=spec,
+            tuning_cache=default_tuning_cache(),
+        )
+        engine.generate([warm], replace(params, max_new_tokens=8))
+        before = engine.stats
+        t0 = time.perf_counter()
+        times = [time.perf_counter() for _event in engine.stream([prompt], params)]
+        decode = (len(times) - 1) / (times[-1] - times[0])
+        s = engine.stats
+        drafted = s.drafted_tokens - before.drafted_tokens
+        accepted = s.accepted_tokens - before.accepted_tokens
+        report.add(
+            Row(
+                name,
+                decode,
+                "tok/s",
+                note=f"TTFT {(times[0] - t0) * 1e3:.1f} ms; {len(times)} events, drafted "
+                f"{drafted}, accepted {accepted}",
+            )
+        )
+        del engine
