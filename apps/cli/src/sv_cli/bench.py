@@ -544,8 +544,8 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument(
         "--only",
         help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,spec "
-        "(spec: verify-step cost for k = 1..8 and decode-b1 with --speculate ngram; not in "
-        "the default set)",
+        "(spec: verify-step cost for k = 1..8, decode-b1 and 64-request throughput with "
+        "--speculate ngram beside plain; not in the default set)",
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument("--json", help="write the rows here as JSON")
@@ -619,6 +619,13 @@ def bench_main(argv: list[str]) -> int:
         del engine
         torch.cuda.empty_cache()
         bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
+        from sv_scheduler import SpeculationConfig
+
+        for label, spec in (("", None), (" --speculate ngram", SpeculationConfig())):
+            engine = _engine(model_dir, max_num_seqs=256, speculation=spec)
+            bench_throughput(report, engine, f"throughput-b64{label}", 64, False, 256)
+            del engine
+            torch.cuda.empty_cache()
     if args.peer:
         bench_peer(report, model_dir, args.quick)
     report.add(Row("host probe at end", host_probe_ms(), "ms", note="sum(range(10**7))"))

@@ -8,6 +8,8 @@
   on, on random-token prompts; random weights accept next to nothing, so this is the cost of
   trying (drafts found and verified, then speculation paused); the note gives drafted and
   accepted tokens. Target: at least 0.97x the plain decode-b1 row.
+- throughput-b64 with and without --speculate ngram (run by `sv bench` itself): 64 requests of
+  256 tokens. Target: the speculating row at least 0.97x the plain one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def bench_verify_steps(report: Report, engine: Any, max_k: int = 8) -> None:
     pages = -(-(context + max_k) // runner.page_size)
     runner.set_block_tables([(0, list(range(pages)))])
     rng = random.Random(2)
-    tokens = [rng.randint(0, 127999) for _ in range(context + max_k)]
+    tokens = [rng.randrange(runner.config.vocab_size) for _ in range(context + max_k)]
     baseline = None
     for k in range(max_k + 1):
         step = StepInputs(
