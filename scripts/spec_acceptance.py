@@ -49,6 +49,7 @@ def main() -> int:
         seconds = time.perf_counter() - t0
         s = engine.stats
         results[name] = (completions, seconds, s.steps - before.steps, s, before)
+        print(f"{name}: done in {seconds:.1f} s", flush=True)
     plain, ngram = results["plain"], results["ngram"]
     same = [a.output_ids == b.output_ids for a, b in zip(plain[0], ngram[0], strict=True)]
     tokens = sum(len(c.output_ids) for c in plain[0])

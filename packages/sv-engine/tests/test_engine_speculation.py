@@ -85,7 +85,7 @@ def pattern(seed: int, length: int) -> list[int]:
 
 
 @settings(
-    max_examples=40,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -262,37 +262,58 @@ def chi2_sf(x: float, df: int) -> float:
 
 
 def test_speculative_sampling_follows_the_model_distribution(base: Engine) -> None:
-    """Outputs of 3 tokens under 1,000 seeds against the probabilities the model gives those
+    """Outputs of 3 tokens under 600 seeds against the probabilities the model gives those
     sequences (softmax of teacher-forced FP32 logits at temperature T), by a chi-square test.
-    Every token is in the prompt, so the second decode always finds a draft."""
-    temperature, length, draws = 0.1, 3, 1000
-    prompt = pattern(5, 20) + list(range(3, VOCAB))
+    The prompt ends with the model's own greedy cycle, so the drafts the second decode verifies
+    are accepted often and rejected often."""
+    temperature, length, draws = 0.15, 3, 600
+    start = pattern(5, 20)
+    greedy = outputs(engine_like(base, None), [start], [SamplingParams(max_new_tokens=12)])
+    prompt = start + greedy[0][0]
     engine = engine_like(base, SpeculationConfig(max_draft=2))
     params = [
         SamplingParams(max_new_tokens=length, temperature=temperature, ignore_eos=True, seed=s)
         for s in range(draws)
     ]
     seen = Counter(tuple(out) for out, _ in outputs(engine, [prompt] * draws, params))
-    # Speculation really made the samples: many drafts accepted, many rejected (the token then
-    # comes from p with the draft taken out).
+    # Speculation really made the samples: drafts accepted (the token then comes from the
+    # draft position's logits) and rejected (from p with the draft taken out).
     s = engine.stats
-    assert s.accepted_tokens >= 50 and s.drafted_tokens - s.accepted_tokens >= 50
+    assert s.accepted_tokens >= 30 and s.drafted_tokens - s.accepted_tokens >= 30
     assert_all_back(engine)
 
-    def probability(tokens: tuple[int, ...]) -> float:
-        ids = prompt + list(tokens)
-        step = StepInputs(
-            token_ids=ids,
-            positions=list(range(len(ids))),
-            table_rows=[0],
-            query_lens=[len(ids)],
-            seq_lens=[len(ids)],
-            sample_rows=[0],
+    # The oracle: one teacher-forced row per distinct (t1, t2) seen gives p(t1), p(t2 | t1)
+    # and p(t3 | t1, t2) at once; rows packed a few at a time into the pool's pages.
+    prefixes = sorted({seq[:2] for seq in seen})
+    runner = base.runner
+    pages_per_row = -(-(len(prompt) + 2) // runner.page_size)
+    rows_per_step = runner.num_pages // pages_per_row
+    logp: dict[tuple[int, ...], torch.Tensor] = {}
+    for first in range(0, len(prefixes), rows_per_step):
+        batch = prefixes[first : first + rows_per_step]
+        runner.set_block_tables(
+            [
+                (r, list(range(r * pages_per_row, (r + 1) * pages_per_row)))
+                for r in range(len(batch))
+            ]
         )
-        base.runner.set_block_tables([(0, list(range(-(-len(ids) // 16))))])
-        logits = base.runner.logits(step, every_token=True)[len(prompt) - 1 : -1]
-        logp = torch.log_softmax(logits.double() / temperature, dim=-1)
-        return math.exp(sum(float(logp[i, t]) for i, t in enumerate(tokens)))
+        ids = [prompt + list(prefix) for prefix in batch]
+        n = len(ids[0])
+        step = StepInputs(
+            token_ids=[t for row in ids for t in row],
+            positions=list(range(n)) * len(batch),
+            table_rows=list(range(len(batch))),
+            query_lens=[n] * len(batch),
+            seq_lens=[n] * len(batch),
+            sample_rows=list(range(len(batch))),
+        )
+        logits = runner.logits(step, every_token=True).double().view(len(batch), n, -1)
+        for prefix, row in zip(batch, logits, strict=True):
+            logp[prefix] = torch.log_softmax(row[len(prompt) - 1 :] / temperature, dim=-1)
+
+    def probability(seq: tuple[int, ...]) -> float:
+        table = logp[seq[:2]]
+        return math.exp(sum(float(table[i, t]) for i, t in enumerate(seq)))
 
     # Cells: every sequence expected 5 times or more; the rest pooled into one cell.
     expected = {seq: draws * probability(seq) for seq in seen}

@@ -25,9 +25,10 @@ events of one step.
 With speculation (`speculation=`, sv_scheduler.speculation) a decoder may feed a draft after its
 newest token and keep 1 + accepted tokens. The draft is made on the host from the sequence's
 tokens and the accepted count decides the next step's positions, so around a step with drafts
-the loop resolves before it plans: `tokens(i)` first, then `plan(i+1)`. That costs the host's
-share of one step (the ~50 us above) per speculative step; a draft with any accepted token
-saves a whole step. When no decoder would draft (every one paused for missing, see
+the loop resolves before it plans: `tokens(i)` first, then `plan(i+1)`. That costs what the
+plain loop costs per step, measured at batch 1 on the H200 as 939 against 806 us per token
+(BENCHMARKS.md, run 38): about 130 us per speculative step, where each accepted token saves a
+whole step of about 800 us. When no decoder would draft (every one paused for missing, see
 `Scheduler.would_draft`) the loop overlaps again.
 
 Everything else here is bookkeeping around that loop: request ids, sampling parameters,
