@@ -19,6 +19,7 @@ from pathlib import Path
 from sv_engine import Engine, SamplingParams
 from sv_engine.default_model import default_model_dir
 from sv_scheduler import SpeculationConfig
+from sv_scheduler.speculation import DraftState
 
 PROMPTS = Path(__file__).with_name("spec_prompts.json")
 
@@ -30,12 +31,27 @@ def main() -> int:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--n", type=int, default=3)
     p.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        help="write the acceptance trace here (JSON: output tokens, requests, and (drafted, "
+        "accepted) per verification), for `sv bench --only spec --spec-trace FILE`",
+    )
     args = p.parse_args()
     prompts = json.loads(PROMPTS.read_text())
     if args.limit:
         prompts = prompts[: args.limit]
     model = default_model_dir()
     params = SamplingParams(max_new_tokens=args.max_new)
+    # Every verification's (drafted, accepted), as the drafters record them.
+    verifications: list[tuple[int, int]] = []
+    record = DraftState.record
+
+    def recording(state: DraftState, drafted: int, accepted: int, step: int) -> None:
+        verifications.append((drafted, accepted))
+        record(state, drafted, accepted, step)
+
+    DraftState.record = recording  # type: ignore[method-assign]
     results = {}
     for name, spec in (
         ("plain", None),
@@ -67,6 +83,18 @@ def main() -> int:
         f"{verifies} verifications, {1 + accepted / max(verifies, 1):.2f} tokens per verify step"
     )
     print(f"speedup {plain[1] / ngram[1]:.2f}x wall, {plain[2] / ngram[2]:.2f}x fewer steps")
+    if args.trace is not None:
+        trace = {
+            "model": "SmolLM2-135M-Instruct",
+            "prompts": PROMPTS.name,
+            "max_new_tokens": args.max_new,
+            "max_draft": args.k,
+            "ngram": args.n,
+            "requests": len(prompts),
+            "output_tokens": tokens,
+            "verifications": verifications,
+        }
+        args.trace.write_text(json.dumps(trace) + "\n")
     return 0 if all(same) else 1
 
 

@@ -548,6 +548,15 @@ def bench_main(argv: list[str]) -> int:
         "--speculate ngram beside plain; not in the default set)",
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
+    p.add_argument(
+        "--spec-trace",
+        default=str(
+            Path(__file__).resolve().parents[4] / "scripts" / "spec_trace_smollm2_cpu.json"
+        ),
+        metavar="FILE",
+        help="with --only spec: the acceptance trace to replay (scripts/spec_acceptance.py "
+        "--trace; default: the one recorded on the CPU from the default model)",
+    )
     p.add_argument("--json", help="write the rows here as JSON")
     args = p.parse_args(argv)
 
@@ -615,7 +624,8 @@ def bench_main(argv: list[str]) -> int:
         from sv_cli import bench_spec
 
         engine = _engine(model_dir, max_num_seqs=256)
-        bench_spec.bench_verify_steps(report, engine)
+        costs = bench_spec.bench_verify_steps(report, engine)
+        bench_spec.replay_trace(report, costs, Path(args.spec_trace))
         del engine
         torch.cuda.empty_cache()
         bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
