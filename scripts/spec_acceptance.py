@@ -32,6 +32,11 @@ def main() -> int:
     p.add_argument("--n", type=int, default=3)
     p.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     p.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="run the prompts one by one (batch 1) instead of all in one batch",
+    )
+    p.add_argument(
         "--trace",
         type=Path,
         help="write the acceptance trace here (JSON: output tokens, requests, and (drafted, "
@@ -61,7 +66,10 @@ def main() -> int:
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=2))  # warm
         before = engine.stats
         t0 = time.perf_counter()
-        completions = engine.generate(prompts, params)
+        if args.one_at_a_time:
+            completions = [engine.generate([prompt], params)[0] for prompt in prompts]
+        else:
+            completions = engine.generate(prompts, params)
         seconds = time.perf_counter() - t0
         s = engine.stats
         results[name] = (completions, seconds, s.steps - before.steps, s, before)
