@@ -76,6 +76,27 @@ def test_no_overlap_flag_gives_the_same_output(
     assert len(plain) == 2 and plain == overlapped
 
 
+def test_speculate_flag_gives_the_same_output_and_reports_acceptance(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompt = "Repeat exactly: the red fox and the blue bird sat on the old green fence."
+    argv = ["generate", "--kv-cache-mib", "8", prompt, "20"]
+    assert main(argv) == 0
+    plain = re.findall(r"ids=(\[[\d, ]*\])", capsys.readouterr().out)
+    assert main([argv[0], "--stats", "--speculate", "ngram", "--spec-k", "3", *argv[1:]]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"ids=(\[[\d, ]*\])", out) == plain
+    found = re.search(r"speculation:\s+(\d+) drafted, (\d+) accepted", out)
+    assert found is not None and 0 < int(found.group(2)) <= int(found.group(1))
+
+
+def test_bad_speculation_setting_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--speculate", "ngram", "--spec-k", "0", "Hi."])
+    assert e.value.code == 2
+    assert "--spec-k" in capsys.readouterr().err
+
+
 def test_static_policy_flag(default_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--static", "--stats", "Say hi.", "4", "Say bye."]) == 0
     out = capsys.readouterr().out

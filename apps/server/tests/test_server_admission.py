@@ -101,3 +101,36 @@ def test_under_conservative_admission_the_short_request_waits(make_server: Any) 
         assert metrics["sv_kv_cache_pages_used"] == 0
     finally:
         conservative.stop()
+
+
+def test_speculating_server_streams_the_plain_text_and_counts_drafts(make_server: Any) -> None:
+    from sv_scheduler import SpeculationConfig
+
+    body = {
+        "prompt": "Copy: the red fox and the blue bird sat on the old green fence.\nCopy: the red",
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    plain = make_server()
+    try:
+        want = httpx.post(f"{plain.url}/v1/completions", json=body, timeout=120).json()
+    finally:
+        plain.stop()
+    speculating = make_server(speculation=SpeculationConfig())
+    try:
+        with httpx.stream(
+            "POST", f"{speculating.url}/v1/completions", json={**body, "stream": True}, timeout=120
+        ) as response:
+            chunks = [
+                json.loads(line.removeprefix("data: "))
+                for line in response.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"
+            ]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        assert text == want["choices"][0]["text"]
+        m = speculating.wait_idle()
+        assert 0 < m["sv_spec_accepted_tokens_total"] <= m["sv_spec_draft_tokens_total"]
+        assert m["sv_spec_verifications_total"] > 0
+        assert m["sv_kv_cache_pages_used"] == 0
+    finally:
+        speculating.stop()

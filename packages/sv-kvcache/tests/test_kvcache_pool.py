@@ -114,3 +114,18 @@ def test_clear_cache_frees_unheld_cached_pages_only() -> None:
     assert pool.num_cached == 0 and pool.num_free == 6
     assert pool.match_prefix([5, 6, 7, 8, 9], 4).num_tokens == 0  # forgotten
     assert pool.match_prefix([1, 2, 3, 4, 9], 4).num_tokens == 4  # still held, still shared
+
+
+def test_shrink_to_gives_back_the_pages_past_a_length() -> None:
+    pool = PagePool(8, page_size=4)
+    table = BlockTable(pool)
+    table.ensure_capacity(14)  # 4 pages: positions 0..15
+    first_two = table.pages[:2]
+    assert table.shrink_to(5) == 2  # positions 0..4 need 2 pages
+    assert table.pages == first_two and pool.num_free == 6
+    assert table.shrink_to(8) == 0  # nothing past 2 pages to give back
+    table.register_full_pages(list(range(8)), 8)  # both pages full and registered
+    with pytest.raises(KVCacheError, match="registered"):
+        table.shrink_to(4)
+    table.release()
+    assert pool.num_available == 8

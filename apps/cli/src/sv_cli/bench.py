@@ -682,11 +682,22 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument(
         "--only",
         help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,long,"
-        "logprobs,grammar (logprobs: decode-b1 and throughput with and without top-20 "
+        "logprobs,grammar,spec (logprobs: decode-b1 and throughput with and without top-20 "
         "log-probabilities; long: 32k and 100k contexts with a BF16 and an FP8 KV cache; "
-        "grammar: JSON-schema constrained decoding beside unconstrained)",
+        "grammar: JSON-schema constrained decoding beside unconstrained; spec: verify-step cost "
+        "for k = 1..8, decode-b1 and 64-request throughput with --speculate ngram beside plain; "
+        "long and spec are not in the default set)",
     )
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
+    p.add_argument(
+        "--spec-trace",
+        default=str(
+            Path(__file__).resolve().parents[4] / "scripts" / "spec_trace_smollm2_cpu.json"
+        ),
+        metavar="FILE",
+        help="with --only spec: the acceptance trace to replay (scripts/spec_acceptance.py "
+        "--trace; default: the one recorded on the CPU from the default model)",
+    )
     p.add_argument("--json", help="write the rows here as JSON")
     p.add_argument(
         "--quantization",
@@ -734,7 +745,7 @@ def bench_main(argv: list[str]) -> int:
         from sv_kernels import bench as kernel_bench
 
         kernel_bench.main(["--json", str(Path(args.workdir) / "kernels.json")])
-    if want("long"):
+    if only is not None and "long" in only:
         contexts = [4096] if args.quick else [32768, 100000]
         bench_long_context(report, model_dir, roof, contexts, 32 if args.quick else 128)
     engine_workloads = {"decode", "prefill", "throughput", "plain", "var", "logprobs", "grammar"}
@@ -784,6 +795,22 @@ def bench_main(argv: list[str]) -> int:
     workloads = {name for name in ("decode", "throughput") if want(name)}
     for mode in modes:
         bench_quantized(report, model_dir, roof, mode, workloads, args.quick, bf16_throughput)
+    if only is not None and "spec" in only:
+        from sv_cli import bench_spec
+
+        engine = _engine(model_dir, max_num_seqs=256)
+        costs = bench_spec.bench_verify_steps(report, engine)
+        bench_spec.replay_trace(report, costs, Path(args.spec_trace))
+        del engine
+        torch.cuda.empty_cache()
+        bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
+        from sv_scheduler import SpeculationConfig
+
+        for label, spec in (("", None), (" --speculate ngram", SpeculationConfig())):
+            engine = _engine(model_dir, max_num_seqs=256, speculation=spec)
+            bench_throughput(report, engine, f"throughput-b64{label}", 64, False, 256)
+            del engine
+            torch.cuda.empty_cache()
     if args.peer:
         bench_peer(report, model_dir, args.quick)
     report.add(Row("host probe at end", host_probe_ms(), "ms", note="sum(range(10**7))"))

@@ -182,3 +182,9 @@ def print_stats(engine: Any) -> None:
     print(f"prefix-cache hit tokens:{s.prefix_cache_hit_tokens:>7}")
     print(f"preemptions:            {s.preemptions} ({s.recomputed_tokens} tokens recomputed)")
     print(f"final free pages:       {s.free_pages}")
+    if s.verifications:
+        print(
+            f"speculation:            {s.drafted_tokens} drafted, {s.accepted_tokens} accepted "
+            f"({s.accepted_tokens / s.drafted_tokens:.0%}), "
+            f"{1 + s.accepted_tokens / s.verifications:.2f} tokens per verify step"
+        )

@@ -4,7 +4,7 @@ The Engine is single-threaded. A dedicated thread runs the step loop:
 
     commands = take every queued command (block only when the engine has nothing to do)
     apply them: submit -> engine.add_request, cancel -> engine.cancel
-    events = engine.step()                                  # one token for each running request
+    events = engine.step()                  # a token for each running request (more when speculating)
     hand this iteration's deliveries to the event loop      # one call_soon_threadsafe
 
 Handlers (on the asyncio event loop) call `submit` / `cancel`, which only put a command on a

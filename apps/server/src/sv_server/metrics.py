@@ -109,6 +109,22 @@ class Metrics:
                 stats.recomputed_tokens,
             )
             out.counter("sv_engine_steps_total", "Engine steps run.", stats.steps)
+            out.counter(
+                "sv_spec_draft_tokens_total",
+                "Draft tokens verified (speculative decoding).",
+                stats.drafted_tokens,
+            )
+            out.counter(
+                "sv_spec_accepted_tokens_total",
+                "Draft tokens the model accepted.",
+                stats.accepted_tokens,
+            )
+            out.counter(
+                "sv_spec_verifications_total",
+                "Sequence-steps that verified a draft; tokens per verify step is 1 + "
+                "accepted / verifications.",
+                stats.verifications,
+            )
         out.counter(
             "sv_engine_step_failures_total", "Engine steps that raised.", snapshot.failed_steps
         )

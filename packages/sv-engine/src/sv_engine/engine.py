@@ -22,6 +22,15 @@ A request that stops at step i was planned into step i+1 as well; that token is 
 wasted row), so the outputs are exactly those of the plain loop. Each `step()` call returns the
 events of one step.
 
+With speculation (`speculation=`, sv_scheduler.speculation) a decoder may feed a draft after its
+newest token and keep 1 + accepted tokens. The draft is made on the host from the sequence's
+tokens and the accepted count decides the next step's positions, so around a step with drafts
+the loop resolves before it plans: `tokens(i)` first, then `plan(i+1)`. That costs what the
+plain loop costs per step, measured at batch 1 on the H200 as 939 against 806 us per token
+(BENCHMARKS.md, run 38): about 130 us per speculative step, where each accepted token saves a
+whole step of about 800 us. When no decoder would draft (every one paused for missing, see
+`Scheduler.would_draft`) the loop overlaps again.
+
 Everything else here is bookkeeping around that loop: request ids, sampling parameters,
 streaming text, completions.
 """
@@ -55,6 +64,7 @@ from sv_scheduler import (
     Scheduler,
     SchedulerConfig,
     SchedulerStats,
+    SpeculationConfig,
     StepPlan,
 )
 from sv_tokenizer import Message, StreamDecoder, Tokenizer
@@ -149,6 +159,7 @@ class Engine:
         max_step_tokens: int = 8192,
         prefix_caching: bool = True,
         admission: Admission = "conservative",
+        speculation: SpeculationConfig | None = None,
         use_cuda_graphs: bool = True,
         tuning_cache: TuningCache | None = None,
         kv_cache_dtype: KVCacheDtype = "auto",
@@ -162,7 +173,8 @@ class Engine:
         when given; otherwise most of the free GPU memory on CUDA, a modest default on the CPU.
         `admission` is the scheduler's policy: "conservative" reserves each request's whole
         budget up front, "preemptive" admits on the prompt's pages and preempts when pages run
-        out (see sv_scheduler.admission). `tuning_cache`: the file that keeps the batch-1 GEMV
+        out (see sv_scheduler.admission). `speculation`: prompt-lookup speculative decoding
+        (None: off; see sv_scheduler.speculation). `tuning_cache`: the file that keeps the batch-1 GEMV
         timings between processes (None: time them in every process; the apps pass
         `sv_engine.options.default_tuning_cache()`). `kv_cache_dtype` "fp8" stores the KV pool
         as FP8 e4m3 (half the bytes of BF16 per token, so twice the tokens in the same memory;
@@ -199,6 +211,7 @@ class Engine:
                 prefix_caching=cfg.prefix_caching,
                 admission=cfg.admission,
                 sliding_window=loaded.config.sliding_window,
+                speculation=speculation,
             )
         )
         if warmup and loaded.runner.is_cuda:
@@ -254,6 +267,11 @@ class Engine:
                 max_new_tokens=params.max_new_tokens,
                 stop_ids=stop_ids,
                 reuse_cached_prefix=params.prompt_logprobs is None,
+                # A draft's choices are sampled from raw logits, one step at a time for these.
+                speculate=params.logprobs is None
+                and params.prompt_logprobs is None
+                and not params.processes_logits
+                and params.grammar is None,
             )
         )
         # Any Python int is a valid seed. The sampler hashes only its low 32 bits and the step
@@ -370,8 +388,13 @@ class Engine:
                     return []
                 self.scheduler.advance(current.plan)
             self._in_flight = None
-            following = self._launch_next(current) if self.scheduler.has_unfinished() else None
-            events = self._resolve(current)
+            if current.plan.num_draft_tokens or self.scheduler.would_draft:
+                # Speculation: the next plan needs this step's tokens (see the module doc).
+                events = self._resolve(current)
+                following = self._launch_next(None) if self.scheduler.has_unfinished() else None
+            else:
+                following = self._launch_next(current) if self.scheduler.has_unfinished() else None
+                events = self._resolve(current)
             if following is not None:
                 self.scheduler.advance(following.plan)
                 if self.scheduler.has_unfinished():
@@ -403,26 +426,35 @@ class Engine:
         plan = launched.plan
         tokens = launched.tokens.result()
         self._advance_grammars(launched)
+        # A decode that verifies a draft keeps its first token and then its accepted run.
+        known = (
+            {id(s): len(s.token_ids) for s in plan.decodes if s.draft}
+            if plan.num_draft_tokens
+            else {}
+        )
         finished = {f.request_id: f for f in self.scheduler.resolve(plan, tokens)}
         self._deliver_prompt_logprobs(launched)
         rows = launched.tokens.logprobs()
         events = []
         now = time.perf_counter()
-        for row, (seq, token) in enumerate(zip(plan.sampling, tokens, strict=True)):
+        for row, (seq, token) in enumerate(zip(plan.sampling, tokens, strict=False)):
             live = self._live.get(seq.request_id)
             if live is None:  # cancelled, or stopped a step earlier: this token is dropped
                 continue
             first = live.first_token_at is None
             if first:
                 live.first_token_at = now
-            decoder = live.decoder
-            text = "" if decoder is None or token in live.hidden_ids else decoder.push(token)
+            done = finished.get(seq.request_id)
+            if known and id(seq) in known:  # a verified draft: its accepted run comes first
+                for accepted in seq.token_ids[known[id(seq)] : -1]:
+                    events.append(StreamEvent(seq.request_id, accepted, self._text(live, accepted)))
+                token = seq.token_ids[-1]
+            text = self._text(live, token)
             logprob = None
             if rows is not None and live.logprobs is not None:
                 assert live.params.logprobs is not None
                 logprob = token_logprob(rows, row, token, live.params.logprobs)
                 live.logprobs.append(logprob)
-            done = finished.get(seq.request_id)
             event = (
                 StreamEvent(seq.request_id, token, text)
                 if done is None
@@ -433,6 +465,11 @@ class Engine:
                 event.prompt_logprobs = live.prompt_logprobs.scored
             events.append(event)
         return events
+
+    @staticmethod
+    def _text(live: _Live, token: int) -> str:
+        decoder = live.decoder
+        return "" if decoder is None or token in live.hidden_ids else decoder.push(token)
 
     def _prompt_targets(self, plan: StepPlan) -> list[tuple[RequestId, int, int, list[int]]]:
         """(request, prefill row, offset in its chunk, prompt ids) of each chunk of this plan
@@ -494,6 +531,10 @@ class Engine:
             if chunk.samples:
                 sample_rows.append(row)
         first = len(plan.prefills)
+        if plan.num_draft_tokens:
+            return self._verify_inputs(
+                plan, token_ids, positions, table_rows, query_lens, seq_lens, sample_rows, feed
+            )
         for seq in plan.decodes:
             n = seq.num_tokens
             if seq.num_pending:
@@ -562,15 +603,68 @@ class Engine:
         launched.grammars_advanced = True
         if not self._num_constrained:
             return
-        for seq, token in zip(launched.plan.sampling, launched.tokens.result(), strict=True):
+        # One token per plan.sampling entry first; a verify step's draft choices follow them
+        # (never a constrained request's: those do not speculate).
+        for seq, token in zip(launched.plan.sampling, launched.tokens.result(), strict=False):
             live = self._live.get(seq.request_id)
             if live is not None and live.matcher is not None:
                 live.matcher.accept(token)
 
+    def _verify_inputs(
+        self,
+        plan: StepPlan,
+        token_ids: list[int],
+        positions: list[int],
+        table_rows: list[int],
+        query_lens: list[int],
+        seq_lens: list[int],
+        sample_rows: list[int],
+        feed: list[tuple[int, int]],
+    ) -> StepInputs:
+        """The decodes of a step that verifies drafts, after its prefill chunks: each decode
+        feeds its newest token and its draft. Choices are made at each sampling prefill's last
+        token, at each decode's newest token, and then at every draft position, in that order
+        (the scheduler's order of sampled tokens). Every token is known: no `feed`."""
+        ends = list(itertools.accumulate(query_lens))
+        logits_at = [ends[row] - 1 for row in sample_rows]  # the sampling prefill chunks
+        drafts_at: list[int] = []
+        row = len(plan.prefills)
+        for seq in plan.decodes:
+            n = seq.num_tokens
+            draft = seq.draft
+            logits_at.append(len(token_ids))
+            token_ids.append(seq.token_ids[-1])
+            token_ids.extend(draft)
+            drafts_at.extend(range(len(token_ids) - len(draft), len(token_ids)))
+            positions.extend(range(n - 1, n + len(draft)))
+            table_rows.append(seq.table_row)
+            query_lens.append(1 + len(draft))
+            seq_lens.append(n + len(draft))
+            sample_rows.append(row)
+            row += 1
+        return StepInputs(
+            token_ids=token_ids,
+            positions=positions,
+            table_rows=table_rows,
+            query_lens=query_lens,
+            seq_lens=seq_lens,
+            sample_rows=sample_rows,
+            sampling=self._sampling_rows(plan) if self._num_sampling else None,
+            feed=feed,
+            logits_at=logits_at + drafts_at,
+        )
+
     def _sampling_rows(self, plan: StepPlan) -> SamplingRows:
+        """Each choice's sampling parameters, in the scheduler's order of sampled tokens. A
+        choice's step is the output index of the token it makes (a draft position's too), so
+        its noise is the one plain decoding draws for that token."""
         temps, top_ks, top_ps, seeds, steps = [], [], [], [], []
         vocab_size = self.runner.config.vocab_size
-        for seq in plan.sampling:
+        drafting = [s for s in plan.decodes if s.draft] if plan.num_draft_tokens else []
+        for seq, offset in itertools.chain(
+            zip(plan.sampling, itertools.repeat(0)),
+            ((s, 1 + i) for s in drafting for i in range(len(s.draft))),
+        ):
             live = self._live[seq.request_id]
             temps.append(live.params.temperature)
             # More than the vocabulary keeps every token, as 0 does; clamped so that any Python
@@ -578,7 +672,7 @@ class Engine:
             top_ks.append(min(live.params.top_k, vocab_size))
             top_ps.append(live.params.top_p)
             seeds.append(live.seed)
-            steps.append(seq.num_output_tokens)
+            steps.append(seq.num_output_tokens + offset)
         return SamplingRows(temps, top_ks, top_ps, seeds, steps)
 
     def _finish_event(self, done: FinishedRequest, token: int | None, text: str) -> StreamEvent:

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 from sv_kernels import TuningCache
 from sv_kernels.quantized import QUANT_KINDS, QuantKind
-from sv_scheduler import Admission
+from sv_scheduler import Admission, SchedulerError, SpeculationConfig
 
 from sv_engine.cache_folder import cache_dir
 from sv_engine.default_model import default_model_dir
@@ -20,6 +20,7 @@ from sv_engine.errors import EngineError
 from sv_engine.loading import KV_CACHE_DTYPES, resolve_device
 
 EXIT_USAGE = 2
+_SPECULATION = SpeculationConfig()  # the defaults --spec-k and --spec-ngram show
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -59,7 +60,8 @@ ADMISSION_HELP = {
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
     """--model, --kv-cache-mib, --kv-cache-dtype, --device, --max-model-len, --admission,
-    --no-overlap, --quantization. `admission` is this app's default policy."""
+    --no-overlap, --quantization, --speculate with --spec-k and --spec-ngram. `admission` is
+    this app's default policy."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -112,6 +114,27 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         help="run the plain step loop: wait for each step's tokens before planning the next "
         "(same output, slower; for debugging and comparison)",
     )
+    p.add_argument(
+        "--speculate",
+        choices=["ngram"],
+        help="speculative decoding: ngram drafts the next tokens by looking the last few up in "
+        "the prompt and output, and one step verifies them (same output; faster where the "
+        "output repeats its input: summaries, rewrites, code edits)",
+    )
+    p.add_argument(
+        "--spec-k",
+        type=positive_int,
+        default=_SPECULATION.max_draft,
+        metavar="K",
+        help=f"with --speculate: most draft tokens per step (default {_SPECULATION.max_draft})",
+    )
+    p.add_argument(
+        "--spec-ngram",
+        type=positive_int,
+        default=_SPECULATION.ngram,
+        metavar="N",
+        help=f"with --speculate ngram: longest suffix looked up (default {_SPECULATION.ngram})",
+    )
 
 
 def resolve_quantization(choice: str, device: str) -> QuantKind | None:
@@ -136,6 +159,16 @@ def default_tuning_cache() -> TuningCache:
     return TuningCache(cache_dir() / GEMV_TUNING_FILE, retune=retune)
 
 
+def speculation_from_args(args: argparse.Namespace) -> SpeculationConfig | None:
+    """The speculation --speculate, --spec-k and --spec-ngram ask for (None: off)."""
+    if getattr(args, "speculate", None) is None:
+        return None
+    try:
+        return SpeculationConfig(max_draft=args.spec_k, ngram=args.spec_ngram)
+    except SchedulerError as e:
+        raise EngineError(str(e)) from e
+
+
 def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine, Path]:
     """The engine the options of `add_engine_arguments` ask for, and its model folder.
 
@@ -153,6 +186,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         max_model_len=args.max_model_len,
         admission=args.admission,
         kv_cache_dtype=args.kv_cache_dtype,
+        speculation=speculation_from_args(args),
         tuning_cache=default_tuning_cache(),
         quantization=resolve_quantization(getattr(args, "quantization", "auto"), args.device),
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),

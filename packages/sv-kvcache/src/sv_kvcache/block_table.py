@@ -51,6 +51,23 @@ class BlockTable:
             self.pages.append(self.pool.allocate())
         return max(needed, 0)
 
+    def shrink_to(self, num_tokens: int) -> int:
+        """Give back the pages past those positions 0..num_tokens-1 need (speculative positions
+        that were not accepted), last first; returns how many. They must hold no registered
+        page: only pages of computed tokens are registered."""
+        keep = -(-num_tokens // self.page_size)
+        if keep < len(self.page_keys):
+            raise KVCacheError(
+                f"shrink_to({num_tokens}) would drop a registered page ({len(self.page_keys)} "
+                f"full pages are registered)"
+            )
+        pool = self.pool
+        dropped = 0
+        while len(self.pages) > keep:
+            pool.release(self.pages.pop())
+            dropped += 1
+        return dropped
+
     def share(self, match: PrefixMatch) -> None:
         """Start this (empty) table with cached pages found by `PagePool.match_prefix`."""
         if self.pages:

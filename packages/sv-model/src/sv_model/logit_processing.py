@@ -104,7 +104,9 @@ class LogitProcessor:
                     floats[2],
                 )
         if controls.any_min_p() and step.sampling is not None:
-            temperature = upload(np.asarray(step.sampling.temperature, np.float32), self._device)
+            # The sampled rows' temperatures (a verify step's draft choices follow them).
+            sampled = step.sampling.temperature[: x.shape[0]]
+            temperature = upload(np.asarray(sampled, np.float32), self._device)
             x = ops.apply_min_p(x, temperature, floats[3])
         return x
 

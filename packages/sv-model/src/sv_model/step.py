@@ -72,6 +72,12 @@ class StepInputs:
     and ends the step with `seq_lens[b]` tokens of context. `table_rows[b]` is its table row
     (the row of the device block tables that holds its block table). `sample_rows` lists the b that need a next token, in the order
     the sampled ids are returned; a prompt chunk that does not finish its prompt gets none.
+
+    `logits_at`, when given, names the tokens (indices into token_ids) whose logits choose a
+    token, in the order the ids are returned, instead of the last token of each `sample_rows`
+    entry: a step that verifies drafts chooses at every draft position too (`sampling` then has
+    one entry per index). Only the first len(sample_rows) ids are kept for the next step's
+    `feed`; the engine resolves such a step before planning the next, so nothing feeds the rest.
     """
 
     token_ids: Sequence[int]
@@ -93,8 +99,11 @@ class StepInputs:
     # Called once the forward pass is queued, before sampling: the grammar constraints of the
     # rows, computed on the host while the device runs the forward (None: no row constrained).
     token_bitmask: Callable[[], TokenBitmask | None] | None = None
+    # A verify step's rows to compute logits for (each sampled row's, then each draft
+    # position's); None: each sampled row's last token.
+    logits_at: Sequence[int] | None = None
 
     @property
     def one_token_each(self) -> bool:
         """Whether every sequence feeds exactly one token (a decode step: graphs can run it)."""
-        return len(self.token_ids) == len(self.table_rows)
+        return len(self.token_ids) == len(self.table_rows) and self.logits_at is None

@@ -52,15 +52,20 @@ def pack_prefill(
     every_token: bool = False,
 ) -> PackedStep:
     """A step with at least one multi-token chunk, as a packed varlen batch. Logits are asked
-    for at each sampled sequence's last token, then at the tokens of `step.prompt_logprobs`;
-    or with `every_token` at every token."""
+    for at each sampled sequence's last token (or at `step.logits_at`), then at the tokens of
+    `step.prompt_logprobs`; or with `every_token` at every token."""
     num_seqs = len(step.table_rows)
     num_tokens = len(step.token_ids)
     query_lens = np.asarray(step.query_lens, dtype=np.int32)
     cu = np.zeros(num_seqs + 1, dtype=np.int32)
     np.cumsum(query_lens, out=cu[1:])
     sample_rows = np.asarray(step.sample_rows, dtype=np.int32)
-    logits_rows = np.arange(num_tokens, dtype=np.int32) if every_token else cu[1:][sample_rows] - 1
+    if every_token:
+        logits_rows = np.arange(num_tokens, dtype=np.int32)
+    elif step.logits_at is not None:
+        logits_rows = np.asarray(step.logits_at, dtype=np.int32)
+    else:
+        logits_rows = cu[1:][sample_rows] - 1
     if step.prompt_logprobs and not every_token:
         logits_rows = np.concatenate([logits_rows, logprob_rows.logits_rows(step, cu)])
     token_ids, positions, token_seq, cu_q, seq_lens, table_rows, logits_idx, sources = (

@@ -21,6 +21,7 @@ from .plan import PrefillChunk, StepPlan
 from .request import FinishedRequest, FinishReason, Request, RequestId
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
+from .speculation import SpeculationConfig
 from .stats import SchedulerStats
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "SchedulerStats",
     "Sequence",
     "SequenceStatus",
+    "SpeculationConfig",
     "StepPlan",
     "check_request",
     "clamp_max_new_tokens",

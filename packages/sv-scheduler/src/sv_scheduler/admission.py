@@ -112,6 +112,11 @@ class AdmissionPolicy(ABC):
         `make_room(seq)` frees pages by preempting newer sequences and says whether `seq` is
         still running (a policy that can run out of pages calls it; one that cannot never does)."""
 
+    @abstractmethod
+    def can_draft(self, num_pages: int) -> bool:
+        """Whether a running sequence may take `num_pages` more pages for draft positions
+        (speculation) now, without preempting anyone."""
+
     @property
     def free_credits(self) -> int:
         """Pages not promised to a running sequence (all of them, if the policy promises none)."""
@@ -145,6 +150,11 @@ class ConservativeAdmission(AdmissionPolicy):
         for seq, page in zip(seqs, self.pool.allocate_many(len(seqs)), strict=True):
             seq.table.pages.append(page)
         return seqs
+
+    def can_draft(self, num_pages: int) -> bool:
+        # Draft positions stay below finish_len - 1, inside the request's credits (see
+        # Scheduler._draft): the pages exist.
+        return True
 
     @property
     def free_credits(self) -> int:
@@ -193,6 +203,10 @@ class PreemptiveAdmission(AdmissionPolicy):
             seq.table.append_page()
             grown.append(seq)
         return grown
+
+    def can_draft(self, num_pages: int) -> bool:
+        # Not below the watermark: that is for running sequences' real tokens.
+        return self.pool.num_available - num_pages >= self.watermark
 
 
 def make_admission_policy(name: Admission, pool: PagePool) -> AdmissionPolicy:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import SchedulerError
+from .speculation import SpeculationConfig
 
 Policy = Literal["continuous", "static"]
 Admission = Literal["conservative", "preemptive"]
@@ -30,6 +31,7 @@ class SchedulerConfig:
     sliding_window:  the model's attention window (Mistral), or None: a running sequence gives
                      back each page once the window has passed it (`BlockTable.release_pages_before`).
                      The pool's pages go back early; conservative credits stay reserved.
+    speculation:     prompt-lookup speculative decoding (speculation.py); None: off.
     """
 
     num_pages: int
@@ -41,6 +43,7 @@ class SchedulerConfig:
     prefix_caching: bool = True
     admission: Admission = "conservative"
     sliding_window: int | None = None
+    speculation: SpeculationConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "max_model_len", "page_size", "max_num_seqs", "max_step_tokens"):
@@ -79,3 +82,5 @@ class SchedulerConfig:
             )
         if not isinstance(self.prefix_caching, bool):
             raise SchedulerError("SchedulerConfig.prefix_caching must be a bool")
+        if self.speculation is not None and not isinstance(self.speculation, SpeculationConfig):
+            raise SchedulerError("SchedulerConfig.speculation must be a SpeculationConfig or None")

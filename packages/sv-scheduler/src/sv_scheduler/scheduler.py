@@ -33,6 +33,14 @@ that chunk to finish, then starts on the cached page instead of computing it a s
 Each step feeds decodes first (one token each; max_step_tokens >= max_num_seqs, so all of them
 always fit and a long prompt never stalls running decodes), then prefill chunks of the prompts
 already admitted, then newly admitted prompts, until the step's token budget is spent.
+
+With speculation (`SchedulerConfig.speculation`, speculation.py) a decoder advances by 1 +
+accepted tokens: a decoder whose tokens are all known may feed a draft after its newest token,
+taken from the budget before the prefill chunks, and `resolve` keeps the accepted run (the
+next due step, pages and limits follow from it). Its draft positions get pages at schedule();
+rejected positions' pages go back at resolve(). The accepted count is known only then, so a
+step with drafts must be resolved before the next schedule(): such a step is never overlapped
+with the next (the engine resolves first; see `would_draft`).
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from .errors import AdmissionError, SchedulerError
 from .plan import PrefillChunk, StepPlan
 from .request import FinishedRequest, FinishReason, Request, RequestId
 from .sequence import Sequence, SequenceStatus
+from .speculation import DraftState
 from .stats import SchedulerStats
 
 _WAITING = SequenceStatus.WAITING
@@ -66,6 +75,9 @@ class Scheduler:
         self._policy = make_admission_policy(config.admission, self.pool)
         self._prefix_caching = config.prefix_caching
         self._sliding_window = config.sliding_window
+        self._speculation = config.speculation
+        # No decoder may draft before this step (the earliest resume step; may be early, never late)
+        self._next_draft_step = 0
 
         self._waiting: deque[Sequence] = deque()  # FIFO; preempted sequences go back in front
         self._unfinished: dict[RequestId, Sequence] = {}  # waiting or running, by id
@@ -101,6 +113,9 @@ class Scheduler:
         self._recomputed_tokens = 0
         self._finished_requests = 0
         self._cancelled_requests = 0
+        self._drafted_tokens = 0
+        self._accepted_tokens = 0
+        self._verifications = 0
 
     # -- requests in --------------------------------------------------------------------------
 
@@ -157,6 +172,11 @@ class Scheduler:
                 f"schedule() called again before advance() or complete_step() for step "
                 f"{self._plan.step}"
             )
+        if self._unresolved is not None and self._unresolved.num_draft_tokens:
+            raise SchedulerError(
+                f"schedule() while step {self._unresolved.step}, which verifies drafts, is "
+                f"unresolved: its accepted tokens decide the next plan; call resolve() first"
+            )
         step = self._step
         changed: list[Sequence] = []
         preempted: list[Sequence] = []
@@ -165,9 +185,13 @@ class Scheduler:
         if self._needs_page:
             self._assign_decode_pages(step, changed, preempted)
 
-        # 2. Every running decode, one token each.
+        # 2. Every running decode, one token each, and drafts where speculation is on.
         decodes = self._decoding.copy()
         budget = self.config.max_step_tokens - len(decodes)
+        num_draft_tokens = 0
+        if self._speculation is not None and self._unresolved is None:
+            num_draft_tokens = self._draft(decodes, budget, step, changed)
+            budget -= num_draft_tokens
 
         # 3. Prompts already admitted continue, oldest first, as far as the budget goes.
         prefills: list[PrefillChunk] = []
@@ -205,6 +229,7 @@ class Scheduler:
             num_prefill_samples=num_prefill_samples,
             block_table_changed=changed,
             preempted=preempted,
+            num_draft_tokens=num_draft_tokens,
         )
         if not plan.is_empty:  # an empty plan computes nothing: nothing to advance or resolve
             self._plan = plan
@@ -267,7 +292,10 @@ class Scheduler:
             self._decoding.append(seq)
             seq.decoding = True
             seq.num_pending = 1
-            self._after_first_token(seq, step + 1)
+            if self._speculation is not None and seq.drafter is None and seq.speculate:
+                seq.drafter = DraftState(self._speculation)
+                self._next_draft_step = 0
+            self._file_decoder(seq, step + 1)
 
         # The hot loop: one store per decode. Everything else is rare and handled below.
         for seq in plan.decodes:
@@ -294,9 +322,10 @@ class Scheduler:
 
     def resolve(self, plan: StepPlan, sampled_tokens: SequenceOf[int]) -> list[FinishedRequest]:
         """The sampled tokens of the advanced step `plan`, one per `plan.sampling` entry in that
-        order: each pending token's value is appended, and stop tokens end their sequences.
-        Returns every request that finished in this step (by length or by stop), with its real
-        tokens."""
+        order and then one per draft token (`plan.num_sampled` in all): each pending token's
+        value is appended, each draft's accepted run after it, and stop tokens end their
+        sequences. Returns every request that finished in this step (by length or by stop), with
+        its real tokens."""
         if plan.is_empty:
             self._check_token_count("resolve", plan, sampled_tokens)
             return []
@@ -309,16 +338,19 @@ class Scheduler:
         sampling = plan.sampling
         self._unresolved = None
         # A sequence with no token pending any more (cancelled) keeps its tokens as they are.
-        for seq, token in zip(sampling, sampled_tokens, strict=True):
+        # (The draft choices after the first len(sampling) tokens are _verify's.)
+        for seq, token in zip(sampling, sampled_tokens, strict=False):
             if seq.num_pending:
                 seq.token_ids.append(token)
                 seq.num_pending = 0
 
         # Stop tokens: one C-level set test over all sampled tokens says whether to look closer.
         if not self._stop_ids.isdisjoint(sampled_tokens):
-            for seq, token in zip(sampling, sampled_tokens, strict=True):
+            for seq, token in zip(sampling, sampled_tokens, strict=False):
                 if token in seq.stop_ids and seq.token_ids[-1] == token:
                     self._stop(seq)
+        if plan.num_draft_tokens:
+            self._verify(plan, sampled_tokens)
 
         finished = [self._finished_request(seq, reason) for seq, reason in self._finishing]
         self._finishing.clear()
@@ -326,10 +358,11 @@ class Scheduler:
 
     @staticmethod
     def _check_token_count(call: str, plan: StepPlan, sampled_tokens: SequenceOf[int]) -> None:
-        if len(sampled_tokens) != len(plan.sampling):
+        if len(sampled_tokens) != plan.num_sampled:
             raise SchedulerError(
-                f"{call}() for step {plan.step} needs {len(plan.sampling)} sampled tokens "
-                f"(one per plan.sampling entry), got {len(sampled_tokens)}"
+                f"{call}() for step {plan.step} needs {plan.num_sampled} sampled tokens "
+                f"(one per plan.sampling entry and one per draft token), got "
+                f"{len(sampled_tokens)}"
             )
 
     def abandon(self) -> None:
@@ -376,6 +409,21 @@ class Scheduler:
             cached_pages=pool.num_cached,
             assigned_pages=pool.num_assigned,
             free_credits=self._policy.free_credits,
+            drafted_tokens=self._drafted_tokens,
+            accepted_tokens=self._accepted_tokens,
+            verifications=self._verifications,
+        )
+
+    @property
+    def would_draft(self) -> bool:
+        """Whether the next plan would give a decoder a draft if every token were known. Drafts
+        are made on the host from a sequence's tokens, so with this True the engine resolves
+        the step in flight before planning the next; False (speculation off, or every decoder
+        paused) lets it overlap the two."""
+        return (
+            self._speculation is not None
+            and bool(self._decoding)
+            and self._next_draft_step <= self._step
         )
 
     @property
@@ -442,6 +490,87 @@ class Scheduler:
             self._due[due] = [seq]
         else:
             bucket.append(seq)
+
+    def _draft(
+        self, decodes: list[Sequence], budget: int, step: int, changed: list[Sequence]
+    ) -> int:
+        """Give each decoder that speculates now its draft (prompt lookup, speculation.py);
+        returns the draft tokens, at most `budget`. Every token is known (no step unresolved).
+
+        A draft stops before finish_len - 1 (all accepted plus the bonus token reach
+        finish_len at most), so its positions are within the request's credits: under
+        conservative admission their pages exist. Under preemptive admission a draft takes only
+        pages free above the watermark and is cut to the pages it has otherwise: a draft is a
+        guess, not worth preempting anyone for."""
+        total = 0
+        next_draft = 1 << 62
+        size = self.config.page_size
+        for seq in decodes:
+            state = seq.drafter
+            if state is None:  # a request that does not speculate (Request.speculate)
+                continue
+            if state.resume_step <= step:
+                n = seq.num_tokens
+                limit = min(state.k, seq.finish_len - n - 1, budget - total)
+                draft = state.propose(seq.token_ids, limit, step) if limit > 0 else []
+                table = seq.table
+                missing = -(-(n + len(draft)) // size) - len(table.pages)
+                if missing > 0:
+                    if self._policy.can_draft(missing):
+                        table.ensure_capacity(n + len(draft))
+                        self._mark_changed(seq, step, changed)
+                    else:
+                        draft = draft[: table.capacity - n]
+                if draft:
+                    seq.draft = tuple(draft)
+                    seq.due_step = -1  # filed again by _verify once the accepted run is known
+                    total += len(draft)
+            if state.resume_step < next_draft:
+                next_draft = state.resume_step
+        self._next_draft_step = next_draft
+        return total
+
+    def _verify(self, plan: StepPlan, sampled_tokens: SequenceOf[int]) -> None:
+        """Keep each draft's accepted run. The first choice of every decode is already appended;
+        the choices at its draft positions follow the first len(plan.sampling) tokens. Draft
+        token i is accepted when the sequence's newest token (the choice before it) equals it;
+        then the choice made at its position is kept too. Then: a stop token ends the sequence,
+        so does finish_len, and pages past the new length go back (they hold rejected drafts'
+        KV, never registered: the prefix cache only ever sees computed, known tokens)."""
+        at = len(plan.sampling)
+        next_step = plan.step + 1
+        for seq in plan.decodes:
+            draft = seq.draft
+            if not draft:
+                continue
+            seq.draft = ()
+            choices = sampled_tokens[at : at + len(draft)]
+            at += len(draft)
+            if seq.status is not _RUNNING:  # cancelled, or its first token was a stop token
+                continue
+            tokens = seq.token_ids
+            stop_ids = seq.stop_ids
+            accepted = 0
+            while (
+                accepted < len(draft)
+                and tokens[-1] == draft[accepted]
+                and tokens[-1] not in stop_ids
+            ):
+                tokens.append(choices[accepted])
+                accepted += 1
+            self._drafted_tokens += len(draft)
+            self._accepted_tokens += accepted
+            self._verifications += 1
+            drafter = seq.drafter
+            assert drafter is not None
+            drafter.record(len(draft), accepted, plan.step)
+            if drafter.resume_step < self._next_draft_step:
+                self._next_draft_step = drafter.resume_step
+            if tokens[-1] in stop_ids:  # inside the accepted run (a first stop was seen above)
+                self._finish(seq, "stop")
+            else:
+                seq.table.shrink_to(seq.num_tokens)
+                self._file_decoder(seq, next_step)
 
     def _make_room(self, seq: Sequence, preempted: list[Sequence]) -> bool:
         """Free a page by preempting the newest running sequences, `seq` itself last; returns
@@ -578,9 +707,10 @@ class Scheduler:
         self._prefilling.append(seq)
         self._mark_changed(seq, step, changed)
 
-    def _after_first_token(self, seq: Sequence, next_step: int) -> None:
-        """A prefill just sampled `seq`'s next token (pending): finish at the length limit, or
-        file it as a decoder. A stop token is `resolve`'s business."""
+    def _file_decoder(self, seq: Sequence, next_step: int) -> None:
+        """`seq` just got tokens whose count was not known in advance (a prefill's first token,
+        pending; a draft's accepted run): finish at the length limit, or file it as a decoder.
+        A stop token is `resolve`'s business."""
         num_tokens = seq.num_tokens
         if num_tokens >= seq.finish_len:
             self._finish(seq, "length")

@@ -7,6 +7,7 @@ import enum
 from sv_kvcache import BlockTable, PagePool
 
 from .request import FinishReason, Request
+from .speculation import DraftState
 
 
 class SequenceStatus(enum.Enum):
@@ -31,10 +32,15 @@ class Sequence:
     that step samples has one token more than token_ids shows: `num_pending` is 1 and
     `num_tokens` counts it (its value is still on the GPU; see `Scheduler.advance`).
 
+    A decoder advances by 1 + accepted tokens per step: `draft` holds the tokens the step being
+    planned or run verifies after the newest one (empty for a plain decode; see speculation.py),
+    `drafter` its prompt-lookup state when speculation is on.
+
     `due_step` is the step after which the scheduler must look at a decoder again: when its next
-    token needs a new page, or when it reaches its length limit. Every decoder advances exactly one
-    token per step, so that step is known in advance and the step loop need not check each
-    sequence every step (see `Scheduler._file_due`).
+    token needs a new page, or when it reaches its length limit. A plain decode advances exactly
+    one token, so that step is known in advance and the step loop need not check each sequence
+    every step (see `Scheduler._file_due`); a step that verifies a draft files it again once the
+    accepted count is known.
     """
 
     __slots__ = (
@@ -43,6 +49,8 @@ class Sequence:
         "computing_key",
         "credits",
         "decoding",
+        "draft",
+        "drafter",
         "due_step",
         "finish_len",
         "finish_reason",
@@ -56,6 +64,7 @@ class Sequence:
         "prefilled_tokens",
         "request_id",
         "reuse_cached_prefix",
+        "speculate",
         "status",
         "stop_ids",
         "table",
@@ -79,6 +88,7 @@ class Sequence:
         self.max_new_tokens = max_new_tokens  # already clamped to the context limit
         self.ignore_eos = request.ignore_eos
         self.reuse_cached_prefix = request.reuse_cached_prefix
+        self.speculate = request.speculate
         self.stop_ids: frozenset[int] = frozenset() if request.ignore_eos else request.stop_ids
         self.credits = credits
         self.finish_len = self.num_prompt_tokens + max_new_tokens
@@ -87,6 +97,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.decoding = False
+        self.draft: tuple[int, ...] = ()
+        self.drafter: DraftState | None = None
         self.due_step = -1
         self.prefilled_tokens = 0  # tokens with KV written, counted in the prefill phase only
         self.num_cached_tokens = 0

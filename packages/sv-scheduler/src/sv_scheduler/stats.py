@@ -33,6 +33,11 @@ class SchedulerStats:
     assigned_pages:          pages held by sequences now.
     free_credits:            credits not reserved by running requests (conservative policy;
                              equals pool_pages under the preemptive policy, which reserves none).
+    drafted_tokens:          draft tokens verified (speculation).
+    accepted_tokens:         of those, the ones the model accepted.
+    verifications:           (sequence, step) pairs that verified a draft: each produced
+                             1 + its accepted tokens, so tokens per verify step is
+                             1 + accepted_tokens / verifications.
     """
 
     pool_pages: int
@@ -51,3 +56,6 @@ class SchedulerStats:
     cached_pages: int
     assigned_pages: int
     free_credits: int
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    verifications: int = 0

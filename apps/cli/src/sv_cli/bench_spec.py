@@ -1,0 +1,128 @@
+"""`sv bench --only spec`: what speculative decoding costs on the GPU at the benchmark's shapes.
+
+- verify-b1 k=K: one sequence (128 tokens of context) feeding its newest token and K draft
+  tokens, with a choice at every position (the eager packed path a verify step runs on), in ms
+  per step beside the graph-replayed decode step (k=0). A draft of K tokens with a accepted pays
+  when (1 + a) decode steps cost more than one verify step.
+- decode-b1 --speculate ngram: the end-to-end decode-b1 figure with prompt-lookup speculation
+  on, on random-token prompts; random weights accept next to nothing, so this is the cost of
+  trying (drafts found and verified, then speculation paused); the note gives drafted and
+  accepted tokens. Target: at least 0.97x the plain decode-b1 row.
+- throughput-b64 with and without --speculate ngram (run by `sv bench` itself): 64 requests of
+  256 tokens. Target: the speculating row at least 0.97x the plain one.
+- decode-b1, acceptance trace replayed: random weights accept nothing real, so the acceptance
+  the default model showed on the CPU (scripts/spec_acceptance.py --trace: drafted and accepted
+  tokens of every verification on the input-grounded prompts) is replayed against the step
+  costs measured above: tokens / (plain steps x the k=0 cost + each verification's k cost). A
+  model of the run, labelled as such, not an end-to-end measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sv_cli.bench import Report, Row
+
+
+def bench_verify_steps(report: Report, engine: Any, max_k: int = 8) -> list[float]:
+    """The rows above; returns the ms per step for k = 0..max_k."""
+    import torch
+    from sv_model import StepInputs
+
+    runner = engine.runner
+    context = 128
+    pages = -(-(context + max_k) // runner.page_size)
+    runner.set_block_tables([(0, list(range(pages)))])
+    rng = random.Random(2)
+    tokens = [rng.randrange(runner.config.vocab_size) for _ in range(context + max_k)]
+    costs: list[float] = []
+    for k in range(max_k + 1):
+        step = StepInputs(
+            token_ids=tokens[context - 1 : context + k],
+            positions=list(range(context - 1, context + k)),
+            table_rows=[0],
+            query_lens=[1 + k],
+            seq_lens=[context + k],
+            sample_rows=[0],
+            logits_at=list(range(1 + k)) if k else None,
+        )
+        for _ in range(3):
+            runner.launch(step).result()
+        torch.cuda.synchronize()
+        reps = 30
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            runner.launch(step).result()
+        ms = (time.perf_counter() - t0) / reps * 1e3
+        costs.append(ms)
+        name = "decode-b1 step (graph), k=0" if k == 0 else f"verify-b1 step, k={k}"
+        report.add(Row(name, ms, "ms", note=f"{ms / costs[0]:.2f}x the decode step; launch + wait"))
+    return costs
+
+
+def replay_trace(report: Report, costs: list[float], trace_file: Path) -> None:
+    trace = json.loads(trace_file.read_text())
+    verifications = [(d, a) for d, a in trace["verifications"] if d < len(costs)]
+    if len(verifications) != len(trace["verifications"]):
+        raise ValueError(f"{trace_file}: drafts longer than k = {len(costs) - 1} were measured")
+    # Each request's first token comes from its prefill; every other token from a plain decode
+    # step or a verification (1 + accepted each).
+    decoded = trace["output_tokens"] - trace["requests"]
+    plain_steps = decoded - sum(1 + a for _, a in verifications)
+    ms = plain_steps * costs[0] + sum(costs[d] for d, _ in verifications)
+    speed = decoded / ms * 1e3
+    report.add(
+        Row(
+            "decode-b1, acceptance trace replayed (model, not measured end to end)",
+            speed,
+            "tok/s",
+            note=f"{speed / (1e3 / costs[0]):.2f}x plain at these step costs; trace "
+            f"{trace_file.name}: {trace['model']}, {trace['requests']} prompts, "
+            f"{len(verifications)} verifications, {sum(a for _, a in verifications)} of "
+            f"{sum(d for d, _ in verifications)} drafted tokens accepted",
+        )
+    )
+
+
+def bench_spec_decode_b1(report: Report, model_dir: Any, new_tokens: int) -> None:
+    from sv_engine import Engine, SamplingParams
+    from sv_engine.options import default_tuning_cache
+    from sv_scheduler import SpeculationConfig
+
+    rng = random.Random(1)
+    warm, prompt = ([rng.randint(0, 127999) for _ in range(128)] for _ in range(2))
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    for name, spec in (
+        ("decode-b1 (same engine settings)", None),
+        ("decode-b1 --speculate ngram", SpeculationConfig()),
+    ):
+        engine = Engine.from_model_dir(
+            model_dir,
+            device="cuda",
+            max_num_seqs=256,
+            speculation=spec,
+            tuning_cache=default_tuning_cache(),
+        )
+        engine.generate([warm], replace(params, max_new_tokens=8))
+        before = engine.stats
+        t0 = time.perf_counter()
+        times = [time.perf_counter() for _event in engine.stream([prompt], params)]
+        decode = (len(times) - 1) / (times[-1] - times[0])
+        s = engine.stats
+        drafted = s.drafted_tokens - before.drafted_tokens
+        accepted = s.accepted_tokens - before.accepted_tokens
+        report.add(
+            Row(
+                name,
+                decode,
+                "tok/s",
+                note=f"TTFT {(times[0] - t0) * 1e3:.1f} ms; {len(times)} events, drafted "
+                f"{drafted}, accepted {accepted}",
+            )
+        )
+        del engine

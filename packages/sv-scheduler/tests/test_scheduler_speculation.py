@@ -1,0 +1,88 @@
+"""Prompt lookup and the accepted run, against brute-force oracles; speculation settings."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sv_scheduler import SchedulerError, SpeculationConfig
+from sv_scheduler.speculation import DraftState, accepted_run
+
+
+def lookup_oracle(tokens: list[int], limit: int, ngram: int, min_ngram: int) -> list[int]:
+    """The latest earlier occurrence of the longest suffix (n from ngram down), searched by
+    brute force; the tokens that followed it."""
+    end = len(tokens)
+    for n in range(ngram, min_ngram - 1, -1):
+        if n > end - 1:
+            continue
+        suffix = tokens[end - n :]
+        for start in range(end - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + limit]
+    return []
+
+
+@given(
+    tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60),
+    cut=st.integers(0, 60),
+    limit=st.integers(1, 8),
+    ngram=st.integers(1, 4),
+    min_ngram=st.integers(1, 4),
+)
+def test_lookup_finds_the_latest_occurrence_of_the_longest_suffix(
+    tokens: list[int], cut: int, limit: int, ngram: int, min_ngram: int
+) -> None:
+    min_ngram = min(min_ngram, ngram)
+    state = DraftState(SpeculationConfig(ngram=ngram, min_ngram=min_ngram, miss_limit=10**6))
+    # The index grows with the sequence: look up once part way, then at the end.
+    head = tokens[: max(1, min(cut, len(tokens)))]
+    assert state.propose(head, limit, 0) == lookup_oracle(head, limit, ngram, min_ngram)
+    assert state.propose(tokens, limit, 1) == lookup_oracle(tokens, limit, ngram, min_ngram)
+
+
+def test_a_hand_made_lookup() -> None:
+    state = DraftState(SpeculationConfig(ngram=2))
+    #        0  1  2  3  4  5  6  7
+    tokens = [7, 8, 9, 1, 7, 8, 2, 7, 8]
+    assert state.propose(tokens, 3, 0) == [2, 7, 8]  # "7 8" last seen at 4..5, then 2 7 8
+
+
+@pytest.mark.parametrize(
+    ("draft", "choices", "accepted"),
+    [([5, 6, 7], [5, 6, 7, 8], 3), ([5, 6, 7], [5, 9, 7, 8], 1), ([5], [4, 5], 0), ([], [3], 0)],
+)
+def test_accepted_run(draft: list[int], choices: list[int], accepted: int) -> None:
+    assert accepted_run(draft, choices) == accepted
+
+
+def test_misses_pause_and_success_adapts_the_length() -> None:
+    state = DraftState(SpeculationConfig(max_draft=6, miss_limit=2, first_pause=4, max_pause=8))
+    state.record(drafted=6, accepted=2, step=0)
+    assert state.k == 3  # one more than the accepted run
+    state.record(drafted=3, accepted=3, step=1)
+    assert state.k == 6  # doubled after a full acceptance, at most max_draft
+    state.record(drafted=6, accepted=0, step=2)
+    assert state.resume_step == 0  # one miss: no pause yet
+    state.record(drafted=1, accepted=0, step=3)
+    assert state.resume_step == 3 + 1 + 4  # second miss in a row: paused for 4 steps
+    state.record(drafted=1, accepted=0, step=8)
+    state.record(drafted=1, accepted=0, step=9)
+    assert state.resume_step == 9 + 1 + 8  # the pause doubled
+    state.record(drafted=1, accepted=0, step=18)
+    state.record(drafted=1, accepted=0, step=19)
+    assert state.resume_step == 19 + 1 + 8  # ... up to max_pause
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_draft": 0},
+        {"ngram": True},
+        {"ngram": 2, "min_ngram": 3},
+        {"first_pause": 9, "max_pause": 8},
+    ],
+)
+def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(SchedulerError, match="SpeculationConfig"):
+        SpeculationConfig(**kwargs)  # type: ignore[arg-type]
