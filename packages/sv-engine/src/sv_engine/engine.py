@@ -41,7 +41,7 @@ import itertools
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -531,9 +531,24 @@ class Engine:
             if chunk.samples:
                 sample_rows.append(row)
         first = len(plan.prefills)
+        # What the sequences' own rows ask of this step beyond their tokens (a verify step's
+        # draft rows ask none of it: such requests do not speculate).
+        logprobs = self._num_logprobs > 0 and any(
+            self._live[s.request_id].logprobs is not None for s in plan.sampling
+        )
+        prompt_logprobs = [(row, offset, t) for _, row, offset, t in prompt_targets]
+        controls = self._controls(plan, previous) if self._num_controlled else None
+        bitmask = self._token_bitmask(plan, previous) if self._num_constrained else None
         if plan.num_draft_tokens:
-            return self._verify_inputs(
+            verify = self._verify_inputs(
                 plan, token_ids, positions, table_rows, query_lens, seq_lens, sample_rows, feed
+            )
+            return replace(
+                verify,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                controls=controls,
+                token_bitmask=bitmask,
             )
         for seq in plan.decodes:
             n = seq.num_tokens
@@ -558,11 +573,10 @@ class Engine:
             sample_rows=sample_rows,
             sampling=self._sampling_rows(plan) if self._num_sampling else None,
             feed=feed,
-            logprobs=self._num_logprobs > 0
-            and any(self._live[s.request_id].logprobs is not None for s in plan.sampling),
-            prompt_logprobs=[(row, offset, t) for _, row, offset, t in prompt_targets],
-            controls=self._controls(plan, previous) if self._num_controlled else None,
-            token_bitmask=self._token_bitmask(plan, previous) if self._num_constrained else None,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            controls=controls,
+            token_bitmask=bitmask,
         )
 
     def _controls(self, plan: StepPlan, previous: _Launched | None) -> LogitControls | None:
