@@ -17,13 +17,14 @@ from .admission import (
 )
 from .config import Admission, Policy, SchedulerConfig
 from .errors import AdmissionError, SchedulerError
-from .plan import PrefillChunk, StepPlan
+from .plan import COUNTED_WAITS, PrefillChunk, StepPlan, WaitReason
 from .request import FinishedRequest, FinishReason, Request, RequestId
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
 from .stats import SchedulerStats
 
 __all__ = [
+    "COUNTED_WAITS",
     "Admission",
     "AdmissionError",
     "AdmissionPolicy",
@@ -42,6 +43,7 @@ __all__ = [
     "Sequence",
     "SequenceStatus",
     "StepPlan",
+    "WaitReason",
     "check_request",
     "clamp_max_new_tokens",
     "credits_for",
