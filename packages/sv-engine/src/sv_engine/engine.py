@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from sv_kernels import TuningCache
@@ -54,6 +55,9 @@ from sv_tokenizer import Message, StreamDecoder, Tokenizer
 from sv_engine.errors import EngineError
 from sv_engine.loading import EngineConfig, load_model
 from sv_engine.params import Completion, SamplingParams, StreamEvent
+
+if TYPE_CHECKING:
+    from sv_trace.recorder import StepRecorder
 
 # A prompt is a user message (str, formatted with the model's chat format), a whole dialog
 # (a list of Messages), or token ids used as they are.
@@ -106,6 +110,7 @@ class Engine:
         # Plan and launch the next step before reading this one's tokens (see the module doc).
         self.overlap = True
         self._in_flight: _Launched | None = None  # launched and advanced, not yet resolved
+        self.tracer: StepRecorder | None = None  # --trace (sv_engine.tracing.start_trace)
 
     @classmethod
     def from_model_dir(
@@ -226,6 +231,8 @@ class Engine:
             prompt_ids=prompt_ids,
             start=time.perf_counter(),
         )
+        if self.tracer is not None:
+            self.tracer.queued(request_id, prompt_ids, params.max_new_tokens)
         if not params.greedy:
             self._num_sampling += 1
         return request_id
@@ -242,6 +249,8 @@ class Engine:
         event = self._finish_event(
             FinishedRequest(request_id, prompt_ids, output, "cancelled"), None, ""
         )
+        if self.tracer is not None:
+            self.tracer.cancelled(request_id)
         in_flight = self._in_flight
         if in_flight is not None and not any(
             s.request_id in self._live for s in in_flight.plan.sampling
@@ -310,10 +319,15 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return None
+        if self.tracer is not None:
+            self.tracer.planned(plan)
         self.runner.set_block_tables(
             [(s.table_row, s.block_table) for s in plan.block_table_changed]
         )
-        return _Launched(plan, self.runner.launch(self._step_inputs(plan, previous)))
+        launched = _Launched(plan, self.runner.launch(self._step_inputs(plan, previous)))
+        if self.tracer is not None:
+            self.tracer.launched(plan)
+        return launched
 
     def _resolve(self, launched: _Launched) -> list[StreamEvent]:
         """Wait for a launched step's tokens; hand them to the scheduler; make the events."""
@@ -335,6 +349,8 @@ class Engine:
                 events.append(StreamEvent(seq.request_id, token, text))
             else:
                 events.append(self._finish_event(done, token, text))
+        if self.tracer is not None:
+            self.tracer.resolved(plan, tokens, events)
         return events
 
     def _abandon_all(self) -> None:

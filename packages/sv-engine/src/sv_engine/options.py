@@ -15,6 +15,7 @@ from sv_scheduler import Admission
 from sv_engine.cache_folder import cache_dir
 from sv_engine.default_model import default_model_dir
 from sv_engine.engine import Engine
+from sv_engine.tracing import start_trace
 
 EXIT_USAGE = 2
 
@@ -55,7 +56,7 @@ ADMISSION_HELP = {
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
-    """--model, --kv-cache-mib, --device, --max-model-len, --admission, --no-overlap.
+    """--model, --kv-cache-mib, --device, --max-model-len, --admission, --trace, --no-overlap.
     `admission` is this app's default policy."""
     p.add_argument(
         "--model",
@@ -84,6 +85,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         default=admission,
         help=f"how requests share the KV-cache pool (default {admission}): "
         + "; ".join(f"{name}: {text}" for name, text in sorted(ADMISSION_HELP.items())),
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="record every step into FILE, one JSON line each (the plan, admissions and waits, "
+        "pages, sampled tokens with their top-5 logprobs, timings); `sv trace report FILE` "
+        "draws it",
     )
     p.add_argument(
         "--no-overlap",
@@ -125,4 +133,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         **overrides,
     )
     engine.overlap = getattr(args, "overlap", True)
+    trace = getattr(args, "trace", None)
+    if trace is not None:
+        start_trace(engine, trace, model=str(model_dir))
     return engine, model_dir

@@ -82,6 +82,10 @@ class ModelRunner:
             else None
         )
         self.linear_choices: dict[tuple[int, int], str] = {}  # filled by tune_linear
+        # Hears (logits, sampled ids) of every launch, rows in sampling order, while a step
+        # trace is recorded (sv_trace); the logits may be a graph's buffer, valid until the
+        # next launch.
+        self.logits_observer: Callable[[Tensor, Tensor], None] | None = None
 
     # --- warm-up ----------------------------------------------------------------------------
 
@@ -164,6 +168,8 @@ class ModelRunner:
             logits = self._prefill(step)
             greedy_ids = None
         ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph)
+        if self.logits_observer is not None:
+            self.logits_observer(logits, ids)
         self.last_ids[: ids.shape[0]].copy_(ids)
         return PendingTokens(ids)
 
