@@ -22,6 +22,7 @@ function drawPool(container, pool) {
     });
   }
   const cached = new Set(pool.cached_pages);
+  container.classList.toggle("large", pool.num_pages <= 400); // a small pool: bigger cells
   let cells = container.children;
   if (cells.length !== pool.num_pages) {
     container.textContent = "";
