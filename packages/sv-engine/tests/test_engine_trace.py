@@ -127,7 +127,7 @@ def test_a_cancel_is_recorded_and_its_token_in_flight_dropped(
 
 def test_an_unwritable_trace_is_a_clear_error(engine: Engine, tmp_path: Path) -> None:
     path = tmp_path / "no-such-folder" / "t.jsonl"
-    with pytest.raises(EngineError, match="cannot write the trace file .*no-such-folder"):
+    with pytest.raises(EngineError, match=r"cannot write the trace file .*no-such-folder"):
         start_trace(engine, path, model="tiny")
     assert engine.tracer is None
 

@@ -14,7 +14,7 @@ from sv_scheduler import SchedulerConfig
 from sv_tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scripted import Run, Scenario, prompt, run  # noqa: E402
+from scripted import Run, Scenario, prompt, run
 
 
 def config(**overrides: Any) -> SchedulerConfig:

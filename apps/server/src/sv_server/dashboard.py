@@ -160,6 +160,7 @@ class _Rates:
         tokens = metrics.generation_tokens
         elapsed = max(now - self._at, 1e-9)
         out = {
+            "at_s": now,  # the server's clock: differences between frames are intervals
             "tokens_per_s": (tokens - self._tokens) / elapsed,
             "ttft_recent_ms": _mean_ms(metrics.ttft, self._ttft),
             "itl_recent_ms": _mean_ms(metrics.itl, self._itl),

@@ -101,6 +101,12 @@ def report_data(records: list[dict[str, Any]]) -> dict[str, Any]:
             )  # fmt: skip
         elif kind == "end":
             end = record
+    for r in requests.values():
+        # The overlapped loop plans a request into the step after the one it stopped in (its
+        # token there is dropped): that row is no part of the request's timeline.
+        if r["end_step"] is not None:
+            r["decode"] = [s for s in r["decode"] if s <= r["end_step"]]
+            r["prefill"] = [c for c in r["prefill"] if c[0] <= r["end_step"]]
     return {
         "header": header,
         "stats": None if end is None else end["stats"],
@@ -134,8 +140,9 @@ def _asset(name: str) -> str:
 
 
 def _script_json(data: dict[str, Any]) -> str:
-    """JSON safe inside a <script> element: no '</' can end it early."""
-    return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    """JSON safe inside a <script> element: with every '<' escaped (it can only be inside a
+    string), no text from the trace can close the element or open a comment in it."""
+    return json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def _page(
