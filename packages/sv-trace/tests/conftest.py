@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
 import pytest
 from sv_tokenizer import Tokenizer
 from sv_tokenizer.cli import installed_llama_tokenizer_dir
@@ -21,6 +20,8 @@ def tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def validator() -> Any:
+    import jsonschema  # a test dependency the GPU machine's image lacks: only where used
+
     schema = trace_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)

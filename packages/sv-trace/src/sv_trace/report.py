@@ -25,8 +25,8 @@ def render_report(trace_path: str | Path) -> str:
     records = read_trace(trace_path)
     data = report_data(records)
     data["source"] = Path(trace_path).name
-    return _page(f"sv trace: {data['source']}", ("common.css", "report.css"), data,
-                 ("pool.js", "report.js"))  # fmt: skip
+    title = f"sv trace: {data['source']}"
+    return _page(title, ("common.css", "report.css"), data, ("pool.js", "report.js"))
 
 
 def report_data(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -95,10 +95,7 @@ def report_data(records: list[dict[str, Any]]) -> dict[str, Any]:
                     "wait": None if wait is None else wait["reason"],
                 }
             )
-            pools.append(
-                {"num_pages": pool["num_pages"], "tables": pool["tables"],
-                 "cached_pages": pool["cached_pages"]}
-            )  # fmt: skip
+            pools.append({k: pool[k] for k in ("num_pages", "tables", "cached_pages")})
         elif kind == "end":
             end = record
     for r in requests.values():
@@ -154,9 +151,10 @@ def _page(
 ) -> str:
     css = "\n".join(_asset(name) for name in styles)
     js = "\n".join(_asset(name) for name in scripts)
-    payload = "" if data is None else (
-        f'<script id="trace-data" type="application/json">{_script_json(data)}</script>'
-    )  # fmt: skip
+    payload = ""
+    if data is not None:
+        payload = f'<script id="trace-data" type="application/json">{_script_json(data)}</script>'
+
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
