@@ -35,7 +35,7 @@ if [ -z "${SV_SKIP_TESTS:-}" ]; then
     python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib -ra -rP" \
         --continue-on-collection-errors ${SV_PYTEST_ARGS:-} \
         packages/sv-kernels/tests packages/sv-model/tests packages/sv-weights/tests/test_weights_safetensors.py \
-        apps/cli/tests/test_bench_runner.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -60
+        apps/cli/tests/test_bench_runner.py packages/sv-trace/tests/test_trace_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -60
     tests_rc=${PIPESTATUS[0]}
 fi
 

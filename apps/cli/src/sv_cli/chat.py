@@ -38,6 +38,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sv_engine import EngineError
+    from sv_engine.tracing import stop_trace
 
     try:
         params = sampling_params(args, args.max_new)
@@ -47,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
     engine = open_engine(args)
     if engine is None:
         return 2
-    return chat_loop(engine, params, args.system, sys.stdin, sys.stdout)
+    try:
+        return chat_loop(engine, params, args.system, sys.stdin, sys.stdout)
+    finally:
+        stop_trace(engine)
 
 
 def chat_loop(engine: Any, params: Any, system: str | None, inp: TextIO, out: TextIO) -> int:

@@ -104,6 +104,7 @@ def split_prompts(items: list[str], max_new_tokens: int | None = None) -> tuple[
 
 def run(args: argparse.Namespace) -> int:
     from sv_engine import EngineError
+    from sv_engine.tracing import stop_trace
     from sv_scheduler import AdmissionError
     from sv_tokenizer import TokenizerError
 
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     finally:
         engine.cancel_all()  # Ctrl-C lands here too: every page goes back before exit
+        stop_trace(engine)
         if args.stats:
             print_stats(engine)
     return 0

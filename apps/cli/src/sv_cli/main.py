@@ -1,4 +1,4 @@
-"""The `sv` command: generate, chat, tokenize, weights inspect, bench, serve."""
+"""The `sv` command: generate, chat, tokenize, weights inspect, trace report, bench, serve."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def build_parser() -> OneLineErrorParser:
     from sv_cli import chat as chat_cmd
 
     chat_cmd.add_parser(sub)
+    from sv_cli import trace_report as trace_cmd
+
+    trace_cmd.add_parser(sub)
     _add_passthrough(
         sub, "tokenize", "encode text to token ids (or --decode ids to text)",
         "sv_cli.tokenize", "tokenize_main",

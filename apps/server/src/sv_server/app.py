@@ -3,6 +3,7 @@
     POST /v1/completions        raw text or token ids (not chat-formatted)
     POST /v1/chat/completions   messages, formatted with the model's chat format
     GET  /v1/models, /v1/models/{id}, /health, /metrics
+    GET  /dashboard (and its /dashboard/session and /dashboard/events; see dashboard.py)
     POST /tokenize, /detokenize  vLLM's: a text or conversation -> ids, and ids -> text
     GET  /version
 
@@ -53,6 +54,7 @@ from sv_server.body import (
     decode_json,
     read_body,
 )
+from sv_server.dashboard import dashboard_routes
 from sv_server.engine_loop import Delivery, EngineLoop, Failed, Rejected, RequestHandle, Token
 from sv_server.errors import ServerError, bad_request
 from sv_server.logprobs import LogprobsWriter, Scored
@@ -179,6 +181,7 @@ def create_app(
             Route("/version", handler(_version), methods=["GET"]),
             Route("/health", handler(_health), methods=["GET"]),
             Route("/metrics", handler(_metrics), methods=["GET"]),
+            *dashboard_routes(state, api_key),
         ],
         exception_handlers={
             ServerError: _server_error,

@@ -143,6 +143,7 @@ def serve_main(argv: list[str]) -> int:
 
     from sv_engine import EngineError
     from sv_engine.options import engine_from_args
+    from sv_engine.tracing import stop_trace
 
     from sv_server.app import create_app
     from sv_server.serving import build_server
@@ -178,6 +179,7 @@ def serve_main(argv: list[str]) -> int:
         drain_s=args.drain_seconds,
     )
     status = _run_until_stopped(server)
+    stop_trace(engine)  # the engine thread has stopped: nothing writes to the trace any more
     stats = engine.stats
     print(
         f"sv serve: stopped; {stats.free_pages} of {stats.pool_pages} KV pages free",

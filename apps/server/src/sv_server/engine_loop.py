@@ -23,10 +23,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_scheduler import AdmissionError, RequestId, SchedulerStats
 
+from sv_server.engine_view import VIEW_INTERVAL_S, engine_view
 from sv_server.errors import ServerError
 
 log = logging.getLogger("sv_server")
@@ -98,6 +100,11 @@ class _Stop:
 
 
 @dataclass(frozen=True)
+class _Refresh:
+    """Take a fresh snapshot now (a dashboard opened while the engine is idle)."""
+
+
+@dataclass(frozen=True)
 class LoopSnapshot:
     """The scheduler's state after the engine thread's latest iteration (read from any thread:
     it is replaced whole, never changed)."""
@@ -106,6 +113,7 @@ class LoopSnapshot:
     running: int = 0
     stats: SchedulerStats | None = None
     failed_steps: int = 0
+    view: dict[str, Any] | None = None  # engine_view, while the dashboard is watched
 
 
 Batch = list[tuple[RequestHandle, Delivery]]
@@ -122,7 +130,9 @@ class EngineLoop:
         self.engine = engine
         self.observer = observer
         self.last_error: str | None = None  # the latest failed step, for /health
-        self._commands: queue.SimpleQueue[_Submit | _Cancel | _Stop] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Submit | _Cancel | _Stop | _Refresh] = (
+            queue.SimpleQueue()
+        )
         self._pending_lock = threading.Lock()
         self._pending_submits = 0  # submitted, not yet counted in the snapshot's `waiting`
         self._seen_submits = 0  # taken by the engine thread since the last snapshot
@@ -130,6 +140,9 @@ class EngineLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._failed_steps = 0
+        # Dashboards watching (written on the event loop): the snapshot then carries a view.
+        self.watchers = 0
+        self._view_at = 0.0
         self.snapshot = self._take_snapshot()
 
     # --- the event loop's side ------------------------------------------------------------------
@@ -163,6 +176,10 @@ class EngineLoop:
         """Cancel the request if it is still in flight (safe to call more than once)."""
         self._commands.put(_Cancel(handle))
 
+    def refresh(self) -> None:
+        """Have the engine thread take a snapshot now, even while it is idle."""
+        self._commands.put(_Refresh())
+
     @property
     def in_flight(self) -> int:
         """Requests submitted and not finished (waiting or running)."""
@@ -186,13 +203,13 @@ class EngineLoop:
                     return
                 if isinstance(command, _Submit):
                     self._add(command.handle, batch)
-                else:
+                elif isinstance(command, _Cancel):
                     self._cancel(command.handle, batch)
             if self.engine.has_unfinished():
                 self._step(batch)
             self._finish_iteration(batch)
 
-    def _next_commands(self) -> list[_Submit | _Cancel | _Stop]:
+    def _next_commands(self) -> list[_Submit | _Cancel | _Stop | _Refresh]:
         commands = []
         if not self.engine.has_unfinished():
             commands.append(self._commands.get())  # idle: sleep until a command comes
@@ -274,7 +291,24 @@ class EngineLoop:
             running=scheduler.num_running,
             stats=self.engine.stats,
             failed_steps=self._failed_steps,
+            view=self._view(),
         )
+
+    def _view(self) -> dict[str, Any] | None:
+        """The dashboard's view: fresh every VIEW_INTERVAL_S, and always before going idle
+        (so an idle engine never shows a stale picture); None while nobody watches."""
+        if not self.watchers:
+            return None
+        now = time.perf_counter()
+        previous = self.snapshot  # set: watchers is 0 while __init__ takes the first one
+        if (
+            previous.view is not None
+            and self.engine.has_unfinished()
+            and now - self._view_at < VIEW_INTERVAL_S
+        ):
+            return previous.view
+        self._view_at = now
+        return engine_view(self.engine)
 
     # --- back on the event loop -----------------------------------------------------------------
 

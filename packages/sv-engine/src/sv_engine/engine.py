@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from sv_kernels import TuningCache
@@ -75,6 +76,9 @@ from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
 from sv_engine.logit_controls import RowControls, step_controls
 from sv_engine.logprobs import PromptLogprobs, token_logprob, with_first_rows
 from sv_engine.params import Completion, SamplingParams, StreamEvent, TokenLogprob
+
+if TYPE_CHECKING:
+    from sv_trace.recorder import StepRecorder
 
 # A prompt is a user message (str, formatted with the model's chat format), a whole dialog
 # (a list of Messages), or token ids used as they are.
@@ -144,6 +148,7 @@ class Engine:
         # Plan and launch the next step before reading this one's tokens (see the module doc).
         self.overlap = True
         self._in_flight: _Launched | None = None  # launched and advanced, not yet resolved
+        self.tracer: StepRecorder | None = None  # --trace (sv_engine.tracing.start_trace)
 
     @classmethod
     def from_model_dir(
@@ -297,6 +302,8 @@ class Engine:
             hidden_ids=stop_ids | self._special_ids if params.skip_special_tokens else stop_ids,
             matcher=matcher,
         )
+        if self.tracer is not None:
+            self.tracer.queued(request_id, prompt_ids, params.max_new_tokens)
         if not params.greedy:
             self._num_sampling += 1
         if params.logprobs is not None or params.prompt_logprobs is not None:
@@ -339,6 +346,8 @@ class Engine:
         event = self._finish_event(
             FinishedRequest(request_id, prompt_ids, output, "cancelled"), None, ""
         )
+        if self.tracer is not None:
+            self.tracer.cancelled(request_id)
         in_flight = self._in_flight
         if in_flight is not None and not any(
             s.request_id in self._live for s in in_flight.plan.sampling
@@ -412,14 +421,19 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return None
+        if self.tracer is not None:
+            self.tracer.planned(plan)
         self.runner.set_block_tables(
             [(s.table_row, s.block_table) for s in plan.block_table_changed]
         )
         prompt_targets = self._prompt_targets(plan) if self._num_logprobs else []
         inputs = self._step_inputs(plan, previous, prompt_targets)
-        return _Launched(
+        launched = _Launched(
             plan, self.runner.launch(inputs), [(r, t) for r, _, _, t in prompt_targets]
         )
+        if self.tracer is not None:
+            self.tracer.launched(plan)
+        return launched
 
     def _resolve(self, launched: _Launched) -> list[StreamEvent]:
         """Wait for a launched step's tokens; hand them to the scheduler; make the events."""
@@ -464,6 +478,8 @@ class Engine:
             if first and live.prompt_logprobs is not None:
                 event.prompt_logprobs = live.prompt_logprobs.scored
             events.append(event)
+        if self.tracer is not None:
+            self.tracer.resolved(plan, tokens, events)
         return events
 
     @staticmethod

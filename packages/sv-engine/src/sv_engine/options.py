@@ -18,6 +18,7 @@ from sv_engine.default_model import default_model_dir
 from sv_engine.engine import Engine
 from sv_engine.errors import EngineError
 from sv_engine.loading import KV_CACHE_DTYPES, resolve_device
+from sv_engine.tracing import start_trace
 
 EXIT_USAGE = 2
 _SPECULATION = SpeculationConfig()  # the defaults --spec-k and --spec-ngram show
@@ -60,8 +61,8 @@ ADMISSION_HELP = {
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
     """--model, --kv-cache-mib, --kv-cache-dtype, --device, --max-model-len, --admission,
-    --no-overlap, --quantization, --speculate with --spec-k and --spec-ngram. `admission` is
-    this app's default policy."""
+    --trace, --no-overlap, --quantization, --speculate with --spec-k and --spec-ngram.
+    `admission` is this app's default policy."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -106,6 +107,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         default="auto",
         help="KV-cache storage: auto (default: the weights' dtype) or fp8 (e4m3: half the "
         "bytes per token, twice the tokens in the same pool)",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="record every step into FILE, one JSON line each (the plan, admissions and waits, "
+        "pages, sampled tokens with their top-5 logprobs, timings); `sv trace report FILE` "
+        "draws it",
     )
     p.add_argument(
         "--no-overlap",
@@ -193,4 +201,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         **overrides,
     )
     engine.overlap = getattr(args, "overlap", True)
+    trace = getattr(args, "trace", None)
+    if trace is not None:
+        start_trace(engine, trace, model=str(model_dir))
     return engine, model_dir

@@ -94,6 +94,10 @@ class ModelRunner:
         self.logit_processor = LogitProcessor(
             max_num_seqs + 1, config.vocab_size, self.device, self.last_ids
         )
+        # Hears (logits, sampled ids) of every launch, rows in sampling order, while a step
+        # trace is recorded (sv_trace); the logits may be a graph's buffer, valid until the
+        # next launch.
+        self.logits_observer: Callable[[Tensor, Tensor], None] | None = None
 
     # --- warm-up ----------------------------------------------------------------------------
 
@@ -196,6 +200,8 @@ class ModelRunner:
         else:
             ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph, bitmask)
         self.logit_processor.count(ids[:kept])
+        if self.logits_observer is not None:  # the raw logits of the sequences' own rows
+            self.logits_observer(head, ids[:kept])
         self.last_ids[:kept].copy_(ids[:kept])  # ids past these (draft positions) are never fed
         logprobs = logprob_rows.of_sampled(logits, ids, graph) if step.logprobs else None
         return PendingTokens(ids, logprobs, prompt_logprobs)

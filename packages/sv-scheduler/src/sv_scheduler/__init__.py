@@ -17,7 +17,7 @@ from .admission import (
 )
 from .config import Admission, Policy, SchedulerConfig
 from .errors import AdmissionError, SchedulerError
-from .plan import PrefillChunk, StepPlan
+from .plan import COUNTED_WAITS, PrefillChunk, StepPlan, WaitReason
 from .request import FinishedRequest, FinishReason, Request, RequestId
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -25,6 +25,7 @@ from .speculation import SpeculationConfig
 from .stats import SchedulerStats
 
 __all__ = [
+    "COUNTED_WAITS",
     "Admission",
     "AdmissionError",
     "AdmissionPolicy",
@@ -44,6 +45,7 @@ __all__ = [
     "SequenceStatus",
     "SpeculationConfig",
     "StepPlan",
+    "WaitReason",
     "check_request",
     "clamp_max_new_tokens",
     "credits_for",

@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from .sequence import Sequence
+
+# Why the head of the queue did not start in a schedule() call. The first three are the
+# admission waits that `SchedulerStats.admission_waits` counts; the others hold the head back
+# without counting (see SchedulerStats).
+WaitReason = Literal[
+    "credits",  # conservative: its credits do not fit the credits left
+    "pages",  # preemptive: its prompt's pages do not fit the pages available
+    "static_group",  # static batching: the running group has not finished
+    "max_num_seqs",  # every table row is taken
+    "token_budget",  # continuous: this step's token budget is spent
+    "shared_prefix",  # another prompt is computing the page it would share
+]
+COUNTED_WAITS: frozenset[WaitReason] = frozenset({"credits", "pages", "static_group"})
 
 
 class PrefillChunk:
@@ -42,6 +56,7 @@ class StepPlan:
                          newly admitted or resumed, or given a page. Update only these rows.
     preempted:           sequences sent back to the queue by this plan (preemptive policy only).
     num_draft_tokens:    draft tokens fed this step (the sum of the decodes' draft lengths).
+    head_wait:           the head of the queue and why it did not start, if it did not.
 
     The plan is the engine's to read until it calls `resolve` (or `complete_step`) with it.
     """
@@ -54,6 +69,7 @@ class StepPlan:
     block_table_changed: list[Sequence]
     preempted: list[Sequence]
     num_draft_tokens: int = 0
+    head_wait: tuple[Sequence, WaitReason] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -54,7 +54,7 @@ from sv_kvcache import NO_MATCH, PagePool, PrefixMatch, page_key
 from .admission import check_request, make_admission_policy
 from .config import SchedulerConfig
 from .errors import AdmissionError, SchedulerError
-from .plan import PrefillChunk, StepPlan
+from .plan import PrefillChunk, StepPlan, WaitReason
 from .request import FinishedRequest, FinishReason, Request, RequestId
 from .sequence import Sequence, SequenceStatus
 from .speculation import DraftState
@@ -78,6 +78,8 @@ class Scheduler:
         self._speculation = config.speculation
         # No decoder may draft before this step (the earliest resume step; may be early, never late)
         self._next_draft_step = 0
+        # what a head that does not fit waits for, as the trace names it
+        self._no_room: WaitReason = "credits" if config.admission == "conservative" else "pages"
 
         self._waiting: deque[Sequence] = deque()  # FIFO; preempted sequences go back in front
         self._unfinished: dict[RequestId, Sequence] = {}  # waiting or running, by id
@@ -201,11 +203,12 @@ class Scheduler:
             budget -= self._add_chunk(seq, budget, prefills, step, changed)
 
         # 4. Admission, FIFO. Static: a new group only once the previous one has finished.
+        head_wait = None
         if self._waiting:
             if self._continuous or not self._running:
-                self._admit(budget, prefills, step, changed)
+                head_wait = self._admit(budget, prefills, step, changed)
             else:
-                self._count_wait(self._waiting[0])
+                head_wait = self._count_wait(self._waiting[0], "static_group")
 
         if preempted:  # a sequence given a page, then preempted for an older one
             changed = [seq for seq in changed if seq.status is _RUNNING]
@@ -230,6 +233,7 @@ class Scheduler:
             block_table_changed=changed,
             preempted=preempted,
             num_draft_tokens=num_draft_tokens,
+            head_wait=head_wait,
         )
         if not plan.is_empty:  # an empty plan computes nothing: nothing to advance or resolve
             self._plan = plan
@@ -614,38 +618,41 @@ class Scheduler:
 
     def _admit(
         self, budget: int, prefills: list[PrefillChunk], step: int, changed: list[Sequence]
-    ) -> None:
+    ) -> tuple[Sequence, WaitReason] | None:
         """Admit from the head of the queue while table rows, credits and (continuous) budget allow.
 
         Static policy: called only when nothing runs, and admits the whole group that fits
         regardless of this step's token budget; their prompts then prefill in chunks.
         Continuous: a head whose next page another prompt is computing waits while that page is
         being computed (not counted as an admission wait), then shares it instead of computing
-        it twice.
+        it twice. Returns the head left waiting and why, if one is.
         """
         waiting = self._waiting
         max_num_seqs = self.config.max_num_seqs
-        while waiting and len(self._running) < max_num_seqs:
-            if self._continuous and budget == 0:
-                break
+        while waiting:
             seq = waiting[0]
+            if len(self._running) >= max_num_seqs:
+                return seq, "max_num_seqs"
+            if self._continuous and budget == 0:
+                return seq, "token_budget"
             match = self._cached_prefix(seq)
             if self._continuous and self._next_page_in_progress(seq, match):
-                break
+                return seq, "shared_prefix"
             if not self._policy.fits(seq, match, len(self._running)):
-                self._count_wait(seq)
-                break
+                return self._count_wait(seq, self._no_room)
             waiting.popleft()
             self._start_running(seq, match, step, changed)
             if budget > 0:
                 budget -= self._add_chunk(seq, budget, prefills, step, changed)
+        return None
 
-    def _count_wait(self, head: Sequence) -> None:
-        """The head of the queue could not start in this schedule() call."""
+    def _count_wait(self, head: Sequence, reason: WaitReason) -> tuple[Sequence, WaitReason]:
+        """The head of the queue could not start in this schedule() call for want of room."""
         self._admission_waits += 1
         if not head.waited:
             head.waited = True
             self._waited_requests += 1
+        return head, reason
 
     def _cached_prefix(self, seq: Sequence) -> PrefixMatch:
         """Cached pages `seq` may start on: at most num_tokens-1 tokens, so the page holding the

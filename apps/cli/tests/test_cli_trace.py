@@ -1,0 +1,105 @@
+"""`--trace FILE` on `sv generate` and `sv chat`, and `sv trace report`, on the embedded
+default model (CPU): the trace against the `--stats` the same run prints."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sv_cli.main import main
+from sv_trace import read_trace
+
+SV = Path(sys.executable).parent / "sv"
+
+
+@pytest.fixture(scope="module")
+def default_model() -> Path:
+    from sv_engine import EngineError
+    from sv_engine.default_model import default_model_dir
+
+    try:
+        return default_model_dir(progress=lambda _m: None)
+    except EngineError as e:
+        pytest.skip(f"default model unavailable: {e}")
+
+
+def _stat(out: str, name: str) -> int:
+    return int(re.search(rf"{name}:\s*(\d+)", out).group(1))  # type: ignore[union-attr]
+
+
+def test_static_waits_in_the_stats_are_in_the_trace(
+    default_model: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Five prompts on an 11-page pool under --static: every admission wait --stats counts is
+    a step of the trace whose head waited, for credits or for the group; the tokens each
+    request printed are the ones the trace sampled for it."""
+    trace = tmp_path / "t.jsonl"
+    prompts = ["Name a colour.", "12", "Say hello.", "Name a fruit.", "Count to three.", "Hi."]
+    argv = ["generate", "--static", "--stats", "--kv-cache-mib", "8", "--trace", str(trace)]
+    assert main([*argv, *prompts]) == 0
+    out = capsys.readouterr().out
+    records = read_trace(trace)
+    steps = [r for r in records if r["type"] == "step"]
+    counted = [s["wait"] for s in steps if s["wait"] is not None and s["wait"]["counted"]]
+    assert len(counted) == _stat(out, "admission waits") > 0
+    assert {w["reason"] for w in counted} <= {"credits", "static_group"}
+    assert "static_group" in {w["reason"] for w in counted}
+    assert _stat(out, "peak assigned pages") == max(s["pool"]["assigned"] for s in steps)
+    assert _stat(out, "final free pages") == records[-1]["stats"]["free_pages"]
+    printed = {int(n): [int(i) for i in ids.split(", ")] for n, ids in re.findall(
+        r"=== request (\d+) .*?\n.*?ids=\[([\d, ]+)\]", out, re.S)}  # fmt: skip
+    for rid, ids in printed.items():
+        traced = [x["token"] for s in steps for x in s["sampled"]
+                  if x["request"] == rid and not x["dropped"]]  # fmt: skip
+        assert traced == ids
+    # static batching: nobody is admitted while a group runs
+    for s in steps:
+        if s["admitted"]:
+            assert all(t["request"] in {a["request"] for a in s["admitted"]}
+                       for t in s["pool"]["tables"])  # fmt: skip
+    assert main(["trace", "report", str(trace), "-o", str(tmp_path / "r.html")]) == 0
+    assert "sv step trace" in (tmp_path / "r.html").read_text(encoding="utf-8")
+
+
+def test_chat_writes_a_trace(default_model: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "chat.jsonl"
+    done = subprocess.run(
+        [str(SV), "chat", "--device", "cpu", "--max-new", "4", "--trace", str(trace)],
+        input="Hi!\nAnd again?\n/exit\n", capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = read_trace(trace)
+    requests = [r for r in records if r["type"] == "request"]
+    assert len(requests) == 2  # one per turn; the second re-sends the dialog
+    assert requests[1]["prompt_ids"][: len(requests[0]["prompt_ids"])] == requests[0]["prompt_ids"]
+    assert records[-1]["type"] == "end" and records[-1]["stats"]["prefix_cache_hit_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "cannot read the trace file"), ("hello\n", "not a JSON object")],
+)
+def test_report_errors_are_one_line(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "in.jsonl"
+    if content is not None:
+        path.write_text(content + "more\n", encoding="utf-8")
+    done = subprocess.run(
+        [str(SV), "trace", "report", str(path), "-o", str(tmp_path / "out.html")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("sv trace report: error: ") and message in line and "in.jsonl" in line
+    assert not (tmp_path / "out.html").exists()
+
+
+def test_an_unwritable_trace_is_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(SV), "generate", "--trace", str(tmp_path / "none" / "t.jsonl"), "Hi", "2"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "cannot write the trace file" in done.stderr and "none" in done.stderr

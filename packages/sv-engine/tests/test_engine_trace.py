@@ -1,0 +1,142 @@
+"""--trace through the real engine (tiny random Llama, CPU, overlapped loop): the logprobs
+against transformers, the waits against --stats, cancels, and the schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+import transformers
+from sv_engine import Engine, EngineError, SamplingParams
+from sv_engine.tracing import start_trace, stop_trace
+from sv_trace import read_trace, trace_schema
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir: Path) -> Engine:
+    # A small pool, so that requests wait for credits.
+    return Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=0.07)
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_llama_dir: Path) -> transformers.LlamaForCausalLM:
+    return transformers.LlamaForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+
+
+def validate(records: list[dict[str, Any]]) -> None:
+    validator = jsonschema.Draft202012Validator(trace_schema())
+    for record in records:
+        errors = list(validator.iter_errors(record))
+        assert not errors, f"{record['type']} line: {errors[0].message}"
+
+
+def traced(engine: Engine, path: Path, run: Any) -> list[dict[str, Any]]:
+    start_trace(engine, path, model="tiny")
+    try:
+        run()
+    finally:
+        stop_trace(engine)
+    assert engine.tracer is None and engine.runner.logits_observer is None
+    return read_trace(path)
+
+
+def test_logprobs_are_transformers_and_waits_are_the_stats(
+    engine: Engine, oracle: transformers.LlamaForCausalLM, tmp_path: Path
+) -> None:
+    prompts = ["Write a haiku about the sea.", "What is 2 + 2?", "Name three colours."]
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    before = engine.stats.admission_waits
+    done: list[Any] = []
+    records = traced(
+        engine, tmp_path / "t.jsonl", lambda: done.extend(engine.generate(prompts, params))
+    )
+    validate(records)
+    steps = [r for r in records if r["type"] == "step"]
+    counted = [s["wait"] for s in steps if s["wait"] is not None and s["wait"]["counted"]]
+    assert counted, f"the pool ({engine.stats.pool_pages} pages) must make a request wait"
+    assert len(counted) == engine.stats.admission_waits - before
+    assert {w["reason"] for w in counted} == {"credits"}
+    assert records[-1]["stats"]["admission_waits"] == engine.stats.admission_waits
+    num_pages = records[0]["num_pages"]
+    for s in steps:
+        pool = s["pool"]
+        assert pool["free"] + pool["cached"] + pool["assigned"] == num_pages
+        assert len({p for t in pool["tables"] for p in t["pages"]}) == pool["assigned"]
+
+    for completion in done:
+        rid = completion.request_id
+        sampled = [
+            x for s in steps for x in s["sampled"] if x["request"] == rid and not x["dropped"]
+        ]
+        assert [x["token"] for x in sampled] == completion.output_ids
+        ids = completion.prompt_ids + completion.output_ids
+        with torch.no_grad():
+            logits = oracle(torch.tensor([ids])).logits[0].float()
+        expected = torch.log_softmax(logits, dim=-1)[len(completion.prompt_ids) - 1 : -1]
+        for row, x in zip(expected, sampled, strict=True):
+            assert x["logprob"] == pytest.approx(row[x["token"]].item(), abs=2e-4)
+            top = torch.topk(row, 6)
+            assert [t["logprob"] for t in x["top"]] == pytest.approx(
+                top.values[:5].tolist(), abs=2e-4
+            )
+            # ids where the oracle's neighbours are clearly apart (no near-tie to reorder)
+            gaps = (top.values[:-1] - top.values[1:]).tolist()
+            for i, t in enumerate(x["top"]):
+                if gaps[i] > 1e-3 and (i == 0 or gaps[i - 1] > 1e-3):
+                    assert t["token"] == top.indices[i].item()
+            assert x["top"][0]["token"] == x["token"]  # greedy: the most likely one
+
+
+def test_a_cancel_is_recorded_and_its_token_in_flight_dropped(
+    engine: Engine, tmp_path: Path
+) -> None:
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    cancelled: list[Any] = []
+
+    def run() -> None:
+        first = engine.add_request("Tell me a long story.", params)
+        engine.add_request("Hi.", SamplingParams(max_new_tokens=6, ignore_eos=True))
+        for _ in range(4):
+            engine.step()
+        event = engine.cancel(first)
+        assert event is not None and event.completion is not None
+        cancelled.append(event.completion)
+        while engine.has_unfinished():
+            engine.step()
+
+    records = traced(engine, tmp_path / "c.jsonl", run)
+    validate(records)
+    completion = cancelled[0]
+    kinds = [(r["type"], r.get("request")) for r in records]
+    assert ("cancel", completion.request_id) in kinds
+    steps = [r for r in records if r["type"] == "step"]
+    mine = [x for s in steps for x in s["sampled"] if x["request"] == completion.request_id]
+    kept = [x["token"] for x in mine if not x["dropped"]]
+    assert kept == completion.output_ids
+    # the overlapped loop had the next step in flight: its token for the request is dropped
+    assert [x["dropped"] for x in mine][-1] is True
+    freed = [f for s in steps for f in s["freed"] if f["request"] == completion.request_id]
+    assert len(freed) == 1 and freed[0]["pages"]
+    end = records[-1]["pool"]
+    assert end["free"] + end["cached"] == records[0]["num_pages"]
+
+
+def test_an_unwritable_trace_is_a_clear_error(engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / "no-such-folder" / "t.jsonl"
+    with pytest.raises(EngineError, match=r"cannot write the trace file .*no-such-folder"):
+        start_trace(engine, path, model="tiny")
+    assert engine.tracer is None
+
+
+def test_each_line_is_one_json_object(engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / "l.jsonl"
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    traced(engine, path, lambda: engine.generate(["Hi."], params))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["type"] for line in lines] == [
+        "header", "request", "step", "step", "step", "end",
+    ]  # fmt: skip
