@@ -186,34 +186,60 @@ def _attention_cases(
     slots = torch.arange(t, dtype=torch.int64)
     pos = torch.arange(t, dtype=torch.int64)
     tag = f"D={head_dim} Hq={hq} Hkv={hkv} {dtype}"
-    for tile_tokens in (None, 4):  # one token per program (decode) and several (prefill)
-        yield (
-            f"rope_cache_write tile_tokens={tile_tokens} {tag}",
-            lambda tile_tokens=tile_tokens: ops.rope_cache_write(
-                q, kv, kv, pos, cos, sin, cache, cache, slots, tile_tokens=tile_tokens
-            ),
-        )
+    # The model's own cache, and an FP8 (e4m3) one with its K and V scales per KV head.
+    caches = [("", cache, None)]
+    fp8_cache = cache.to(torch.float8_e4m3fn)
+    caches.append((" fp8-kv", fp8_cache, torch.ones(2, hkv)))
+    for kind, kv_cache, scales in caches:
+        for tile_tokens in (None, 4):  # one token per program (decode) and several (prefill)
+            yield (
+                f"rope_cache_write tile_tokens={tile_tokens}{kind} {tag}",
+                lambda tile_tokens=tile_tokens, c=kv_cache, s=scales: ops.rope_cache_write(
+                    q, kv, kv, pos, cos, sin, c, c, slots, s, tile_tokens=tile_tokens
+                ),
+            )
     tables = torch.zeros(4, pages, dtype=torch.int32)
     lens = torch.full((4,), 100, dtype=torch.int32)
     qd = torch.zeros(4, hq, head_dim, dtype=dtype)
-    for splits in (1, 8):
-        for window in (None, 40):  # full attention, and Mistral's sliding window
-            yield (
-                f"decode splits={splits} window={window} {tag}",
-                lambda splits=splits, window=window: ops.paged_decode_attention(
-                    qd, cache, cache, tables, lens, 0.125, window, num_splits=splits
-                ),
-            )
+    for kind, kv_cache, scales in caches:
+        for splits in (1, 8):
+            for window in (None, 40):  # full attention, and Mistral's sliding window
+                yield (
+                    f"decode splits={splits} window={window}{kind} {tag}",
+                    lambda splits=splits, window=window, c=kv_cache, s=scales: (
+                        ops.paged_decode_attention(
+                            qd,
+                            c,
+                            c,
+                            tables,
+                            lens,
+                            0.125,
+                            kv_scales=s,
+                            sliding_window=window,
+                            num_splits=splits,
+                        )
+                    ),
+                )
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     seq_lens = torch.tensor([3, 8], dtype=torch.int32)
-    for max_q in (8, 2048):
-        for window in (None, 40):
-            yield (
-                f"prefill max_q={max_q} window={window} {tag}",
-                lambda max_q=max_q, window=window: ops.prefill_attention(
-                    q, cache, cache, cu, seq_lens, tables[:2], 0.125, max_q, window
-                ),
-            )
+    for kind, kv_cache, scales in caches:
+        for max_q in (8, 2048):
+            for window in (None, 40):
+                yield (
+                    f"prefill max_q={max_q} window={window}{kind} {tag}",
+                    lambda max_q=max_q, window=window, c=kv_cache, s=scales: ops.prefill_attention(
+                        q,
+                        c,
+                        c,
+                        cu,
+                        seq_lens,
+                        tables[:2],
+                        0.125,
+                        max_q,
+                        kv_scales=s,
+                        sliding_window=window,
+                    ),
+                )
 
 
 def _sampler_variants_per_kernel() -> dict[str, int]:
