@@ -30,10 +30,7 @@ def next_token_ids(
     the grammar constraints of some rows."""
     if bitmask is not None:
         apply_grammar(logits, bitmask)
-        # The decode graph's argmax saw the logits before the mask; its sampling graph is not
-        # used either (run 63: an engine's constrained decode on the GPU left the grammar
-        # through it), so a masked step samples eagerly.
-        greedy_ids, graph = None, None
+        greedy_ids = None  # the decode graph's argmax saw the logits before the mask
     if sampling is None or sampling.all_greedy():
         return greedy_ids if greedy_ids is not None else ops.argmax(logits)
     if graph is not None:  # the logits are the graph's own buffer: sample in a graph too
