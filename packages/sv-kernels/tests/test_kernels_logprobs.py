@@ -50,7 +50,13 @@ def test_bf16_logits_scored_in_fp32(gen: torch.Generator) -> None:
     got = device.token_logprobs(logits, ids, 4)
     want = reference.token_logprobs(logits.float(), ids, 4)
     assert got[1].dtype == torch.float32
-    assert torch.allclose(got[0], want[0], atol=1e-5) and torch.equal(got[2], want[2])
+    assert torch.allclose(got[0], want[0], atol=1e-5)
+    assert torch.allclose(got[1], want[1], atol=1e-5)
+    # BF16 rows of 3,000 logits hold ties, which either top-k may order its own way: the ids
+    # must be distinct and score what the reference's top-k scores.
+    full = torch.log_softmax(logits.float(), dim=-1)
+    assert all(len(set(row)) == 4 for row in got[2].tolist())
+    assert torch.allclose(full.gather(1, got[2]), want[1], atol=1e-5)
 
 
 @pytest.mark.parametrize(
