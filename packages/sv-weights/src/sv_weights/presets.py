@@ -93,45 +93,32 @@ def qwen2_5_0_5b_config() -> ModelConfig:
 
 
 def qwen3_0_6b_config() -> ModelConfig:
-    """The values of Qwen/Qwen3-0.6B's config.json."""
-    return ModelConfig(
+    """The values of Qwen/Qwen3-0.6B's config.json: Qwen2.5's vocabulary, norms, RoPE base and
+    special tokens at other shapes, with per-head q/k norms (the `qwen3` model type)."""
+    return dataclasses.replace(
+        qwen2_5_0_5b_config(),
         hidden_size=1024,
         num_hidden_layers=28,
         num_attention_heads=16,
         num_key_value_heads=8,
         head_dim=128,
         intermediate_size=3072,
-        vocab_size=151936,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        rope_scaling=None,
         max_position_embeddings=40960,
-        tie_word_embeddings=True,
-        bos_token_id=151643,
-        eos_token_ids=(151645,),
-        torch_dtype="bfloat16",
         model_type="qwen3",
     )
 
 
 def mistral_7b_config() -> ModelConfig:
-    """The values of mistralai/Mistral-7B-Instruct-v0.1's config.json."""
-    return ModelConfig(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        intermediate_size=14336,
+    """The values of mistralai/Mistral-7B-Instruct-v0.1's config.json: Llama 3.1 8B's shapes
+    with its own vocabulary, tokens and plain RoPE, and a sliding window."""
+    return dataclasses.replace(
+        llama_3_1_8b_config(),
         vocab_size=32000,
-        rms_norm_eps=1e-5,
         rope_theta=10000.0,
         rope_scaling=None,
         max_position_embeddings=32768,
-        tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_ids=(2,),
-        torch_dtype="bfloat16",
         model_type="mistral",
         sliding_window=4096,
     )
