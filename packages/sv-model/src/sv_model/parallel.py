@@ -68,16 +68,17 @@ def check_tensor_parallel_size(config: ModelConfig, size: int) -> None:
     if size < 1:
         raise ValueError(f"tensor parallel size must be at least 1, got {size}")
     counts = {
-        "attention heads (num_attention_heads)": config.num_attention_heads,
-        "key/value heads (num_key_value_heads)": config.num_key_value_heads,
+        "attention heads": config.num_attention_heads,
+        "key/value heads": config.num_key_value_heads,
         "MLP width (intermediate_size)": config.intermediate_size,
     }
-    bad = [f"{count} {what}" for what, count in counts.items() if count % size]
+    bad = [f"{what} ({count})" for what, count in counts.items() if count % size]
     if bad:
         raise ValueError(
-            f"tensor parallel size {size} must divide the model's {' and '.join(bad)} "
-            f"(it has {config.num_attention_heads} attention heads and "
-            f"{config.num_key_value_heads} key/value heads)"
+            f"tensor parallel size {size} must divide the model's attention heads "
+            f"({config.num_attention_heads}), key/value heads ({config.num_key_value_heads}) "
+            f"and MLP width ({config.intermediate_size}); it does not divide the "
+            + " nor the ".join(bad)
         )
 
 
