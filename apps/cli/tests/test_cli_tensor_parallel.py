@@ -55,3 +55,26 @@ def test_a_size_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
         main(["generate", "--tensor-parallel-size", "0", "Hi."])
     assert e.value.code == 2
     assert "--tensor-parallel-size: must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_torchrun_launches_the_ranks_and_rank_zero_prints_what_one_rank_does(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under torchrun every process runs `sv generate`; ranks 1.. serve rank 0's steps."""
+    import subprocess
+    import sys
+
+    args = ["--quantization", "none", "--kv-cache-mib", "8", "Name a colour.", "8"]
+    assert main(["generate", *args]) == 0
+    one = re.findall(r"ids=(\[[\d, ]*\])", capsys.readouterr().out)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3"]
+    generate = ["-m", "sv_cli", "generate", "--device", "cpu", "--tensor-parallel-size", "3"]
+    done = subprocess.run(
+        [*torchrun, *generate, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.findall(r"ids=(\[[\d, ]*\])", done.stdout) == one  # printed once: by rank 0

@@ -66,3 +66,44 @@ def test_a_rank_killed_mid_run_ends_the_run_with_an_error_naming_it(tiny_llama_d
     with pytest.raises(EngineError, match=r"rank 1 .* was killed by SIGKILL"):
         engine.generate([[5, 6]], SamplingParams(max_new_tokens=2))
     runner.close()
+
+
+RANK_ZERO_DIES = """
+import os, signal, sys
+from sv_engine import Engine
+engine = Engine.from_model_dir(sys.argv[1], device="cpu", kv_cache_mib=2, tensor_parallel_size=2)
+print(engine.runner.rank_pids[0], flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_other_ranks_exit_when_rank_zero_dies(tiny_llama_dir: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    done = subprocess.run(
+        [sys.executable, "-c", RANK_ZERO_DIES, str(tiny_llama_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    assert not _alive(pid), f"rank 1 (pid {pid}) outlived rank 0"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its new parent) is gone for this purpose.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
