@@ -109,7 +109,7 @@ class LeaderRunner(ModelRunner):
             return
         self.closed = True
         if self._rank_failure() is None:
-            with contextlib.suppress(dist.DistError):  # a rank already gone: on_close ends the rest
+            with contextlib.suppress(RuntimeError):  # a rank already gone: on_close ends the rest
                 self.tensor_parallel.broadcast((STOP,))
         self._on_close()
 

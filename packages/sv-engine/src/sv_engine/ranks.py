@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from datetime import timedelta
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def start_leader(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
         runner = LeaderRunner(*args, rank_failure=watch.failure, on_close=watch.stop, **kwargs)
         watch.leader = runner
         runner.rank_pids = [process.pid for process in watch.processes]
-        atexit.register(runner.close)  # the app's exit stops the ranks (close is idempotent)
+        atexit.register(_close_at_exit, weakref.ref(runner))  # the app's exit stops the ranks
         return runner
 
     try:
@@ -128,6 +129,14 @@ def start_leader(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
     except BaseException:
         watch.stop()
         raise
+
+
+def _close_at_exit(runner: weakref.ref[LeaderRunner]) -> None:
+    """Stop the ranks of a runner still open at exit (a weak reference: a closed runner's
+    weights and KV pool are freed when its engine goes)."""
+    alive = runner()
+    if alive is not None:
+        alive.close()
 
 
 def join_group(rank: int, size: int, init_method: str, device: torch.device) -> TensorParallel:
@@ -183,6 +192,8 @@ class RankWatch:
                 process.wait(timeout=10)
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._ended.set()  # the watchdog thread returns (it holds this watch and the runner)
+        self.leader = None
 
     def _wait(self, rank: int, process: subprocess.Popen[bytes]) -> None:
         code = process.wait()
