@@ -44,6 +44,16 @@ python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH
     ${SV_BENCH_FLAGS:---kernels --peer --profile --quantization fp8,int8} --json "$OUT/bench.json" ${SV_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^\[bench\]'
 bench_rc=${PIPESTATUS[0]}
 
+tp_rc=skipped
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && [ -z "${SV_SKIP_TP:-}" ]; then
+    # Tensor parallelism (NCCL, NVLink multicast off): decode-b1 and throughput at TP=2 beside
+    # TP=1 in the same run; SV_TP_ARGS="--preset llama-3.1-8b" for the 8B shapes.
+    echo "== tensor parallelism (sv bench --only tp --tensor-parallel-size 2)"
+    NCCL_NVLS_ENABLE=0 python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
+        --only tp --tensor-parallel-size 2 ${SV_TP_ARGS:-} --json "$OUT/bench-tp.json" 2>&1 | tee "$OUT/bench-tp.log" | grep -v '^\[bench\]'
+    tp_rc=${PIPESTATUS[0]}
+fi
+
 serve_rc=skipped
 if [ -d .http-deps ] && [ -z "${SV_SKIP_SERVE:-}" ]; then
     # The serving benchmark needs starlette/uvicorn, which the image lacks: carry .http-deps,
@@ -77,4 +87,4 @@ for name in ("conservative", "preemptive"):
           f"{r.get('server_preemptions')!s:>9}{r.get('server_recomputed_tokens')!s:>9}")
 PY
 fi
-echo "GPU tests: rc=$tests_rc ($(tail -1 "$OUT/gpu-tests.log" 2>/dev/null))   bench: rc=$bench_rc   serve: rc=$serve_rc"
+echo "GPU tests: rc=$tests_rc ($(tail -1 "$OUT/gpu-tests.log" 2>/dev/null))   bench: rc=$bench_rc   tp: rc=$tp_rc   serve: rc=$serve_rc"

@@ -686,8 +686,12 @@ def bench_main(argv: list[str]) -> int:
         "log-probabilities; long: 32k and 100k contexts with a BF16 and an FP8 KV cache; "
         "grammar: JSON-schema constrained decoding beside unconstrained; spec: verify-step cost "
         "for k = 1..8, decode-b1 and 64-request throughput with --speculate ngram beside plain; "
-        "long and spec are not in the default set)",
+        "tp: decode-b1 and throughput at --tensor-parallel-size N beside 1; "
+        "long, spec and tp are not in the default set)",
     )
+    from sv_engine.options import add_tensor_parallel_argument
+
+    add_tensor_parallel_argument(p)
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument(
         "--spec-trace",
@@ -707,6 +711,8 @@ def bench_main(argv: list[str]) -> int:
         "[fp8] / [int8], beside the BF16 rows",
     )
     args = p.parse_args(argv)
+    if (args.tensor_parallel_size > 1) != (args.only is not None and "tp" in args.only.split(",")):
+        p.error("--tensor-parallel-size N (N > 1) and --only tp go together")
     if args.preset not in _preset_names():
         p.error(f"unknown preset {args.preset!r} (presets: {', '.join(_preset_names())})")
     modes = [m for m in args.quantization.split(",") if m]
@@ -811,6 +817,10 @@ def bench_main(argv: list[str]) -> int:
             bench_throughput(report, engine, f"throughput-b64{label}", 64, False, 256)
             del engine
             torch.cuda.empty_cache()
+    if only is not None and "tp" in only:
+        from sv_cli.bench_tp import bench_tensor_parallel
+
+        bench_tensor_parallel(report, model_dir, roof, args.tensor_parallel_size, args.quick)
     if args.peer:
         bench_peer(report, model_dir, args.quick)
     report.add(Row("host probe at end", host_probe_ms(), "ms", note="sum(range(10**7))"))

@@ -76,6 +76,7 @@ from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
 from sv_engine.logit_controls import RowControls, step_controls
 from sv_engine.logprobs import PromptLogprobs, token_logprob, with_first_rows
 from sv_engine.params import Completion, SamplingParams, StreamEvent, TokenLogprob
+from sv_engine.ranks import start_leader
 
 if TYPE_CHECKING:
     from sv_trace.recorder import StepRecorder
@@ -171,6 +172,7 @@ class Engine:
         warmup: bool = True,
         progress: Callable[[str], None] | None = None,
         quantization: QuantKind | None = None,
+        tensor_parallel_size: int = 1,
     ) -> Engine:
         """Load a Llama checkpoint folder (config.json, safetensors, tokenizer) into a ready engine.
 
@@ -188,6 +190,8 @@ class Engine:
         hears a line per phase (see `ModelRunner.warmup`: seconds, or about half a minute the
         first time on a machine). `quantization` ("fp8" or "int8") quantizes the matrices at
         load (see `sv_model.quantize`); a pre-quantized checkpoint's come quantized anyway.
+        `tensor_parallel_size` > 1 splits the model over that many ranks, one process each
+        (this one is rank 0; see sv_engine.ranks): `kv_cache_mib` is then each rank's pool.
         """
         cfg = EngineConfig(
             device=device,
@@ -203,8 +207,12 @@ class Engine:
             tuning_cache=tuning_cache,
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
+            tensor_parallel_size=tensor_parallel_size,
         )
-        loaded = load_model(Path(model_dir), cfg)
+        if tensor_parallel_size == 1:
+            loaded = load_model(Path(model_dir), cfg)
+        else:
+            loaded = start_leader(Path(model_dir), cfg)
         scheduler = Scheduler(
             SchedulerConfig(
                 num_pages=loaded.num_pages,

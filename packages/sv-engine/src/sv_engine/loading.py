@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -12,6 +13,7 @@ from sv_kernels.quantized import QUANT_KINDS, QuantKind
 from sv_kernels.reference import FP8_KV_DTYPE
 from sv_kvcache import KVCacheError, pages_for_free_memory, pages_for_mib
 from sv_model import ModelRunner, ModelWeights, quantize_weights
+from sv_model.parallel import TensorParallel, rank_config, shard_state
 from sv_scheduler import Admission
 from sv_tokenizer import Tokenizer, TokenizerError
 from sv_weights import ModelConfig, WeightsError, load_checkpoint
@@ -47,6 +49,8 @@ class EngineConfig:
     use_cuda_graphs: bool = True
     quantization: QuantKind | None = None  # quantize the matrices at load (fp8 or int8)
     kv_cache_dtype: KVCacheDtype = "auto"  # "auto": the weights' dtype; "fp8": e4m3 pages
+    # Ranks the model is split over (sv_engine.ranks; a KV pool of kv_cache_mib on each).
+    tensor_parallel_size: int = 1
 
 
 @dataclass
@@ -78,11 +82,49 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
+def load_model(
+    model_dir: Path,
+    cfg: EngineConfig,
+    tensor_parallel: TensorParallel | None = None,
+    make_runner: Callable[..., ModelRunner] = ModelRunner,
+) -> LoadedModel:
+    """The model, tokenizer and runner `cfg` asks for. With `tensor_parallel`, the runner is
+    this rank's (sv_engine.ranks starts the others), made by `make_runner` (rank 0's sends
+    every step to the other ranks first)."""
     if cfg.policy not in ("continuous", "static"):
         raise EngineError(f"policy must be 'continuous' or 'static', got {cfg.policy!r}")
+    try:
+        config = model_config(model_dir)
+        max_model_len = _context_limit(config, model_dir, cfg.max_model_len)
+        tokenizer = Tokenizer.from_model_dir(model_dir)
+        tokenizer.check_chat_template()
+    except (WeightsError, TokenizerError) as e:
+        raise EngineError(f"{e}{damaged_default_model_hint(model_dir)}") from e
+    runner = load_runner(model_dir, cfg, config, max_model_len, tensor_parallel, make_runner)
+    return LoadedModel(config, tokenizer, runner, runner.num_pages, max_model_len)
+
+
+def model_config(model_dir: Path) -> ModelConfig:
+    """The config of a model folder (an EngineError when there is none)."""
     if not model_dir.is_dir():
         raise EngineError(f"model folder {model_dir} does not exist")
+    try:
+        return ModelConfig.from_model_dir(model_dir)
+    except WeightsError as e:
+        raise EngineError(f"{e}{damaged_default_model_hint(model_dir)}") from e
+
+
+def load_runner(
+    model_dir: Path,
+    cfg: EngineConfig,
+    config: ModelConfig,
+    max_model_len: int,
+    tensor_parallel: TensorParallel | None = None,
+    make_runner: Callable[..., ModelRunner] = ModelRunner,
+) -> ModelRunner:
+    """The weights on their device and a runner over a KV pool sized as `cfg` asks. With
+    `tensor_parallel`: this rank's slice of the weights, a pool of its own KV heads, and
+    as many pages as the rank with the least memory holds (page ids mean the same on all)."""
     if cfg.quantization is not None and cfg.quantization not in QUANT_KINDS:
         raise EngineError(
             f"quantization must be one of {', '.join(QUANT_KINDS)}, got {cfg.quantization!r}"
@@ -90,12 +132,13 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
     device = resolve_device(cfg.device)
     dtype = cfg.dtype or default_dtype(device)
     try:
-        config = ModelConfig.from_model_dir(model_dir)
-        max_model_len = _context_limit(config, model_dir, cfg.max_model_len)
-        tokenizer = Tokenizer.from_model_dir(model_dir)
-        tokenizer.check_chat_template()
-        state = load_checkpoint(model_dir, device=device)
-    except (WeightsError, TokenizerError) as e:
+        if tensor_parallel is None:
+            state = load_checkpoint(model_dir, device=device)
+        else:  # mapped on the host: each rank copies only its slice to its device
+            size = tensor_parallel.world_size
+            state = shard_state(config, load_checkpoint(model_dir), tensor_parallel.rank, size)
+            config = rank_config(config, size)
+    except WeightsError as e:
         raise EngineError(f"{e}{damaged_default_model_hint(model_dir)}") from e
     weights = ModelWeights.from_state_dict(config, state, device, dtype)
     del state
@@ -105,7 +148,9 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
             torch.cuda.empty_cache()
     kv_dtype = _kv_cache_dtype(cfg.kv_cache_dtype, dtype)
     num_pages = _pool_pages(config, device, kv_dtype, cfg.kv_cache_mib)
-    runner = ModelRunner(
+    if tensor_parallel is not None:
+        num_pages = tensor_parallel.minimum(num_pages)
+    return make_runner(
         config,
         weights,
         num_pages=num_pages,
@@ -115,8 +160,8 @@ def load_model(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
         use_cuda_graphs=cfg.use_cuda_graphs,
         tuning_cache=cfg.tuning_cache,
         kv_cache_dtype=kv_dtype,
+        tensor_parallel=tensor_parallel,
     )
-    return LoadedModel(config, tokenizer, runner, num_pages, max_model_len)
 
 
 def _kv_cache_dtype(name: str, weights_dtype: torch.dtype) -> torch.dtype:

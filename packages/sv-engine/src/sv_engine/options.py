@@ -18,6 +18,7 @@ from sv_engine.default_model import default_model_dir
 from sv_engine.engine import Engine
 from sv_engine.errors import EngineError
 from sv_engine.loading import KV_CACHE_DTYPES, resolve_device
+from sv_engine.ranks import serve_torchrun_rank, torchrun_rank
 from sv_engine.tracing import start_trace
 
 EXIT_USAGE = 2
@@ -61,7 +62,8 @@ ADMISSION_HELP = {
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
     """--model, --kv-cache-mib, --kv-cache-dtype, --device, --max-model-len, --admission,
-    --trace, --no-overlap, --quantization, --speculate with --spec-k and --spec-ngram.
+    --trace, --no-overlap, --quantization, --speculate with --spec-k and --spec-ngram,
+    --tensor-parallel-size.
     `admission` is this app's default policy."""
     p.add_argument(
         "--model",
@@ -108,6 +110,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         help="KV-cache storage: auto (default: the weights' dtype) or fp8 (e4m3: half the "
         "bytes per token, twice the tokens in the same pool)",
     )
+    add_tensor_parallel_argument(p)
     p.add_argument(
         "--trace",
         metavar="FILE",
@@ -142,6 +145,20 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         default=_SPECULATION.ngram,
         metavar="N",
         help=f"with --speculate ngram: longest suffix looked up (default {_SPECULATION.ngram})",
+    )
+
+
+def add_tensor_parallel_argument(p: argparse.ArgumentParser) -> None:
+    """--tensor-parallel-size (also `sv bench`'s)."""
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="split the model over N ranks, one process and one GPU each (this process is "
+        "rank 0 and starts the others; under torchrun, its processes are the ranks): each "
+        "holds 1/N of the attention heads, KV heads and MLP, and --kv-cache-mib is per rank; "
+        "N must divide the model's attention and key/value heads (default 1)",
     )
 
 
@@ -182,7 +199,14 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
 
     Without --model the embedded default model is used (converted into the cache on first
     use, with a progress line on stderr). A GPU warm-up reports its phases on stderr too.
-    Every failure is an EngineError with a one-line message."""
+    Every failure is an EngineError with a one-line message.
+
+    In a process torchrun launched as a rank other than 0, this serves rank 0's steps
+    instead, and the process exits when rank 0 stops (it never returns)."""
+    rank = torchrun_rank()
+    if rank is not None and rank != 0:
+        serve_torchrun_rank(args.device)
+        raise SystemExit(0)
     if args.model is not None:
         model_dir = Path(args.model)
     else:
@@ -198,6 +222,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         tuning_cache=default_tuning_cache(),
         quantization=resolve_quantization(getattr(args, "quantization", "auto"), args.device),
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         **overrides,
     )
     engine.overlap = getattr(args, "overlap", True)

@@ -23,6 +23,7 @@ from sv_weights import ModelConfig
 from torch import Tensor
 
 from sv_model.linear_plans import LinearPlans
+from sv_model.parallel import TensorParallel
 from sv_model.weights import ModelWeights
 
 
@@ -106,11 +107,22 @@ class DecoderModel:
     q/k/v biases, Qwen3's q/k norms or Mistral's sliding window where the config has them.
 
     `linear_plans` says how each matrix is multiplied (cuBLAS until its owner tunes them); a
-    CUDA graph captured earlier keeps the kernels it was captured with."""
+    CUDA graph captured earlier keeps the kernels it was captured with.
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int) -> None:
+    With `tensor_parallel`, `config` and `weights` are this rank's slice (sv_model.parallel:
+    its heads and its part of the MLP), and the outputs of o and down, partial sums on each
+    rank, are all-reduced: the one difference from a single device."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        max_positions: int,
+        tensor_parallel: TensorParallel | None = None,
+    ) -> None:
         self.config = config
         self.weights = weights
+        self.tensor_parallel = tensor_parallel
         self.linear_plans = LinearPlans.untuned(config.num_hidden_layers)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -152,7 +164,7 @@ class DecoderModel:
         Only the rows named by `logits_indices` go through the LM head (for a prompt, just its
         last token); `None` means every token (used by teacher-forced tests).
         """
-        w, plans = self.weights, self.linear_plans
+        w, plans, tp = self.weights, self.linear_plans, self.tensor_parallel
         num_tokens = input_ids.shape[0]
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
@@ -206,11 +218,15 @@ class DecoderModel:
                     sliding_window=self.sliding_window,
                 )
             hidden = ops.linear(o.view(num_tokens, q_size), layer.o, plan=plan.o)
+            if tp is not None:
+                tp.all_reduce(hidden)
             x, residual = ops.rms_norm(
                 hidden, layer.post_attention_norm, self.config.rms_norm_eps, residual
             )
             mlp = ops.linear_swiglu(x, layer.gate_up, plan=plan.gate_up)
             hidden = ops.linear(mlp, layer.down, plan=plan.down)
+            if tp is not None:
+                tp.all_reduce(hidden)
         x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices)

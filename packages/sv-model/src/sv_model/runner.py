@@ -35,6 +35,7 @@ from sv_model.block_tables import DeviceBlockTables
 from sv_model.decode_graphs import DecodeGraph, DecodeGraphs
 from sv_model.decoder import DecoderModel, KVCache
 from sv_model.logit_processing import LogitProcessor
+from sv_model.parallel import TensorParallel
 from sv_model.pending_tokens import PendingTokens
 from sv_model.step import StepInputs
 from sv_model.uploads import upload
@@ -45,7 +46,9 @@ class ModelRunner:
     """Runs steps of a `DecoderModel` over a paged KV pool of `num_pages` pages of `page_size`
     tokens, for up to `max_num_seqs` sequences (table rows). `tuning_cache`: where the batch-1 GEMV
     tuning of `warmup` keeps its results between processes (None: timed in each process).
-    `kv_cache_dtype`: the pool's (None: the weights'; torch.float8_e4m3fn: FP8 pages)."""
+    `kv_cache_dtype`: the pool's (None: the weights'; torch.float8_e4m3fn: FP8 pages).
+    `tensor_parallel`: this rank's place among several (sv_model.parallel; `config` and
+    `weights` are then the rank's slice, and every rank runs the same steps)."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class ModelRunner:
         use_cuda_graphs: bool = True,
         tuning_cache: TuningCache | None = None,
         kv_cache_dtype: torch.dtype | None = None,
+        tensor_parallel: TensorParallel | None = None,
     ) -> None:
         self.config = config
         self.tuning_cache = tuning_cache
@@ -67,7 +71,7 @@ class ModelRunner:
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len or config.max_position_embeddings
-        self.model = DecoderModel(config, weights, max_positions=self.max_model_len)
+        self.model = DecoderModel(config, weights, self.max_model_len, tensor_parallel)
         # The scratch page (id num_pages) and the scratch table row (max_num_seqs) absorb the
         # writes and reads of padding rows in a CUDA-graph batch.
         self.num_pages = num_pages
