@@ -9,23 +9,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_test_support import SV, one_line_error, sv
 from sv_cli.generate import split_prompts
 from sv_cli.main import main
-
-
-@pytest.fixture(scope="module")
-def default_model() -> Path:
-    from sv_engine import EngineError
-    from sv_engine.default_model import default_model_dir
-
-    try:
-        return default_model_dir(progress=lambda _m: None)
-    except EngineError as e:
-        pytest.skip(f"default model unavailable: {e}")
 
 
 def test_generate_several_prompts_with_stats(
@@ -211,10 +200,7 @@ def test_chat_two_turns_and_reset(default_model: Path) -> None:
 
 def test_the_sv_entry_point_runs(default_model: Path) -> None:
     """The installed console script, as a user runs it."""
-    sv = Path(sys.executable).parent / "sv"
-    done = subprocess.run(
-        [str(sv), "generate", "Say hello.", "4"], capture_output=True, text=True, timeout=300
-    )
+    done = sv("generate", "Say hello.", "4")
     assert done.returncode == 0, done.stderr
     assert re.search(r"\[request 1\] finish=(stop|length) ids=\[(\d+, ){0,3}\d+\]", done.stdout)
 
@@ -231,28 +217,6 @@ def test_tokenize_and_inspect_are_wired(
 
 
 # --- as a user runs it: `sv ...` in a subprocess; every bad input is one line on stderr ------
-
-SV = Path(sys.executable).parent / "sv"
-
-
-def sv(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(SV), *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        env=None if env is None else {**os.environ, **env},
-    )
-
-
-def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
-    """The error line of a run that failed with exit code 2 (and nothing else on stderr)."""
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    assert done.returncode == 2, done.stderr
-    return lines[0]
 
 
 def test_a_budget_over_the_pool_is_refused(default_model: Path) -> None:

@@ -14,17 +14,6 @@ from sv_cli.main import main
 LINE = re.compile(r"^\s+(\d+)  (['\"]).*\2\s+p=([\d.]+)  logp=(-?[\d.]+)(?:  \| (.*))?$")
 
 
-@pytest.fixture(scope="module")
-def default_model() -> Path:
-    from sv_engine import EngineError
-    from sv_engine.default_model import default_model_dir
-
-    try:
-        return default_model_dir(progress=lambda _m: None)
-    except EngineError as e:
-        pytest.skip(f"default model unavailable: {e}")
-
-
 @pytest.mark.parametrize("prompts", [["What is the capital of France?"], ["Hi.", "Say yes."]])
 def test_each_token_with_its_alternatives(
     default_model: Path, capsys: pytest.CaptureFixture[str], prompts: list[str]

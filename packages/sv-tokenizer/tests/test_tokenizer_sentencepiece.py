@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from sv_tokenizer import Message, TemplateChatFormat, Tokenizer, TokenizerError
+from hypothesis import strategies as st
+from sv_tokenizer import Message, StreamDecoder, TemplateChatFormat, Tokenizer, TokenizerError
 from tokenizer_test_support import CORPUS, tricky_text, unicode_text
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -100,6 +101,52 @@ def test_corpus_matches_hf(text: str, trained: Any) -> None:
     expected = hf_ids(hf, text)
     assert ours.encode(text) == expected
     assert ours.decode(expected) == hf.decode(expected, skip_special_tokens=False)
+
+
+def streamed(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    decoder = StreamDecoder(tokenizer)
+    return [decoder.push(token_id) for token_id in ids] + [decoder.flush()]
+
+
+@ORACLE_SETTINGS
+@given(text=unicode_text())
+def test_streamed_text_is_hf_decode(text: str, trained: Any) -> None:
+    """Streamed deltas join to HF's decode of the same ids (its leading space dropped, as the
+    decoder's Strip drops it), and no delta holds a cut character or a stray U+FFFD."""
+    ours, hf, _, _ = trained
+    ids = hf_ids(hf, text)
+    chunks = streamed(ours, ids)
+    expected = hf.decode(ids, skip_special_tokens=False)
+    assert "".join(chunks) == ours.decode(ids) == expected
+    if "\ufffd" not in text:
+        assert all("\ufffd" not in chunk for chunk in chunks)
+
+
+def test_stream_starts_without_the_prepended_space(trained: Any) -> None:
+    ours, hf, _, _ = trained
+    ids = hf_ids(hf, "Paris is the capital")
+    assert ours.token_bytes(ids[0]).startswith(b" ")  # the ▁ the encoding put in front
+    chunks = streamed(ours, ids)
+    assert chunks[0] == hf.decode(ids[:1]) and not chunks[0].startswith(" ")
+    assert "".join(chunks) == hf.decode(ids) == "Paris is the capital"
+
+
+def _ids_heavy_in_byte_tokens(tokenizer: Tokenizer) -> st.SearchStrategy[list[int]]:
+    byte_ids = sorted(tokenizer.byte_fallback_ids)
+    any_id = st.integers(0, tokenizer.vocab_size - 1)
+    return st.lists(st.one_of(st.sampled_from(byte_ids), any_id), max_size=30)
+
+
+@ORACLE_SETTINGS
+@given(data=st.data())
+def test_arbitrary_ids_decode_and_stream_as_hf(data: st.DataObject, trained: Any) -> None:
+    """Ids no encoding gives: byte-token runs that are not UTF-8 (HF: one U+FFFD per token of
+    such a run), special tokens, a ▁ or a <0x20> first."""
+    ours, hf, _, _ = trained
+    ids = data.draw(_ids_heavy_in_byte_tokens(ours))
+    expected = hf.decode(ids, skip_special_tokens=False)
+    assert ours.decode(ids) == expected
+    assert "".join(streamed(ours, ids)) == expected
 
 
 def test_byte_fallback_is_exercised(trained: Any) -> None:

@@ -738,18 +738,31 @@ async def _stream(
     encoders = [
         ChunkEncoder(kind, response_id, model, created, index) for index in range(len(generations))
     ]
-    # Chat with tools: text that may be a tool call is held back and sent as its deltas.
-    calls = tools.ToolCallStream(req.tools) if req.tools is not None and req.tools.parses else None
+    # Chat with tools: each choice's text that may be a tool call is held back and sent as
+    # its deltas, with the held tokens' logprobs on the first of them.
+    calls = None
+    if req.tools is not None and req.tools.parses:
+        calls = [tools.ToolCallStream(req.tools) for _ in generations]
     try:
         async for index, text in _pieces(generations):
             generation = generations[index]
             logprobs = None
-            if calls is not None:  # one choice, no logprobs: protocol.py refuses the others
-                deltas = calls.push(text) if text is not None else calls.finish()
-                for delta in deltas:
-                    yield _sse(tools.delta_chunk(response_id, model, created, delta))
+            if calls is not None:
+                deltas = calls[index].push(text) if text is not None else calls[index].finish()
+                for i, delta in enumerate(deltas):
+                    yield _sse(
+                        tools.delta_chunk(
+                            response_id,
+                            model,
+                            created,
+                            delta,
+                            index=index,
+                            logprobs=generation.take_logprobs() if i == 0 else None,
+                        )
+                    )
                 if text is not None:
                     continue
+                logprobs = generation.take_logprobs()
             elif text is not None and generation.logprobs is None:
                 yield encoders[index].text_event(text)
                 continue
@@ -764,7 +777,7 @@ async def _stream(
                     continue
             last = None if kind == "chat" else ""
             reason = generation.finish_reason
-            if calls is not None and calls.called:
+            if calls is not None and calls[index].called:
                 reason = "tool_calls"
             yield _sse(
                 chunk_body(

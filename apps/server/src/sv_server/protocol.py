@@ -403,16 +403,6 @@ def parse_chat_request(body: Any) -> GenerationRequest:
         )
     req = _sampling(body, "chat", None, parsed, max_completion or max_tokens)
     tools = parse_tools(body)
-    if tools is not None and tools.parses:
-        # An answer read for tool calls is parsed as one stream of text: one choice, and no
-        # per-token logprobs to place beside deltas that are not its text.
-        for field_name, on in (("n", req.n != 1), ("logprobs", req.logprobs is not None)):
-            if on:
-                raise bad_request(
-                    f"'{field_name}' is not supported together with 'tools' here (unless "
-                    'tool_choice is "none")',
-                    param=field_name,
-                )
     call_grammar = tools.grammar() if tools is not None else None
     if call_grammar is not None and req.grammar is not None:
         raise bad_request(

@@ -13,6 +13,11 @@ Out: an answer that is one JSON object `{"name": N, "parameters": {...}}` (optio
 `finish_reason: "tool_calls"`; anything else stays `content`. Streamed, text that starts like
 a call is held back until the answer ends, then sent as OpenAI's tool-call deltas (the call's
 id, type and name first, then its arguments); other text streams as usual.
+
+With `n` > 1 each choice is read on its own (one `ToolCallStream` each, its deltas under its
+choice index). With `logprobs` a choice that became a call still reports the log-probabilities
+of the tokens it generated, as `logprobs.content` (the raw call text's tokens): whole, or, when
+streamed, on the first delta sent after they were held back.
 """
 
 from __future__ import annotations
@@ -177,15 +182,23 @@ def tool_calls_body(call: ToolCall) -> list[dict[str, Any]]:
 
 
 def delta_chunk(
-    response_id: str, model: str, created: int, delta: dict[str, Any]
+    response_id: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any],
+    *,
+    index: int,
+    logprobs: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """A chat stream chunk of choice 0 carrying `delta` (content or tool-call deltas)."""
+    """A chat stream chunk of choice `index` carrying `delta` (content or tool-call deltas)
+    and the log-probabilities of the tokens it is the first to show, if asked for."""
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
     return {
         "id": response_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
+        "choices": [choice],
     }
 
 

@@ -201,6 +201,8 @@ class ModelRunner:
         bitmask = step.token_bitmask() if step.token_bitmask is not None else None
         if processed is not head:  # the graph's argmax and buffers are of the raw logits
             ids = sampler.next_token_ids(processed, None, step.sampling, None, bitmask)
+        elif bitmask is not None and step.logprobs:  # the mask is in place; logprobs are raw
+            ids = sampler.next_token_ids(logits.clone(), None, step.sampling, None, bitmask)
         else:
             ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph, bitmask)
         self.logit_processor.count(ids[:kept])

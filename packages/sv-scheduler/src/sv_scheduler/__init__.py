@@ -14,6 +14,7 @@ from .admission import (
     clamp_max_new_tokens,
     credits_for,
     max_new_tokens_that_fit,
+    window_credits_for,
 )
 from .config import Admission, Policy, SchedulerConfig
 from .errors import AdmissionError, SchedulerError
@@ -50,4 +51,5 @@ __all__ = [
     "clamp_max_new_tokens",
     "credits_for",
     "max_new_tokens_that_fit",
+    "window_credits_for",
 ]

@@ -12,6 +12,28 @@ The conservative policy reserves all of them at admission, so a running request 
 of pages: no preemption, no deadlock. Physical pages are still assigned lazily as it grows. The
 preemptive policy reserves nothing and preempts when pages run out. Under both, a request whose
 credits exceed the whole pool is rejected at arrival: it could never finish.
+
+Under a sliding window of W positions a sequence gives back every page the window has passed
+(Scheduler.advance, and at admission for a cached prefix), so what it holds at once is bounded
+however long it runs, and the conservative policy reserves only that (`window_credits_for`).
+At a schedule() call the pages a sequence holds are those of the positions from the window's
+start, as of the last release, to the end of the positions planned now:
+
+- a prefill chunk of L tokens starting at c: the release was at c, so positions c-W+1 .. c+L-1;
+- a decode at position q: q-W+1 .. q (a chunk of 1);
+- a decode verifying a draft of d tokens, its previous step having accepted a drafts (released
+  before the accepted count was known): q-a-W+1 .. q+d, a and d at most max_draft.
+
+That is at most W-1+L consecutive positions, L = the longest "chunk": min(prompt, max_step_tokens)
+for a prefill (conservative admission never recomputes an output), 1 + 2*max_draft for a decode.
+n consecutive positions touch at most ceil((n-1) / page_size) + 1 pages, and a request never
+holds more than the credits above, so
+
+    credits = min(ceil((prompt_tokens + max_new' - 1) / page_size),
+                  ceil((W - 2 + L) / page_size) + 1)
+
+The preemptive policy keeps the first formula for its check at arrival: it gives a prompt (and,
+resuming, its output so far) all its pages at admission, before the window releases any.
 """
 
 from __future__ import annotations
@@ -37,13 +59,28 @@ def credits_for(prompt_tokens: int, max_new_tokens: int, page_size: int) -> int:
     return -(-(prompt_tokens + max_new_tokens - 1) // page_size)
 
 
+def window_credits_for(prompt_tokens: int, config: SchedulerConfig) -> int | None:
+    """The most pages a request holds at once under the config's sliding window and
+    conservative admission (see the module doc), whatever its max_new; None without one."""
+    window = config.sliding_window
+    if window is None or config.admission != "conservative":
+        return None
+    longest_decode = 1 + 2 * (config.speculation.max_draft if config.speculation else 0)
+    longest_chunk = max(min(prompt_tokens, config.max_step_tokens), longest_decode)
+    return -(-(window - 2 + longest_chunk) // config.page_size) + 1
+
+
 def max_new_tokens_that_fit(prompt_tokens: int, config: SchedulerConfig) -> int:
     """The most output tokens a request with this prompt may ask for: within the context limit,
-    and with credits that fit the pool (prompt + max_new - 1 <= num_pages * page_size). Below 1
-    when nothing fits. For callers that choose a default, such as a server whose client gave no
-    max_tokens."""
+    and with credits that fit the pool (prompt + max_new - 1 <= num_pages * page_size, or the
+    window's bound, which does not grow with max_new). Below 1 when nothing fits. For callers
+    that choose a default, such as a server whose client gave no max_tokens."""
+    room = config.max_model_len - prompt_tokens
+    held_at_once = window_credits_for(prompt_tokens, config)
+    if held_at_once is not None and held_at_once <= config.num_pages:
+        return room
     in_pool = config.num_pages * config.page_size + 1 - prompt_tokens
-    return min(config.max_model_len - prompt_tokens, in_pool)
+    return min(room, in_pool)
 
 
 def check_request(request: Request, config: SchedulerConfig) -> tuple[int, int]:
@@ -74,7 +111,18 @@ def check_request(request: Request, config: SchedulerConfig) -> tuple[int, int]:
         )
     clamped = clamp_max_new_tokens(prompt_len, max_new, config.max_model_len)
     credits = credits_for(prompt_len, clamped, config.page_size)
-    if credits > config.num_pages:
+    held_at_once = window_credits_for(prompt_len, config)
+    if held_at_once is not None and held_at_once < credits:
+        credits = held_at_once
+        if credits > config.num_pages:
+            raise AdmissionError(
+                f"request {rid!r} rejected: it needs {credits} pages at once (the sliding "
+                f"window of {config.sliding_window} positions plus a prefill chunk of up to "
+                f"{min(prompt_len, config.max_step_tokens)} tokens, {config.page_size} per page) "
+                f"but the KV-cache pool has only {config.num_pages} pages; give the KV cache "
+                f"more memory or lower the step's token budget"
+            )
+    elif credits > config.num_pages:
         raise AdmissionError(
             f"request {rid!r} rejected: it needs {credits} pages (prompt {prompt_len} + "
             f"max_new_tokens {clamped} - 1 = {prompt_len + clamped - 1} tokens, "
@@ -125,7 +173,7 @@ class AdmissionPolicy(ABC):
 
 class ConservativeAdmission(AdmissionPolicy):
     """The reference design's policy: admission reserves a request's whole budget, its credits
-    (see `credits_for`), out of a counter separate from the physical pages. The credits of
+    (see `credits_for`; under a sliding window, `window_credits_for`), out of a counter separate from the physical pages. The credits of
     running requests never exceed the pool, so every page a running request will ever ask for
     exists: no preemption, no deadlock. The price: a request that may run long (no max_tokens)
     holds its whole budget from the start, and requests behind it wait."""

@@ -30,7 +30,8 @@ class SchedulerConfig:
                      running request (it recomputes later) when pages run out. See admission.py.
     sliding_window:  the model's attention window (Mistral), or None: a running sequence gives
                      back each page once the window has passed it (`BlockTable.release_pages_before`).
-                     The pool's pages go back early; conservative credits stay reserved.
+                     Conservative credits are then what a request holds at once: the window's
+                     pages and one chunk's (`admission.window_credits_for`).
     speculation:     prompt-lookup speculative decoding (speculation.py); None: off.
     """
 

@@ -695,6 +695,8 @@ class Scheduler:
     ) -> None:
         seq.table.share(match)
         seq.prefilled_tokens = match.num_tokens
+        if self._sliding_window is not None:  # cached pages the window has already passed
+            seq.table.release_pages_before(match.num_tokens - self._sliding_window + 1)
         seq.num_cached_tokens = match.num_tokens
         self._prefix_cache_hit_tokens += match.num_tokens
         if seq.num_preemptions:

@@ -60,6 +60,7 @@ class HFTokenizerSpec:
     added_tokens: list[AddedToken]
     bos_token: str | None  # the special token the post-processor puts first, if any
     strip_leading_space: bool = False  # decoding drops one leading space (SentencePiece style)
+    byte_fallback_ids: frozenset[int] = frozenset()  # the <0xXX> tokens (SentencePiece style)
 
 
 def parse_json_document(data: bytes, source: str) -> Any:
@@ -383,6 +384,7 @@ def _parse_sentencepiece_bpe(
         added_tokens=added_tokens,
         bos_token=_post_processor_bos(root),
         strip_leading_space=_sentencepiece_decoder_strips(root),
+        byte_fallback_ids=frozenset(i for i in byte_token_ids if i >= 0),
     )
 
 

@@ -13,11 +13,14 @@ Two layouts of the same rules exist:
 
 Decoding turns `▁` back into spaces and `<0xXX>` into its byte; the decoder's Strip (or
 Metaspace's) then drops one leading space of the whole text: the `▁` encoding put there.
+HF's ByteFallback decodes each run of consecutive `<0xXX>` tokens as a whole: its text when the
+run is valid UTF-8, else one U+FFFD per token of the run (not Python's one per invalid
+sequence), so `fallback_run_text` is how sv decodes a run too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import regex  # type: ignore[import-untyped]  # (no types-regex in the lock)
 
@@ -40,6 +43,31 @@ def token_text_bytes(token: str) -> bytes:
     if byte is not None:
         return bytes([int(byte.group(1), 16)])
     return token.replace(SPACE_MARKER, " ").encode("utf-8")
+
+
+def fallback_run_text(run: bytes) -> str:
+    """The text of a run of consecutive `<0xXX>` tokens, as HF's ByteFallback decoder gives it."""
+    try:
+        return run.decode("utf-8")
+    except UnicodeDecodeError:
+        return "\ufffd" * len(run)
+
+
+def byte_fallback_text(tokens: Iterable[tuple[bytes, bool]]) -> str:
+    """The text of (token bytes, is a `<0xXX>` token) pairs: runs of byte tokens decoded by
+    `fallback_run_text`, every other token its own (always valid) UTF-8 text."""
+    parts: list[str] = []
+    run = bytearray()
+    for data, is_byte_token in tokens:
+        if is_byte_token:
+            run += data
+            continue
+        if run:
+            parts.append(fallback_run_text(bytes(run)))
+            run.clear()
+        parts.append(data.decode("utf-8", errors="replace"))
+    parts.append(fallback_run_text(bytes(run)))
+    return "".join(parts)
 
 
 class SpaceMarkerPieces:

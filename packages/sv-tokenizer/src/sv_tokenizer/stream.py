@@ -6,12 +6,18 @@ bytes of an unfinished character until the next token completes it, and emits on
 characters: the concatenation of every push() and the final flush() equals
 `tokenizer.decode(all_ids)` exactly (Python's incremental UTF-8 decoder follows the same
 one-U+FFFD-per-invalid-sequence rule as the one-shot decode).
+
+A SentencePiece-style tokenizer decodes differently (sentencepiece_bpe.py), and the stream
+follows it: a run of `<0xXX>` tokens is held until a token of another kind (or the flush) ends
+it, because one invalid byte anywhere in the run turns the whole run into U+FFFDs; and the one
+leading space decoding drops is dropped from the first text the stream emits.
 """
 
 from __future__ import annotations
 
 import codecs
 
+from .sentencepiece_bpe import fallback_run_text
 from .tokenizer import Tokenizer
 
 
@@ -19,13 +25,34 @@ class StreamDecoder:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._byte_run = bytearray()  # <0xXX> tokens not yet ended by another token
+        self._at_start = True  # nothing emitted yet: the leading space is still to drop
 
     def push(self, token_id: int) -> str:
         """The text that became complete with this token (often '', never a cut character)."""
-        return self._utf8.decode(self._tokenizer.token_bytes(token_id))
+        data = self._tokenizer.token_bytes(token_id)
+        if token_id in self._tokenizer.byte_fallback_ids:
+            self._byte_run += data
+            return ""
+        return self._emit(self._end_byte_run() + self._utf8.decode(data))
 
     def flush(self) -> str:
         """Whatever is left: U+FFFD for a character the stream ended in the middle of."""
-        text = self._utf8.decode(b"", final=True)
+        text = self._emit(self._end_byte_run() + self._utf8.decode(b"", final=True))
         self._utf8.reset()
+        self._at_start = True
+        return text
+
+    def _end_byte_run(self) -> str:
+        if not self._byte_run:
+            return ""
+        text = fallback_run_text(bytes(self._byte_run))
+        self._byte_run.clear()
+        return text
+
+    def _emit(self, text: str) -> str:
+        if self._at_start and text:
+            self._at_start = False
+            if self._tokenizer.strips_leading_space and text.startswith(" "):
+                return text[1:]
         return text

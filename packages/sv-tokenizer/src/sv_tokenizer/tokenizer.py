@@ -16,7 +16,8 @@ encode() runs four stages:
 
 decode() is the concatenation of each token's bytes, decoded as UTF-8 with errors="replace"
 (a U+FFFD per invalid sequence), as tiktoken and HF tokenizers do; a SentencePiece-style
-tokenizer drops the one leading space its encoding put there, as its HF decoder does.
+tokenizer decodes its byte-fallback runs as HF's ByteFallback does and drops the one leading
+space its encoding put there, as its HF decoder does (sentencepiece_bpe.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .errors import TokenizerError
 from .hf_json import AddedToken, parse_hf_tokenizer_json
 from .model_dir import ModelDirConfig, find_tokenizer_file, read_model_dir_config
 from .pretokenize import LLAMA3_PATTERN, PreTokenizer
-from .sentencepiece_bpe import Pieces
+from .sentencepiece_bpe import Pieces, byte_fallback_text
 from .tiktoken_file import llama3_special_tokens, parse_tiktoken_bpe
 
 STOP_TOKEN_NAMES = (
@@ -83,8 +84,10 @@ class Tokenizer:
     """A byte-level BPE tokenizer; build one with `from_file` or `from_model_dir`.
 
     Public attributes: `bos_id`, `eos_ids` (every stop token), `special_tokens` (name -> id),
-    `vocab_size` (ids are 0 .. vocab_size-1), `source` (where it was loaded from). The loaders
-    also give it its chat format (`choose_chat_format`): `chat_format`.
+    `vocab_size` (ids are 0 .. vocab_size-1), `source` (where it was loaded from),
+    `byte_fallback_ids` (a SentencePiece-style vocabulary's `<0xXX>` tokens, else empty) and
+    `strips_leading_space` (decoding drops one leading space). The loaders also give it its
+    chat format (`choose_chat_format`): `chat_format`.
     """
 
     def __init__(
@@ -99,11 +102,13 @@ class Tokenizer:
         eos_token: str | None = None,
         extra_eos_ids: Iterable[int] = (),
         strip_leading_space: bool = False,
+        byte_fallback_ids: Iterable[int] = (),
     ) -> None:
         self.source = source
         self._merger = merger
         self._pretokenize = pretokenizer
-        self._strip_leading_space = strip_leading_space
+        self.strips_leading_space = strip_leading_space
+        self.byte_fallback_ids = frozenset(byte_fallback_ids)
         self._token_bytes: list[bytes | None] = list(token_bytes)
         self.vocab_size = len(self._token_bytes)
         for added in added_tokens:
@@ -187,11 +192,13 @@ class Tokenizer:
             pretokenizer: PreTokenizer | Pieces = spec.pretokenizer
             token_bytes, added_tokens = spec.token_bytes, spec.added_tokens
             strip_leading_space = spec.strip_leading_space
+            byte_fallback_ids = spec.byte_fallback_ids
             bos_token = bos_token or spec.bos_token
         elif data[:4096].isascii():
             merger, token_bytes, added_tokens = _tiktoken_parts(data, source, config.added_tokens)
             pretokenizer = PreTokenizer.from_pattern(LLAMA3_PATTERN)
             strip_leading_space = False
+            byte_fallback_ids = frozenset()
         else:
             raise TokenizerError(
                 f"{source}: neither a tiktoken BPE file ('<base64 token> <rank>' lines) nor an HF "
@@ -207,6 +214,7 @@ class Tokenizer:
             eos_token=config.template_tokens.get("eos_token"),
             extra_eos_ids=config.eos_ids,
             strip_leading_space=strip_leading_space,
+            byte_fallback_ids=byte_fallback_ids,
         )
         tokenizer._chat_format = choose_chat_format(
             tokenizer,
@@ -286,10 +294,14 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
-        data = self.decode_bytes(ids)
-        if self._strip_leading_space and data.startswith(b" "):
-            data = data[1:]
-        return data.decode("utf-8", errors="replace")
+        if self.byte_fallback_ids:
+            fallback = self.byte_fallback_ids
+            text = byte_fallback_text((self.token_bytes(i), i in fallback) for i in ids)
+        else:
+            text = self.decode_bytes(ids).decode("utf-8", errors="replace")
+        if self.strips_leading_space and text.startswith(" "):
+            return text[1:]
+        return text
 
     # ---------------------------------------------------------------- chat
 
