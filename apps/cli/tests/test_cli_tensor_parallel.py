@@ -10,17 +10,6 @@ import pytest
 from sv_cli.main import main
 
 
-@pytest.fixture(scope="module")
-def default_model() -> Path:
-    from sv_engine import EngineError
-    from sv_engine.default_model import default_model_dir
-
-    try:
-        return default_model_dir(progress=lambda _m: None)
-    except EngineError as e:
-        pytest.skip(f"default model unavailable: {e}")
-
-
 def run(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[list[str], str]:
     argv = ["generate", "--stats", "--quantization", "none", "--kv-cache-mib", "8", *flags]
     assert main([*argv, "What is the capital of France?", "10", "Name a colour."]) == 0
