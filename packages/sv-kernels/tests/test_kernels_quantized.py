@@ -54,7 +54,7 @@ def test_fp8_scale_is_the_least_error_candidate(gen: torch.Generator) -> None:
     w[5] = 0.0
     q = quantize(w, "fp8")
     absmax = w.abs().amax(dim=1)
-    # A candidate: absmax / 448 * 2 ** (j / 32), j in 0..31 (the zero row keeps scale 1).
+    # A candidate: absmax / 448 * 2 ** (j / STEPS), j in 0..STEPS-1 (the zero row keeps 1).
     steps = torch.log2(q.scale / (absmax / 448)) * FP8_SCALE_STEPS
     rows = absmax > 0
     assert torch.allclose(steps[rows], steps[rows].round(), atol=1e-3)
@@ -67,7 +67,7 @@ def test_fp8_scale_is_the_least_error_candidate(gen: torch.Generator) -> None:
     err_plain = (plain - w).square().sum(dim=1)
     err = (dequantize(q) - w).square().sum(dim=1)
     assert bool((err <= err_plain).all())
-    assert float(err.sum()) < 0.9 * float(err_plain.sum())
+    assert float(err.sum()) < 0.95 * float(err_plain.sum())  # 0.84-0.88 measured
 
 
 def test_fp8_search_bounds_its_temporaries_by_rows(
