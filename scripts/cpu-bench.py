@@ -1,12 +1,19 @@
 """CPU decode speed of the default model: sv FP32, sv int8 weights and transformers FP32, side by side.
 
     uv run --frozen python scripts/cpu-bench.py [--model DIR] [--tokens 64] [--rounds 3] [--threads N]
+                                                [--kernels]
 
 One greedy request (a short chat prompt, EOS ignored), decode tok/s from the first to the last
 streamed token; transformers' `generate` on the same weights, its decode rate taken as the
 extra tokens over the extra time between a 1-token and a (1 + tokens)-token call. The three
 are measured in turns, `--rounds` times, in one process, so a shared machine's load falls on
 all of them alike; each figure is the best round. Not a test: the figures depend on the host.
+
+`--kernels` first times, in turns, torch's CPU kernels that could run a batch-1 step's matrices
+(the model's own, int8 as sv quantizes them), and how far each one's output is from the
+FP32 product: FP32 matmul, `torch._weight_int8pack_mm` (int8 weights, BF16 activations: what
+sv runs), fbgemm's dynamic int8 GEMM (`quantized.linear_dynamic`, which also rounds the
+activations to 7 bits per token) and fbgemm's FP16-weight GEMM (`linear_dynamic_fp16`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -62,12 +70,82 @@ def matmul_ms(engine: Engine) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def kernel_candidates(engine: Engine, rounds: int) -> None:
+    """Time torch's candidate CPU kernels on one batch-1 step's matrices, in turns, and print
+    the best round of each with its output error relative to the FP32 product."""
+    import warnings
+
+    from sv_kernels.quantized import quantize
+
+    weights = engine.runner.model.weights
+    matrices = [
+        m for layer in weights.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    ]
+    matrices.append(weights.lm_head)
+    plain = [m for m in matrices if isinstance(m, torch.Tensor)]
+    assert len(plain) == len(matrices), "--kernels needs the FP32 engine"
+    int8 = [quantize(m, "int8") for m in plain]
+    with warnings.catch_warnings():  # torch marks its quantized tensor types deprecated
+        warnings.simplefilter("ignore")
+        w8a8 = [
+            torch.ops.quantized.linear_prepack(
+                torch._make_per_channel_quantized_tensor(
+                    q.data, q.scale.double(), torch.zeros(q.shape[0], dtype=torch.long), 0
+                ),
+                None,
+            )
+            for q in int8
+        ]
+        fp16 = [torch.ops.quantized.linear_prepack_fp16(m, None) for m in plain]
+    ones = [torch.ones(q.shape[0], dtype=torch.bfloat16) for q in int8]
+    xs = [torch.randn(1, m.shape[1]) for m in plain]
+    kernels: dict[str, Callable[[int], torch.Tensor]] = {
+        "FP32 matmul": lambda i: torch.nn.functional.linear(xs[i], plain[i]),
+        "int8 weights, BF16 activations (_weight_int8pack_mm)": lambda i: (
+            torch._weight_int8pack_mm(xs[i].to(torch.bfloat16), int8[i].data, ones[i]).float()
+            * int8[i].scale
+        ),
+        "int8 weights and activations (fbgemm linear_dynamic)": lambda i: (
+            torch.ops.quantized.linear_dynamic(xs[i], w8a8[i], True)
+        ),
+        "FP16 weights (fbgemm linear_dynamic_fp16)": lambda i: (
+            torch.ops.quantized.linear_dynamic_fp16(xs[i], fp16[i])
+        ),
+    }
+    best = dict.fromkeys(kernels, 1e9)
+    errors = {}
+    with torch.inference_mode():
+        exact = [
+            torch.nn.functional.linear(x.double(), m.double())
+            for x, m in zip(xs, plain, strict=True)
+        ]
+        for name, run in kernels.items():
+            out = [run(i) for i in range(len(plain))]  # also the warm-up
+            errors[name] = max(
+                float((o.double() - e).norm() / e.norm()) for o, e in zip(out, exact, strict=True)
+            )
+        for _ in range(rounds):
+            for name, run in kernels.items():
+                t0 = time.perf_counter()
+                for i in range(len(plain)):
+                    run(i)
+                best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
+    fp32 = best["FP32 matmul"]
+    print(f"batch-1 step's matrices ({len(plain)}), best of {rounds} rounds in turns:")
+    for name in kernels:
+        print(
+            f"  {name}: {best[name]:.1f} ms ({fp32 / best[name]:.2f}x FP32), "
+            f"largest error vs FP32 {errors[name]:.2%}"
+        )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model folder (default: the embedded default model)")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--kernels", action="store_true", help="time torch's candidate kernels first")
     args = p.parse_args()
     if args.threads:
         # On a machine shared with other busy processes, one thread avoids OpenMP's barriers
@@ -89,6 +167,8 @@ def main() -> int:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.2f}; {args.tokens} new tokens, {len(prompt_ids)}-token prompt"
     )
+    if args.kernels:
+        kernel_candidates(engines["sv FP32"], max(3, args.rounds))
     best: dict[str, float] = {}
     for r in range(args.rounds):
         matmuls = {name: matmul_ms(engine) for name, engine in engines.items()}

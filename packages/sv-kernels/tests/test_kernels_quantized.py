@@ -14,9 +14,10 @@ import re
 import pytest
 import torch
 from kernels_testing import DEVICE, GPU, gpu_test, randn
-from sv_kernels import KernelError, ops, quantized_ops, reference, triton_ops
+from sv_kernels import KernelError, ops, quantized, quantized_ops, reference, triton_ops
 from sv_kernels.linear_plan import LinearPlan
 from sv_kernels.quantized import (
+    FP8_SCALE_STEPS,
     QuantizedWeight,
     QuantKind,
     dequantize,
@@ -45,6 +46,45 @@ def test_fp8_quantization_by_hand() -> None:
     assert torch.equal(q.scale, torch.tensor([1.0, 7.0 / 448]))
     # e4m3 holds 448, -1, 3.5*64=224 and 448 exactly; 0.1 rounds to 0.1015625 (13/128).
     assert q.data.float().tolist() == [[448.0, -1.0, 0.1015625], [224.0, 0.0, 448.0]]
+
+
+def test_fp8_scale_is_the_least_error_candidate(gen: torch.Generator) -> None:
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    w = randn(cpu, 64, 256, dtype=torch.float32)
+    w[5] = 0.0
+    q = quantize(w, "fp8")
+    absmax = w.abs().amax(dim=1)
+    # A candidate: absmax / 448 * 2 ** (j / STEPS), j in 0..STEPS-1 (the zero row keeps 1).
+    steps = torch.log2(q.scale / (absmax / 448)) * FP8_SCALE_STEPS
+    rows = absmax > 0
+    assert torch.allclose(steps[rows], steps[rows].round(), atol=1e-3)
+    assert bool(((steps[rows] > -1e-3) & (steps[rows] < FP8_SCALE_STEPS - 1 + 1e-3)).all())
+    assert float(q.scale[5]) == 1.0 and not q.data[5].float().any()
+    # Never worse than mapping absmax onto 448 (the plain scheme, by hand), row by row, and
+    # better on the whole.
+    plain_scale = torch.where(rows, absmax / 448, torch.ones_like(absmax))[:, None]
+    plain = (w / plain_scale).to(torch.float8_e4m3fn).float() * plain_scale
+    err_plain = (plain - w).square().sum(dim=1)
+    err = (dequantize(q) - w).square().sum(dim=1)
+    assert bool((err <= err_plain).all())
+    assert float(err.sum()) < 0.95 * float(err_plain.sum())  # 0.84-0.88 measured
+
+
+def test_fp8_search_bounds_its_temporaries_by_rows(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rows are searched in chunks of _SEARCH_ELEMENTS values (here 2 rows, the last chunk
+    # short): the matrix must come out as its rows quantized one by one.
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    w = randn(cpu, 5, 16, dtype=torch.float32)
+    monkeypatch.setattr(quantized, "_SEARCH_ELEMENTS", 32)
+    whole = quantize(w, "fp8")
+    for row in range(5):
+        alone = quantize(w[row : row + 1], "fp8")
+        assert torch.equal(alone.scale, whole.scale[row : row + 1])
+        assert torch.equal(
+            alone.data.view(torch.uint8), whole.data[row : row + 1].view(torch.uint8)
+        )
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -12,8 +12,15 @@ Two kinds:
 - `int8`: symmetric int8 (-127..127), which every CPU's vector units and torch's int8 kernels
   handle.
 
-`quantize` is the round-to-nearest, absmax-per-row scheme used to quantize BF16/FP32 weights
-at load; `dequantize` is the spec every kernel is tested against.
+`quantize` is the round-to-nearest, per-row scheme used to quantize BF16/FP32 weights at
+load; `dequantize` is the spec every kernel is tested against.
+
+The scale of a row: int8 maps the row's absmax onto 127. e4m3 rounds each value to 3
+mantissa bits whatever the scale, so the scale only decides where each value falls between
+two representable ones; `quantize` tries FP8_SCALE_STEPS scales from absmax / 448 up to
+twice that (none clips) and keeps, per row, the one of least squared error. On the default
+model (SmolLM2-135M) that took fp8's held-out perplexity from +2.40% to +1.91% of FP32's and
+its mean KL from 0.032 to 0.024 nats/token (BENCHMARKS.md); 32 scales measured no better.
 """
 
 from __future__ import annotations
@@ -30,8 +37,12 @@ QuantKind = Literal["fp8", "int8"]
 QUANT_KINDS: tuple[QuantKind, ...] = get_args(QuantKind)
 
 STORAGE_DTYPES: dict[QuantKind, torch.dtype] = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
-# The largest magnitude of each kind: a row's absmax maps onto it.
+# The largest magnitude of each kind: a row's absmax maps onto it (fp8: at most).
 MAX_VALUE: dict[QuantKind, float] = {"fp8": 448.0, "int8": 127.0}
+# fp8 row scales tried: absmax / 448 * 2 ** (j / FP8_SCALE_STEPS), j = 0 .. FP8_SCALE_STEPS - 1.
+FP8_SCALE_STEPS = 8
+# Rows quantized at once by the fp8 search: bounds its FP32 temporaries (~64 MiB each).
+_SEARCH_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -85,8 +96,9 @@ LinearWeight = Tensor | QuantizedWeight
 
 
 def quantize(weight: Tensor, kind: QuantKind) -> QuantizedWeight:
-    """Quantize `weight` [N, K] per row: scale = absmax(row) / MAX_VALUE[kind], values rounded
-    to the nearest representable one. An all-zero row gets scale 1 (its values are 0)."""
+    """Quantize `weight` [N, K] per row, values rounded to the nearest representable one.
+    int8: scale = absmax(row) / 127. fp8: the least-squared-error scale of the candidates
+    (see the module doc). An all-zero row gets scale 1 (its values are 0)."""
     if kind not in STORAGE_DTYPES:
         raise KernelError(f"quantize: kind must be one of {QUANT_KINDS}, got {kind!r}")
     if weight.dim() != 2 or not weight.is_floating_point():
@@ -96,12 +108,31 @@ def quantize(weight: Tensor, kind: QuantKind) -> QuantizedWeight:
     w = weight.float()
     absmax = w.abs().amax(dim=1)
     scale = torch.where(absmax > 0, absmax / MAX_VALUE[kind], torch.ones_like(absmax))
-    scaled = w / scale[:, None]
     if kind == "int8":
-        data = scaled.round().clamp(-127, 127).to(torch.int8)
-    else:
-        data = scaled.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return QuantizedWeight(data, scale, kind, weight.dtype)
+        data = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        return QuantizedWeight(data, scale, kind, weight.dtype)
+    rows = max(1, _SEARCH_ELEMENTS // max(1, w.shape[1]))
+    parts = [_fp8_rows(w[i : i + rows], scale[i : i + rows]) for i in range(0, w.shape[0], rows)]
+    data = torch.cat([d for d, _ in parts]).view(torch.float8_e4m3fn)
+    return QuantizedWeight(data, torch.cat([s for _, s in parts]), kind, weight.dtype)
+
+
+def _fp8_rows(w: Tensor, base: Tensor) -> tuple[Tensor, Tensor]:
+    """e4m3 values (as their bytes) and scales of the rows `w` (FP32), each row's scale the
+    candidate base * 2 ** (j / FP8_SCALE_STEPS) of least squared error (the first of equals)."""
+    best_err = torch.full_like(base, float("inf"))
+    best_scale = base.clone()
+    # Bytes: torch.where and torch.cat are not implemented for FP8 on every backend.
+    best_bytes = torch.zeros(w.shape, dtype=torch.uint8, device=w.device)
+    for j in range(FP8_SCALE_STEPS):
+        scale = base * 2.0 ** (j / FP8_SCALE_STEPS)
+        data = (w / scale[:, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        err = (data.float() * scale[:, None] - w).square().sum(dim=1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_scale = torch.where(better, scale, best_scale)
+        best_bytes = torch.where(better[:, None], data.view(torch.uint8), best_bytes)
+    return best_bytes, best_scale
 
 
 def dequantize(weight: QuantizedWeight, dtype: torch.dtype | None = None) -> Tensor:
