@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 
 from sv_kvcache import NO_MATCH, PagePool, PrefixMatch, page_key
@@ -78,6 +79,9 @@ class Scheduler:
         self._speculation = config.speculation
         # No decoder may draft before this step (the earliest resume step; may be early, never late)
         self._next_draft_step = 0
+        # (sequence, its proposed draft) -> how many of its tokens to verify; None: all. The
+        # engine's grammar check: a token the grammar rejects would never be chosen.
+        self.draft_limit: Callable[[Sequence, list[int]], int] | None = None
         # what a head that does not fit waits for, as the trace names it
         self._no_room: WaitReason = "credits" if config.admission == "conservative" else "pages"
 
@@ -517,6 +521,10 @@ class Scheduler:
                 n = seq.num_tokens
                 limit = min(state.k, seq.finish_len - n - 1, budget - total)
                 draft = state.propose(seq.token_ids, limit, step) if limit > 0 else []
+                if draft and self.draft_limit is not None:
+                    draft = draft[: self.draft_limit(seq, draft)]
+                    if not draft:  # nothing worth verifying: a miss, as a draft none accepts
+                        state.miss(step)
                 table = seq.table
                 missing = -(-(n + len(draft)) // size) - len(table.pages)
                 if missing > 0:
