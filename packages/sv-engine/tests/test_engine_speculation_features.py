@@ -14,6 +14,7 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from speculation_testing import (
     outputs,
     pattern,
 )
-from sv_engine import Completion, Engine, SamplingParams
+from sv_engine import Completion, Engine, SamplingParams, TokenLogprob
 from sv_engine.grammar import Grammar
 from sv_model import StepInputs
 from sv_scheduler import SpeculationConfig
@@ -41,19 +42,29 @@ def base(tiny_vocab_dir: Path) -> Engine:
     return Engine.from_model_dir(tiny_vocab_dir, device="cpu", kv_cache_mib=1, max_num_seqs=256)
 
 
+def assert_same_logprobs(
+    spec: Sequence[TokenLogprob | None] | None, plain: Sequence[TokenLogprob | None] | None
+) -> None:
+    """Equal within 1e-5, with the same top ids."""
+    assert (spec is None) == (plain is None)
+    for a, b in zip(spec or [], plain or [], strict=True):
+        assert (a is None) == (b is None)
+        if a is None or b is None:
+            continue
+        assert a.token_id == b.token_id
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], abs=1e-5)
+
+
 def assert_same(spec: list[Completion], plain: list[Completion]) -> None:
     """Same tokens and finish reasons; log-probabilities equal within 1e-5, same top ids."""
     for s, p in zip(spec, plain, strict=True):
         assert (s.output_ids, s.finish_reason) == (p.output_ids, p.finish_reason)
-        assert (s.logprobs is None) == (p.logprobs is None)
-        if s.logprobs is None or p.logprobs is None:
-            continue
-        assert len(s.logprobs) == len(p.logprobs) == len(s.output_ids)
-        for a, b in zip(s.logprobs, p.logprobs, strict=True):
-            assert a.token_id == b.token_id
-            assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
-            assert [t for t, _ in a.top] == [t for t, _ in b.top]
-            assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], abs=1e-5)
+        if s.logprobs is not None:
+            assert len(s.logprobs) == len(s.output_ids)
+        assert_same_logprobs(s.logprobs, p.logprobs)
+        assert_same_logprobs(s.prompt_logprobs, p.prompt_logprobs)
 
 
 CONTROLS = st.fixed_dictionaries(
@@ -105,7 +116,11 @@ def test_greedy_speculation_with_controls_and_logprobs_gives_the_plain_output(
         SamplingParams(
             max_new_tokens=max_new[i],
             stop_token_ids=frozenset(extra_stop),
-            **({} if plain_row and i == 0 else controls[i]),
+            **(
+                {}
+                if plain_row and i == 0
+                else controls[i] | {"min_tokens": min(controls[i]["min_tokens"], max_new[i])}
+            ),
         )
         for i in range(len(prompts))
     ]
@@ -159,6 +174,22 @@ def test_drafts_are_accepted_with_controls_on(
         engine_like(base, None), [prompt], [SamplingParams(max_new_tokens=48, ignore_eos=True)]
     )
     assert (uncontrolled[0][0] != plain[0].output_ids) == acts
+    assert_all_back(engine)
+
+
+def test_prompt_logprobs_and_logprobs_with_speculation(base: Engine) -> None:
+    """Echo (the prompt's own log-probabilities) and the output's, beside drafts."""
+    prompts = [pattern(s, 30) for s in (5, 7)]
+    params = [
+        SamplingParams(max_new_tokens=40, ignore_eos=True, logprobs=3, prompt_logprobs=2),
+        SamplingParams(max_new_tokens=40, ignore_eos=True, prompt_logprobs=0),
+    ]
+    plain = completions(engine_like(base, None), prompts, params)
+    engine = engine_like(base, SpeculationConfig(), max_step_tokens=16)
+    got = completions(engine, prompts, params)
+    assert_same(got, plain)
+    assert all(c.prompt_logprobs is not None for c in got)
+    assert engine.stats.accepted_tokens >= 10
     assert_all_back(engine)
 
 

@@ -300,7 +300,7 @@ class Scheduler:
             self._decoding.append(seq)
             seq.decoding = True
             seq.num_pending = 1
-            if self._speculation is not None and seq.drafter is None and seq.speculate:
+            if self._speculation is not None and seq.drafter is None:
                 seq.drafter = DraftState(self._speculation)
                 self._next_draft_step = 0
             self._file_decoder(seq, step + 1)
@@ -515,8 +515,7 @@ class Scheduler:
         size = self.config.page_size
         for seq in decodes:
             state = seq.drafter
-            if state is None:  # a request that does not speculate (Request.speculate)
-                continue
+            assert state is not None  # every decoder has one while speculation is on
             if state.resume_step <= step:
                 n = seq.num_tokens
                 limit = min(state.k, seq.finish_len - n - 1, budget - total)
