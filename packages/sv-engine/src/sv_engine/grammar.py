@@ -179,16 +179,21 @@ class Grammars:
             return TokenBitmask(rows=targets, words=words)
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
-        if not any(draft for _, _, draft in live):
-            pairs = [(m.matcher, i) for i, (_, m, _) in enumerate(live)]
+        # (The library's call with drafts takes only non-empty ones.)
+        pairs: list[tuple[llguidance.LLMatcher, int]] = []
+        drafted: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
+        at = 0
+        for choice_rows, m, draft in live:
+            if draft:
+                drafted.append((m.matcher, at, list(draft)))
+            else:
+                pairs.append((m.matcher, at))
+            at += len(choice_rows)
+        if pairs:
             llguidance.numpy.fill_next_token_bitmask_par(self._executor, pairs, words)
-        else:
-            entries, at = [], 0
-            for choice_rows, m, draft in live:
-                entries.append((m.matcher, at, list(draft)))
-                at += len(choice_rows)
+        if drafted:
             llguidance.numpy.fill_next_token_bitmask_par_with_draft_tokens(
-                self._executor, entries, words
+                self._executor, drafted, words
             )
         return TokenBitmask(rows=targets, words=words)
 
