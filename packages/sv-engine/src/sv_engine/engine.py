@@ -69,9 +69,7 @@ from sv_scheduler import (
     SpeculationConfig,
     StepPlan,
 )
-from sv_scheduler import (
-    Sequence as Seq,
-)
+from sv_scheduler import Sequence as Seq
 from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
 from sv_engine import draft_choices
