@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 RunningServer = Any  # conftest.py
 
@@ -134,3 +135,74 @@ def test_speculating_server_streams_the_plain_text_and_counts_drafts(make_server
         assert m["sv_kv_cache_pages_used"] == 0
     finally:
         speculating.stop()
+
+
+def test_speculating_server_with_logprobs_penalties_and_a_schema(make_server: Any) -> None:
+    """What clients send beside speculation: the same text and log-probabilities as a plain
+    server, for a completion with logprobs and a penalty and a chat reply under a JSON schema."""
+    from sv_scheduler import SpeculationConfig
+
+    record = '{"name":"Ada","city":"London","year":1843}'
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "city": {"type": "string", "maxLength": 20},
+            "year": {"type": "integer"},
+        },
+        "required": ["name", "city", "year"],
+        "additionalProperties": False,
+    }
+    requests = [
+        (
+            "/v1/completions",
+            {
+                "prompt": "Copy: the red fox and the blue bird sat on the old fence.\nCopy: the red",
+                "max_tokens": 16,
+                "temperature": 0,
+                "logprobs": 2,
+                "frequency_penalty": 0.1,
+            },
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": f"Copy this JSON exactly: {record}"}],
+                "max_tokens": 40,
+                "temperature": 0,
+                "logprobs": True,
+                "top_logprobs": 2,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "record", "schema": schema},
+                },
+            },
+        ),
+    ]
+
+    def answers(server: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        try:
+            choices = [
+                httpx.post(f"{server.url}{path}", json=body, timeout=300).json()["choices"][0]
+                for path, body in requests
+            ]
+            return choices, server.wait_idle()
+        finally:
+            server.stop()
+
+    want, _ = answers(make_server())
+    got, m = answers(make_server(speculation=SpeculationConfig()))
+    assert m["sv_spec_accepted_tokens_total"] >= 5 and m["sv_kv_cache_pages_used"] == 0
+    assert got[0]["text"] == want[0]["text"]
+    assert got[1]["message"]["content"] == want[1]["message"]["content"]
+    assert json.loads(got[1]["message"]["content"])["city"]
+    tokens = got[0]["logprobs"]["tokens"], want[0]["logprobs"]["tokens"]
+    assert tokens[0] == tokens[1]
+    assert got[0]["logprobs"]["token_logprobs"] == pytest.approx(
+        want[0]["logprobs"]["token_logprobs"], rel=1e-5, abs=1e-5
+    )
+    chat = [
+        [(t["token"], t["logprob"]) for t in c["logprobs"]["content"]] for c in (got[1], want[1])
+    ]
+    assert [t for t, _ in chat[0]] == [t for t, _ in chat[1]]
+    assert [v for _, v in chat[0]] == pytest.approx([v for _, v in chat[1]], rel=1e-5, abs=1e-5)

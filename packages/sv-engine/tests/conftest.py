@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from sv_tokenizer.cli import installed_llama_tokenizer_dir
 from sv_weights import tiny_llama_config, write_random_checkpoint
+
+# The shared speculation helpers (speculation_testing.py) live beside this file; importlib
+# mode needs the path.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

@@ -192,3 +192,20 @@ def test_grammars_that_cannot_compile_are_refused(
     with pytest.raises(EngineError, match=problem):
         engine.add_request(PROMPT, _params(grammar()))
     assert not engine.has_unfinished()
+
+
+def test_logprobs_under_a_grammar_are_of_the_raw_logits(engine: Engine) -> None:
+    """The mask is applied in place before sampling; log-probabilities still score the raw
+    logits (finite, not renormalized over the allowed tokens), as a request whose logits are
+    processed into a new tensor (a logit_bias of 0, a no-op) reports them."""
+    grammar = Grammar.choice(["alpha", "beta"])
+    raw, processed = (
+        engine.generate([PROMPT], _params(grammar, logprobs=3, **extra))[0]
+        for extra in ({}, {"logit_bias": {0: 0.0}})
+    )
+    assert raw.output_ids == processed.output_ids
+    assert raw.logprobs is not None and processed.logprobs is not None
+    for a, b in zip(raw.logprobs, processed.logprobs, strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-6)
+        assert a.top == b.top and all(v > -1e30 for _, v in a.top)
+    assert raw.logprobs[0].logprob < -1e-3  # not the ~0 of a distribution over the mask

@@ -13,7 +13,6 @@ that its own prompt and output contain, so drafts are found and accepted for rea
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from pathlib import Path
@@ -22,55 +21,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from speculation_testing import VOCAB, assert_all_back, engine_like, outputs, pattern
 from sv_engine import Engine, SamplingParams
 from sv_model import StepInputs
-from sv_scheduler import Scheduler, SpeculationConfig
-
-VOCAB = 16
+from sv_scheduler import SpeculationConfig
 
 
 @pytest.fixture(scope="module")
 def base(tiny_vocab_dir: Path) -> Engine:
     return Engine.from_model_dir(tiny_vocab_dir, device="cpu", kv_cache_mib=1, max_num_seqs=256)
-
-
-def engine_like(
-    base: Engine, spec: SpeculationConfig | None, overlap: bool = True, **config: object
-) -> Engine:
-    """A fresh scheduler on `base`'s runner (its KV pool, at most as many pages)."""
-    cfg = dataclasses.replace(base.scheduler.config, speculation=spec, **config)  # type: ignore[arg-type]
-    engine = Engine(base.tokenizer, base.runner, Scheduler(cfg), base.stop_ids)
-    engine.overlap = overlap
-    return engine
-
-
-def assert_all_back(engine: Engine) -> None:
-    assert not engine.has_unfinished()
-    s = engine.stats
-    assert s.free_pages == s.pool_pages and s.assigned_pages == 0
-    assert s.free_credits == s.pool_pages
-
-
-def outputs(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
-    ids = [
-        engine.add_request(p, q, stream_text=False) for p, q in zip(prompts, params, strict=True)
-    ]
-    done = {}
-    while engine.has_unfinished():
-        for e in engine.step():
-            if e.completion is not None:
-                done[e.request_id] = (e.completion.output_ids, e.completion.finish_reason)
-    return [done[i] for i in ids]
-
-
-def pattern(seed: int, length: int) -> list[int]:
-    """A prompt of repeated short motifs (what prompt lookup feeds on), from a seed."""
-    g = torch.Generator().manual_seed(seed)
-    motif = torch.randint(3, VOCAB, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g)
-    noise = torch.randint(3, VOCAB, (length,), generator=g)
-    keep = torch.rand(length, generator=g) < 0.8
-    tokens = torch.where(keep, motif.repeat(length // len(motif) + 1)[:length], noise)
-    return [1, *tokens.tolist()]
 
 
 @settings(

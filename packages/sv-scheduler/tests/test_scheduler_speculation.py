@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sv_scheduler import SchedulerError, SpeculationConfig
+from sv_scheduler import Request, Scheduler, SchedulerConfig, SchedulerError, SpeculationConfig
 from sv_scheduler.speculation import DraftState, accepted_run
 
 
@@ -86,3 +86,46 @@ def test_misses_pause_and_success_adapts_the_length() -> None:
 def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(SchedulerError, match="SpeculationConfig"):
         SpeculationConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def _draft_lengths(limit: int, steps: int) -> tuple[list[int], list[bool]]:
+    """One request whose tokens cycle 1 2 3 (so prompt lookup always finds a draft), with a
+    `draft_limit` allowing `limit` tokens; every choice is the cycle's next token (each draft
+    is accepted in full). The draft length and `would_draft` after each step."""
+    config = SchedulerConfig(
+        num_pages=64,
+        max_model_len=512,
+        speculation=SpeculationConfig(max_draft=4, miss_limit=2, first_pause=4),
+    )
+    scheduler = Scheduler(config)
+    asked: list[list[int]] = []
+
+    def draft_limit(seq: object, draft: list[int]) -> int:
+        asked.append(draft)
+        return min(limit, len(draft))
+
+    scheduler.draft_limit = draft_limit
+    scheduler.add(Request("r", [1, 2, 3] * 4, max_new_tokens=300, ignore_eos=True))
+    lengths, would = [], []
+    for _ in range(steps):
+        plan = scheduler.schedule()
+        scheduler.advance(plan)
+        seq = plan.sampling[0]
+        tokens = [1 + (seq.num_tokens - 1) % 3]  # the cycle at the position of its new token
+        tokens += [1 + d % 3 for d in seq.draft]  # the cycle's next token after each draft
+        lengths.append(len(seq.draft))
+        scheduler.resolve(plan, tokens)
+        would.append(scheduler.would_draft)
+    assert all(len(d) >= 1 for d in asked)
+    return lengths, would
+
+
+def test_draft_limit_cuts_each_draft() -> None:
+    lengths, _ = _draft_lengths(limit=1, steps=12)
+    assert max(lengths) == 1 and lengths.count(1) >= 8
+
+
+def test_a_draft_cut_to_nothing_is_a_miss_and_pauses_speculation() -> None:
+    lengths, would = _draft_lengths(limit=0, steps=6)
+    assert lengths == [0] * 6
+    assert would[2] is False  # the second miss in a row (the first decode's) paused it

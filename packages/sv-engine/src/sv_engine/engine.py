@@ -50,6 +50,7 @@ from sv_kernels import TuningCache
 from sv_kernels.quantized import QuantKind
 from sv_model import (
     LogitControls,
+    Logprobs,
     ModelRunner,
     PendingTokens,
     SamplingRows,
@@ -68,8 +69,10 @@ from sv_scheduler import (
     SpeculationConfig,
     StepPlan,
 )
+from sv_scheduler import Sequence as Seq
 from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
+from sv_engine import draft_choices
 from sv_engine.errors import EngineError
 from sv_engine.grammar import GrammarMatcher, Grammars
 from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
@@ -146,6 +149,7 @@ class Engine:
         self._special_ids = frozenset(tokenizer.special_tokens.values())
         self.grammars = Grammars(tokenizer, runner.config.vocab_size, stop_ids)
         self._num_constrained = 0  # live requests with a grammar
+        scheduler.draft_limit = self._draft_limit
         # Plan and launch the next step before reading this one's tokens (see the module doc).
         self.overlap = True
         self._in_flight: _Launched | None = None  # launched and advanced, not yet resolved
@@ -280,11 +284,6 @@ class Engine:
                 max_new_tokens=params.max_new_tokens,
                 stop_ids=stop_ids,
                 reuse_cached_prefix=params.prompt_logprobs is None,
-                # A draft's choices are sampled from raw logits, one step at a time for these.
-                speculate=params.logprobs is None
-                and params.prompt_logprobs is None
-                and not params.processes_logits
-                and params.grammar is None,
             )
         )
         # Any Python int is a valid seed. The sampler hashes only its low 32 bits and the step
@@ -305,7 +304,14 @@ class Engine:
                 else PromptLogprobs(prompt_ids, params.prompt_logprobs, [None])
             ),
             controls=(
-                RowControls(params, stop_ids, prompt_ids) if params.processes_logits else None
+                # (min_tokens bans the stop ids; one past the logits is never sampled anyway)
+                RowControls(
+                    params,
+                    frozenset(t for t in stop_ids if t < self.runner.config.vocab_size),
+                    prompt_ids,
+                )
+                if params.processes_logits
+                else None
             ),
             hidden_ids=stop_ids | self._special_ids if params.skip_special_tokens else stop_ids,
             matcher=matcher,
@@ -448,12 +454,9 @@ class Engine:
         plan = launched.plan
         tokens = launched.tokens.result()
         self._advance_grammars(launched)
-        # A decode that verifies a draft keeps its first token and then its accepted run.
-        known = (
-            {id(s): len(s.token_ids) for s in plan.decodes if s.draft}
-            if plan.num_draft_tokens
-            else {}
-        )
+        # A decode that verifies a draft keeps its first choice and then its accepted run.
+        drafted = draft_choices.drafting(plan)
+        known = {id(s): len(s.token_ids) for s in plan.decodes if id(s) in drafted}
         finished = {f.request_id: f for f in self.scheduler.resolve(plan, tokens)}
         self._deliver_prompt_logprobs(launched)
         rows = launched.tokens.logprobs()
@@ -468,15 +471,18 @@ class Engine:
                 live.first_token_at = now
             done = finished.get(seq.request_id)
             if known and id(seq) in known:  # a verified draft: its accepted run comes first
-                for accepted in seq.token_ids[known[id(seq)] : -1]:
-                    events.append(StreamEvent(seq.request_id, accepted, self._text(live, accepted)))
-                token = seq.token_ids[-1]
+                kept = seq.token_ids[known[id(seq)] :]
+                choice = drafted[id(seq)]
+                if live.matcher is not None:  # its choice 0 was given to it with the others
+                    for accepted in kept[1:]:
+                        live.matcher.accept(accepted)
+                for i, accepted in enumerate(kept[:-1]):
+                    text = self._text(live, accepted)
+                    events.append(StreamEvent(seq.request_id, accepted, text))
+                    events[-1].logprob = self._logprob(live, rows, choice.row(i), accepted)
+                token, row = kept[-1], choice.row(len(kept) - 1)
             text = self._text(live, token)
-            logprob = None
-            if rows is not None and live.logprobs is not None:
-                assert live.params.logprobs is not None
-                logprob = token_logprob(rows, row, token, live.params.logprobs)
-                live.logprobs.append(logprob)
+            logprob = self._logprob(live, rows, row, token)
             event = (
                 StreamEvent(seq.request_id, token, text)
                 if done is None
@@ -489,6 +495,16 @@ class Engine:
         if self.tracer is not None:
             self.tracer.resolved(plan, tokens, events)
         return events
+
+    @staticmethod
+    def _logprob(live: _Live, rows: Logprobs | None, row: int, token: int) -> TokenLogprob | None:
+        """Choice `row`'s log-probabilities of `token`, kept in `live`, when it asked for them."""
+        if rows is None or live.logprobs is None:
+            return None
+        assert live.params.logprobs is not None
+        logprob = token_logprob(rows, row, token, live.params.logprobs)
+        live.logprobs.append(logprob)
+        return logprob
 
     @staticmethod
     def _text(live: _Live, token: int) -> str:
@@ -555,8 +571,8 @@ class Engine:
             if chunk.samples:
                 sample_rows.append(row)
         first = len(plan.prefills)
-        # What the sequences' own rows ask of this step beyond their tokens (a verify step's
-        # draft rows ask none of it: such requests do not speculate).
+        # What the sequences' rows ask of this step beyond their tokens (a verify step's draft
+        # positions ask it of the choices they make too: draft_choices).
         logprobs = self._num_logprobs > 0 and any(
             self._live[s.request_id].logprobs is not None for s in plan.sampling
         )
@@ -597,6 +613,7 @@ class Engine:
             controls=controls,
             token_bitmask=bitmask,
             logits_at=logits_at,
+            drafts=[(c.head, c.draft) for c in draft_choices.drafting(plan).values()],
         )
 
     def _controls(self, plan: StepPlan, previous: _Launched | None) -> LogitControls | None:
@@ -604,7 +621,9 @@ class Engine:
             assert previous is not None
             return previous.row_of(seq)
 
-        rows = [(seq, self._live[seq.request_id].controls) for seq in plan.sampling]
+        rows = [
+            (seq, self._live[seq.request_id].controls, i) for seq, i in draft_choices.choices(plan)
+        ]
         return step_controls(rows, pending_row)
 
     # --- structured output ----------------------------------------------------------------------
@@ -618,17 +637,33 @@ class Engine:
         busy with this step's forward meanwhile) and advances the matchers: the overlap is
         kept, and only sampling waits for the mask (see ARCHITECTURE.md, the overlap rule)."""
 
+        drafted = draft_choices.drafting(plan)
+
         def bitmask() -> TokenBitmask | None:
             if previous is not None:
                 self._advance_grammars(previous)
-            rows = []
+            rows: list[tuple[Sequence[int], GrammarMatcher, Sequence[int]]] = []
             for row, seq in enumerate(plan.sampling):
                 live = self._live.get(seq.request_id)
-                if live is not None and live.matcher is not None:
-                    rows.append((row, live.matcher))
+                if live is None or live.matcher is None:
+                    continue
+                d = drafted.get(id(seq))
+                if d is None:
+                    rows.append(([row], live.matcher, ()))
+                else:  # a mask per draft position, each after the drafts before it
+                    rows.append(
+                        ([d.row(i) for i in range(len(d.draft) + 1)], live.matcher, d.draft)
+                    )
             return self.grammars.bitmask(rows)
 
         return bitmask
+
+    def _draft_limit(self, seq: Seq, draft: list[int]) -> int:
+        """How much of a proposed draft to verify: a constrained request's grammar may cut it."""
+        live = self._live.get(seq.request_id)
+        if live is None or live.matcher is None:
+            return len(draft)
+        return live.matcher.draft_prefix(draft, live.stop_ids)
 
     def _advance_grammars(self, launched: _Launched) -> None:
         """Give a step's tokens to the matchers of its live constrained requests, once."""
@@ -637,8 +672,8 @@ class Engine:
         launched.grammars_advanced = True
         if not self._num_constrained:
             return
-        # One token per plan.sampling entry first; a verify step's draft choices follow them
-        # (never a constrained request's: those do not speculate).
+        # One token per plan.sampling entry first; a verify step's draft choices follow them,
+        # and the accepted ones are given to the matchers by _resolve, once it knows them.
         for seq, token in zip(launched.plan.sampling, launched.tokens.result(), strict=False):
             live = self._live.get(seq.request_id)
             if live is not None and live.matcher is not None:
@@ -684,11 +719,7 @@ class Engine:
         its noise is the one plain decoding draws for that token."""
         temps, top_ks, top_ps, seeds, steps = [], [], [], [], []
         vocab_size = self.runner.config.vocab_size
-        drafting = [s for s in plan.decodes if s.draft] if plan.num_draft_tokens else []
-        for seq, offset in itertools.chain(
-            zip(plan.sampling, itertools.repeat(0)),
-            ((s, 1 + i) for s in drafting for i in range(len(s.draft))),
-        ):
+        for seq, offset in draft_choices.choices(plan):
             live = self._live[seq.request_id]
             temps.append(live.params.temperature)
             # More than the vocabulary keeps every token, as 0 does; clamped so that any Python

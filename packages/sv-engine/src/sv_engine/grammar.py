@@ -124,6 +124,15 @@ class GrammarMatcher:
         matcher in its error state, whose mask allows only the stop tokens: the request ends."""
         self._matcher.consume_token(token)
 
+    def draft_prefix(self, draft: Sequence[int], stop_ids: frozenset[int]) -> int:
+        """How many tokens of a speculative draft to verify: those the grammar allows from
+        here, up to the first stop token. A token the grammar rejects could never be chosen
+        (the mask bans it), so verifying it or anything after it is wasted; a stop token would
+        end the request if chosen, so nothing after it is ever kept, and the matcher has no
+        mask once it is consumed."""
+        stop = next((i for i, t in enumerate(draft) if t in stop_ids), len(draft))
+        return min(stop, self._matcher.validate_tokens(list(draft[:stop])))
+
     @property
     def matcher(self) -> llguidance.LLMatcher:
         return self._matcher
@@ -136,7 +145,8 @@ class Grammars:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_ids: frozenset[int]) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width (may exceed the tokenizer's)
-        self._stop_ids = sorted(stop_ids)
+        # (A stop id past the logits, a tokenizer's that the model never emits, is left out.)
+        self._stop_ids = sorted(t for t in stop_ids if t < vocab_size)
         self._lltokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
 
@@ -148,24 +158,44 @@ class Grammars:
             raise EngineError(f"the {grammar.kind} cannot be compiled: {matcher.get_error()}")
         return GrammarMatcher(matcher)
 
-    def bitmask(self, rows: Sequence[tuple[int, GrammarMatcher]]) -> TokenBitmask | None:
-        """The token bitmasks of the (sampled row, matcher) pairs; None when there are none.
-        A matcher whose grammar is complete allows only the stop tokens."""
+    def bitmask(
+        self, rows: Sequence[tuple[Sequence[int], GrammarMatcher, Sequence[int]]]
+    ) -> TokenBitmask | None:
+        """The token bitmasks of a step's constrained choices; None when there are none. Each
+        entry is (choice rows, matcher, draft): the first choice row gets the matcher's mask;
+        with a draft (a verify step; `draft_prefix` checked it), row j + 1 gets the mask once
+        draft[:j + 1] is consumed, and the matcher is left where it was. A matcher whose
+        grammar is complete allows only the stop tokens."""
         import llguidance
         import llguidance.numpy
 
         live = list(rows)
         if not live:
             return None
-        words = np.empty(((len(live), (self.vocab_size + 31) // 32)), dtype=np.int32)
-        pairs = [(m.matcher, i) for i, (_, m) in enumerate(live)]
-        if len(pairs) == 1:
-            llguidance.numpy.fill_next_token_bitmask(pairs[0][0], words, 0)
-        else:
-            if self._executor is None:
-                self._executor = llguidance.LLExecutor()
+        targets = [row for choice_rows, _, _ in live for row in choice_rows]
+        words = np.empty(((len(targets), (self.vocab_size + 31) // 32)), dtype=np.int32)
+        if len(live) == 1 and not live[0][2]:
+            llguidance.numpy.fill_next_token_bitmask(live[0][1].matcher, words, 0)
+            return TokenBitmask(rows=targets, words=words)
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        # (The library's call with drafts takes only non-empty ones.)
+        pairs: list[tuple[llguidance.LLMatcher, int]] = []
+        drafted: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
+        at = 0
+        for choice_rows, m, draft in live:
+            if draft:
+                drafted.append((m.matcher, at, list(draft)))
+            else:
+                pairs.append((m.matcher, at))
+            at += len(choice_rows)
+        if pairs:
             llguidance.numpy.fill_next_token_bitmask_par(self._executor, pairs, words)
-        return TokenBitmask(rows=[row for row, _ in live], words=words)
+        if drafted:
+            llguidance.numpy.fill_next_token_bitmask_par_with_draft_tokens(
+                self._executor, drafted, words
+            )
+        return TokenBitmask(rows=targets, words=words)
 
     def _vocabulary(self) -> llguidance.LLTokenizer:
         import llguidance

@@ -29,17 +29,19 @@ class RowControls:
 
 
 def step_controls(
-    rows: Sequence[tuple[Seq, RowControls | None]], pending_row: Callable[[Seq], int]
+    rows: Sequence[tuple[Seq, RowControls | None, int]], pending_row: Callable[[Seq], int]
 ) -> LogitControls | None:
-    """The controls of a step's sampled rows, in order; None when no row has any.
-    `pending_row(seq)`: the row of the previous launch's sampled ids holding seq's token
-    still on the device (called only when seq has one)."""
-    if all(c is None for _, c in rows):
+    """The controls of a step's choices, in order: (sequence, its controls, i) for its choice
+    i, which makes its output token num_output_tokens + i (i > 0: a verify step's draft
+    positions; see draft_choices). None when no row has any. `pending_row(seq)`: the row of
+    the previous launch's sampled ids holding seq's token still on the device (called only
+    when seq has one)."""
+    if all(c is None for _, c, _ in rows):
         return None
     presence, frequency, repetition, min_p = [], [], [], []
     bias: list[tuple[int, int, float]] = []
     resets: list[tuple[int, Sequence[int], Sequence[int], int]] = []
-    for row, (seq, controls) in enumerate(rows):
+    for row, (seq, controls, i) in enumerate(rows):
         if controls is None:
             presence.append(0.0)
             frequency.append(0.0)
@@ -52,10 +54,10 @@ def step_controls(
         repetition.append(p.repetition_penalty)
         min_p.append(p.min_p)
         bias.extend((row, token, float(value)) for token, value in p.logit_bias.items())
-        if seq.num_output_tokens < p.min_tokens:
+        if seq.num_output_tokens + i < p.min_tokens:
             bias.extend((row, token, float("-inf")) for token in sorted(controls.stop_ids))
         at = (seq.table_row, seq.num_preemptions)
-        if p.uses_token_counts and controls.counts_at != at:
+        if i == 0 and p.uses_token_counts and controls.counts_at != at:
             controls.counts_at = at
             pending = pending_row(seq) if seq.num_pending else -1
             resets.append((seq.table_row, controls.prompt_ids, seq.output_ids, pending))

@@ -2,7 +2,8 @@
 
 vLLM's order: additive biases (logit_bias, min_tokens' banned stop ids), then the repetition,
 frequency and presence penalties (they read each table row's output-token counts and prompt
-tokens, kept on the device), then min_p. A step without `StepInputs.controls` samples its
+tokens, kept on the device; a verify step's draft positions count the drafts before them too,
+see draft_rows), then min_p. A step without `StepInputs.controls` samples its
 raw logits. The result is a new tensor: the raw logits stay for the log-probabilities.
 
 Runs eagerly (a handful of torch ops, no host sync): a step with controls samples through
@@ -16,6 +17,7 @@ import torch
 from sv_kernels import ops
 from torch import Tensor
 
+from sv_model import draft_rows
 from sv_model.step import LogitControls, StepInputs
 from sv_model.uploads import upload
 
@@ -47,10 +49,10 @@ class TokenCounts:
     def _one(self) -> Tensor:
         return torch.ones(1, dtype=torch.int32, device=self.output.device)
 
-    def count(self, table_rows: Tensor, ids: Tensor) -> None:
-        self.output.index_put_(
-            (table_rows, ids), torch.ones_like(ids, dtype=torch.int32), accumulate=True
-        )
+    def count(self, table_rows: Tensor, ids: Tensor, weights: Tensor | None = None) -> None:
+        """Add `weights` (int32; None: one each) at (table row, id) of each entry."""
+        ones = weights if weights is not None else torch.ones_like(ids, dtype=torch.int32)
+        self.output.index_put_((table_rows, ids), ones, accumulate=True)
 
 
 class LogitProcessor:
@@ -65,12 +67,15 @@ class LogitProcessor:
         self._device = device
         self._last_ids = last_ids
         self._counts: TokenCounts | None = None
-        self._table_rows: Tensor | None = None  # of the current step's sampled rows
+        self._table_rows: Tensor | None = None  # of the current step's choices
+        self._step: StepInputs | None = None  # the step `process` saw, when it verifies drafts
 
     def process(self, step: StepInputs, logits: Tensor) -> Tensor:
-        """The logits to sample `step`'s rows from (`logits` itself without controls)."""
+        """The logits to sample `step`'s choices from, one row each (`logits` itself without
+        controls)."""
         controls = step.controls
         self._table_rows = None
+        self._step = step if step.drafts else None
         if controls is None:
             return logits
         x = logits
@@ -92,12 +97,19 @@ class LogitProcessor:
         if controls.any_penalty() or controls.resets:
             counts = self._ensure_counts()
             counts.reset(controls, self._last_ids)
-            table_rows = np.asarray(step.table_rows, dtype=np.int64)[list(step.sample_rows)]
-            self._table_rows = upload(table_rows, self._device)
+            self._table_rows = upload(draft_rows.table_rows(step), self._device)
             if controls.any_penalty():
+                output = counts.output.index_select(0, self._table_rows)
+                if step.drafts:  # a draft position counts the drafts before it as output
+                    at, drafted = draft_rows.drafted_before(step)
+                    output.index_put_(
+                        (upload(at, self._device), upload(drafted, self._device)),
+                        torch.ones(len(at), dtype=torch.int32, device=self._device),
+                        accumulate=True,
+                    )
                 x = ops.apply_penalties(
                     x,
-                    counts.output.index_select(0, self._table_rows),
+                    output,
                     counts.prompt.index_select(0, self._table_rows),
                     floats[0],
                     floats[1],
@@ -111,9 +123,18 @@ class LogitProcessor:
         return x
 
     def count(self, ids: Tensor) -> None:
-        """Count the sampled `ids` of the step `process` just saw, for the penalties."""
-        if self._counts is not None and self._table_rows is not None:
-            self._counts.count(self._table_rows, ids)
+        """Count the sampled `ids` (one per choice) of the step `process` just saw, for the
+        penalties: a verify step's draft-position choices only where they are kept."""
+        counts, table_rows, step = self._counts, self._table_rows, self._step
+        if counts is None or table_rows is None:
+            return
+        if step is None:
+            counts.count(table_rows, ids)
+            return
+        heads = len(step.sample_rows)
+        counts.count(table_rows[:heads], ids[:heads])
+        kept = draft_rows.kept_draft_choices(step, ids)
+        counts.count(table_rows[heads:], ids[heads:], kept)
 
     def _ensure_counts(self) -> TokenCounts:
         if self._counts is None:

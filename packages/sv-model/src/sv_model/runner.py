@@ -190,24 +190,23 @@ class ModelRunner:
                     num_sampled = len(step.logits_at)
                 prompt_logprobs = logprob_rows.of_prompts(step, logits[num_sampled:])
                 logits = logits[:num_sampled]
-        # The rows of the step's sequences come first; a verify step's draft positions follow
-        # (speculating requests have no logit controls, grammar or logprobs: engine.py).
-        kept = len(step.sample_rows)
-        head = logits[:kept] if logits.shape[0] > kept else logits
-        processed = self.logit_processor.process(step, head)
-        if processed is not head and head is not logits:
-            processed = torch.cat([processed, logits[kept:]])
+        # One row per choice: the step's sequences' own first; a verify step's draft positions
+        # follow, each processed, masked and sampled as plain decoding would at that token.
+        processed = self.logit_processor.process(step, logits)
         # The forward is queued: the host now computes the grammar masks while it runs.
         bitmask = step.token_bitmask() if step.token_bitmask is not None else None
-        if processed is not head:  # the graph's argmax and buffers are of the raw logits
+        if bitmask is not None and step.logprobs and processed is logits:
+            processed = logits.clone()  # the mask goes in place; logprobs are of the raw logits
+        if processed is not logits:  # the graph's argmax and buffers are of the raw logits
             ids = sampler.next_token_ids(processed, None, step.sampling, None, bitmask)
         elif bitmask is not None and step.logprobs:  # the mask is in place; logprobs are raw
             ids = sampler.next_token_ids(logits.clone(), None, step.sampling, None, bitmask)
         else:
             ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph, bitmask)
-        self.logit_processor.count(ids[:kept])
+        self.logit_processor.count(ids)
+        kept = len(step.sample_rows)
         if self.logits_observer is not None:  # the raw logits of the sequences' own rows
-            self.logits_observer(head, ids[:kept])
+            self.logits_observer(logits[:kept], ids[:kept])
         self.last_ids[:kept].copy_(ids[:kept])  # ids past these (draft positions) are never fed
         logprobs = logprob_rows.of_sampled(logits, ids, graph) if step.logprobs else None
         return PendingTokens(ids, logprobs, prompt_logprobs)

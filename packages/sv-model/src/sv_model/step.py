@@ -32,8 +32,9 @@ class SamplingRows:
 
 @dataclass
 class LogitControls:
-    """How the logits of the rows that get a token this step are processed before sampling
-    (one entry per row; off: presence 0, frequency 0, repetition 1, min_p 0).
+    """How the logits of the step's choices are processed before sampling (one entry per
+    choice, a verify step's draft positions included; off: presence 0, frequency 0,
+    repetition 1, min_p 0).
 
     bias: (row, token id, value added to its logit; -inf bans it): logit_bias, and min_tokens'
     stop ids. resets: (table row, prompt ids, output ids known so far, row of the previous
@@ -57,8 +58,9 @@ class LogitControls:
 
 @dataclass
 class TokenBitmask:
-    """Grammar constraints on some of a step's sampled rows: the row `rows[i]` (an index into
-    `sample_rows`) may take token t only when bit t % 32 of `words[i, t // 32]` is set."""
+    """Grammar constraints on some of a step's choices: the choice `rows[i]` (an index into the
+    step's returned ids: see `StepInputs.logits_at`) may take token t only when bit t % 32 of
+    `words[i, t // 32]` is set."""
 
     rows: Sequence[int]
     words: np.ndarray  # [len(rows), ceil(vocab / 32)] int32
@@ -102,6 +104,11 @@ class StepInputs:
     # A verify step's rows to compute logits for (each sampled row's, then each draft
     # position's); None: each sampled row's last token.
     logits_at: Sequence[int] | None = None
+    # A verify step's drafts: (the choice row of the sequence's newest token, its draft), in
+    # the order their draft positions' choices follow the first len(sample_rows) ids. Choice
+    # j + 1 of such a sequence is made at draft[j], as if draft[:j + 1] had been generated
+    # (its penalties count them; see sv_model.draft_rows).
+    drafts: Sequence[tuple[int, Sequence[int]]] = ()
 
     @property
     def one_token_each(self) -> bool:

@@ -22,8 +22,6 @@ class Request:
     ignore_eos: ignore stop_ids and always generate up to the limit (benchmarks).
     reuse_cached_prefix: start on prefix-cache pages when they match (False: compute every
                 prompt token, for a caller that wants the logits of each).
-    speculate:  may draft when speculation is on (False: one token per step, for a caller that
-                processes each step's logits itself: logprobs, logit controls, a grammar).
     """
 
     request_id: RequestId
@@ -32,7 +30,6 @@ class Request:
     stop_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     reuse_cached_prefix: bool = True
-    speculate: bool = True
 
 
 @dataclass(frozen=True, slots=True)

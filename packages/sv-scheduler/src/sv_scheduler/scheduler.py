@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 
 from sv_kvcache import NO_MATCH, PagePool, PrefixMatch, page_key
@@ -78,6 +79,9 @@ class Scheduler:
         self._speculation = config.speculation
         # No decoder may draft before this step (the earliest resume step; may be early, never late)
         self._next_draft_step = 0
+        # (sequence, its proposed draft) -> how many of its tokens to verify; None: all. The
+        # engine's grammar check: a token the grammar rejects would never be chosen.
+        self.draft_limit: Callable[[Sequence, list[int]], int] | None = None
         # what a head that does not fit waits for, as the trace names it
         self._no_room: WaitReason = "credits" if config.admission == "conservative" else "pages"
 
@@ -296,7 +300,7 @@ class Scheduler:
             self._decoding.append(seq)
             seq.decoding = True
             seq.num_pending = 1
-            if self._speculation is not None and seq.drafter is None and seq.speculate:
+            if self._speculation is not None and seq.drafter is None:
                 seq.drafter = DraftState(self._speculation)
                 self._next_draft_step = 0
             self._file_decoder(seq, step + 1)
@@ -511,12 +515,15 @@ class Scheduler:
         size = self.config.page_size
         for seq in decodes:
             state = seq.drafter
-            if state is None:  # a request that does not speculate (Request.speculate)
-                continue
+            assert state is not None  # every decoder has one while speculation is on
             if state.resume_step <= step:
                 n = seq.num_tokens
                 limit = min(state.k, seq.finish_len - n - 1, budget - total)
                 draft = state.propose(seq.token_ids, limit, step) if limit > 0 else []
+                if draft and self.draft_limit is not None:
+                    draft = draft[: self.draft_limit(seq, draft)]
+                    if not draft:  # nothing worth verifying: a miss, as a draft none accepts
+                        state.miss(step)
                 table = seq.table
                 missing = -(-(n + len(draft)) // size) - len(table.pages)
                 if missing > 0:

@@ -64,7 +64,6 @@ class Sequence:
         "prefilled_tokens",
         "request_id",
         "reuse_cached_prefix",
-        "speculate",
         "status",
         "stop_ids",
         "table",
@@ -88,7 +87,6 @@ class Sequence:
         self.max_new_tokens = max_new_tokens  # already clamped to the context limit
         self.ignore_eos = request.ignore_eos
         self.reuse_cached_prefix = request.reuse_cached_prefix
-        self.speculate = request.speculate
         self.stop_ids: frozenset[int] = frozenset() if request.ignore_eos else request.stop_ids
         self.credits = credits
         self.finish_len = self.num_prompt_tokens + max_new_tokens

@@ -106,7 +106,7 @@ class DraftState:
             at = self.index.get(tuple(tokens[end - n :]))
             if at is not None:
                 return list(tokens[at : at + limit])
-        self._miss(step)
+        self.miss(step)
         return []
 
     def record(self, drafted: int, accepted: int, step: int) -> None:
@@ -115,13 +115,14 @@ class DraftState:
         cfg = self.config
         if accepted == 0:
             self.k = 1
-            self._miss(step)
+            self.miss(step)
             return
         self.misses = 0
         self.pause = cfg.first_pause
         self.k = min(cfg.max_draft, 2 * drafted if accepted == drafted else accepted + 1)
 
-    def _miss(self, step: int) -> None:
+    def miss(self, step: int) -> None:
+        """A draft at `step` found nothing worth verifying, or had nothing accepted."""
         self.misses += 1
         if self.misses >= self.config.miss_limit:
             self.misses = 0
