@@ -199,8 +199,6 @@ class ModelRunner:
             processed = logits.clone()  # the mask goes in place; logprobs are of the raw logits
         if processed is not logits:  # the graph's argmax and buffers are of the raw logits
             ids = sampler.next_token_ids(processed, None, step.sampling, None, bitmask)
-        elif bitmask is not None and step.logprobs:  # the mask is in place; logprobs are raw
-            ids = sampler.next_token_ids(logits.clone(), None, step.sampling, None, bitmask)
         else:
             ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph, bitmask)
         self.logit_processor.count(ids)
