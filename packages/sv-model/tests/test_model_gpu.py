@@ -732,3 +732,48 @@ def test_engine_json_schema_outputs_validate_on_the_gpu(engine_1b: Any) -> None:
         assert value["n"] in (1, 2, 30)
         assert value["tag"] in ("a", "b")
         assert isinstance(value["s"], str) and len(value["s"]) <= 10
+
+
+def test_speculation_with_controls_logprobs_and_a_grammar_on_the_gpu(
+    llama_1b_dir: Path, engine_1b: Any
+) -> None:
+    """Verify steps with logit controls, logprobs and a grammar on the GPU (eager verify, Triton
+    sampler): a bias-forced token repeats, so its drafts are accepted and the tokens and raw
+    logprobs are the plain engine's (BF16 tolerance: other batch shapes); a huge presence
+    penalty forbids every repeat through the drafts; a regex's output matches it; every page
+    comes back."""
+    import re
+
+    from sv_engine import Engine, SamplingParams
+    from sv_engine.grammar import Grammar
+    from sv_scheduler import SpeculationConfig
+
+    pytest.importorskip("llguidance")
+    spec = Engine.from_model_dir(
+        llama_1b_dir,
+        device="cuda",
+        kv_cache_mib=1024,
+        max_num_seqs=8,
+        speculation=SpeculationConfig(),
+    )
+    rng = random.Random(11)
+    prompt = [rng.randint(0, 127999) for _ in range(30)] + [1234] * 8
+    forced = SamplingParams(
+        max_new_tokens=24, ignore_eos=True, logit_bias={1234: 100.0}, logprobs=2
+    )
+    got = spec.generate([prompt], forced)[0]
+    want = engine_1b.generate([prompt], forced)[0]
+    assert got.output_ids == want.output_ids == [1234] * 24
+    assert spec.stats.accepted_tokens >= 5  # 11 of the 24 on the CPU with the default model
+    for a, b in zip(got.logprobs, want.logprobs, strict=True):
+        assert abs(a.logprob - b.logprob) < 0.1
+        assert math.isfinite(a.logprob)
+    fresh = SamplingParams(max_new_tokens=24, ignore_eos=True, presence_penalty=1e4)
+    assert len(set(spec.generate([prompt], fresh)[0].output_ids)) == 24
+    pattern = "(yes|no)( (yes|no)){5}"
+    done = spec.generate(
+        [prompt, prompt[:20]], SamplingParams(max_new_tokens=32, grammar=Grammar.regex(pattern))
+    )
+    for completion in done:
+        assert re.fullmatch(pattern, completion.text), completion.text
+    assert spec.stats.free_pages == spec.stats.pool_pages
