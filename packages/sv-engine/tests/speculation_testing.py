@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
+from collections.abc import Callable
 
 import torch
 from sv_engine import Completion, Engine, SamplingParams
@@ -57,3 +59,26 @@ def pattern(seed: int, length: int) -> list[int]:
     keep = torch.rand(length, generator=g) < 0.8
     tokens = torch.where(keep, motif.repeat(length // len(motif) + 1)[:length], noise)
     return [1, *tokens.tolist()]
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(X > x) for X ~ chi-square(df): the regularized upper incomplete gamma."""
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(x / 2.0)))
+
+
+def assert_follows(
+    seen: Counter[tuple[int, ...]], probability: Callable[[tuple[int, ...]], float], draws: int
+) -> None:
+    """A chi-square test that `draws` outputs counted in `seen` follow `probability`. Cells:
+    every output expected 5 times or more; the rest pooled into one cell."""
+    expected = {seq: draws * probability(seq) for seq in seen}
+    cells = [seq for seq, e in expected.items() if e >= 5]
+    rest_expected = draws - sum(expected[c] for c in cells)
+    rest_seen = draws - sum(seen[c] for c in cells)
+    stat = sum((seen[c] - expected[c]) ** 2 / expected[c] for c in cells)
+    df = len(cells) - 1
+    if rest_expected >= 5:
+        stat += (rest_seen - rest_expected) ** 2 / rest_expected
+        df += 1
+    assert df >= 4
+    assert chi2_sf(stat, df) > 1e-3, (stat, df)

@@ -21,7 +21,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from speculation_testing import VOCAB, assert_all_back, engine_like, outputs, pattern
+from speculation_testing import (
+    VOCAB,
+    assert_all_back,
+    assert_follows,
+    engine_like,
+    outputs,
+    pattern,
+)
 from sv_engine import Engine, SamplingParams
 from sv_model import StepInputs
 from sv_scheduler import SpeculationConfig
@@ -204,11 +211,6 @@ def test_seeded_sampling_gives_the_plain_tokens(base: Engine) -> None:
     assert_all_back(spec)
 
 
-def chi2_sf(x: float, df: int) -> float:
-    """P(X > x) for X ~ chi-square(df): the regularized upper incomplete gamma."""
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(x / 2.0)))
-
-
 def test_speculative_sampling_follows_the_model_distribution(base: Engine) -> None:
     """Outputs of 3 tokens under 600 seeds against the probabilities the model gives those
     sequences (softmax of teacher-forced FP32 logits at temperature T), by a chi-square test.
@@ -263,15 +265,4 @@ def test_speculative_sampling_follows_the_model_distribution(base: Engine) -> No
         table = logp[seq[:2]]
         return math.exp(sum(float(table[i, t]) for i, t in enumerate(seq)))
 
-    # Cells: every sequence expected 5 times or more; the rest pooled into one cell.
-    expected = {seq: draws * probability(seq) for seq in seen}
-    cells = [seq for seq, e in expected.items() if e >= 5]
-    rest_expected = draws - sum(expected[c] for c in cells)
-    rest_seen = draws - sum(seen[c] for c in cells)
-    stat = sum((seen[c] - expected[c]) ** 2 / expected[c] for c in cells)
-    df = len(cells) - 1
-    if rest_expected >= 5:
-        stat += (rest_seen - rest_expected) ** 2 / rest_expected
-        df += 1
-    assert df >= 4
-    assert chi2_sf(stat, df) > 1e-3, (stat, df)
+    assert_follows(seen, probability, draws)
