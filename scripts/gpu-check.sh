@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everything GPU in one call, for the device machine (no uv there, no internet): the image's
 # python3 with PYTHONPATH set to each package's src/. GPU tests first, then every benchmark;
-# the last thing printed is the short table. Logs and JSON go to $OUT (the device tool brings
-# them back).
+# the last thing printed is the short table. Logs and JSON go to $OUT (copied back from the GPU
+# machine).
 #
-#   device run:  bash scripts/gpu-check.sh            (carry: .assets, .grammar-deps for
+#   on the GPU:  bash scripts/gpu-check.sh            (carry: .assets, .grammar-deps for
 #                structured output, and .http-deps for the serving benchmark: `make gpu-assets`
 #                builds all three)
 #   options via env: SV_BENCH_ARGS="--quick" (added), SV_BENCH_FLAGS (replaces the default
