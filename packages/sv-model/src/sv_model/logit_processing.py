@@ -51,8 +51,13 @@ class TokenCounts:
 
     def count(self, table_rows: Tensor, ids: Tensor, weights: Tensor | None = None) -> None:
         """Add `weights` (int32; None: one each) at (table row, id) of each entry."""
-        ones = weights if weights is not None else torch.ones_like(ids, dtype=torch.int32)
-        self.output.index_put_((table_rows, ids), ones, accumulate=True)
+        add_counts(self.output, table_rows, ids, weights)
+
+
+def add_counts(counts: Tensor, rows: Tensor, ids: Tensor, weights: Tensor | None = None) -> None:
+    """counts[rows[i], ids[i]] += weights[i] (int32; None: 1), in place; repeats add up."""
+    ones = weights if weights is not None else torch.ones_like(ids, dtype=torch.int32)
+    counts.index_put_((rows, ids), ones, accumulate=True)
 
 
 class LogitProcessor:
@@ -102,11 +107,7 @@ class LogitProcessor:
                 output = counts.output.index_select(0, self._table_rows)
                 if step.drafts:  # a draft position counts the drafts before it as output
                     at, drafted = draft_rows.drafted_before(step)
-                    output.index_put_(
-                        (upload(at, self._device), upload(drafted, self._device)),
-                        torch.ones(len(at), dtype=torch.int32, device=self._device),
-                        accumulate=True,
-                    )
+                    add_counts(output, upload(at, self._device), upload(drafted, self._device))
                 x = ops.apply_penalties(
                     x,
                     output,

@@ -173,9 +173,9 @@ class AdmissionPolicy(ABC):
 
 class ConservativeAdmission(AdmissionPolicy):
     """The reference design's policy: admission reserves a request's whole budget, its credits
-    (see `credits_for`; under a sliding window, `window_credits_for`), out of a counter separate from the physical pages. The credits of
-    running requests never exceed the pool, so every page a running request will ever ask for
-    exists: no preemption, no deadlock. The price: a request that may run long (no max_tokens)
+    (see `credits_for`; under a sliding window, `window_credits_for`), out of a counter
+    separate from the physical pages. The credits of running requests never exceed the pool,
+    so every page a running request will ever ask for exists: no preemption, no deadlock. The price: a request that may run long (no max_tokens)
     holds its whole budget from the start, and requests behind it wait."""
 
     def __init__(self, pool: PagePool) -> None:
