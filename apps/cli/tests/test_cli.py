@@ -389,3 +389,28 @@ def test_cpu_default_quantization_is_int8() -> None:
     assert resolve_quantization("auto", "cpu") == "int8"
     assert resolve_quantization("none", "cpu") is None
     assert resolve_quantization("fp8", "cpu") == "fp8"
+
+
+def test_spec_max_batch_flag_sets_the_batch_limit_and_zero_lifts_it() -> None:
+    import argparse
+
+    from sv_engine.options import add_engine_arguments, speculation_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser, admission="conservative")
+
+    def limit(*flags: str) -> int | None:
+        spec = speculation_from_args(parser.parse_args(["--speculate", "ngram", *flags]))
+        assert spec is not None
+        return spec.max_batch
+
+    assert limit() == 32
+    assert limit("--spec-max-batch", "4") == 4
+    assert limit("--spec-max-batch", "0") is None
+
+
+def test_a_negative_spec_max_batch_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--speculate", "ngram", "--spec-max-batch", "-1", "Hi."])
+    assert e.value.code == 2
+    assert "--spec-max-batch" in capsys.readouterr().err

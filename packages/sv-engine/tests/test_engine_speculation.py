@@ -220,7 +220,7 @@ def test_speculative_sampling_follows_the_model_distribution(base: Engine) -> No
     start = pattern(5, 20)
     greedy = outputs(engine_like(base, None), [start], [SamplingParams(max_new_tokens=12)])
     prompt = start + greedy[0][0]
-    engine = engine_like(base, SpeculationConfig(max_draft=2))
+    engine = engine_like(base, SpeculationConfig(max_draft=2, max_batch=None))  # 600 at once
     params = [
         SamplingParams(max_new_tokens=length, temperature=temperature, ignore_eos=True, seed=s)
         for s in range(draws)

@@ -262,6 +262,40 @@ def test_cuda_graph_decode_equals_eager(llama_1b_dir: Path) -> None:
         eager.execute(step)  # type: ignore[attr-defined]
 
 
+def test_verify_runs_replay_the_decode_graphs_within_bf16_tolerance(
+    llama_1b_dir: Path, oracle_fp32: torch.nn.Module, oracle_bf16: torch.nn.Module
+) -> None:
+    """A step of two verify runs (newest token and 4 drafts, a choice at each) and one decode
+    runs as 11 decode rows through the graph of 16: the choices come back in the step's order,
+    the graph's buffer holds them, and each is as close to FP32 transformers as BF16 allows."""
+    from sv_model import StepInputs
+
+    runner = _runner(llama_1b_dir)
+    rng = random.Random(12)
+    seqs = [[rng.randint(0, 127999) for _ in range(n)] for n in (60, 140, 33)]
+    feeds = [5, 1, 5]
+    runner.set_block_tables([(i, list(range(i * 20, i * 20 + 20))) for i in range(3)])  # type: ignore[attr-defined]
+    runner.execute(_prefill_step([s[: len(s) - f] for s, f in zip(seqs, feeds, strict=True)]))  # type: ignore[attr-defined]
+    token_ids = [t for s, f in zip(seqs, feeds, strict=True) for t in s[len(s) - f :]]
+    positions = [p for s, f in zip(seqs, feeds, strict=True) for p in range(len(s) - f, len(s))]
+    # Each sequence's newest token first (token indices 0, 5, 6), then the draft positions.
+    logits_at = [0, 5, 6, 1, 2, 3, 4, 7, 8, 9, 10]
+    lens = [len(s) for s in seqs]
+    step = StepInputs(token_ids, positions, [0, 1, 2], feeds, lens, [0, 1, 2], logits_at=logits_at)
+    got = runner.logits(step)  # type: ignore[attr-defined]
+    graph = runner.decode_graphs.for_batch(len(token_ids))  # type: ignore[attr-defined]
+    assert graph.batch == 16 and torch.equal(graph.logits[: len(logits_at)], got)
+    with torch.no_grad():
+        want32 = [oracle_fp32(torch.tensor([s], device="cuda")).logits[0] for s in seqs]
+        want16 = [oracle_bf16(torch.tensor([s], device="cuda")).logits[0] for s in seqs]
+    where = [(0, 55), (1, 139), (2, 28)] + [(0, p) for p in range(56, 60)]
+    where += [(2, p) for p in range(29, 33)]
+    for row, (seq, pos) in enumerate(where):
+        hf_err = rel(want16[seq][pos], want32[seq][pos])
+        our_err = rel(got[row], want32[seq][pos])
+        assert our_err < max(3 * hf_err, 2e-2), f"choice {row}: {our_err:.2e} vs {hf_err:.2e}"
+
+
 def test_pdl_launches_give_the_same_logits_as_plain_launches(
     llama_1b_dir: Path, tmp_path: Path
 ) -> None:
@@ -737,8 +771,8 @@ def test_engine_json_schema_outputs_validate_on_the_gpu(engine_1b: Any) -> None:
 def test_speculation_with_controls_logprobs_and_a_grammar_on_the_gpu(
     llama_1b_dir: Path, engine_1b: Any
 ) -> None:
-    """Verify steps with logit controls, logprobs and a grammar on the GPU (eager verify, Triton
-    sampler): a bias-forced token repeats, so its drafts are accepted and the tokens and raw
+    """Verify steps with logit controls, logprobs and a grammar on the GPU (verify runs through
+    the decode graphs, their sampling and logprob graphs): a bias-forced token repeats, so its drafts are accepted and the tokens and raw
     logprobs are the plain engine's (BF16 tolerance: other batch shapes); a huge presence
     penalty forbids every repeat through the drafts; a regex's output matches it; every page
     comes back."""

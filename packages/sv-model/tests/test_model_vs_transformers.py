@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from sv_model import ModelRunner, ModelWeights, StepInputs, warmup
+from sv_model import ModelRunner, ModelWeights, StepInputs, step_packing, warmup
 from sv_weights import ModelConfig, load_checkpoint
 
 PAGE = 16
@@ -180,3 +180,47 @@ def test_warmup_lengths_reach_every_compile_variant_of_a_single_prompt() -> None
         covered = {variant(n) for n in lengths}
         missed = [n for n in range(1, largest + 1) if variant(n) not in covered]
         assert not missed, f"up to {largest}: lengths {missed[:5]}... compile after warm-up"
+
+
+def test_a_step_of_short_chunks_runs_as_decode_rows_and_matches_transformers(
+    tiny_dir: Path,
+) -> None:
+    """One step of a decoding sequence, a verify run (newest token + 4 drafts, a choice at
+    each) and a prompt's 7-token tail runs as decode rows, its choices first in the step's
+    order; each choice's logits agree with the oracle at that position."""
+    runner = make_runner(tiny_dir)
+    pages = Pages(runner.num_pages, seed=10)
+    g = torch.Generator().manual_seed(11)
+    seqs = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (30, 41, 45)]
+    runner.set_block_tables([(i, pages.take(len(s))) for i, s in enumerate(seqs)])
+    heads = [s[:-1] if i < 2 else s[:-7] for i, s in enumerate(seqs)]
+    heads[1] = seqs[1][:-5]
+    prefill(runner, heads, [0, 1, 2])
+    # Tokens: seq 2's tail (no choice until its last), seq 0's one token, seq 1's run of 5.
+    tail, run = seqs[2][-7:], seqs[1][-5:]
+    token_ids = [*tail, seqs[0][-1], *run]
+    positions = [*range(38, 45), 29, *range(36, 41)]
+    # Choices as the engine orders them: each sequence's own first, then the draft positions.
+    logits_at = [6, 7, 8, 9, 10, 11, 12]
+    step = StepInputs(
+        token_ids, positions, [2, 0, 1], [7, 1, 5], [45, 30, 41], [0, 1, 2], logits_at=logits_at
+    )
+    rows = step_packing.decode_rows(step, runner.max_num_seqs)
+    assert rows is not None and rows.num_choices == 7
+    ours = runner.logits(step)
+    expected = [hf_logits(tiny_dir, seqs[2])[-1], hf_logits(tiny_dir, seqs[0])[-1]]
+    expected += list(hf_logits(tiny_dir, seqs[1])[36:41])
+    assert ours.shape[0] == len(expected)
+    for i, want in enumerate(expected):
+        assert rel(ours[i], want) < 1e-4, f"choice {i}"
+
+
+def test_a_chunk_longer_than_the_decode_rows_limit_runs_packed() -> None:
+    def step(chunk: int) -> StepInputs:
+        return StepInputs(
+            list(range(chunk + 1)), [*range(chunk), 5], [0, 1], [chunk, 1], [chunk, 6], [0, 1]
+        )
+
+    assert step_packing.decode_rows(step(step_packing.DECODE_ROWS_MAX_CHUNK), 256) is not None
+    assert step_packing.decode_rows(step(step_packing.DECODE_ROWS_MAX_CHUNK + 1), 256) is None
+    assert step_packing.decode_rows(step(8), 8) is None  # 9 tokens: more than the largest graph

@@ -81,6 +81,7 @@ def test_misses_pause_and_success_adapts_the_length() -> None:
         {"ngram": True},
         {"ngram": 2, "min_ngram": 3},
         {"first_pause": 9, "max_pause": 8},
+        {"max_batch": 0},
     ],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
@@ -129,3 +130,29 @@ def test_a_draft_cut_to_nothing_is_a_miss_and_pauses_speculation() -> None:
     lengths, would = _draft_lengths(limit=0, steps=6)
     assert lengths == [0] * 6
     assert would[2] is False  # the second miss in a row (the first decode's) paused it
+
+
+def test_no_drafts_while_more_sequences_decode_than_max_batch() -> None:
+    """Three requests whose tokens cycle 1 2 3 (lookup always finds a draft) under max_batch 2:
+    no step drafts (nor would) while all three decode; once the shortest finishes, the other
+    two draft again."""
+    config = SchedulerConfig(
+        num_pages=64, max_model_len=512, speculation=SpeculationConfig(max_batch=2)
+    )
+    scheduler = Scheduler(config)
+    for i, new in enumerate((3, 40, 40)):
+        scheduler.add(Request(f"r{i}", [1, 2, 3] * 4, max_new_tokens=new, ignore_eos=True))
+    drafted: list[tuple[int, int]] = []  # (decoding sequences, draft tokens) per decode step
+    while scheduler.has_unfinished():
+        plan = scheduler.schedule()
+        scheduler.advance(plan)
+        tokens = [1 + (seq.num_tokens - 1) % 3 for seq in plan.sampling]
+        for seq in plan.decodes:
+            tokens += [1 + d % 3 for d in seq.draft]
+        if plan.decodes:
+            drafted.append((len(plan.decodes), plan.num_draft_tokens))
+        scheduler.resolve(plan, tokens)
+        if scheduler.num_running > 2:
+            assert not scheduler.would_draft
+    assert all(tokens == 0 for decoding, tokens in drafted if decoding > 2)
+    assert any(tokens > 0 for decoding, tokens in drafted if decoding <= 2)

@@ -812,9 +812,18 @@ def bench_main(argv: list[str]) -> int:
         bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
         from sv_scheduler import SpeculationConfig
 
-        for label, spec in (("", None), (" --speculate ngram", SpeculationConfig())):
+        # At 64 the default max_batch (32) turns drafting off; without the limit, what
+        # drafting would cost there; at 32 what it costs where the default still drafts.
+        unlimited = SpeculationConfig(max_batch=None)
+        for batch, label, spec in (
+            (64, "", None),
+            (64, " --speculate ngram", SpeculationConfig()),
+            (64, " --speculate ngram --spec-max-batch 0", unlimited),
+            (32, "", None),
+            (32, " --speculate ngram", SpeculationConfig()),
+        ):
             engine = _engine(model_dir, max_num_seqs=256, speculation=spec)
-            bench_throughput(report, engine, f"throughput-b64{label}", 64, False, 256)
+            bench_throughput(report, engine, f"throughput-b{batch}{label}", batch, False, 256)
             del engine
             torch.cuda.empty_cache()
     if only is not None and "tp" in only:

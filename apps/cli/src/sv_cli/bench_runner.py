@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sv_kernels.quantized import LinearWeight, QuantizedWeight
-from sv_model import KVCache, ModelRunner, ModelWeights, StepInputs
+from sv_model import KVCache, ModelRunner, ModelWeights, StepInputs, step_packing
 
 
 def _weights(weights: ModelWeights, include_embedding: bool) -> list[LinearWeight]:
@@ -41,13 +41,11 @@ def kv_pool_bytes(kv: KVCache) -> int:
 
 
 def decode_replay(runner: ModelRunner, step: StepInputs) -> Callable[[], None]:
-    """Load a decode step's inputs into its CUDA graph and return the bare replay: no input
-    copy, no host work, the graph alone (every call recomputes the same step). Needs CUDA
-    graphs and a step of one token per sequence that samples every row."""
+    """Load a step the decode graphs run (a decode or verify step: see
+    `step_packing.decode_rows`) into its CUDA graph and return the bare replay: no input copy,
+    no host work, the graph alone (every call recomputes the same step)."""
     graphs = runner.decode_graphs
-    if graphs is None or not step.one_token_each:
-        raise ValueError("decode_replay needs CUDA graphs and a decode step")
-    if len(step.sample_rows) != len(step.table_rows):
-        raise ValueError("decode_replay needs a step whose sample_rows are all its rows")
+    if graphs is None or step_packing.decode_rows(step, runner.max_num_seqs) is None:
+        raise ValueError("decode_replay needs CUDA graphs and a step they run")
     runner.logits(step)  # copies the step into its bucket's graph and replays it once
-    return graphs.for_batch(len(step.table_rows)).replay_inputs_in_place
+    return graphs.for_batch(len(step.token_ids)).replay_inputs_in_place

@@ -1,15 +1,17 @@
 """`sv bench --only spec`: what speculative decoding costs on the GPU at the benchmark's shapes.
 
 - verify-b1 k=K: one sequence (128 tokens of context) feeding its newest token and K draft
-  tokens, with a choice at every position (the eager packed path a verify step runs on), in ms
-  per step beside the graph-replayed decode step (k=0). A draft of K tokens with a accepted pays
-  when (1 + a) decode steps cost more than one verify step.
+  tokens, with a choice at every position, run as the engine runs it (K + 1 decode rows through
+  the graph of their bucket), in ms per step beside the plain decode step (k=0). A draft of K
+  tokens with a accepted pays when (1 + a) decode steps cost more than one verify step.
 - decode-b1 --speculate ngram: the end-to-end decode-b1 figure with prompt-lookup speculation
   on, on random-token prompts; random weights accept next to nothing, so this is the cost of
   trying (drafts found and verified, then speculation paused); the note gives drafted and
   accepted tokens. Target: at least 0.97x the plain decode-b1 row.
 - throughput-b64 with and without --speculate ngram (run by `sv bench` itself): 64 requests of
-  256 tokens. Target: the speculating row at least 0.97x the plain one.
+  256 tokens. Target: the speculating row at least 0.97x the plain one. Beside it, the same
+  without the batch limit (`--spec-max-batch 0`), and the pair at batch 32, where the default
+  limit still drafts.
 - decode-b1, acceptance trace replayed: random weights accept nothing real, so the acceptance
   the default model showed on the CPU (scripts/spec_acceptance.py --trace: drafted and accepted
   tokens of every verification on the input-grounded prompts) is replayed against the step

@@ -33,12 +33,20 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
 
 
@@ -62,8 +70,8 @@ ADMISSION_HELP = {
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
     """--model, --kv-cache-mib, --kv-cache-dtype, --device, --max-model-len, --admission,
-    --trace, --no-overlap, --quantization, --speculate with --spec-k and --spec-ngram,
-    --tensor-parallel-size.
+    --trace, --no-overlap, --quantization, --speculate with --spec-k, --spec-ngram and
+    --spec-max-batch, --tensor-parallel-size.
     `admission` is this app's default policy."""
     p.add_argument(
         "--model",
@@ -146,6 +154,15 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         metavar="N",
         help=f"with --speculate ngram: longest suffix looked up (default {_SPECULATION.ngram})",
     )
+    p.add_argument(
+        "--spec-max-batch",
+        type=non_negative_int,
+        default=_SPECULATION.max_batch,
+        metavar="N",
+        help="with --speculate: no drafts in a step while more than N sequences decode (a "
+        "step with drafts cannot overlap with the one before it, which costs more than it "
+        f"saves in a large batch); 0: no limit (default {_SPECULATION.max_batch})",
+    )
 
 
 def add_tensor_parallel_argument(p: argparse.ArgumentParser) -> None:
@@ -185,11 +202,14 @@ def default_tuning_cache() -> TuningCache:
 
 
 def speculation_from_args(args: argparse.Namespace) -> SpeculationConfig | None:
-    """The speculation --speculate, --spec-k and --spec-ngram ask for (None: off)."""
+    """The speculation --speculate, --spec-k, --spec-ngram and --spec-max-batch ask for (None:
+    off)."""
     if getattr(args, "speculate", None) is None:
         return None
     try:
-        return SpeculationConfig(max_draft=args.spec_k, ngram=args.spec_ngram)
+        return SpeculationConfig(
+            max_draft=args.spec_k, ngram=args.spec_ngram, max_batch=args.spec_max_batch or None
+        )
     except SchedulerError as e:
         raise EngineError(str(e)) from e
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 from sv_kernels import TuningCache, ops
 from sv_weights import ModelConfig
@@ -38,7 +37,6 @@ from sv_model.logit_processing import LogitProcessor
 from sv_model.parallel import TensorParallel
 from sv_model.pending_tokens import PendingTokens
 from sv_model.step import StepInputs
-from sv_model.uploads import upload
 from sv_model.weights import ModelWeights
 
 
@@ -179,8 +177,9 @@ class ModelRunner:
             )
         graph: DecodeGraph | None = None
         prompt_logprobs = None
-        if step.one_token_each and not step.prompt_logprobs:  # (one-token prompt chunks may score)
-            logits, greedy_ids, graph = self._decode(step)
+        rows = step_packing.decode_rows(step, self.max_num_seqs)
+        if rows is not None:
+            logits, greedy_ids, graph = self._decode(rows)
         else:
             logits = self._prefill(step)
             greedy_ids = None
@@ -213,12 +212,13 @@ class ModelRunner:
         """FP32 logits of a step, for tests and debugging: [len(sample_rows), V], or with
         `every_token` one row per fed token (teacher forcing; runs the packed path)."""
         with torch.inference_mode():
-            if step.one_token_each and not every_token:
-                return self._decode(step)[0].clone()
+            rows = None if every_token else step_packing.decode_rows(step, self.max_num_seqs)
+            if rows is not None:
+                return self._decode(rows)[0].clone()
             return self._prefill(step, every_token=every_token)
 
     def _prefill(self, step: StepInputs, every_token: bool = False) -> Tensor:
-        """A step with at least one multi-token chunk: packed varlen batch, run eagerly."""
+        """A step with a long chunk: packed varlen batch, run eagerly."""
         packed = step_packing.pack_prefill(
             step, self.block_tables, self.page_size, self.last_ids, every_token
         )
@@ -233,26 +233,17 @@ class ModelRunner:
         )
         return self.model.forward(token_ids, positions, self.kv, attn)
 
-    def _decode(self, step: StepInputs) -> tuple[Tensor, Tensor, DecodeGraph | None]:
-        """A step where every sequence feeds one token: returns (logits, greedy ids, and the
-        graph that made them when its logits buffer holds exactly this step's rows)."""
-        batch = len(step.table_rows)
+    def _decode(self, rows: step_packing.DecodeRows) -> tuple[Tensor, Tensor, DecodeGraph | None]:
+        """A step run as decode rows: returns the logits and greedy ids of its choices, and the
+        graph whose buffers hold them in their first rows (None without CUDA graphs)."""
+        choices = rows.num_choices
         if self.decode_graphs is None:
             token_ids, positions, table_rows = step_packing.upload_decode(
-                step, self.device, self.last_ids
+                rows, self.device, self.last_ids
             )
-            logits = self._decode_forward(token_ids, positions, table_rows)
-            logits = logits.index_select(0, self._rows(step, batch))
+            logits = self._decode_forward(token_ids, positions, table_rows)[:choices]
             return logits, ops.argmax(logits), None
-        graph = self.decode_graphs.for_batch(batch)
-        step_packing.fill_decode_rows(graph.inputs_to_fill(batch), step)
-        logits, ids = graph.replay(batch)
-        if len(step.sample_rows) != batch:
-            rows = self._rows(step, batch)
-            return logits.index_select(0, rows), ids.index_select(0, rows), None
-        return logits, ids, graph
-
-    def _rows(self, step: StepInputs, batch: int) -> Tensor:
-        if len(step.sample_rows) == batch:
-            return torch.arange(batch, device=self.device)
-        return upload(np.asarray(step.sample_rows, dtype=np.int64), self.device)
+        graph = self.decode_graphs.for_batch(rows.num_rows)
+        step_packing.fill_decode_rows(graph.inputs_to_fill(rows.num_rows), rows)
+        logits, ids = graph.replay(rows.num_rows)
+        return logits[:choices], ids[:choices], graph

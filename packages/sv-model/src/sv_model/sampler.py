@@ -1,9 +1,10 @@
 """Choosing how a step's next tokens are drawn from its logits.
 
 A grammar's token bitmask, when the step has one, is applied first (`apply_grammar`), in
-place: the drawing below then only ever sees allowed tokens. Greedy rows take the argmax (a decode graph computes it in the same replay); sampled rows of a
-graph-replayed decode step are drawn by a captured sampling graph over that graph's logits
-buffer; any other step calls `ops.sample` eagerly.
+place: the drawing below then only ever sees allowed tokens. Greedy rows take the argmax (a
+decode graph computes it in the same replay); sampled rows of a graph-replayed step are drawn
+by a captured sampling graph over that graph's logits buffer; any other step calls
+`ops.sample` eagerly.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def next_token_ids(
     bitmask: TokenBitmask | None = None,
 ) -> Tensor:
     """The next token of each row of `logits`. `greedy_ids`: their argmax, if already computed;
-    `graph`: the decode graph whose logits buffer holds exactly these rows, if any; `bitmask`:
+    `graph`: the decode graph whose logits buffer starts with these rows, if any; `bitmask`:
     the grammar constraints of some rows."""
     if bitmask is not None:
         apply_grammar(logits, bitmask)

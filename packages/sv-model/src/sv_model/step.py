@@ -109,8 +109,3 @@ class StepInputs:
     # j + 1 of such a sequence is made at draft[j], as if draft[:j + 1] had been generated
     # (its penalties count them; see sv_model.draft_rows).
     drafts: Sequence[tuple[int, Sequence[int]]] = ()
-
-    @property
-    def one_token_each(self) -> bool:
-        """Whether every sequence feeds exactly one token (a decode step: graphs can run it)."""
-        return len(self.token_ids) == len(self.table_rows) and self.logits_at is None

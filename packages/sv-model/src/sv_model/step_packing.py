@@ -1,11 +1,19 @@
 """From a `StepInputs` (host lists) to the device tensors the model's forward pass reads.
 
-A prefill step (at least one multi-token chunk) is packed into one int32 array and uploaded
-with a single copy; the slot mapping (where each token's K/V goes) is computed on the device
-from the block tables. A decode step has one token per sequence: its attention metadata comes
-from `ops.decode_metadata` on device tensors alone, which is what a CUDA graph captures.
-Tokens still on the device (`StepInputs.feed`) are read from the previous launch's sampled ids
-by `ops.feed_tokens`.
+Two shapes of step:
+- decode rows (`decode_rows`): every chunk is short (a decoding sequence's one token, a verify
+  step's newest token and its draft, the last few tokens of a prompt), so each token runs as a
+  row of its own, attending to its sequence's pages up to its own position. The attention
+  metadata then comes from `ops.decode_metadata` on device tensors alone, which is what a CUDA
+  graph captures. Rows that choose a token come first, in the order of the step's choices, so
+  the first rows of a graph's logits buffer are the step's choices and its sampling and
+  log-probability graphs serve them as they are.
+- packed (`pack_prefill`): a step with a long chunk, as one varlen batch in one int32 array
+  uploaded with a single copy; the slot mapping (where each token's K/V goes) is computed on
+  the device from the block tables.
+Rows of one sequence may run in any order in either shape: every layer writes the K/V of all
+the step's tokens before its attention reads any. Tokens still on the device
+(`StepInputs.feed`) are read from the previous launch's sampled ids by `ops.feed_tokens`.
 """
 
 from __future__ import annotations
@@ -107,29 +115,72 @@ def decode_attention(
     return AttentionMetadata(slot_mapping=slot_mapping, seq_lens=seq_lens, block_tables=tables)
 
 
-def upload_decode(step: StepInputs, device: torch.device, last_ids: Tensor) -> list[Tensor]:
-    """A decode step's (token ids, positions, table rows) on the device in one copy, for running it
-    without a CUDA graph; fed tokens already read from `last_ids`."""
-    dev = upload(
-        np.stack(
-            [
-                np.asarray(step.token_ids, dtype=np.int32),
-                np.asarray(step.positions, dtype=np.int32),
-                np.asarray(step.table_rows, dtype=np.int32),
-                source_rows(step, len(step.table_rows)),
-            ]
-        ),
-        device,
-    )
-    token_ids = ops.feed_tokens(dev[0], dev[3], last_ids) if step.feed else dev[0]
+# The longest chunk that runs as decode rows: each row's attention reads its sequence's
+# pages on its own, so a longer chunk (a prompt) is cheaper packed. It covers verify runs of
+# the newest token and up to 15 draft tokens.
+DECODE_ROWS_MAX_CHUNK = 16
+
+
+@dataclass
+class DecodeRows:
+    """A step as one row per token (int32 arrays in row order): the rows of its choices first,
+    in the order its ids are returned, then its other tokens. `sources`: see `source_rows`."""
+
+    token_ids: np.ndarray
+    positions: np.ndarray
+    table_rows: np.ndarray
+    sources: np.ndarray
+    num_choices: int
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.token_ids)
+
+
+def decode_rows(step: StepInputs, max_rows: int) -> DecodeRows | None:
+    """The step as decode rows, or None when it must run packed: it scores prompt tokens,
+    feeds more than `max_rows` tokens or has a chunk longer than DECODE_ROWS_MAX_CHUNK."""
+    num_tokens = len(step.token_ids)
+    if (
+        step.prompt_logprobs
+        or num_tokens > max_rows
+        or max(step.query_lens) > DECODE_ROWS_MAX_CHUNK
+    ):
+        return None
+    query_lens = np.asarray(step.query_lens, dtype=np.int32)
+    if step.logits_at is not None:
+        choices = np.asarray(step.logits_at, dtype=np.int32)
+    else:
+        choices = (
+            np.cumsum(query_lens, dtype=np.int32)[np.asarray(step.sample_rows, dtype=np.int32)] - 1
+        )
+    token_ids = np.asarray(step.token_ids, dtype=np.int32)
+    positions = np.asarray(step.positions, dtype=np.int32)
+    table_rows = np.repeat(np.asarray(step.table_rows, dtype=np.int32), query_lens)
+    sources = source_rows(step, num_tokens)
+    if len(choices) != num_tokens or np.any(choices != np.arange(num_tokens)):
+        others = np.ones(num_tokens, dtype=bool)
+        others[choices] = False
+        order = np.concatenate([choices, np.flatnonzero(others).astype(np.int32)])
+        token_ids, positions, table_rows, sources = (
+            a[order] for a in (token_ids, positions, table_rows, sources)
+        )
+    return DecodeRows(token_ids, positions, table_rows, sources, len(choices))
+
+
+def upload_decode(rows: DecodeRows, device: torch.device, last_ids: Tensor) -> list[Tensor]:
+    """Decode rows' (token ids, positions, table rows) on the device in one copy, for running
+    them without a CUDA graph; fed tokens already read from `last_ids`."""
+    dev = upload(np.stack([rows.token_ids, rows.positions, rows.table_rows, rows.sources]), device)
+    token_ids = ops.feed_tokens(dev[0], dev[3], last_ids) if np.any(rows.sources >= 0) else dev[0]
     return [token_ids, dev[1], dev[2]]
 
 
-def fill_decode_rows(host: np.ndarray, step: StepInputs) -> None:
-    """Write a decode step into a graph's pinned input rows (token ids, positions, table
-    rows, source rows), columns 0 to batch - 1."""
-    batch = len(step.table_rows)
-    host[0, :batch] = step.token_ids
-    host[1, :batch] = step.positions
-    host[2, :batch] = step.table_rows
-    host[3, :batch] = source_rows(step, batch)
+def fill_decode_rows(host: np.ndarray, rows: DecodeRows) -> None:
+    """Write decode rows into a graph's pinned input rows (token ids, positions, table rows,
+    source rows), columns 0 to num_rows - 1."""
+    n = rows.num_rows
+    host[0, :n] = rows.token_ids
+    host[1, :n] = rows.positions
+    host[2, :n] = rows.table_rows
+    host[3, :n] = rows.sources

@@ -195,7 +195,7 @@ class Scheduler:
         decodes = self._decoding.copy()
         budget = self.config.max_step_tokens - len(decodes)
         num_draft_tokens = 0
-        if self._speculation is not None and self._unresolved is None:
+        if self._drafts_allowed() and self._unresolved is None:
             num_draft_tokens = self._draft(decodes, budget, step, changed)
             budget -= num_draft_tokens
 
@@ -429,9 +429,14 @@ class Scheduler:
         the step in flight before planning the next; False (speculation off, or every decoder
         paused) lets it overlap the two."""
         return (
-            self._speculation is not None
-            and bool(self._decoding)
-            and self._next_draft_step <= self._step
+            self._drafts_allowed() and bool(self._decoding) and self._next_draft_step <= self._step
+        )
+
+    def _drafts_allowed(self) -> bool:
+        """Speculation is on and at most its max_batch sequences decode."""
+        spec = self._speculation
+        return spec is not None and (
+            spec.max_batch is None or len(self._decoding) <= spec.max_batch
         )
 
     @property

@@ -20,7 +20,11 @@ followed it. Each sequence keeps an index of its n-grams, extended as it grows.
 
 Adaptivity, per sequence: the next draft is one token longer than the last accepted run (doubled,
 up to k, after a fully accepted draft), and a sequence whose drafts keep failing stops
-speculating for a while (see `DraftState.record`).
+speculating for a while (see `DraftState.record`). Per step: no draft while more than
+`max_batch` sequences decode (vLLM's `disable_by_batch_size`). A step with drafts needs the
+step before it resolved (its drafts and positions follow from that step's tokens), so it cannot
+overlap the host's work with the device's; in a large batch that lost overlap and the extra
+rows cost more than the few accepted tokens save (BENCHMARKS.md, the speculation rows).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class SpeculationConfig:
                   pauses speculation.
     first_pause:  steps of the first pause; each further pause in a row doubles it ...
     max_pause:    ... up to this many steps.
+    max_batch:    the most decoding sequences a step may draft for; with more, no sequence
+                  drafts (None: no limit).
     """
 
     max_draft: int = 4
@@ -50,10 +56,14 @@ class SpeculationConfig:
     miss_limit: int = 2
     first_pause: int = 8
     max_pause: int = 512
+    max_batch: int | None = 32
 
     def __post_init__(self) -> None:
-        for name in ("max_draft", "ngram", "min_ngram", "miss_limit", "first_pause", "max_pause"):
+        names = ("max_draft", "ngram", "min_ngram", "miss_limit", "first_pause", "max_pause")
+        for name in (*names, "max_batch"):
             value = getattr(self, name)
+            if value is None and name == "max_batch":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SchedulerError(
                     f"SpeculationConfig.{name} must be a positive integer, got {value!r}"
