@@ -806,10 +806,10 @@ def bench_main(argv: list[str]) -> int:
 
         engine = _engine(model_dir, max_num_seqs=256)
         costs = bench_spec.bench_verify_steps(report, engine)
-        bench_spec.replay_trace(report, costs, Path(args.spec_trace))
         del engine
         torch.cuda.empty_cache()
-        bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
+        plain = bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
+        bench_spec.replay_trace(report, costs, Path(args.spec_trace), plain)
         from sv_scheduler import SpeculationConfig
 
         # At 64 the default max_batch (32) turns drafting off; without the limit, what
