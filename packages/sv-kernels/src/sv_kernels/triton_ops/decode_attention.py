@@ -213,11 +213,16 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     *,
     num_splits: int | None = None,
+    tile_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its paged K/V. See `reference.paged_decode_attention`.
 
     `num_splits` forces the number of context slices (1 = no flash-decoding merge); by default
-    `choose_num_splits` picks it from B, Hkv, the SM count and block_tables' width.
+    `choose_num_splits` picks it from B, Hkv, the SM count and block_tables' width. `tile_n`
+    (tokens per inner step; default 64, 32 for heads over 64 wide), `num_warps` and
+    `num_stages` are the kernel's launch shape, settable for tuning sweeps.
     """
     q = unit_last_stride(q)
     block_tables, seq_lens = unit_last_stride(block_tables), seq_lens.contiguous()
@@ -245,7 +250,8 @@ def paged_decode_attention(
     else:  # unused by the kernel
         partial_acc = partial_max = partial_sum = out
     block_d = max(16, next_pow2(head_dim))  # tl.dot needs K >= 16
-    tile_n = 64 if block_d <= 64 else 32
+    if tile_n is None:
+        tile_n = 64 if block_d <= 64 else 32
     pdl = use_pdl(q.device)
     _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
         q,
@@ -284,8 +290,8 @@ def paged_decode_attention(
         FP8_CACHE=kv_scales is not None,
         USE_PDL=pdl,
         SLIDING=sliding_window is not None,
-        num_warps=4,
-        num_stages=3,
+        num_warps=num_warps,
+        num_stages=num_stages,
         launch_pdl=pdl,
     )
     if num_splits > 1:
