@@ -363,3 +363,42 @@ def test_tuner_times_the_quantized_tiles_for_quantized_weights(
     assert tuned[0].plan.one_row_gemv == QUANTIZED_CONFIGS[-1]  # 1.0 ms, the fastest
     assert tuned[1].plan.one_row_gemv == CONFIGS[0]
     assert GEMV_MODULE.candidates(quantized) == QUANTIZED_CONFIGS
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("tokens", "vocab", "hidden"),
+    [(1, 50, 96), (13, 300, 40), pytest.param(256, 128256, 2048, marks=GPU)],
+)
+def test_embedding_gathers_and_dequantizes_in_one_kernel(
+    gen: torch.Generator, kind: QuantKind, dtype: torch.dtype, tokens: int, vocab: int, hidden: int
+) -> None:
+    """A quantized tied LM head's rows, gathered by the Triton kernel: the bits of the
+    reference (`dequantize_rows`: value times row scale in FP32, rounded to the weight's dtype)."""
+    w = quantize(randn(gen, vocab, hidden, dtype=dtype), kind)
+    ids = torch.randint(0, vocab, (tokens,), device=DEVICE)
+    ids[0] = vocab - 1  # the last row
+    out = triton_ops.embedding(ids.to(torch.int32), w)
+    assert out.dtype == dtype
+    assert torch.equal(out, reference.embedding(ids, w))
+    assert torch.equal(out.double(), dequantize(w, torch.float64)[ids.long()].to(dtype).double())
+
+
+def test_ops_embedding_sends_a_quantized_matrix_on_cuda_to_the_kernel(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatch taken as on CUDA (the kernel runs under the interpreter here)."""
+    launched: list[object] = []
+    kernel = triton_ops.embedding
+
+    def recording(ids: torch.Tensor, weight: object) -> torch.Tensor:
+        launched.append(weight)
+        return kernel(ids, weight)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(triton_ops, "embedding", recording)
+    monkeypatch.setattr(ops, "_on_cuda", lambda t: True)
+    w = quantize(randn(gen, 40, 24, dtype=torch.float32), "int8")
+    ids = torch.tensor([3, 0, 39, 3], device=DEVICE)
+    assert torch.equal(ops.embedding(ids, w), reference.embedding(ids, w))
+    assert launched == [w]
