@@ -31,3 +31,38 @@ def test_bench_smoke_run_measures_every_triton_op(tmp_path: Path) -> None:
         assert row["bytes"] > 0 and row["gbps"] > 0, row
     prefill = [r for r in triton_rows if r["op"] == "prefill_attention"]
     assert all(r["tflops"] is not None for r in prefill)
+
+
+def test_bench_smoke_run_sweeps_the_gemv_tiles(tmp_path: Path) -> None:
+    """`--only gemv`: per matrix and weight type a cuBLAS row and a best-tile row, whose bytes
+    are the matrix's (1 byte per weight plus FP32 row scales when quantized), x and the output;
+    per type a per-token row that is the layers' and the LM head's best times summed."""
+    rows = bench.main(["--smoke", "--only", "gemv", "--json", str(tmp_path / "gemv.json")])
+    gemv = [r for r in rows if r["op"] == "gemv b1"]
+    s = bench.SMOKE
+    qkv = (s.hq + 2 * s.hkv) * s.head_dim
+    shapes = {
+        "qkv": (qkv, s.hidden),
+        "o": (s.hq * s.head_dim, s.hidden),
+        "gate_up": (2 * s.inter, s.hidden),
+        "down": (s.hidden, s.inter),
+        "lm_head": (s.vocab, s.hidden),
+    }
+    assert len(gemv) == 2 * 3 * len(shapes)
+    expected_ms = {"bf16": 0.0, "fp8": 0.0, "int8": 0.0}
+    for name, (n, k) in shapes.items():
+        for kind, per_weight in (("bf16", 2), ("fp8", 1), ("int8", 1)):
+            mine = [
+                r for r in gemv if r["shape"] == f"{name} {n}x{k}" and r["impl"].startswith(kind)
+            ]
+            assert len(mine) == 2, (name, kind, mine)
+            scales = 0 if kind == "bf16" else 4 * n
+            for r in mine:
+                assert r["bytes"] == n * k * per_weight + scales + 2 * (n + k), r
+                assert r["ms"] > 0 and r["gbps"] > 0
+            count = 1 if name == "lm_head" else s.layers
+            expected_ms[kind] += count * min(r["ms"] for r in mine)
+    per_token = {r["impl"].split()[0]: r for r in rows if r["op"] == "gemv b1 per token"}
+    assert set(per_token) == set(expected_ms)
+    for kind, ms in expected_ms.items():
+        assert abs(per_token[kind]["ms"] - ms) <= 1e-9 * ms, kind

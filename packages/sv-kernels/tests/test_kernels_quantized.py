@@ -9,11 +9,13 @@ also runs on the CPU).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import re
 
 import pytest
 import torch
-from kernels_testing import DEVICE, GPU, gpu_test, randn
+from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randn
 from sv_kernels import KernelError, ops, quantized, quantized_ops, reference, triton_ops
 from sv_kernels.linear_plan import LinearPlan
 from sv_kernels.quantized import (
@@ -23,6 +25,7 @@ from sv_kernels.quantized import (
     dequantize,
     quantize,
 )
+from sv_kernels.triton_ops.gemv import CONFIGS, QUANTIZED_CONFIGS
 
 KINDS: tuple[QuantKind, ...] = ("fp8", "int8")
 
@@ -237,3 +240,165 @@ def test_tuner_plans_quantized_weights() -> None:
     assert tuned.plan.many_rows in ("cublas", "scaled_mm")
     x = torch.randn(1, 2048, device=DEVICE, dtype=torch.bfloat16)
     assert_matches_dequantized(ops.linear(x, w, plan=tuned.plan), x, w, 1e-2, "tuned plan")
+
+
+# --- the 1-byte GEMV's own tiles (QUANTIZED_CONFIGS) --------------------------------------
+
+
+def _odd_shapes(tile: tuple[int, int, int]) -> list[tuple[int, int]]:
+    """An odd row count with K below one slice, and with K past the two slices loaded up front
+    and not a multiple of the slice (the loop runs, its last slice partly masked)."""
+    return [(37, 100), (5, 2 * tile[1] + 37)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tile", QUANTIZED_CONFIGS)
+def test_every_quantized_tile_matches_the_dequantized_reference(
+    gen: torch.Generator, kind: QuantKind, tile: tuple[int, int, int]
+) -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        for n, k in _odd_shapes(tile):
+            x = randn(gen, 1, k, dtype=dtype)
+            w = quantize(randn(gen, n, k, dtype=dtype, scale=0.05), kind)
+            out = triton_ops.gemv(x, w.data, tile, scale=w.scale)
+            assert out.shape == (1, n) and out.dtype == dtype
+            assert_matches_dequantized(out, x, w, GEMV_TOL[dtype], f"{kind} {tile} {n}x{k}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tile", QUANTIZED_CONFIGS)
+def test_every_quantized_tile_swiglu_and_bias_epilogues(
+    gen: torch.Generator, kind: QuantKind, tile: tuple[int, int, int]
+) -> None:
+    """The SwiGLU epilogue gives the bits of the plain GEMV then SwiGLU (and the FP64 oracle's
+    values); a bias is added to the scaled dot products."""
+    dtype = torch.bfloat16
+    n, k = _odd_shapes(tile)[1]
+    inter = n + 14  # 19 features: odd, and not a multiple of any tile's half
+    x = randn(gen, 1, k, dtype=dtype)
+    gate_up = quantize(randn(gen, 2 * inter, k, dtype=dtype, scale=0.05), kind)
+    fused = triton_ops.gemv(x, gate_up.data, tile, swiglu=True, scale=gate_up.scale)
+    plain = triton_ops.gemv(x, gate_up.data, tile, scale=gate_up.scale)
+    assert torch.equal(fused, triton_ops.swiglu(plain)), f"{kind} {tile}: fused != unfused"
+    assert_matches_dequantized(plain, x, gate_up, GEMV_TOL[dtype], f"{kind} {tile} gate_up")
+    w = quantize(randn(gen, n, k, dtype=dtype, scale=0.05), kind)
+    bias = randn(gen, n, dtype=dtype)
+    with_bias = triton_ops.gemv(x, w.data, tile, bias=bias, scale=w.scale)
+    assert_matches_dequantized(with_bias - bias.double(), x, w, GEMV_TOL[dtype], "bias")
+
+
+@pytest.mark.parametrize("tile", [QUANTIZED_CONFIGS[0], CONFIGS[0]])
+def test_every_int8_value_converts_exactly(
+    gen: torch.Generator, tile: tuple[int, int, int]
+) -> None:
+    """The int8 -> FP32 conversion through float bit patterns, for all 256 values: with x a
+    one-hot row picking column j, output n is data[n, j] * scale[n] exactly (one product)."""
+    values = torch.arange(-128, 128, dtype=torch.int8).reshape(32, 8)  # 32 rows, 8 columns
+    scale = torch.rand(32, generator=torch.Generator().manual_seed(gen.initial_seed())) + 0.5
+    w = QuantizedWeight(values.to(DEVICE), scale.to(DEVICE), "int8", torch.float32)
+    for j in range(8):
+        x = torch.zeros(1, 8, device=DEVICE)
+        x[0, j] = 1.0
+        out = triton_ops.gemv(x, w.data, tile, scale=w.scale)
+        assert torch.equal(out[0], values[:, j].float().to(DEVICE) * w.scale), f"column {j}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tile", QUANTIZED_CONFIGS)
+@pytest.mark.parametrize(
+    ("n", "k"),
+    [
+        pytest.param(3072, 2048, marks=GPU),  # Llama 3.2 1B qkv
+        pytest.param(2048, 2048, marks=GPU),  # o
+        pytest.param(16384, 2048, marks=GPU),  # gate/up
+        pytest.param(2048, 8192, marks=GPU),  # down
+        pytest.param(128256, 2048, marks=GPU),  # LM head
+    ],
+)
+def test_quantized_tiles_at_llama_shapes(
+    gen: torch.Generator, kind: QuantKind, tile: tuple[int, int, int], n: int, k: int
+) -> None:
+    x = randn(gen, 1, k, dtype=torch.bfloat16)
+    w = quantize(randn(gen, n, k, dtype=torch.bfloat16, scale=0.02), kind)
+    out = triton_ops.gemv(x, w.data, tile, scale=w.scale, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert_matches_dequantized(out, x, w, 1e-2, f"{kind} {tile} {n}x{k}")
+    if n == 16384:  # the gate/up matrix: its fused SwiGLU, the bits of the two ops
+        fused = triton_ops.gemv(x, w.data, tile, swiglu=True, scale=w.scale)
+        plain = triton_ops.gemv(x, w.data, tile, scale=w.scale)
+        assert torch.equal(fused, triton_ops.swiglu(plain))
+
+
+GEMV_MODULE = importlib.import_module("sv_kernels.triton_ops.gemv")
+
+
+def test_tuner_times_the_quantized_tiles_for_quantized_weights(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the graph timing faked (this runs on the CPU): a quantized weight is timed on
+    QUANTIZED_CONFIGS, a BF16 one on CONFIGS, each gets its list's fastest tile, and every
+    timed call computes the reference's product (the timed closures really run the tile)."""
+    fake_ms = {tile: 1.0 + i for i, tile in enumerate(reversed(QUANTIZED_CONFIGS))}
+    fake_ms.update({tile: 1.5 + i for i, tile in enumerate(CONFIGS)})
+    timed: list[tuple[int, int, int] | None] = []
+
+    def fake_graph_ms(calls: list[functools.partial[torch.Tensor]], count: int) -> float:
+        call = calls[0]
+        tile = call.args[2] if len(call.args) == 3 else None
+        timed.append(tile)
+        x, w = call.args[0], call.args[1]
+        want = reference.linear(x, w)
+        assert_close(call(), want, f"timed call {tile}", tol=1e-2)
+        return 10.0 if tile is None else fake_ms[tile]
+
+    monkeypatch.setattr(GEMV_MODULE, "graph_ms_per_call", fake_graph_ms)
+    monkeypatch.setattr(GEMV_MODULE, "sets_to_overflow_l2", lambda nbytes, device: 1)
+    monkeypatch.setattr(GEMV_MODULE, "tuning_fingerprint", lambda device: "test GPU")
+    monkeypatch.setattr(GEMV_MODULE, "_fp8_tensor_cores", lambda device: False)
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    plain = randn(cpu, 24, 40, dtype=torch.float32)
+    quantized = quantize(plain, "int8")
+    tuned = GEMV_MODULE.tune_gemv([quantized, plain])
+    assert timed == [None, *QUANTIZED_CONFIGS, None, *CONFIGS]
+    assert tuned[0].plan.one_row_gemv == QUANTIZED_CONFIGS[-1]  # 1.0 ms, the fastest
+    assert tuned[1].plan.one_row_gemv == CONFIGS[0]
+    assert GEMV_MODULE.candidates(quantized) == QUANTIZED_CONFIGS
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("tokens", "vocab", "hidden"),
+    [(1, 50, 96), (13, 300, 40), pytest.param(256, 128256, 2048, marks=GPU)],
+)
+def test_embedding_gathers_and_dequantizes_in_one_kernel(
+    gen: torch.Generator, kind: QuantKind, dtype: torch.dtype, tokens: int, vocab: int, hidden: int
+) -> None:
+    """A quantized tied LM head's rows, gathered by the Triton kernel: the bits of the
+    reference (`dequantize_rows`: value times row scale in FP32, rounded to the weight's dtype)."""
+    w = quantize(randn(gen, vocab, hidden, dtype=dtype), kind)
+    ids = torch.randint(0, vocab, (tokens,), device=DEVICE)
+    ids[0] = vocab - 1  # the last row
+    out = triton_ops.embedding(ids.to(torch.int32), w)
+    assert out.dtype == dtype
+    assert torch.equal(out, reference.embedding(ids, w))
+    assert torch.equal(out.double(), dequantize(w, torch.float64)[ids.long()].to(dtype).double())
+
+
+def test_ops_embedding_sends_a_quantized_matrix_on_cuda_to_the_kernel(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatch taken as on CUDA (the kernel runs under the interpreter here)."""
+    launched: list[object] = []
+    kernel = triton_ops.embedding
+
+    def recording(ids: torch.Tensor, weight: object) -> torch.Tensor:
+        launched.append(weight)
+        return kernel(ids, weight)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(triton_ops, "embedding", recording)
+    monkeypatch.setattr(ops, "_on_cuda", lambda t: True)
+    w = quantize(randn(gen, 40, 24, dtype=torch.float32), "int8")
+    ids = torch.tensor([3, 0, 39, 3], device=DEVICE)
+    assert torch.equal(ops.embedding(ids, w), reference.embedding(ids, w))
+    assert launched == [w]

@@ -99,6 +99,43 @@ def _cases() -> Iterator[tuple[str, Any]]:
     """(label, thunk) pairs covering every kernel at Llama 3.2 1B shapes (bf16) and a few others."""
     for dtype in (torch.bfloat16, torch.float32):
         yield from _cases_for(dtype)
+    yield from _quantized_gemv_cases()
+
+
+def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
+    """Every 1-byte tile the tuner may pick, FP8 and int8, plain, FP32 out and SwiGLU; and the
+    gather of a quantized tied embedding."""
+    from sv_kernels import triton_ops as ops
+    from sv_kernels.quantized import QuantizedWeight, QuantKind
+    from sv_kernels.triton_ops.gemv import QUANTIZED_CONFIGS
+
+    hidden, inter = 2048, 8192
+    row = torch.zeros(1, hidden, dtype=torch.bfloat16)
+    ids = torch.zeros(8, dtype=torch.int64)
+    kinds: tuple[tuple[torch.dtype, QuantKind], ...] = (
+        (torch.float8_e4m3fn, "fp8"),
+        (torch.int8, "int8"),
+    )
+    for storage, kind in kinds:
+        w = torch.zeros(2 * inter, hidden, dtype=storage)
+        scale = torch.ones(2 * inter)
+        table = QuantizedWeight(w, scale, kind, torch.bfloat16)
+        yield f"embedding {storage}", lambda t=table: ops.embedding(ids, t)
+        for config in QUANTIZED_CONFIGS:
+            yield (
+                f"gemv {config} {storage}",
+                lambda config=config, w=w, s=scale: ops.gemv(row, w, config, scale=s),
+            )
+            yield (
+                f"gemv -> fp32 {config} {storage}",
+                lambda config=config, w=w, s=scale: ops.gemv(
+                    row, w, config, scale=s, out_dtype=torch.float32
+                ),
+            )
+            yield (
+                f"gemv+swiglu {config} {storage}",
+                lambda config=config, w=w, s=scale: ops.gemv(row, w, config, swiglu=True, scale=s),
+            )
 
 
 def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:

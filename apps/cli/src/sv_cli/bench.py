@@ -687,7 +687,8 @@ def bench_main(argv: list[str]) -> int:
         "grammar: JSON-schema constrained decoding beside unconstrained; spec: verify-step cost "
         "for k = 1..8, decode-b1 and 64-request throughput with --speculate ngram beside plain; "
         "tp: decode-b1 and throughput at --tensor-parallel-size N beside 1; "
-        "long, spec and tp are not in the default set)",
+        "gemv: every batch-1 GEMV tile on every decode-step matrix in BF16, FP8 and int8, "
+        "also part of --kernels; long, spec, tp and gemv are not in the default set)",
     )
     from sv_engine.options import add_tensor_parallel_argument
 
@@ -751,6 +752,10 @@ def bench_main(argv: list[str]) -> int:
         from sv_kernels import bench as kernel_bench
 
         kernel_bench.main(["--json", str(Path(args.workdir) / "kernels.json")])
+    elif only is not None and "gemv" in only:  # the GEMV sweep alone (--kernels runs it too)
+        from sv_kernels import bench as kernel_bench
+
+        kernel_bench.main(["--only", "gemv", "--json", str(Path(args.workdir) / "gemv.json")])
     if only is not None and "long" in only:
         contexts = [4096] if args.quick else [32768, 100000]
         bench_long_context(report, model_dir, roof, contexts, 32 if args.quick else 128)

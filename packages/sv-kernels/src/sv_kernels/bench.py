@@ -1,6 +1,7 @@
 """Benchmark every Triton op at Llama 3.2 1B serving shapes (bf16) against its torch reference.
 
-    python -m sv_kernels.bench [--json PATH] [--skip-flex] [--quick]   (also run by `sv bench --kernels`)
+    python -m sv_kernels.bench [--json PATH] [--skip-flex] [--quick] [--only gemv,...]
+    (also run by `sv bench --kernels`; `sv bench --only gemv` runs the GEMV sweep alone)
     python -m sv_kernels.bench --smoke   # tiny shapes, any device
 
 or `from sv_kernels.bench import main; rows = main(["--json", "out.json"])`.
@@ -70,6 +71,8 @@ class Shapes:
     prefill_len: int = 2048
     sample_batches: tuple[int, ...] = (1, 256)
     copy_bytes: int = 2**30
+    layers: int = 16  # decoder layers: the GEMV sweep's per-token sum
+    gemv_tiles: int | None = None  # the sweep's first N candidate tiles only (None: all)
 
 
 SERVING = Shapes()
@@ -89,6 +92,8 @@ SMOKE = Shapes(
     prefill_len=40,
     sample_batches=(2,),
     copy_bytes=2**20,
+    layers=2,
+    gemv_tiles=1,  # the interpreter takes seconds per tile
 )
 
 
@@ -477,6 +482,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--skip-flex", action="store_true", help="skip compiled FlexAttention")
     parser.add_argument("--quick", action="store_true", help="shorter timing windows")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes: check the script")
+    parser.add_argument(
+        "--only",
+        help="comma-separated sections: elementwise,rope,attention,sampling,gemv (default: all; "
+        "gemv: every batch-1 GEMV tile on every decode-step matrix, BF16, FP8 and int8)",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     if torch.cuda.is_available():
         device = torch.device("cuda")
@@ -491,13 +501,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     b = Bench(device, SMOKE if args.smoke else SERVING, quick=args.quick or args.smoke)
     print(f"device: {name}, torch {torch.__version__}", flush=True)
     bench_copy(b)
-    sections: list[Callable[[Bench], None]] = [
-        bench_norm_swiglu_embedding,
-        bench_rope_cache_write,
-        lambda b: bench_attention(b, with_flex=not args.skip_flex),
-        bench_sampling,
-    ]
-    for section in sections:
+    from sv_kernels.bench_gemv import bench_gemv
+
+    sections: dict[str, Callable[[Bench], None]] = {
+        "elementwise": bench_norm_swiglu_embedding,
+        "rope": bench_rope_cache_write,
+        "attention": lambda b: bench_attention(b, with_flex=not args.skip_flex),
+        "sampling": bench_sampling,
+        "gemv": bench_gemv,
+    }
+    chosen = list(sections) if args.only is None else args.only.split(",")
+    unknown = [name for name in chosen if name not in sections]
+    if unknown:
+        parser.error(f"unknown --only section {unknown[0]!r} ({', '.join(sections)})")
+    for section in (sections[name] for name in chosen):
         try:
             section(b)
         except Exception as error:  # keep what was measured so far

@@ -120,9 +120,9 @@ def embedding(ids: Tensor, weight: LinearWeight) -> Tensor:
     if isinstance(weight, QuantizedWeight):  # a quantized tied LM head: gather and dequantize
         weight.check(op)
         _check_device(op, ids=ids, weight=weight.data)
-        return reference.embedding(ids, weight)
-    _check_dims(op, "weight", weight, 2, "[V, H]")
-    _check_device(op, ids=ids, weight=weight)
+    else:
+        _check_dims(op, "weight", weight, 2, "[V, H]")
+        _check_device(op, ids=ids, weight=weight)
     if _on_cuda(weight):
         from . import triton_ops
 

@@ -15,7 +15,12 @@ a `LinearPlan` per weight; its caller keeps them and passes each to `ops.linear`
 
 Quantized weights (FP8 e4m3 or int8, see `sv_kernels.quantized`) stream through the same
 kernel: it loads 1-byte values, converts them to FP32 in registers and multiplies each row's
-sum by that row's scale at the end, so a batch-1 step reads half the bytes of BF16.
+sum by that row's scale at the end, so a batch-1 step reads half the bytes of BF16. Three
+things differ for them, each for bandwidth: they have their own candidate tiles
+(`QUANTIZED_CONFIGS`: more rows per program, wider slices), they are loaded 8 per thread so that
+x needs no trip through shared memory (`_dot_rows`), and int8 converts through FP32 bit
+patterns instead of the quarter-rate int-to-float instruction (`_to_f32`). FP8 uses the
+hardware's e4m3 -> f16 conversion (two values per instruction), then f16 -> f32.
 
 `swiglu=True` gives the gate/up projection a SwiGLU epilogue: a program takes gate rows and the
 matching up rows and writes silu(gate) * up, which saves the decode step one launch per layer
@@ -30,6 +35,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -45,6 +51,23 @@ from ._common import cdiv, use_pdl, wait_for_prior_kernels
 
 
 @triton.jit
+def _to_f32(w, INT8: tl.constexpr):
+    """Weights (BF16/FP32, FP8 e4m3 or int8) as FP32, exactly.
+
+    int8 goes through the FP32 bit pattern instead of an int-to-float conversion, which on
+    Hopper runs at a quarter of the FP32 rate (16 per SM per clock): at 4.3 TB/s of 1-byte
+    weights an H200 SM must convert ~17 values per clock. The byte b (two's complement v)
+    XOR 0x80 is v + 128 in 0..255; placed in the low mantissa bits of 2^23 (0x4B000000), it
+    reads as the float 2^23 + 128 + v, and subtracting 2^23 + 128 leaves v exactly: an
+    integer add and an FP32 add, both full-rate (sign-extending v and adding 0x4B000080
+    builds the same bits; it compiled to fewer instructions than the XOR / OR)."""
+    if INT8:
+        biased = w.to(tl.int32) + 0x4B000080
+        return biased.to(tl.float32, bitcast=True) - 8388736.0
+    return w.to(tl.float32)
+
+
+@triton.jit
 def _dot_rows(
     x_ptr,
     w_ptr,
@@ -55,15 +78,26 @@ def _dot_rows(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr,
+    ONE_BYTE: tl.constexpr,
+    INT8: tl.constexpr,
 ):
     """y[i] = sum_k x[k] * W[rows[i], k] in FP32, for the BLOCK_N rows `rows` of W.
 
     The first two BLOCK_K slices of weights are loaded before waiting for the kernel that
     writes x: under PDL those loads run under the previous kernels' tails (weights are never
     written in a step). Two slices measured 867 -> 856 us per batch-1 decode step against one
-    (H200, 2026-11-30); at K = 2048 with 1024-wide slices that is the whole row."""
+    (H200, 2026-11-30); at K = 2048 with 1024-wide slices that is the whole row.
+
+    ONE_BYTE (FP8 / int8 weights): each thread loads its weights 8 at a time (8-byte loads),
+    not 16. x is BF16, so Triton loads it 8 per thread (16 bytes); with 16 weights per thread
+    the two tiles have different layouts and every slice of x went through shared memory (a
+    store, two barriers, loads) before the first multiply, and took 56 registers instead of 35
+    at (2, 1024, 4) (ptxas, sm_90): fewer programs per SM, fewer bytes in flight. A warp's
+    8-byte loads still read 256 contiguous bytes per instruction."""
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     cols0 = tl.arange(0, BLOCK_K)
+    if ONE_BYTE:
+        cols0 = tl.max_contiguous(cols0, 8)
     cols1 = BLOCK_K + cols0
     mask0 = row_mask[:, None] & (cols0 < K)[None, :]
     mask1 = row_mask[:, None] & (cols1 < K)[None, :]
@@ -72,13 +106,15 @@ def _dot_rows(
     wait_for_prior_kernels(USE_PDL)
     x0 = tl.load(x_ptr + cols0, mask=cols0 < K, other=0.0).to(tl.float32)
     x1 = tl.load(x_ptr + cols1, mask=cols1 < K, other=0.0).to(tl.float32)
-    acc = w0.to(tl.float32) * x0[None, :] + w1.to(tl.float32) * x1[None, :]
+    acc = _to_f32(w0, INT8) * x0[None, :] + _to_f32(w1, INT8) * x1[None, :]
     for k0 in range(2 * BLOCK_K, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
+        if ONE_BYTE:
+            cols = tl.max_contiguous(cols, 8)
         col_mask = cols < K
         x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+        acc += _to_f32(w, INT8) * x[None, :]
     return tl.sum(acc, axis=1)
 
 
@@ -109,6 +145,8 @@ def _gemv_kernel(
     GATED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SCALED: tl.constexpr,
+    ONE_BYTE: tl.constexpr,
+    INT8: tl.constexpr,
 ):
     if GATED:
         # SwiGLU epilogue: W is [gate; up] (N = 2I rows). The program's BLOCK_N rows are
@@ -121,7 +159,9 @@ def _gemv_kernel(
     else:
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < N
-    y = _dot_rows(x_ptr, w_ptr, rows, row_mask, K, stride_wn, BLOCK_N, BLOCK_K, USE_PDL)
+    y = _dot_rows(
+        x_ptr, w_ptr, rows, row_mask, K, stride_wn, BLOCK_N, BLOCK_K, USE_PDL, ONE_BYTE, INT8
+    )
     if SCALED:  # a quantized weight: row r stands for data[r] * scale[r]
         y = y * tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
     if GATED:
@@ -155,6 +195,31 @@ CONFIGS: tuple[GemvTile, ...] = (
     (4, 512, 4),
     (8, 512, 8),
 )
+
+
+# The candidates for 1-byte weights (FP8 / int8). With BF16's winner (2, 1024, 4) a program
+# streams half BF16's bytes in the same time (the same grid of programs, each waiting about one
+# DRAM latency), which is how the quantized decode step read half the bytes at half the
+# bandwidth. What bounds a batch-1 GEMV is the weight bytes in flight per SM: programs per SM
+# (registers: an FP32 accumulator per loaded weight, plus x in FP32) times the bytes each
+# program has requested. ptxas (sm_90, 8-byte loads) for the tiles below gives 32-72 registers
+# and 48-72 KB in flight per SM at K = 2048 (BF16's (2, 1024, 4): 40 registers, 96 KB); the
+# wider slices are for down's K = 8192, where 1024-wide slices leave six of eight to the loop.
+QUANTIZED_CONFIGS: tuple[GemvTile, ...] = (
+    (4, 1024, 4),  # BF16's winner's bytes per program: 4 rows x 2048
+    (2, 1024, 4),  # BF16's winner as it is
+    (8, 512, 4),
+    (8, 1024, 8),
+    (2, 2048, 4),
+    (2, 2048, 8),
+    (4, 2048, 8),
+    (2, 4096, 8),  # down: a whole 8192-wide row in the two slices loaded up front
+)
+
+
+def candidates(w: LinearWeight) -> tuple[GemvTile, ...]:
+    """The tiles the tuner times for weight w: 1-byte weights have their own list."""
+    return QUANTIZED_CONFIGS if isinstance(w, QuantizedWeight) else CONFIGS
 
 
 def gemv(
@@ -212,6 +277,8 @@ def gemv(
         GATED=swiglu,
         HAS_BIAS=bias is not None,
         SCALED=scale is not None,
+        ONE_BYTE=w.element_size() == 1,
+        INT8=w.dtype == torch.int8,
         num_warps=warps,
         launch_pdl=pdl,
     )
@@ -231,7 +298,8 @@ def tune_gemv(
     cache: tuning_cache.TuningCache | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[TunedLinear]:
-    """Time cuBLAS and every config on each distinct weight shape; one result per weight.
+    """Time cuBLAS and every candidate tile (`candidates`) on each distinct weight shape; one
+    result per weight.
 
     cache: a `tuning_cache` file. Shapes it holds for this GPU and software (see
     `tuning_fingerprint`) are not timed again, unless `cache.retune`; shapes timed here are
@@ -257,7 +325,8 @@ def tune_gemv(
         if shape in by_shape:  # a second matrix of a shape already done
             continue
         tuned = kept.get(shape)
-        if tuned is not None and tuned.choice is not None and tuned.choice not in CONFIGS:
+        tiles = candidates(w)
+        if tuned is not None and tuned.choice is not None and tuned.choice not in tiles:
             tuned = None  # not a candidate of this code (a hand-edited file): time it
         source = "kept from the tuning cache"
         if tuned is None:
@@ -267,7 +336,7 @@ def tune_gemv(
             cublas, best, best_ms = _time_candidates(w)
             tuned = measured[shape] = tuning_cache.TunedShape(best, best_ms * 1e3, cublas * 1e3)
             source = "measured"
-        tile = None if tuned.choice is None else CONFIGS[CONFIGS.index(tuned.choice)]
+        tile = None if tuned.choice is None else tiles[tiles.index(tuned.choice)]
         name = "cuBLAS" if tile is None else f"triton gemv {tile}"
         summary = f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}"
         many_rows: ManyRows = "cublas"
@@ -347,27 +416,51 @@ def _time_many_rows(w: QuantizedWeight) -> tuning_cache.TunedShape:
 
 def tuning_fingerprint(device: torch.device) -> str:
     """What a kept tuning result is valid for: this GPU model, these torch and Triton versions
-    and this candidate list (its hash)."""
+    and these candidate lists (their hash)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
-    configs = hashlib.sha256(repr(CONFIGS).encode()).hexdigest()[:8]
+    configs = hashlib.sha256(repr((CONFIGS, QUANTIZED_CONFIGS)).encode()).hexdigest()[:8]
     return (
         f"{torch.cuda.get_device_name(index)} (sm {major}.{minor}), torch {torch.__version__}, "
         f"triton {triton.__version__}, configs {configs}"
     )
 
 
-def _time_candidates(w: LinearWeight) -> tuple[float, GemvTile | None, float]:
-    """(cuBLAS ms, the best config or None if cuBLAS won, its ms) per call, for weight w (a
-    quantized one: cuBLAS on it dequantized, as `ops.linear` would run it without a tile)."""
+@dataclass(frozen=True)
+class GemvTimes:
+    """One weight shape's batch-1 timings: cuBLAS (on the matrix dequantized, for a quantized
+    weight) and every candidate tile, in ms per call."""
+
+    cublas_ms: float
+    tiles: dict[GemvTile, float]
+
+    def best(self) -> tuple[GemvTile | None, float]:
+        """The fastest tile and its ms, or (None, cuBLAS's ms) when no tile beats cuBLAS."""
+        best: tuple[GemvTile | None, float] = (None, self.cublas_ms)
+        for tile, ms in self.tiles.items():
+            if ms < best[1]:
+                best = (tile, ms)
+        return best
+
+
+def time_tiles(w: LinearWeight) -> GemvTimes:
+    """Time cuBLAS and every candidate tile of `candidates(w)` on weight w, as the tuner does:
+    graph replays over enough copies of w to overflow L2. Must not run while a CUDA graph is
+    being captured."""
     copies = _copies(w)
     x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
     calls = [functools.partial(_one_row_cublas, x, c) for c in copies]
     cublas = graph_ms_per_call(calls, _TUNE_CALLS)
-    best, best_ms = None, cublas
-    for config in CONFIGS:
+    tiles = {}
+    for config in candidates(w):
         calls = [functools.partial(_gemv_call, x, c, config) for c in copies]
-        ms = graph_ms_per_call(calls, _TUNE_CALLS)
-        if ms < best_ms:
-            best, best_ms = config, ms
-    return cublas, best, best_ms
+        tiles[config] = graph_ms_per_call(calls, _TUNE_CALLS)
+    return GemvTimes(cublas, tiles)
+
+
+def _time_candidates(w: LinearWeight) -> tuple[float, GemvTile | None, float]:
+    """(cuBLAS ms, the best config or None if cuBLAS won, its ms) per call, for weight w (a
+    quantized one: cuBLAS on it dequantized, as `ops.linear` would run it without a tile)."""
+    times = time_tiles(w)
+    best, best_ms = times.best()
+    return times.cublas_ms, best, best_ms
