@@ -154,6 +154,18 @@ def test_token_bytes(llama_model: Tokenizer, tiktoken_llama: Any) -> None:
             llama_model.decode([9906, bad])
 
 
+def test_shown_bytes_are_the_token_bytes_or_none_past_the_vocabulary(
+    llama_model: Tokenizer, tiktoken_llama: Any
+) -> None:
+    for token_id in (0, 13, 9906, 127999):
+        assert llama_model.shown_bytes(token_id) == tiktoken_llama.decode_single_token_bytes(
+            token_id
+        )
+    assert llama_model.shown_bytes(128009) == b"<|eot_id|>"
+    for past in (-1, 128256, 10**9):  # a padded model's spare logit rows, say
+        assert llama_model.shown_bytes(past) == b""
+
+
 def test_lone_surrogates_are_replaced_like_tiktoken(
     llama_model: Tokenizer, tiktoken_llama: Any
 ) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # `sv --help` imports no torch
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     """A token's text, quoted and escaped (a cut multi-byte character shows as U+FFFD)."""
-    return repr(tokenizer.token_bytes(token_id).decode("utf-8", errors="replace"))
+    return repr(tokenizer.shown_bytes(token_id).decode("utf-8", errors="replace"))
 
 
 def lines(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob]) -> list[str]:

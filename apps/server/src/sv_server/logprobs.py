@@ -37,13 +37,13 @@ class LogprobsWriter:
         return self._chat(scored) if self._kind == "chat" else self._completion(scored)
 
     def _text(self, token_id: int) -> str:
-        return self._tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+        return self._tokenizer.shown_bytes(token_id).decode("utf-8", errors="replace")
 
     def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         return {
             "token": self._text(token_id),
             "logprob": logprob,
-            "bytes": list(self._tokenizer.token_bytes(token_id)),
+            "bytes": list(self._tokenizer.shown_bytes(token_id)),
         }
 
     def _chat(self, scored: Sequence[Scored]) -> dict[str, Any]:

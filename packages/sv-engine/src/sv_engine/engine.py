@@ -147,6 +147,10 @@ class Engine:
         self._num_logprobs = 0  # live requests with logprobs or prompt_logprobs
         self._num_controlled = 0  # live requests with logit processing
         self._special_ids = frozenset(tokenizer.special_tokens.values())
+        # Rows of the model's logits past the tokenizer's vocabulary (Qwen's checkpoints pad
+        # 151,669 tokens to 151,936): a model may sample one (random weights often do), and it
+        # has no text, as in HF's decode.
+        self._tokenless_ids = frozenset(range(tokenizer.vocab_size, runner.config.vocab_size))
         self.grammars = Grammars(tokenizer, runner.config.vocab_size, stop_ids)
         self._num_constrained = 0  # live requests with a grammar
         scheduler.draft_limit = self._draft_limit
@@ -313,7 +317,9 @@ class Engine:
                 if params.processes_logits
                 else None
             ),
-            hidden_ids=stop_ids | self._special_ids if params.skip_special_tokens else stop_ids,
+            hidden_ids=stop_ids
+            | self._tokenless_ids
+            | (self._special_ids if params.skip_special_tokens else frozenset()),
             matcher=matcher,
         )
         if self.tracer is not None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from sv_model import TokenBitmask
-from sv_tokenizer import Tokenizer, TokenizerError
+from sv_tokenizer import Tokenizer
 
 from sv_engine.errors import EngineError
 
@@ -222,15 +222,8 @@ class _Vocabulary:
         # Ids the model cannot produce (beyond its logits) are left out; ids the tokenizer
         # lacks (the model's padding) are added by the library as never allowed.
         size = min(tokenizer.vocab_size, vocab_size)
-        self.tokens = [_token_bytes(tokenizer, i) for i in range(size)]
+        self.tokens = [tokenizer.shown_bytes(i) for i in range(size)]
         self.special_token_ids = sorted(i for i in tokenizer.special_tokens.values() if i < size)
 
     def __call__(self, text: bytes) -> list[int]:
         return self._tokenizer.encode(text.decode("utf-8", errors="replace"))
-
-
-def _token_bytes(tokenizer: Tokenizer, token: int) -> bytes:
-    try:
-        return tokenizer.token_bytes(token)
-    except TokenizerError:  # an id without a token (a hole in the vocabulary): it never matches
-        return b""

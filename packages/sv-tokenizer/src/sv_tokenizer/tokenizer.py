@@ -283,6 +283,16 @@ class Tokenizer:
             f"{self.source}: token id {id!r} is not in the vocabulary (0..{self.vocab_size - 1})"
         )
 
+    def shown_bytes(self, id: int) -> bytes:
+        """`token_bytes`, but none for an id without a token: a model's logits may have rows
+        past the vocabulary (Qwen pads 151,669 tokens to 151,936), and such a row, sampled,
+        shows no text (as in HF's decode)."""
+        if 0 <= id < self.vocab_size:
+            data = self._token_bytes[id]
+            if data is not None:
+                return data
+        return b""
+
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         ids = list(ids)
         if ids and min(ids) >= 0:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from sv_scheduler import COUNTED_WAITS, RequestId, Scheduler, SchedulerStats, StepPlan
-from sv_tokenizer import Tokenizer, TokenizerError
+from sv_tokenizer import Tokenizer
 from torch import Tensor
 
 from sv_trace.errors import TraceError
@@ -264,10 +264,7 @@ class StepRecorder:
     def _token_text(self, token: int) -> str:
         text = self._texts.get(token)
         if text is None:
-            try:
-                text = self._tokenizer.token_bytes(token).decode("utf-8", "replace")
-            except TokenizerError:  # an id without bytes (a padded vocabulary's spare rows)
-                text = ""
+            text = self._tokenizer.shown_bytes(token).decode("utf-8", "replace")
             self._texts[token] = text
         return text
 
