@@ -402,3 +402,28 @@ def test_ops_embedding_sends_a_quantized_matrix_on_cuda_to_the_kernel(
     ids = torch.tensor([3, 0, 39, 3], device=DEVICE)
     assert torch.equal(ops.embedding(ids, w), reference.embedding(ids, w))
     assert launched == [w]
+
+
+def _quantize_rows_case(x: torch.Tensor) -> None:
+    values, scale = triton_ops.quantize_rows_fp8(x)
+    want_values, want_scale = reference.quantize_rows_fp8(x)
+    assert values.dtype == torch.float8_e4m3fn and scale.shape == (x.shape[0], 1)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(values.view(torch.uint8), want_values.view(torch.uint8))
+
+
+@pytest.mark.parametrize(("rows", "k"), [(1, 17), (3, 64), (5, 300)])
+def test_quantize_rows_fp8_is_the_reference_bit_for_bit(
+    gen: torch.Generator, rows: int, k: int
+) -> None:
+    x = randn(gen, rows, k, dtype=torch.bfloat16)
+    x[0] *= 1000  # rows of very different sizes, each with its own scale
+    if rows > 1:
+        x[1] = 0  # an all-zero row: the smallest scale, all values zero
+    _quantize_rows_case(x)
+
+
+@gpu_test
+@pytest.mark.parametrize(("rows", "k"), [(1, 2048), (256, 2048), (256, 8192), (7, 14336)])
+def test_quantize_rows_fp8_serving_shapes(gen: torch.Generator, rows: int, k: int) -> None:
+    _quantize_rows_case(randn(gen, rows, k, dtype=torch.bfloat16))

@@ -103,8 +103,8 @@ def _cases() -> Iterator[tuple[str, Any]]:
 
 
 def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
-    """Every 1-byte tile the tuner may pick, FP8 and int8, plain, FP32 out and SwiGLU; and the
-    gather of a quantized tied embedding."""
+    """Every 1-byte tile the tuner may pick, FP8 and int8, plain, FP32 out and SwiGLU; the
+    gather of a quantized tied embedding; the FP8 matmul's row quantization."""
     from sv_kernels import triton_ops as ops
     from sv_kernels.quantized import QuantizedWeight, QuantKind
     from sv_kernels.triton_ops.gemv import QUANTIZED_CONFIGS
@@ -116,6 +116,9 @@ def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
         (torch.float8_e4m3fn, "fp8"),
         (torch.int8, "int8"),
     )
+    for k in (hidden, inter):  # the FP8 matmul's activations: each row to e4m3 with its scale
+        x = torch.zeros(256, k, dtype=torch.bfloat16)
+        yield f"quantize_rows_fp8 K={k}", lambda x=x: ops.quantize_rows_fp8(x)
     for storage, kind in kinds:
         w = torch.zeros(2 * inter, hidden, dtype=storage)
         scale = torch.ones(2 * inter)

@@ -22,7 +22,7 @@ from torch import Tensor
 from . import reference
 from .errors import KernelError
 from .linear_plan import LinearPlan
-from .quantized import MAX_VALUE, QuantizedWeight, dequantize
+from .quantized import QuantizedWeight, dequantize
 
 # torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
 _INT8PACK_K_MULTIPLE = 8
@@ -98,11 +98,15 @@ def scaled_mm_fits(weight: QuantizedWeight) -> bool:
 
 def scaled_mm(x: Tensor, weight: QuantizedWeight) -> Tensor:
     """x @ dequantize(weight)^T on FP8 tensor cores: each row of x quantized to e4m3 with its
-    own scale (absmax / 448), the product scaled by both scales in the GEMM's epilogue, in x's
-    dtype (BF16; FP32 logits are widened by the caller)."""
-    x32 = x.float()
-    x_scale = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / MAX_VALUE["fp8"]
-    xq = (x32 / x_scale).to(torch.float8_e4m3fn)
+    own scale (absmax / 448, one kernel: `triton_ops.quantize_rows_fp8`), the product scaled by
+    both scales in the GEMM's epilogue, in x's dtype (BF16; FP32 logits are widened by the
+    caller)."""
+    if x.device.type == "cuda":
+        from . import triton_ops
+
+        xq, x_scale = triton_ops.quantize_rows_fp8(x)
+    else:
+        xq, x_scale = reference.quantize_rows_fp8(x)
     out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
     out = torch._scaled_mm(
         xq,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .quantized import LinearWeight, QuantizedWeight, dequantize, dequantize_rows
+from .quantized import MAX_VALUE, LinearWeight, QuantizedWeight, dequantize, dequantize_rows
 
 
 def embedding(ids: Tensor, weight: LinearWeight) -> Tensor:
@@ -37,6 +37,14 @@ def linear(x: Tensor, weight: LinearWeight, bias: Tensor | None = None) -> Tenso
     if isinstance(weight, QuantizedWeight):
         weight = dequantize(weight, x.dtype)
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row of x [T, K] as FP8 e4m3 values and its FP32 scale [T, 1] (absmax / 448, at
+    least 1e-12 / 448): x ~= values * scale, the activations of an FP8 tensor-core matmul."""
+    x32 = x.float()
+    scale = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / MAX_VALUE["fp8"]
+    return (x32 / scale).to(torch.float8_e4m3fn), scale
 
 
 def rms_norm(

@@ -17,6 +17,7 @@ from .embedding import embedding
 from .feed_tokens import feed_tokens
 from .gemv import gemv, tune_gemv
 from .prefill_attention import prefill_attention
+from .quantize_rows import quantize_rows_fp8
 from .rms_norm import rms_norm
 from .rope_cache import rope_cache_write
 from .sampling import argmax, sample
@@ -33,6 +34,7 @@ __all__ = [
     "gemv",
     "paged_decode_attention",
     "prefill_attention",
+    "quantize_rows_fp8",
     "rms_norm",
     "rope_cache_write",
     "sample",
