@@ -720,16 +720,15 @@ def test_token_bitmask_constrains_graphed_decode(llama_1b_dir: Path) -> None:
             s.append(t)
 
 
-@pytest.mark.xfail(
-    reason="run 63: inside this pytest session the batch's greedy request leaves the grammar "
-    "after its first number, while the same engine settings, prompts and schema run as a "
-    "script on the same GPU give 8 valid outputs (overlap on and off); open, see issue 22",
-    strict=False,
-)
 def test_engine_json_schema_outputs_validate_on_the_gpu(engine_1b: Any) -> None:
     """The whole path on the GPU (graphs, overlap, batched, greedy and sampled): each output of
     a random-weight model under a JSON schema parses and validates (checked by hand here: the
-    GPU image has no jsonschema)."""
+    GPU image has no jsonschema).
+
+    A random model closes a value only when the schema makes it: under an unbounded integer
+    this checkpoint writes digits until the budget (all 8 requests, on the CPU), so every value
+    is bounded and the budget exceeds the longest valid output (see the CPU twin of this test,
+    sv-engine's test_engine_grammar_random_model.py, for the count)."""
     import json
 
     from sv_engine import SamplingParams
@@ -739,7 +738,7 @@ def test_engine_json_schema_outputs_validate_on_the_gpu(engine_1b: Any) -> None:
     schema = {
         "type": "object",
         "properties": {
-            "n": {"type": "integer"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 100},
             "tag": {"enum": ["a", "b"]},
             "s": {"type": "string", "maxLength": 10},
         },
@@ -747,8 +746,8 @@ def test_engine_json_schema_outputs_validate_on_the_gpu(engine_1b: Any) -> None:
         "additionalProperties": False,
     }
     grammar = Grammar.json_schema(schema)
-    params = [SamplingParams(max_new_tokens=64, grammar=grammar)] + [
-        SamplingParams(max_new_tokens=64, grammar=grammar, temperature=1.0, seed=i)
+    params = [SamplingParams(max_new_tokens=160, grammar=grammar)] + [
+        SamplingParams(max_new_tokens=160, grammar=grammar, temperature=1.0, seed=i)
         for i in range(7)
     ]
     ids = [engine_1b.add_request([128000, 1000 + i, 2000 + i], p) for i, p in enumerate(params)]
@@ -763,9 +762,10 @@ def test_engine_json_schema_outputs_validate_on_the_gpu(engine_1b: Any) -> None:
         value = json.loads(completion.text)
         assert set(value) == {"n", "tag", "s"}, value
         assert isinstance(value["n"], int) and not isinstance(value["n"], bool)
-        assert value["n"] in (1, 2, 30)
+        assert 0 <= value["n"] <= 100
         assert value["tag"] in ("a", "b")
         assert isinstance(value["s"], str) and len(value["s"]) <= 10
+    assert engine_1b.stats.free_pages == engine_1b.stats.pool_pages
 
 
 def test_speculation_with_controls_logprobs_and_a_grammar_on_the_gpu(
