@@ -25,6 +25,7 @@ def test_bench_smoke_run_measures_every_triton_op(tmp_path: Path) -> None:
         "prefill_attention",
         "argmax",
         "sample",
+        "token_logprobs",
     }
     for row in triton_rows:
         assert row["ms"] is not None and row["ms"] > 0, row

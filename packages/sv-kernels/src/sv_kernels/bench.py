@@ -446,6 +446,27 @@ def bench_sampling(b: Bench) -> None:
                 b.add("sample", f"B={batch} {label}", impl, fns, nbytes)
 
 
+def bench_token_logprobs(b: Bench) -> None:
+    """The log-probabilities a step returns (FP32 logits, top 20): the Triton kernel beside
+    the plain-torch two-stage path it replaced and the reference (full log_softmax + topk)."""
+    from sv_kernels import reference, token_logprobs, triton_ops
+
+    s = b.shapes
+    for batch in s.sample_batches:
+        nbytes = batch * s.vocab * 4  # the FP32 logits, read once; the outputs are small
+        sets = [
+            (b.randn(batch, s.vocab, dtype=torch.float32) * 4, torch.arange(batch, device=b.device))
+            for _ in range(b.sets_for(nbytes))
+        ]
+        for impl, op in (
+            ("triton", triton_ops.token_logprobs),
+            ("torch two-stage top-k", token_logprobs.two_stage_topk),
+            ("torch-ref", reference.token_logprobs),
+        ):
+            fns = [lambda x=x, op=op: op(x[0], x[1], 20) for x in sets]
+            b.add("token_logprobs", f"B={batch} V={s.vocab} k=20", impl, fns, nbytes)
+
+
 # --- output ---------------------------------------------------------------------------------
 
 
@@ -496,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         bench_rope_cache_write,
         lambda b: bench_attention(b, with_flex=not args.skip_flex),
         bench_sampling,
+        bench_token_logprobs,
     ]
     for section in sections:
         try:
