@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from sv_kernels import bench
 
 
@@ -32,3 +33,15 @@ def test_bench_smoke_run_measures_every_triton_op(tmp_path: Path) -> None:
         assert row["bytes"] > 0 and row["gbps"] > 0, row
     prefill = [r for r in triton_rows if r["op"] == "prefill_attention"]
     assert all(r["tflops"] is not None for r in prefill)
+
+
+def test_bench_runs_only_the_named_sections() -> None:
+    rows = bench.main(["--smoke", "--only", "logprobs"])
+    assert {r["op"] for r in rows} == {"copy", "token_logprobs"}
+    assert {r["impl"] for r in rows if r["op"] == "token_logprobs"} == {
+        "triton",
+        "torch two-stage top-k",
+        "torch-ref",
+    }
+    with pytest.raises(SystemExit):
+        bench.main(["--smoke", "--only", "logprob"])

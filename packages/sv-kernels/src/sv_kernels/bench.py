@@ -1,6 +1,7 @@
 """Benchmark every Triton op at Llama 3.2 1B serving shapes (bf16) against its torch reference.
 
-    python -m sv_kernels.bench [--json PATH] [--skip-flex] [--quick]   (also run by `sv bench --kernels`)
+    python -m sv_kernels.bench [--json PATH] [--skip-flex] [--quick] [--only logprobs,...]
+                                                            (also run by `sv bench --kernels`)
     python -m sv_kernels.bench --smoke   # tiny shapes, any device
 
 or `from sv_kernels.bench import main; rows = main(["--json", "out.json"])`.
@@ -45,6 +46,7 @@ PAGE = 16
 GRAPH_BELOW_MS = 0.5
 GRAPH_CALLS = 20
 BF16 = torch.bfloat16
+SECTIONS = ("elementwise", "rope", "attention", "sampling", "logprobs")  # see main()
 
 
 @dataclass(frozen=True)
@@ -498,7 +500,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--skip-flex", action="store_true", help="skip compiled FlexAttention")
     parser.add_argument("--quick", action="store_true", help="shorter timing windows")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes: check the script")
+    parser.add_argument(
+        "--only",
+        help="comma-separated sections to run after the copy: " + ",".join(SECTIONS),
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
+    only = set(args.only.split(",")) if args.only else set(SECTIONS)
+    if only - set(SECTIONS):
+        parser.error(f"unknown --only {sorted(only - set(SECTIONS))} (sections: {SECTIONS})")
     if torch.cuda.is_available():
         device = torch.device("cuda")
         name = torch.cuda.get_device_name(0)
@@ -512,14 +521,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     b = Bench(device, SMOKE if args.smoke else SERVING, quick=args.quick or args.smoke)
     print(f"device: {name}, torch {torch.__version__}", flush=True)
     bench_copy(b)
-    sections: list[Callable[[Bench], None]] = [
+    runs: list[Callable[[Bench], None]] = [
         bench_norm_swiglu_embedding,
         bench_rope_cache_write,
         lambda b: bench_attention(b, with_flex=not args.skip_flex),
         bench_sampling,
         bench_token_logprobs,
     ]
-    for section in sections:
+    sections = dict(zip(SECTIONS, runs, strict=True))
+    for name, section in sections.items():
+        if name not in only:
+            continue
         try:
             section(b)
         except Exception as error:  # keep what was measured so far
