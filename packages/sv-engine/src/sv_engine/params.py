@@ -195,8 +195,10 @@ class TokenLogprob:
 
     The engine makes one per generated token and leaves its alternatives in the step's arrays
     (`of_row`) until `top` is first read: building 20 tuples per token on every step cost more
-    host time than the rest of a 256-row step, and most tokens' alternatives are read once, if
-    ever. Equality, hash and repr are those of the (token_id, logprob, top) values."""
+    host time than the rest of a 256-row step (on the CPU, BENCHMARKS.md), and most tokens'
+    alternatives are read once, if ever. Reading `top` from two threads at once is safe (both
+    build the same tuple). Equality, hash and repr are those of the (token_id, logprob, top)
+    values."""
 
     __slots__ = ("_k", "_row", "_rows", "_top", "logprob", "token_id")
 
@@ -227,7 +229,6 @@ class TokenLogprob:
             ids = self._rows.top_ids[self._row, : self._k].tolist()
             values = self._rows.top_values[self._row, : self._k].tolist()
             self._top = tuple(zip(ids, values, strict=True))
-            self._rows = None  # the step's arrays are freed once every row has been read
         return self._top
 
     def __eq__(self, other: object) -> bool:
