@@ -146,3 +146,26 @@ def test_prompt_logprobs_of_one_token_chunks(
     for p, got in enumerate(c.prompt_logprobs[1:], start=1):
         assert got is not None
         assert_matches(got, want[p - 1], 1)
+
+
+def test_token_logprob_reads_its_row_when_asked() -> None:
+    """A TokenLogprob made from a step's arrays equals (and hashes and prints as) one made
+    from the hand-built tuples of its row's first k entries, as plain Python ints and floats;
+    the step's arrays copy the runner's host tensors (pinned buffers on CUDA, reused later)."""
+    from sv_model import PendingTokens
+
+    ids = torch.tensor([3, 1])
+    chosen = torch.tensor([-0.5, -2.25])
+    values = torch.tensor([[-0.5, -1.5, -3.0], [-0.25, -2.25, -4.0]])
+    top_ids = torch.tensor([[3, 0, 7], [9, 1, 2]])
+    rows = PendingTokens(ids, (chosen, values, top_ids)).logprobs()
+    assert rows is not None
+    values.fill_(0.0)  # the step's rows are its own
+    lazy = TokenLogprob.of_row(1, rows.chosen[1], rows, 1, 2)
+    eager = TokenLogprob(1, -2.25, ((9, -0.25), (1, -2.25)))
+    assert repr(lazy) == repr(eager)
+    assert lazy == eager and hash(lazy) == hash(eager)
+    assert lazy.top == ((9, -0.25), (1, -2.25))
+    assert all(type(t) is int and type(v) is float for t, v in lazy.top)
+    assert lazy != TokenLogprob(1, -2.25, ((9, -0.25),))
+    assert TokenLogprob.of_row(3, rows.chosen[0], rows, 0, 0).top == ()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from sv_kernels import bench
 
 
@@ -25,6 +26,7 @@ def test_bench_smoke_run_measures_every_triton_op(tmp_path: Path) -> None:
         "prefill_attention",
         "argmax",
         "sample",
+        "token_logprobs",
     }
     for row in triton_rows:
         assert row["ms"] is not None and row["ms"] > 0, row
@@ -66,3 +68,15 @@ def test_bench_smoke_run_sweeps_the_gemv_tiles(tmp_path: Path) -> None:
     assert set(per_token) == set(expected_ms)
     for kind, ms in expected_ms.items():
         assert abs(per_token[kind]["ms"] - ms) <= 1e-9 * ms, kind
+
+
+def test_bench_runs_only_the_named_sections() -> None:
+    rows = bench.main(["--smoke", "--only", "logprobs"])
+    assert {r["op"] for r in rows} == {"copy", "token_logprobs"}
+    assert {r["impl"] for r in rows if r["op"] == "token_logprobs"} == {
+        "triton",
+        "torch two-stage top-k",
+        "torch-ref",
+    }
+    with pytest.raises(SystemExit):
+        bench.main(["--smoke", "--only", "logprob"])

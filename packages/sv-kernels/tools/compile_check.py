@@ -181,6 +181,13 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
         f"sample, no filters {dtype}",
         lambda: ops.sample(logits, *per_row, any_top_k=False, any_top_p=False),
     )
+    for batch in (1, 256):  # the narrowest and the widest chunks of the log-probabilities
+        rows = torch.zeros(batch, vocab, dtype=dtype)
+        chosen = torch.zeros(batch, dtype=torch.int64)
+        yield (
+            f"token_logprobs B={batch} {dtype}",
+            lambda rows=rows, chosen=chosen: ops.token_logprobs(rows, chosen, 20),
+        )
     from sv_kernels.triton_ops.gemv import CONFIGS
 
     row = torch.zeros(1, hidden, dtype=dtype)

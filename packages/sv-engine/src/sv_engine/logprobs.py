@@ -17,9 +17,9 @@ from sv_engine.params import TokenLogprob
 
 
 def token_logprob(rows: Logprobs, row: int, token_id: int, k: int) -> TokenLogprob:
-    """Row `row` of `rows`, the log-probabilities of `token_id`, with the top `k`."""
-    top = tuple(zip(rows.top_ids[row][:k], rows.top_values[row][:k], strict=True))
-    return TokenLogprob(token_id, rows.chosen[row], top)
+    """Row `row` of `rows`, the log-probabilities of `token_id`, with the top `k` (left in
+    `rows` until read)."""
+    return TokenLogprob.of_row(token_id, rows.chosen[row], rows, row, k)
 
 
 @dataclass

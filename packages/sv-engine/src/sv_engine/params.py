@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
+import numpy as np
 from sv_scheduler import FinishReason, RequestId
 
 from sv_engine.errors import EngineError
@@ -187,14 +189,71 @@ def _is_finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-@dataclass(frozen=True, slots=True)
 class TokenLogprob:
     """One token's log-probability under the model (FP32 log-softmax of its raw logits), and
-    the `top` alternatives at its position: (token id, log-probability), most likely first."""
+    the `top` alternatives at its position: (token id, log-probability), most likely first.
+
+    The engine makes one per generated token and leaves its alternatives in the step's arrays
+    (`of_row`) until `top` is first read: building 20 tuples per token on every step cost more
+    host time than the rest of a 256-row step (on the CPU, BENCHMARKS.md), and most tokens'
+    alternatives are read once, if ever. Reading `top` from two threads at once is safe (both
+    build the same tuple). Equality, hash and repr are those of the (token_id, logprob, top)
+    values."""
+
+    __slots__ = ("_k", "_row", "_rows", "_top", "logprob", "token_id")
 
     token_id: int
     logprob: float
-    top: tuple[tuple[int, float], ...]
+
+    def __init__(self, token_id: int, logprob: float, top: tuple[tuple[int, float], ...]) -> None:
+        self.token_id = token_id
+        self.logprob = logprob
+        self._top: tuple[tuple[int, float], ...] | None = top
+        self._rows: TopRows | None = None
+        self._row = self._k = 0
+
+    @classmethod
+    def of_row(cls, token_id: int, logprob: float, rows: TopRows, row: int, k: int) -> TokenLogprob:
+        """The token whose top `k` alternatives are row `row` of `rows`, read when needed."""
+        made = cls.__new__(cls)
+        made.token_id = token_id
+        made.logprob = logprob
+        made._top = None
+        made._rows, made._row, made._k = rows, row, k
+        return made
+
+    @property
+    def top(self) -> tuple[tuple[int, float], ...]:
+        if self._top is None:
+            assert self._rows is not None
+            ids = self._rows.top_ids[self._row, : self._k].tolist()
+            values = self._rows.top_values[self._row, : self._k].tolist()
+            self._top = tuple(zip(ids, values, strict=True))
+        return self._top
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TokenLogprob):
+            return NotImplemented
+        return (self.token_id, self.logprob, self.top) == (other.token_id, other.logprob, other.top)
+
+    def __hash__(self) -> int:
+        return hash((self.token_id, self.logprob, self.top))
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenLogprob(token_id={self.token_id!r}, logprob={self.logprob!r}, top={self.top!r})"
+        )
+
+
+class TopRows(Protocol):
+    """Where a step's alternatives wait (sv_model.Logprobs): [N, K] ids and log-probabilities,
+    most likely first."""
+
+    @property
+    def top_ids(self) -> np.ndarray: ...
+
+    @property
+    def top_values(self) -> np.ndarray: ...
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Benchmark every Triton op at Llama 3.2 1B serving shapes (bf16) against its torch reference.
 
-    python -m sv_kernels.bench [--json PATH] [--skip-flex] [--quick] [--only gemv,...]
+    python -m sv_kernels.bench [--json PATH] [--skip-flex] [--quick] [--only gemv,logprobs,...]
     (also run by `sv bench --kernels`; `sv bench --only gemv` runs the GEMV sweep alone)
     python -m sv_kernels.bench --smoke   # tiny shapes, any device
 
@@ -451,6 +451,27 @@ def bench_sampling(b: Bench) -> None:
                 b.add("sample", f"B={batch} {label}", impl, fns, nbytes)
 
 
+def bench_token_logprobs(b: Bench) -> None:
+    """The log-probabilities a step returns (FP32 logits, top 20): the Triton kernel beside
+    the plain-torch two-stage path it replaced and the reference (full log_softmax + topk)."""
+    from sv_kernels import reference, token_logprobs, triton_ops
+
+    s = b.shapes
+    for batch in s.sample_batches:
+        nbytes = batch * s.vocab * 4  # the FP32 logits, read once; the outputs are small
+        sets = [
+            (b.randn(batch, s.vocab, dtype=torch.float32) * 4, torch.arange(batch, device=b.device))
+            for _ in range(b.sets_for(nbytes))
+        ]
+        for impl, op in (
+            ("triton", triton_ops.token_logprobs),
+            ("torch two-stage top-k", token_logprobs.two_stage_topk),
+            ("torch-ref", reference.token_logprobs),
+        ):
+            fns = [lambda x=x, op=op: op(x[0], x[1], 20) for x in sets]
+            b.add("token_logprobs", f"B={batch} V={s.vocab} k=20", impl, fns, nbytes)
+
+
 # --- output ---------------------------------------------------------------------------------
 
 
@@ -484,8 +505,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes: check the script")
     parser.add_argument(
         "--only",
-        help="comma-separated sections: elementwise,rope,attention,sampling,gemv (default: all; "
-        "gemv: every batch-1 GEMV tile on every decode-step matrix, BF16, FP8 and int8)",
+        help="comma-separated sections: elementwise,rope,attention,sampling,logprobs,gemv "
+        "(default: all; gemv: every batch-1 GEMV tile on every decode-step matrix, BF16, FP8 "
+        "and int8)",
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
     if torch.cuda.is_available():
@@ -508,6 +530,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "rope": bench_rope_cache_write,
         "attention": lambda b: bench_attention(b, with_flex=not args.skip_flex),
         "sampling": bench_sampling,
+        "logprobs": bench_token_logprobs,
         "gemv": bench_gemv,
     }
     chosen = list(sections) if args.only is None else args.only.split(",")

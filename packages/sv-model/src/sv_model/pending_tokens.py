@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -14,11 +15,12 @@ DeviceLogprobs = tuple[Tensor, Tensor, Tensor]
 @dataclass(frozen=True, slots=True)
 class Logprobs:
     """Log-probabilities of N tokens: each token's own, and the top K of its distribution
-    (most likely first)."""
+    (most likely first): `top_ids` [N, K] int64 and `top_values` [N, K] float32, kept as
+    arrays (per-entry Python objects are made only for the rows a caller reads)."""
 
     chosen: list[float]
-    top_ids: list[list[int]]
-    top_values: list[list[float]]
+    top_ids: np.ndarray
+    top_values: np.ndarray
 
 
 class PendingTokens:
@@ -68,4 +70,5 @@ def _as_logprobs(host: tuple[Tensor, ...] | None) -> Logprobs | None:
     if host is None:
         return None
     chosen, values, ids = host
-    return Logprobs(chosen.tolist(), ids.tolist(), values.tolist())
+    # Copies: the host tensors are pinned buffers, to go back to the pool with this step.
+    return Logprobs(chosen.tolist(), ids.numpy().copy(), values.numpy().copy())

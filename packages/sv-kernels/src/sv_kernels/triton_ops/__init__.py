@@ -23,6 +23,7 @@ from .rope_cache import rope_cache_write
 from .sampling import argmax, sample
 from .swiglu import swiglu
 from .token_bitmask import apply_token_bitmask
+from .token_logprobs import token_logprobs
 
 __all__ = [
     "apply_token_bitmask",
@@ -39,5 +40,6 @@ __all__ = [
     "rope_cache_write",
     "sample",
     "swiglu",
+    "token_logprobs",
     "tune_gemv",
 ]
