@@ -110,6 +110,33 @@ def test_kernel_at_each_chunk_width(gen: torch.Generator, monkeypatch: pytest.Mo
         assert_equals_reference(triton_ops.token_logprobs(logits, ids, 20), logits, ids, 20)
 
 
+@pytest.mark.parametrize("case", ["random", "ties", "masked"])
+def test_kernel_prunes_chunks_below_the_threshold(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """64-column chunks, so a row has more chunks than k and the chunks below the row's
+    threshold (the k-th largest chunk max) stop at once: random rows (the best token in the
+    tail), three-valued ties across chunks, and rows that are -inf but for a few tokens."""
+    module = importlib.import_module("sv_kernels.triton_ops.token_logprobs")
+    monkeypatch.setattr(module, "_chunk_width", lambda *_args: 64)
+    vocab = 2500  # 40 chunks, the last one partial
+    if case == "random":
+        logits = randn(gen, 3, vocab, dtype=torch.float32, scale=4.0)
+        logits[0, -1] = logits[0].max() + 2
+    elif case == "ties":
+        logits = randint(gen, 0, 3, 3, vocab).float()
+        logits[2, :] = logits[2].clamp(max=1.0)
+        logits[2, [2100, 1100, 50]] = 2.0
+    else:
+        logits = torch.full((3, vocab), -math.inf, device=DEVICE)
+        logits[0, [7, 1500, 2048]] = torch.tensor([1.0, 3.0, 1.0], device=DEVICE)
+        logits[1, 2499] = 0.5
+        logits[2, : vocab // 2] = randn(gen, vocab // 2, dtype=torch.float32)
+    ids = randint(gen, 0, vocab, 3)
+    for k in (1, 7, 20):
+        assert_equals_reference(triton_ops.token_logprobs(logits, ids, k), logits, ids, k)
+
+
 def test_kernel_bf16_and_strided_logits(gen: torch.Generator) -> None:
     """BF16 logits scored in FP32; a row stride wider than the vocabulary (a sliced buffer)."""
     wide = randn(gen, 3, 3200, dtype=torch.bfloat16, scale=4.0)

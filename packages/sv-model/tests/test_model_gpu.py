@@ -611,7 +611,7 @@ def test_graphed_logprobs_equal_eager_logprobs(llama_1b_dir: Path) -> None:
             chosen, values, top = ops.token_logprobs(
                 logits, torch.tensor(ids, device="cuda"), ops.MAX_LOGPROBS
             )
-            assert got.top_ids == top.tolist()
+            assert got.top_ids.tolist() == top.tolist()
             assert torch.allclose(torch.tensor(got.chosen), chosen.cpu(), atol=1e-5)
             assert torch.allclose(torch.tensor(got.top_values), values.cpu(), atol=1e-5)
             for s, t in zip(seqs, ids, strict=True):

@@ -1,21 +1,26 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator"
 # (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
-"""`reference.token_logprobs` in one read of the logits: two launches, no [B, V] output.
+"""`reference.token_logprobs` without writing the [B, V] log-softmax: three launches.
 
-1. Programs over (row, vocabulary chunk) load the chunk once and keep, per chunk: its max m,
-   its sum of exp(x - m), and its top K candidates (K rounds of a leftmost argmax over the
-   chunk held in registers, each taking the winner out of the running).
-2. One program per row merges them: logsumexp = M + log(sum of s_c * exp(m_c - M)) with M the
+1. Programs over (row, vocabulary chunk) keep each chunk's max m and its sum of exp(x - m).
+2. The same programs again: each first takes the row's threshold t, the K-th largest of its
+   chunks' maxima (those K maxima are K distinct logits >= t, so every logit of the row's top
+   K is >= t too), then runs rounds of a leftmost argmax over its chunk, in registers, each
+   taking the winner out of the running, while the winner is >= t (at most K rounds). Most
+   chunks hold no logit >= t and stop at once: the row costs about K rounds in all, not K
+   per chunk (at batch 256, 31 chunks of 4,096: 0.42 ms a step in K rounds each, BENCHMARKS.md
+   run 69). A row of fewer than K chunks takes K rounds in every chunk.
+3. One program per row merges them: logsumexp = M + log(sum of s_c * exp(m_c - M)) with M the
    largest m_c, the chosen token's logit minus it, and the top K of the row (K rounds of a
    leftmost argmax over the chunks' candidates, stored chunk after chunk).
 
 The rounds compare order-preserving int32 keys of the FP32 values (negative floats get their
-magnitude bits flipped): a column outside the vocabulary and a candidate already taken get
-INT32_MIN, below every real value, -inf included, so a row that is -inf but for a few tokens
-still returns k distinct ids. Ties go to the lower token id: within a chunk the leftmost
-argmax takes it; across chunks the candidates are stored in chunk order, so the leftmost
-equal candidate is again the lowest id (torch.topk, the reference, leaves tie order
-unspecified; this is the order of a stable descending sort, and of `argmax`).
+magnitude bits flipped): a column outside the vocabulary, a candidate already taken and an
+unused candidate slot get INT32_MIN, below every real value, -inf included, so a row that is
+-inf but for a few tokens still returns k distinct ids. Ties go to the lower token id: within
+a chunk the leftmost argmax takes it; across chunks the candidates are stored in chunk order,
+so the leftmost equal candidate is again the lowest id (torch.topk, the reference, leaves tie
+order unspecified; this is the order of a stable descending sort, and of `argmax`).
 
 Shapes fix the launches and nothing is read back on the host: the call is captured in the
 decode graphs' log-probability graphs.
@@ -45,39 +50,74 @@ def _order_key(x):
 
 
 @triton.jit
-def _logprob_chunks_kernel(
+def _chunk_stats_kernel(
     logits_ptr,
     stride_row,
     vocab,
     num_chunks,
     max_ptr,
     sum_ptr,
-    key_ptr,
-    id_ptr,
     CHUNK: tl.constexpr,
-    K: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    offsets = tl.arange(0, CHUNK)
-    cols = chunk * CHUNK + offsets
-    valid = cols < vocab
-    x = tl.load(logits_ptr + row * stride_row + cols, mask=valid, other=float("-inf"))
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < vocab, other=float("-inf"))
     x = x.to(tl.float32)
     m = tl.max(x, axis=0)
     shift = tl.where(m == float("-inf"), 0.0, m)  # an all -inf chunk sums to 0, not NaN
     stat = row * num_chunks + chunk
     tl.store(max_ptr + stat, m)
     tl.store(sum_ptr + stat, tl.sum(tl.exp(x - shift), axis=0))
-    key = tl.where(valid, _order_key(x), _INT32_MIN)
-    out = stat * K
-    for j in tl.static_range(K):
-        best, at = tl.max(key, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        tl.store(key_ptr + out + j, best)
-        tl.store(id_ptr + out + j, chunk * CHUNK + at)
+
+
+@triton.jit
+def _logprob_chunks_kernel(
+    logits_ptr,
+    stride_row,
+    vocab,
+    num_chunks,
+    max_ptr,
+    key_ptr,
+    id_ptr,
+    CHUNK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    wait_for_prior_kernels(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    # The row's threshold: the K-th largest chunk maximum; with fewer than K chunks the K-th
+    # round finds only the INT32_MIN padding, and nothing is pruned.
+    c = tl.arange(0, BLOCK_C)
+    maxima = tl.load(max_ptr + row * num_chunks + c, mask=c < num_chunks, other=0.0)
+    ranked = tl.where(c < num_chunks, _order_key(maxima), _INT32_MIN)
+    threshold = tl.full([], -2147483648, tl.int32)
+    for _ in tl.static_range(K):
+        threshold, picked = tl.max(ranked, axis=0, return_indices=True)
+        ranked = tl.where(c == picked, _INT32_MIN, ranked)
+    offsets = tl.arange(0, CHUNK)
+    cols = chunk * CHUNK + offsets
+    valid = cols < vocab
+    x = tl.load(logits_ptr + row * stride_row + cols, mask=valid, other=float("-inf"))
+    key = tl.where(valid, _order_key(x.to(tl.float32)), _INT32_MIN)
+    out = (row * num_chunks + chunk) * K
+    taken = tl.full([], 0, tl.int32)
+    best, at = tl.max(key, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    while (taken < K) & (best >= threshold):
+        tl.store(key_ptr + out + taken, best)
+        tl.store(id_ptr + out + taken, chunk * CHUNK + at)
         key = tl.where(offsets == at, _INT32_MIN, key)
+        taken += 1
+        best, at = tl.max(key, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    slots = tl.arange(0, BLOCK_K)
+    unused = (slots >= taken) & (slots < K)
+    tl.store(key_ptr + out + slots, tl.full([BLOCK_K], _INT32_MIN, tl.int32), mask=unused)
+    tl.store(id_ptr + out + slots, tl.zeros([BLOCK_K], tl.int32), mask=unused)
 
 
 @triton.jit
@@ -149,19 +189,33 @@ def token_logprobs(
     cand_ids = torch.empty_like(keys)
     candidates = next_pow2(num_chunks * k)
     pdl = use_pdl(device)
-    _logprob_chunks_kernel[(batch, num_chunks)](
+    warps = max(1, min(8, chunk // 256))
+    _chunk_stats_kernel[(batch, num_chunks)](
         logits,
         logits.stride(0),
         vocab,
         num_chunks,
         maxima,
         sums,
+        CHUNK=chunk,
+        USE_PDL=pdl,
+        num_warps=warps,
+        launch_pdl=pdl,
+    )
+    _logprob_chunks_kernel[(batch, num_chunks)](
+        logits,
+        logits.stride(0),
+        vocab,
+        num_chunks,
+        maxima,
         keys,
         cand_ids,
         CHUNK=chunk,
+        BLOCK_C=next_pow2(num_chunks),
         K=k,
+        BLOCK_K=max(2, next_pow2(k)),
         USE_PDL=pdl,
-        num_warps=max(1, min(8, chunk // 256)),
+        num_warps=warps,
         launch_pdl=pdl,
     )
     _logprob_merge_kernel[(batch,)](
