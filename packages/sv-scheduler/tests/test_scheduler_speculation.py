@@ -132,27 +132,32 @@ def test_a_draft_cut_to_nothing_is_a_miss_and_pauses_speculation() -> None:
     assert would[2] is False  # the second miss in a row (the first decode's) paused it
 
 
-def test_no_drafts_while_more_sequences_decode_than_max_batch() -> None:
-    """Three requests whose tokens cycle 1 2 3 (lookup always finds a draft) under max_batch 2:
-    no step drafts (nor would) while all three decode; once the shortest finishes, the other
-    two draft again."""
+def test_no_drafts_while_more_requests_are_unfinished_than_max_batch() -> None:
+    """Three requests whose tokens cycle 1 2 3 (lookup always finds a draft) under max_batch 2,
+    two running at most: no step drafts (nor would) while the third waits, though only two
+    decode; once the shortest finishes and the third runs, the two left draft."""
     config = SchedulerConfig(
-        num_pages=64, max_model_len=512, speculation=SpeculationConfig(max_batch=2)
+        num_pages=64,
+        max_model_len=512,
+        max_num_seqs=2,
+        speculation=SpeculationConfig(max_batch=2),
     )
     scheduler = Scheduler(config)
     for i, new in enumerate((3, 40, 40)):
         scheduler.add(Request(f"r{i}", [1, 2, 3] * 4, max_new_tokens=new, ignore_eos=True))
-    drafted: list[tuple[int, int]] = []  # (decoding sequences, draft tokens) per decode step
+    drafted: list[tuple[int, int]] = []  # (unfinished requests, draft tokens) per decode step
     while scheduler.has_unfinished():
+        unfinished = scheduler.num_running + scheduler.num_waiting
         plan = scheduler.schedule()
         scheduler.advance(plan)
         tokens = [1 + (seq.num_tokens - 1) % 3 for seq in plan.sampling]
         for seq in plan.decodes:
             tokens += [1 + d % 3 for d in seq.draft]
         if plan.decodes:
-            drafted.append((len(plan.decodes), plan.num_draft_tokens))
+            drafted.append((unfinished, plan.num_draft_tokens))
         scheduler.resolve(plan, tokens)
-        if scheduler.num_running > 2:
+        if scheduler.num_running + scheduler.num_waiting > 2:
             assert not scheduler.would_draft
-    assert all(tokens == 0 for decoding, tokens in drafted if decoding > 2)
-    assert any(tokens > 0 for decoding, tokens in drafted if decoding <= 2)
+    assert any(unfinished > 2 for unfinished, _ in drafted)
+    assert all(tokens == 0 for unfinished, tokens in drafted if unfinished > 2)
+    assert any(tokens > 0 for unfinished, tokens in drafted if unfinished <= 2)

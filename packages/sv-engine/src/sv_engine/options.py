@@ -159,9 +159,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         type=non_negative_int,
         default=_SPECULATION.max_batch,
         metavar="N",
-        help="with --speculate: no drafts in a step while more than N sequences decode (a "
-        "step with drafts cannot overlap with the one before it, which costs more than it "
-        f"saves in a large batch); 0: no limit (default {_SPECULATION.max_batch})",
+        help="with --speculate: no drafts while more than N requests are running or "
+        "waiting (a step with drafts cannot overlap with the one before it, which costs more "
+        f"than it saves in a large batch); 0: no limit (default {_SPECULATION.max_batch})",
     )
 
 

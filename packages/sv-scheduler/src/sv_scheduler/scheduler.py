@@ -433,10 +433,12 @@ class Scheduler:
         )
 
     def _drafts_allowed(self) -> bool:
-        """Speculation is on and at most its max_batch sequences decode."""
+        """Speculation is on and at most its max_batch requests are unfinished (running or
+        waiting, as vLLM counts for `disable_by_batch_size`: a batch that is filling up does
+        not draft while its first decoders are few)."""
         spec = self._speculation
         return spec is not None and (
-            spec.max_batch is None or len(self._decoding) <= spec.max_batch
+            spec.max_batch is None or len(self._unfinished) <= spec.max_batch
         )
 
     @property

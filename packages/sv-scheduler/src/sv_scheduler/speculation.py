@@ -21,7 +21,7 @@ followed it. Each sequence keeps an index of its n-grams, extended as it grows.
 Adaptivity, per sequence: the next draft is one token longer than the last accepted run (doubled,
 up to k, after a fully accepted draft), and a sequence whose drafts keep failing stops
 speculating for a while (see `DraftState.record`). Per step: no draft while more than
-`max_batch` sequences decode (vLLM's `disable_by_batch_size`). A step with drafts needs the
+`max_batch` requests are unfinished, running or waiting (vLLM's `disable_by_batch_size`). A step with drafts needs the
 step before it resolved (its drafts and positions follow from that step's tokens), so it cannot
 overlap the host's work with the device's; in a large batch that lost overlap and the extra
 rows cost more than the few accepted tokens save (BENCHMARKS.md, the speculation rows).
@@ -46,8 +46,8 @@ class SpeculationConfig:
                   pauses speculation.
     first_pause:  steps of the first pause; each further pause in a row doubles it ...
     max_pause:    ... up to this many steps.
-    max_batch:    the most decoding sequences a step may draft for; with more, no sequence
-                  drafts (None: no limit).
+    max_batch:    the most unfinished requests (running or waiting) under which steps
+                  draft; with more, no sequence drafts (None: no limit).
     """
 
     max_draft: int = 4
