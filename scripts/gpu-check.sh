@@ -10,7 +10,8 @@
 #   options via env: SV_BENCH_ARGS="--quick" (added), SV_BENCH_FLAGS (replaces the default
 #   "--kernels --peer --profile --quantization fp8,int8"), SV_SKIP_TESTS=1,
 #   SV_PYTEST_ARGS="-k decode", SV_SERVE_ARGS and
-#   SV_MIX_ARGS (the two serving benchmarks' arguments), SV_SKIP_SERVE=1
+#   SV_MIX_ARGS (the two serving benchmarks' arguments), SV_SKIP_SERVE=1, SV_SKIP_FAMILIES=1
+#   (the Qwen presets' decode and throughput rows, run when .assets/qwen-tokenizer exists)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sv-gpu-out}
@@ -43,6 +44,19 @@ echo "== benchmarks"
 python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
     ${SV_BENCH_FLAGS:---kernels --peer --profile --quantization fp8,int8} --json "$OUT/bench.json" ${SV_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^\[bench\]'
 bench_rc=${PIPESTATUS[0]}
+
+families_rc=skipped
+if [ -d .assets/qwen-tokenizer ] && [ -z "${SV_SKIP_FAMILIES:-}" ]; then
+    # The Qwen shapes beside the 1B figures, with Qwen's own tokenizer (its ids are past the
+    # Llama tokenizer's): `make gpu-assets` puts it in .assets/qwen-tokenizer.
+    families_rc=0
+    for preset in qwen2.5-0.5b qwen3-0.6b; do
+        echo "== $preset (sv bench --preset $preset --only decode,throughput)"
+        python3 -m sv_cli bench --tokenizer-dir "$PWD/.assets/qwen-tokenizer" --workdir "$SV_BENCH_WORKDIR" \
+            --preset $preset --only decode,throughput --json "$OUT/bench-$preset.json" 2>&1 | tee "$OUT/bench-$preset.log" | grep -v '^\[bench\]'
+        [ "${PIPESTATUS[0]}" = 0 ] || families_rc=1
+    done
+fi
 
 tp_rc=skipped
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && [ -z "${SV_SKIP_TP:-}" ]; then
@@ -87,4 +101,4 @@ for name in ("conservative", "preemptive"):
           f"{r.get('server_preemptions')!s:>9}{r.get('server_recomputed_tokens')!s:>9}")
 PY
 fi
-echo "GPU tests: rc=$tests_rc ($(tail -1 "$OUT/gpu-tests.log" 2>/dev/null))   bench: rc=$bench_rc   tp: rc=$tp_rc   serve: rc=$serve_rc"
+echo "GPU tests: rc=$tests_rc ($(tail -1 "$OUT/gpu-tests.log" 2>/dev/null))   bench: rc=$bench_rc   families: rc=$families_rc   tp: rc=$tp_rc   serve: rc=$serve_rc"
