@@ -1,4 +1,5 @@
-"""Fixtures: the default model, and real servers on 127.0.0.1 (uvicorn in a thread)."""
+"""Fixtures: real servers on 127.0.0.1 (uvicorn in a thread) of the default model (the
+`default_model` fixture of the repository root's conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent))  # server_test_support, for the test modules
-
-
-@pytest.fixture(scope="session")
-def default_model() -> Path:
-    from sv_engine import EngineError
-    from sv_engine.default_model import default_model_dir
-
-    try:
-        return default_model_dir(progress=lambda _m: None)
-    except EngineError as e:
-        pytest.skip(f"default model unavailable: {e}")
 
 
 class RunningServer:

@@ -1,4 +1,5 @@
-"""Fixtures: a small random Llama with the real Llama 3.2 tokenizer, and the default model."""
+"""Fixtures: small random Llamas with the real Llama 3.2 tokenizer (the default model is the
+`default_model` fixture of the repository root's conftest.py)."""
 
 from __future__ import annotations
 
@@ -34,18 +35,6 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_random_checkpoint(d, cfg, seed=0, dtype=torch.float32)
     shutil.copy(tok / "tokenizer.json", d / "tokenizer.json")
     return d
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    """The embedded default model, converted once into the cache."""
-    from sv_engine import EngineError
-    from sv_engine.default_model import default_model_dir
-
-    try:
-        return default_model_dir(progress=lambda _msg: None)
-    except EngineError as e:
-        pytest.skip(f"default model unavailable: {e}")
 
 
 @pytest.fixture(scope="session")

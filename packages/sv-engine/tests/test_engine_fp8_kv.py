@@ -33,8 +33,10 @@ def test_an_fp8_pool_holds_four_times_the_fp32_pages(tiny_llama_dir: Path) -> No
         Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_dtype="int4")  # type: ignore[arg-type]
 
 
-def test_fp8_kv_logits_stay_close_to_transformers(smollm2_dir: Path) -> None:
-    engine = Engine.from_model_dir(smollm2_dir, device="cpu", kv_cache_mib=16, kv_cache_dtype="fp8")
+def test_fp8_kv_logits_stay_close_to_transformers(default_model: Path) -> None:
+    engine = Engine.from_model_dir(
+        default_model, device="cpu", kv_cache_mib=16, kv_cache_dtype="fp8"
+    )
     ids = engine.tokenizer.encode(TEXT)
     n = len(ids)
     runner = engine.runner
@@ -46,7 +48,7 @@ def test_fp8_kv_logits_stay_close_to_transformers(smollm2_dir: Path) -> None:
     for p in range(half, n):
         ours.append(runner.logits(StepInputs([ids[p]], [p], [0], [1], [p + 1], [0])))
     logits = torch.cat(ours)  # positions half-1 .. n-1
-    model = transformers.LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    model = transformers.LlamaForCausalLM.from_pretrained(default_model, dtype=torch.float32)
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0, half - 1 :]
     kl = torch.nn.functional.kl_div(
@@ -58,8 +60,10 @@ def test_fp8_kv_logits_stay_close_to_transformers(smollm2_dir: Path) -> None:
     assert agree >= 0.9
 
 
-def test_fp8_greedy_generation_frees_every_page(smollm2_dir: Path) -> None:
-    engine = Engine.from_model_dir(smollm2_dir, device="cpu", kv_cache_mib=16, kv_cache_dtype="fp8")
+def test_fp8_greedy_generation_frees_every_page(default_model: Path) -> None:
+    engine = Engine.from_model_dir(
+        default_model, device="cpu", kv_cache_mib=16, kv_cache_dtype="fp8"
+    )
     done = engine.generate(
         ["Name three rivers.", "Count to five."], SamplingParams(max_new_tokens=12)
     )

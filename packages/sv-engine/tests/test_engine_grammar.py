@@ -100,8 +100,8 @@ PROMPT = "Reply with a short JSON value describing a person, a place or a thing.
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_dir: Path) -> Engine:
-    return Engine.from_model_dir(smollm2_dir, device="cpu", kv_cache_mib=64)
+def engine(default_model: Path) -> Engine:
+    return Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=64)
 
 
 def _params(grammar: Grammar, **kw: Any) -> SamplingParams:

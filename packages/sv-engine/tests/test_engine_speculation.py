@@ -142,14 +142,14 @@ def test_max_new_tokens_inside_an_accepted_run(base: Engine) -> None:
     assert len(steps[-1]) == 2  # the last step kept its first token and one accepted
 
 
-def test_stop_inside_an_accepted_run_of_real_text(smollm2_dir: Path) -> None:
+def test_stop_inside_an_accepted_run_of_real_text(default_model: Path) -> None:
     """The default model copying text: a stop token first seen in the middle of an accepted
     run ends the request there, as in plain decoding."""
     text = (
         "Repeat the following text exactly, word for word:\n\nThe quick brown fox jumps over "
         "the lazy dog. It was a sunny day in the park, and the children were playing football."
     )
-    engine = Engine.from_model_dir(smollm2_dir, device="cpu", kv_cache_mib=16)
+    engine = Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=16)
     params = SamplingParams(max_new_tokens=24)
     prompt = engine.encode_prompt(text)
     plain = flat(run_with_steps(engine, prompt, params))

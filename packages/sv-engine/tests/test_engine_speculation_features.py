@@ -295,10 +295,10 @@ SCHEMA = {
 RECORD = {"name": "Ada Lovelace", "city": "London", "tags": ["mathematics", "engines", "notes"]}
 
 
-def test_json_schema_output_of_real_text_is_the_plain_one(smollm2_dir: Path) -> None:
+def test_json_schema_output_of_real_text_is_the_plain_one(default_model: Path) -> None:
     """The default model copying a JSON record under its schema: drafts from the prompt are
     accepted, and the output is the plain engine's and validates."""
-    engine = Engine.from_model_dir(smollm2_dir, device="cpu", kv_cache_mib=16)
+    engine = Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=16)
     prompt = engine.encode_prompt(
         "Copy this JSON object exactly, with no other text:\n"
         + json.dumps(RECORD, separators=(",", ":"))
@@ -314,8 +314,8 @@ def test_json_schema_output_of_real_text_is_the_plain_one(smollm2_dir: Path) -> 
     assert_all_back(spec)
 
 
-def test_draft_prefix_stops_at_the_grammar_and_at_stop_tokens(smollm2_dir: Path) -> None:
-    engine = Engine.from_model_dir(smollm2_dir, device="cpu", kv_cache_mib=4)
+def test_draft_prefix_stops_at_the_grammar_and_at_stop_tokens(default_model: Path) -> None:
+    engine = Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=4)
     matcher = engine.grammars.matcher(Grammar.json_schema({"type": "object"}))
     tokens = engine.tokenizer.encode('{"a":1}')  # '{"', 'a', '":', '1', '}'
     assert len(tokens) == 5
