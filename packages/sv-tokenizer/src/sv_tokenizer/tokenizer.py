@@ -273,25 +273,26 @@ class Tokenizer:
 
     # ---------------------------------------------------------------- decoding
 
+    def _bytes_of(self, id: int) -> bytes | None:
+        """Token `id`'s bytes, or None for an id without a token."""
+        return self._token_bytes[id] if 0 <= id < self.vocab_size else None
+
     def token_bytes(self, id: int) -> bytes:
         """The bytes token `id` stands for (a special token: its name, UTF-8)."""
-        if 0 <= id < self.vocab_size:
-            data = self._token_bytes[id]
-            if data is not None:
-                return data
-        raise TokenizerError(
-            f"{self.source}: token id {id!r} is not in the vocabulary (0..{self.vocab_size - 1})"
-        )
+        data = self._bytes_of(id)
+        if data is None:
+            raise TokenizerError(
+                f"{self.source}: token id {id!r} is not in the vocabulary "
+                f"(0..{self.vocab_size - 1})"
+            )
+        return data
 
     def shown_bytes(self, id: int) -> bytes:
         """`token_bytes`, but none for an id without a token: a model's logits may have rows
         past the vocabulary (Qwen pads 151,669 tokens to 151,936), and such a row, sampled,
         shows no text (as in HF's decode)."""
-        if 0 <= id < self.vocab_size:
-            data = self._token_bytes[id]
-            if data is not None:
-                return data
-        return b""
+        data = self._bytes_of(id)
+        return b"" if data is None else data
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         ids = list(ids)
