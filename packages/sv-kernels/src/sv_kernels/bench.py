@@ -181,13 +181,19 @@ class Bench:
                 if graph_ms is not None:
                     row.eager_ms, ms = ms, graph_ms
             row.ms = ms
-            row.gbps = nbytes / (ms * 1e-3) / 1e9
-            if self.copy_gbps:
-                row.frac_copy = row.gbps / self.copy_gbps
             if flops is not None:
                 row.tflops = flops / (ms * 1e-3) / 1e12
         except Exception as error:  # a failing measurement must not end the run
             row.note = f"n/a: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        self.record(row)
+
+    def record(self, row: Row) -> None:
+        """Keep and print a row; a timed one (ms and bytes set) gets its bandwidth, also as a
+        fraction of the copy bandwidth."""
+        if row.ms is not None and row.bytes is not None:
+            row.gbps = row.bytes / (row.ms * 1e-3) / 1e9
+            if self.copy_gbps:
+                row.frac_copy = row.gbps / self.copy_gbps
         self.rows.append(row)
         print(_format_row(row), flush=True)
 

@@ -21,7 +21,7 @@ from sv_kernels.linear_plan import GemvTile
 from sv_kernels.quantized import LinearWeight, QuantizedWeight, quantize
 
 if TYPE_CHECKING:
-    from sv_kernels.bench import Bench, Row
+    from sv_kernels.bench import Bench
 
 WeightType = Literal["bf16", "fp8", "int8"]
 WEIGHT_TYPES: tuple[WeightType, ...] = ("bf16", "fp8", "int8")
@@ -52,7 +52,7 @@ def _tile(tile: GemvTile) -> str:
 
 
 def bench_gemv(b: Bench) -> None:
-    from sv_kernels.bench import Row, _format_row
+    from sv_kernels.bench import Row
 
     per_token_ms = dict.fromkeys(WEIGHT_TYPES, 0.0)
     per_token_bytes = dict.fromkeys(WEIGHT_TYPES, 0)
@@ -71,34 +71,24 @@ def bench_gemv(b: Bench) -> None:
                 (f"{kind} {cublas}", cublas_ms, ""),
                 (f"{kind} best {_tile(best_tile)}", best_ms, f"us per tile: {listed}"),
             ):
-                row = Row("gemv b1", shape, impl, ms=ms, bytes=nbytes, note=note)
-                _rates(b, row)
-                b.rows.append(row)
-                print(_format_row(row), flush=True)
+                b.record(Row("gemv b1", shape, impl, ms=ms, bytes=nbytes, note=note))
             per_token_ms[kind] += count * min(best_ms, cublas_ms)
             per_token_bytes[kind] += count * nbytes
             del weight
         del plain
     for kind in WEIGHT_TYPES:
         shape = f"{b.shapes.layers} layers + LM head"
-        row = Row(
-            "gemv b1 per token",
-            shape,
-            f"{kind} best per matrix",
-            ms=per_token_ms[kind],
-            bytes=per_token_bytes[kind],
-            note="sum of the rows above, each matrix at its fastest (the SwiGLU epilogue aside)",
+        b.record(
+            Row(
+                "gemv b1 per token",
+                shape,
+                f"{kind} best per matrix",
+                ms=per_token_ms[kind],
+                bytes=per_token_bytes[kind],
+                note="sum of the rows above, each matrix at its fastest (the SwiGLU epilogue "
+                "aside)",
+            )
         )
-        _rates(b, row)
-        b.rows.append(row)
-        print(_format_row(row), flush=True)
-
-
-def _rates(b: Bench, row: Row) -> None:
-    assert row.ms is not None and row.bytes is not None
-    row.gbps = row.bytes / (row.ms * 1e-3) / 1e9
-    if b.copy_gbps:
-        row.frac_copy = row.gbps / b.copy_gbps
 
 
 def _times(b: Bench, weight: LinearWeight) -> tuple[float, dict[GemvTile, float]]:
