@@ -590,7 +590,8 @@ MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs
 
 
 def token_logprobs(logits: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """`reference.token_logprobs`; on CUDA without materializing the log-softmax."""
+    """`reference.token_logprobs`; on CUDA one Triton kernel reads the logits once, without
+    materializing the log-softmax (triton_ops/token_logprobs.py)."""
     op = "token_logprobs"
     _check_dims(op, "logits", logits, 2, "[B, V]")
     _check_float(op, "logits", logits)
@@ -601,9 +602,9 @@ def token_logprobs(logits: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor,
     if not 0 <= k <= min(MAX_LOGPROBS, logits.shape[1]):
         _fail(op, f"k must be in [0, {min(MAX_LOGPROBS, logits.shape[1])}], got {k}")
     if _on_cuda(logits):
-        from . import token_logprobs as device
+        from . import triton_ops
 
-        return device.token_logprobs(logits, ids, k)
+        return triton_ops.token_logprobs(logits, ids, k)
     return reference.token_logprobs(logits, ids, k)
 
 

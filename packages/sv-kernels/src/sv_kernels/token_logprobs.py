@@ -1,14 +1,11 @@
-"""`reference.token_logprobs` on the GPU without writing the [B, V] log-softmax.
+"""`two_stage_topk`: `reference.token_logprobs` in plain torch without writing the [B, V]
+log-softmax, the form the Triton kernel (triton_ops/token_logprobs.py, which `ops` runs on
+CUDA) replaced; kept as the kernel benchmark's baseline.
 
 A log-probability is `logit - logsumexp(row)`, and the k most likely tokens are the k largest
-logits, so the device needs only [B] and [B, k] outputs. On CUDA the Triton kernel of
-`triton_ops/token_logprobs.py` reads the logits once (per chunk: max, sum of exp and top k,
-then a per-row merge; ties to the lower id).
-
-`two_stage_topk` is the plain-torch form it replaced, kept for CPU tensors and as the kernel
-benchmark's baseline: one logsumexp and a top-k in two stages, per chunk of `_CHUNK` columns
-and then over the chunks' survivors (torch.topk gives one row to few blocks), reading the
-logits twice. Both are capturable in a CUDA graph: no host sync.
+logits: one logsumexp and a top-k in two stages, per chunk of `_CHUNK` columns and then over
+the chunks' survivors (torch.topk gives one row to few blocks), reading the logits twice.
+Capturable in a CUDA graph: no host sync.
 """
 
 from __future__ import annotations
@@ -17,14 +14,6 @@ import torch
 from torch import Tensor
 
 _CHUNK = 1024  # columns per first-stage top-k: ~125 chunks for the Llama 3 vocabulary
-
-
-def token_logprobs(logits: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    if logits.device.type == "cuda":
-        from sv_kernels import triton_ops
-
-        return triton_ops.token_logprobs(logits, ids, k)
-    return two_stage_topk(logits, ids, k)
 
 
 def two_stage_topk(logits: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
