@@ -360,7 +360,9 @@ def bench_long_context(
         torch.cuda.empty_cache()
 
 
-def bench_decode_step(report: Report, engine: Any, roof: dict[str, float], batch: int) -> None:
+def bench_decode_step(
+    report: Report, engine: Any, roof: dict[str, float], batch: int, tag: str = ""
+) -> None:
     """The GPU time of one graph-replayed decode step alone (no scheduler, no host round trip):
     how far the end-to-end figure is from what the kernels themselves allow. Twenty replays are
     queued back to back between two events, so the host's speed cannot leave the GPU idle
@@ -391,7 +393,7 @@ def bench_decode_step(report: Report, engine: Any, roof: dict[str, float], batch
     weight_bytes = weight_bytes_per_decode_step(runner.model.weights)
     report.add(
         Row(
-            f"decode step GPU time, batch {batch}",
+            f"decode step GPU time, batch {batch}{tag}",
             ms * 1e3,
             "us",
             None,
@@ -525,6 +527,9 @@ def bench_quantized(
     )
     if "decode" in workloads:
         bench_decode_b1(report, engine, roof, 64 if quick else 256, tag)
+        # The kernels' own time beside BF16's: what the mode saves where the host is no limit.
+        for batch in (1, 256):
+            bench_decode_step(report, engine, roof, batch, tag)
     if "throughput" in workloads:
         rate = bench_throughput(
             report, engine, "throughput" + tag, 32 if quick else 256, False, 64 if quick else 512
