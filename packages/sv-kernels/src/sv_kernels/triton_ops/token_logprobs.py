@@ -1,16 +1,20 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator"
 # (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
-"""`reference.token_logprobs` without writing the [B, V] log-softmax: three launches.
+"""`reference.token_logprobs` without writing the [B, V] log-softmax: four launches.
 
 1. Programs over (row, vocabulary chunk) keep each chunk's max m and its sum of exp(x - m).
-2. The same programs again: each first takes the row's threshold t, the K-th largest of its
-   chunks' maxima (those K maxima are K distinct logits >= t, so every logit of the row's top
-   K is >= t too), then runs rounds of a leftmost argmax over its chunk, in registers, each
-   taking the winner out of the running, while the winner is >= t (at most K rounds). Most
-   chunks hold no logit >= t and stop at once: the row costs about K rounds in all, not K
-   per chunk (at batch 256, 31 chunks of 4,096: 0.42 ms a step in K rounds each, BENCHMARKS.md
-   run 69). A row of fewer than K chunks takes K rounds in every chunk.
-3. One program per row merges them: logsumexp = M + log(sum of s_c * exp(m_c - M)) with M the
+2. One program per row takes the row's threshold t, the K-th largest of its chunks' maxima
+   (those K maxima are K distinct logits >= t, so every logit of the row's top K is >= t too).
+   Once per row: when every chunk's program took it from the maxima itself, those K rounds
+   over the maxima, repeated in each of a row's 31 programs at batch 256, were most of the
+   step's log-probability time.
+3. The programs over (row, chunk) again. A chunk whose max is below t holds none of the top K
+   and reads nothing more. The others run rounds of a leftmost argmax over their chunk, in
+   registers, each taking the winner out of the running, while the winner is >= t (at most K
+   rounds): the row costs about K rounds in all, not K per chunk (at batch 256, 31 chunks of
+   4,096: 0.42 ms a step in K rounds each, BENCHMARKS.md run 69). A row of fewer than K
+   chunks has no threshold (t is below every value) and takes K rounds in every chunk.
+4. One program per row merges them: logsumexp = M + log(sum of s_c * exp(m_c - M)) with M the
    largest m_c, the chosen token's logit minus it, and the top K of the row (K rounds of a
    leftmost argmax over the chunks' candidates, stored chunk after chunk).
 
@@ -74,24 +78,17 @@ def _chunk_stats_kernel(
 
 
 @triton.jit
-def _logprob_chunks_kernel(
-    logits_ptr,
-    stride_row,
-    vocab,
+def _row_threshold_kernel(
     num_chunks,
     max_ptr,
-    key_ptr,
-    id_ptr,
-    CHUNK: tl.constexpr,
+    threshold_ptr,
     BLOCK_C: tl.constexpr,
     K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    # The row's threshold: the K-th largest chunk maximum; with fewer than K chunks the K-th
+    # The K-th largest chunk maximum, as an order key; with fewer than K chunks the K-th
     # round finds only the INT32_MIN padding, and nothing is pruned.
     c = tl.arange(0, BLOCK_C)
     maxima = tl.load(max_ptr + row * num_chunks + c, mask=c < num_chunks, other=0.0)
@@ -100,9 +97,34 @@ def _logprob_chunks_kernel(
     for _ in tl.static_range(K):
         threshold, picked = tl.max(ranked, axis=0, return_indices=True)
         ranked = tl.where(c == picked, _INT32_MIN, ranked)
+    tl.store(threshold_ptr + row, threshold)
+
+
+@triton.jit
+def _logprob_chunks_kernel(
+    logits_ptr,
+    stride_row,
+    vocab,
+    num_chunks,
+    max_ptr,
+    threshold_ptr,
+    key_ptr,
+    id_ptr,
+    CHUNK: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    wait_for_prior_kernels(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    threshold = tl.load(threshold_ptr + row)
+    # Below the threshold the chunk's max, and so all of it, is out of the row's top K: its
+    # logits are not read (masked loads fetch nothing) and it leaves only unused slots.
+    qualifies = _order_key(tl.load(max_ptr + row * num_chunks + chunk)) >= threshold
     offsets = tl.arange(0, CHUNK)
     cols = chunk * CHUNK + offsets
-    valid = cols < vocab
+    valid = (cols < vocab) & qualifies
     x = tl.load(logits_ptr + row * stride_row + cols, mask=valid, other=float("-inf"))
     key = tl.where(valid, _order_key(x.to(tl.float32)), _INT32_MIN)
     out = (row * num_chunks + chunk) * K
@@ -202,16 +224,27 @@ def token_logprobs(
         num_warps=warps,
         launch_pdl=pdl,
     )
+    thresholds = torch.empty((batch,), dtype=torch.int32, device=device)
+    _row_threshold_kernel[(batch,)](
+        num_chunks,
+        maxima,
+        thresholds,
+        BLOCK_C=next_pow2(num_chunks),
+        K=k,
+        USE_PDL=pdl,
+        num_warps=1 if num_chunks <= 64 else 4,
+        launch_pdl=pdl,
+    )
     _logprob_chunks_kernel[(batch, num_chunks)](
         logits,
         logits.stride(0),
         vocab,
         num_chunks,
         maxima,
+        thresholds,
         keys,
         cand_ids,
         CHUNK=chunk,
-        BLOCK_C=next_pow2(num_chunks),
         K=k,
         BLOCK_K=max(2, next_pow2(k)),
         USE_PDL=pdl,
