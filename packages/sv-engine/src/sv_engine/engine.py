@@ -736,8 +736,14 @@ class Engine:
         decodes = plan.decodes
         first = len(token_ids)
         lengths = [len(seq.token_ids) + seq.num_pending for seq in decodes]  # num_tokens
+        pending = [seq.num_pending for seq in decodes]
         if previous is None:
-            assert not any(seq.num_pending for seq in decodes)  # nothing is on the device
+            assert not any(pending)  # nothing is on the device
+        elif all(pending) and decodes == previous.plan.decodes:
+            # The decoders of the step before, in its order (most steps): their tokens are
+            # that launch's sampled ids after its prefill chunks' own.
+            n, after = len(decodes), previous.plan.num_prefill_samples
+            feed += zip(range(first, first + n), range(after, after + n), strict=True)
         else:
             rows = previous.rows()
             feed += [(first + i, rows[id(seq)]) for i, seq in enumerate(decodes) if seq.num_pending]
