@@ -77,7 +77,7 @@ from sv_engine.errors import EngineError
 from sv_engine.grammar import GrammarMatcher, Grammars
 from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
 from sv_engine.logit_controls import RowControls, step_controls
-from sv_engine.logprobs import PromptLogprobs, token_logprob, with_first_rows
+from sv_engine.logprobs import PromptLogprobs, with_first_rows
 from sv_engine.params import Completion, SamplingParams, StreamEvent, TokenLogprob
 from sv_engine.ranks import start_leader
 
@@ -550,7 +550,9 @@ class Engine:
     def _logprob(live: _Live, rows: Logprobs, row: int, token: int) -> TokenLogprob:
         """Choice `row`'s log-probabilities of `token`, kept in `live` (which asked for them)."""
         assert live.logprobs is not None and live.params.logprobs is not None
-        logprob = token_logprob(rows, row, token, live.params.logprobs)
+        # Row `row` of the step's rows, its top k left there until read. (One call deep: this
+        # runs for every token of a step that returns log-probabilities.)
+        logprob = TokenLogprob.of_row(token, rows.chosen[row], rows, row, live.params.logprobs)
         live.logprobs.append(logprob)
         return logprob
 
