@@ -77,7 +77,7 @@ from sv_engine.errors import EngineError
 from sv_engine.grammar import GrammarMatcher, Grammars
 from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
 from sv_engine.logit_controls import RowControls, step_controls
-from sv_engine.logprobs import PromptLogprobs, token_logprob, with_first_rows
+from sv_engine.logprobs import PromptLogprobs, with_first_rows
 from sv_engine.params import Completion, SamplingParams, StreamEvent, TokenLogprob
 from sv_engine.ranks import start_leader
 
@@ -122,11 +122,15 @@ class _Launched:
         self._rows: dict[int, int] | None = None
         self.grammars_advanced = False  # its tokens have been given to the grammar matchers
 
-    def row_of(self, seq: object) -> int:
-        """The row of `seq`'s token among this step's sampled ids."""
+    def rows(self) -> dict[int, int]:
+        """id(seq) -> the row of its token among this step's sampled ids."""
         if self._rows is None:
             self._rows = {id(s): i for i, s in enumerate(self.plan.sampling)}
-        return self._rows[id(seq)]
+        return self._rows
+
+    def row_of(self, seq: object) -> int:
+        """The row of `seq`'s token among this step's sampled ids."""
+        return self.rows()[id(seq)]
 
 
 class Engine:
@@ -460,55 +464,95 @@ class Engine:
         plan = launched.plan
         tokens = launched.tokens.result()
         self._advance_grammars(launched)
-        # A decode that verifies a draft keeps its first choice and then its accepted run.
+        # A decode that verifies a draft keeps its first choice and then its accepted run,
+        # which starts at its length before the scheduler appends it.
         drafted = draft_choices.drafting(plan)
-        known = {id(s): len(s.token_ids) for s in plan.decodes if id(s) in drafted}
+        runs: dict[int, tuple[int, draft_choices.DraftChoices]] = {}
+        if drafted:
+            runs = {
+                id(s): (len(s.token_ids), drafted[id(s)]) for s in plan.decodes if id(s) in drafted
+            }
         finished = {f.request_id: f for f in self.scheduler.resolve(plan, tokens)}
         self._deliver_prompt_logprobs(launched)
-        rows = launched.tokens.logprobs()
-        events = []
+        events = self._token_events(plan, tokens, launched.tokens.logprobs(), finished, runs)
+        if self.tracer is not None:
+            self.tracer.resolved(plan, tokens, events)
+        return events
+
+    def _token_events(
+        self,
+        plan: StepPlan,
+        tokens: list[int],
+        rows: Logprobs | None,
+        finished: dict[RequestId, FinishedRequest],
+        runs: dict[int, tuple[int, draft_choices.DraftChoices]],
+    ) -> list[StreamEvent]:
+        """The events of a resolved step: one per sampled token of a live request, in the
+        order of `plan.sampling` (a verified draft's accepted run before its last token).
+
+        This runs for every token of every step (256 a step at batch 256), so the common
+        token (no text, no log-probabilities, not finished, no draft) costs a few attribute
+        tests and its event: each rarer case is tested once, then handled in its own call."""
+        events: list[StreamEvent] = []
         now = time.perf_counter()
+        live_of = self._live.get
         for row, (seq, token) in enumerate(zip(plan.sampling, tokens, strict=False)):
-            live = self._live.get(seq.request_id)
+            request_id = seq.request_id
+            live = live_of(request_id)
             if live is None:  # cancelled, or stopped a step earlier: this token is dropped
                 continue
             first = live.first_token_at is None
             if first:
                 live.first_token_at = now
-            done = finished.get(seq.request_id)
-            if known and id(seq) in known:  # a verified draft: its accepted run comes first
-                kept = seq.token_ids[known[id(seq)] :]
-                choice = drafted[id(seq)]
-                if live.matcher is not None:  # its choice 0 was given to it with the others
-                    for accepted in kept[1:]:
-                        live.matcher.accept(accepted)
-                for i, accepted in enumerate(kept[:-1]):
-                    text = self._text(live, accepted)
-                    events.append(StreamEvent(seq.request_id, accepted, text))
-                    events[-1].logprob = self._logprob(live, rows, choice.row(i), accepted)
-                token, row = kept[-1], choice.row(len(kept) - 1)
-            text = self._text(live, token)
-            logprob = self._logprob(live, rows, row, token)
+            if runs and id(seq) in runs:  # a verified draft: its accepted run comes first
+                start, choice = runs[id(seq)]
+                kept = seq.token_ids[start:]
+                token, row = self._accepted_run(request_id, live, kept, choice, rows, events)
+            text = "" if live.decoder is None else self._text(live, token)
+            logprob = None
+            if rows is not None and live.logprobs is not None:
+                logprob = self._logprob(live, rows, row, token)  # before the completion reads them
+            done = finished.get(request_id) if finished else None
             event = (
-                StreamEvent(seq.request_id, token, text)
+                StreamEvent(request_id, token, text)
                 if done is None
                 else self._finish_event(done, token, text)
             )
-            event.logprob = logprob
+            if logprob is not None:
+                event.logprob = logprob
             if first and live.prompt_logprobs is not None:
                 event.prompt_logprobs = live.prompt_logprobs.scored
             events.append(event)
-        if self.tracer is not None:
-            self.tracer.resolved(plan, tokens, events)
         return events
 
+    def _accepted_run(
+        self,
+        request_id: RequestId,
+        live: _Live,
+        kept: list[int],
+        choice: draft_choices.DraftChoices,
+        rows: Logprobs | None,
+        events: list[StreamEvent],
+    ) -> tuple[int, int]:
+        """Events for a verified draft's `kept` tokens (its first choice, then the accepted
+        run) but the last; returns (the last kept token, the row of its choice)."""
+        if live.matcher is not None:  # its choice 0 was given to it with the others
+            for accepted in kept[1:]:
+                live.matcher.accept(accepted)
+        for i, accepted in enumerate(kept[:-1]):
+            event = StreamEvent(request_id, accepted, self._text(live, accepted))
+            if rows is not None and live.logprobs is not None:
+                event.logprob = self._logprob(live, rows, choice.row(i), accepted)
+            events.append(event)
+        return kept[-1], choice.row(len(kept) - 1)
+
     @staticmethod
-    def _logprob(live: _Live, rows: Logprobs | None, row: int, token: int) -> TokenLogprob | None:
-        """Choice `row`'s log-probabilities of `token`, kept in `live`, when it asked for them."""
-        if rows is None or live.logprobs is None:
-            return None
-        assert live.params.logprobs is not None
-        logprob = token_logprob(rows, row, token, live.params.logprobs)
+    def _logprob(live: _Live, rows: Logprobs, row: int, token: int) -> TokenLogprob:
+        """Choice `row`'s log-probabilities of `token`, kept in `live` (which asked for them)."""
+        assert live.logprobs is not None and live.params.logprobs is not None
+        # Row `row` of the step's rows, its top k left there until read. (One call deep: this
+        # runs for every token of a step that returns log-probabilities.)
+        logprob = TokenLogprob.of_row(token, rows.chosen[row], rows, row, live.params.logprobs)
         live.logprobs.append(logprob)
         return logprob
 
@@ -591,20 +635,10 @@ class Engine:
                 plan, token_ids, positions, table_rows, query_lens, seq_lens, sample_rows
             )
         else:
-            for seq in plan.decodes:
-                n = seq.num_tokens
-                if seq.num_pending:
-                    assert previous is not None
-                    feed.append((len(token_ids), previous.row_of(seq)))
-                    token_ids.append(0)  # a stand-in: the device writes the sampled id here
-                else:
-                    token_ids.append(seq.token_ids[-1])
-                positions.append(n - 1)
-                table_rows.append(seq.table_row)
-                seq_lens.append(n)
-            num_decodes = len(plan.decodes)
-            query_lens.extend(itertools.repeat(1, num_decodes))
-            sample_rows.extend(range(first, first + num_decodes))
+            self._add_decode_rows(
+                plan, previous, token_ids, positions, table_rows, query_lens, seq_lens, feed
+            )
+            sample_rows.extend(range(first, first + len(plan.decodes)))
         return StepInputs(
             token_ids=token_ids,
             positions=positions,
@@ -684,6 +718,42 @@ class Engine:
             live = self._live.get(seq.request_id)
             if live is not None and live.matcher is not None:
                 live.matcher.accept(token)
+
+    @staticmethod
+    def _add_decode_rows(
+        plan: StepPlan,
+        previous: _Launched | None,
+        token_ids: list[int],
+        positions: list[int],
+        table_rows: list[int],
+        query_lens: list[int],
+        seq_lens: list[int],
+        feed: list[tuple[int, int]],
+    ) -> None:
+        """The decodes of a step without drafts, added after its prefill chunks: each feeds
+        its newest token. This runs for every running sequence in every step, so each list is
+        one comprehension rather than a loop of appends (about half the host time at batch
+        256). A token still on the device goes in as a stand-in 0 with a `feed` entry naming
+        the row of the previous launch's sampled ids that holds it."""
+        decodes = plan.decodes
+        first = len(token_ids)
+        lengths = [len(seq.token_ids) + seq.num_pending for seq in decodes]  # num_tokens
+        pending = [seq.num_pending for seq in decodes]
+        if previous is None:
+            assert not any(pending)  # nothing is on the device
+        elif all(pending) and decodes == previous.plan.decodes:
+            # The decoders of the step before, in its order (most steps): their tokens are
+            # that launch's sampled ids after its prefill chunks' own.
+            n, after = len(decodes), previous.plan.num_prefill_samples
+            feed += zip(range(first, first + n), range(after, after + n), strict=True)
+        else:
+            rows = previous.rows()
+            feed += [(first + i, rows[id(seq)]) for i, seq in enumerate(decodes) if seq.num_pending]
+        token_ids += [0 if seq.num_pending else seq.token_ids[-1] for seq in decodes]
+        positions += [n - 1 for n in lengths]
+        table_rows += [seq.table_row for seq in decodes]
+        query_lens += itertools.repeat(1, len(decodes))
+        seq_lens += lengths
 
     def _add_verify_rows(
         self,

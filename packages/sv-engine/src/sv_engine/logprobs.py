@@ -16,12 +16,6 @@ from sv_scheduler import PrefillChunk, RequestId
 from sv_engine.params import TokenLogprob
 
 
-def token_logprob(rows: Logprobs, row: int, token_id: int, k: int) -> TokenLogprob:
-    """Row `row` of `rows`, the log-probabilities of `token_id`, with the top `k` (left in
-    `rows` until read)."""
-    return TokenLogprob.of_row(token_id, rows.chosen[row], rows, row, k)
-
-
 @dataclass
 class PromptLogprobs:
     """A request's prompt log-probabilities, as they come in: `scored` entries so far (the
@@ -44,7 +38,8 @@ class PromptLogprobs:
 
     def add(self, rows: Logprobs, first_row: int, targets: Sequence[int]) -> None:
         for i, token_id in enumerate(targets):
-            self.scored.append(token_logprob(rows, first_row + i, token_id, self.k))
+            row = first_row + i
+            self.scored.append(TokenLogprob.of_row(token_id, rows.chosen[row], rows, row, self.k))
 
 
 def with_first_rows(

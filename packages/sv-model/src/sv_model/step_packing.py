@@ -48,7 +48,8 @@ def source_rows(step: StepInputs, length: int) -> np.ndarray:
     rows = np.full(length, -1, dtype=np.int32)
     if step.feed:
         index, source = zip(*step.feed, strict=True)
-        rows[list(index)] = source
+        # Arrays, not the tuples: numpy converts a sequence of ints one element at a time.
+        rows[np.asarray(index, dtype=np.intp)] = np.asarray(source, dtype=np.int32)
     return rows
 
 
@@ -141,23 +142,31 @@ def decode_rows(step: StepInputs, max_rows: int) -> DecodeRows | None:
     """The step as decode rows, or None when it must run packed: it scores prompt tokens,
     feeds more than `max_rows` tokens or has a chunk longer than DECODE_ROWS_MAX_CHUNK."""
     num_tokens = len(step.token_ids)
-    if (
-        step.prompt_logprobs
-        or num_tokens > max_rows
-        or max(step.query_lens) > DECODE_ROWS_MAX_CHUNK
-    ):
+    if step.prompt_logprobs or num_tokens > max_rows:
         return None
+    sample_rows = np.asarray(step.sample_rows, dtype=np.int32)
+    # One token per sequence, each choosing in token order (every sequence chooses one, at
+    # its last token): a plain decode step, whose rows are its tokens as they are. The
+    # common step, spared the general reordering below.
+    one_each = (
+        step.logits_at is None
+        and len(step.table_rows) == num_tokens
+        and np.array_equal(sample_rows, np.arange(num_tokens))
+    )
+    if not one_each and max(step.query_lens) > DECODE_ROWS_MAX_CHUNK:
+        return None
+    token_ids = np.asarray(step.token_ids, dtype=np.int32)
+    positions = np.asarray(step.positions, dtype=np.int32)
+    sources = source_rows(step, num_tokens)
+    if one_each:
+        table_rows = np.asarray(step.table_rows, dtype=np.int32)
+        return DecodeRows(token_ids, positions, table_rows, sources, num_tokens)
     query_lens = np.asarray(step.query_lens, dtype=np.int32)
     if step.logits_at is not None:
         choices = np.asarray(step.logits_at, dtype=np.int32)
     else:
-        choices = (
-            np.cumsum(query_lens, dtype=np.int32)[np.asarray(step.sample_rows, dtype=np.int32)] - 1
-        )
-    token_ids = np.asarray(step.token_ids, dtype=np.int32)
-    positions = np.asarray(step.positions, dtype=np.int32)
+        choices = np.cumsum(query_lens, dtype=np.int32)[sample_rows] - 1
     table_rows = np.repeat(np.asarray(step.table_rows, dtype=np.int32), query_lens)
-    sources = source_rows(step, num_tokens)
     if len(choices) != num_tokens or np.any(choices != np.arange(num_tokens)):
         others = np.ones(num_tokens, dtype=bool)
         others[choices] = False
