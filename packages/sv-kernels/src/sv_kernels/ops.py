@@ -53,8 +53,22 @@ def _check_float(op: str, name: str, t: Tensor) -> None:
         _fail(op, f"{name} must be a floating-point tensor, got {t.dtype}")
 
 
+_INTEGER_DTYPES = frozenset(
+    {
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+    }
+)
+
+
 def _check_int(op: str, name: str, t: Tensor) -> None:
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+    if t.dtype not in _INTEGER_DTYPES:  # one lookup: this runs several times per op
         _fail(op, f"{name} must be an integer tensor, got {t.dtype}")
 
 
