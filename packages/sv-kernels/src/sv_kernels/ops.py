@@ -1,4 +1,6 @@
-"""The ops the model calls: CUDA tensors go to the Triton kernels, all others to the reference.
+"""The ops the model calls: CUDA tensors go to the Triton kernels, all others to the reference
+(CPU tensors to `cpu_ops` for the decode step's ops it has: the reference's values in fewer
+torch calls).
 
 Each function has the signature of its twin in `sv_kernels.reference` (the spec: read it for
 shapes and semantics). The inputs' shapes, dtypes and devices are checked here, on the host,
