@@ -1,4 +1,6 @@
-"""The ops the model calls: CUDA tensors go to the Triton kernels, all others to the reference.
+"""The ops the model calls: CUDA tensors go to the Triton kernels, all others to the reference
+(CPU tensors to `cpu_ops` for the decode step's ops it has: the reference's values in fewer
+torch calls).
 
 Each function has the signature of its twin in `sv_kernels.reference` (the spec: read it for
 shapes and semantics). The inputs' shapes, dtypes and devices are checked here, on the host,
@@ -16,15 +18,21 @@ from typing import NoReturn
 import torch
 from torch import Tensor
 
-from . import quantized_ops, reference
+from . import cpu_ops, quantized_ops, reference
 from .errors import KernelError
 from .linear_plan import CUBLAS, LinearPlan, TunedLinear
 from .quantized import LinearWeight, QuantizedWeight
 from .tuning_cache import TuningCache
 
 
+# `is_cuda` / `is_cpu`, not `device.type`: these run several times per op, and building the
+# device object is most of a microsecond each time, which adds up over a CPU decode step.
 def _on_cuda(t: Tensor | QuantizedWeight) -> bool:
-    return t.device.type == "cuda"
+    return t.is_cuda if isinstance(t, Tensor) else t.data.is_cuda
+
+
+def _on_cpu(t: Tensor) -> bool:
+    return t.is_cpu
 
 
 def _fail(op: str, message: str) -> NoReturn:
@@ -47,8 +55,22 @@ def _check_float(op: str, name: str, t: Tensor) -> None:
         _fail(op, f"{name} must be a floating-point tensor, got {t.dtype}")
 
 
+_INTEGER_DTYPES = frozenset(
+    {
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+    }
+)
+
+
 def _check_int(op: str, name: str, t: Tensor) -> None:
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+    if t.dtype not in _INTEGER_DTYPES:  # one lookup: this runs several times per op
         _fail(op, f"{name} must be an integer tensor, got {t.dtype}")
 
 
@@ -58,10 +80,9 @@ def _check_len(op: str, name: str, t: Tensor, dim: int, size: int, what: str) ->
 
 
 def _check_device(op: str, **tensors: Tensor | None) -> None:
-    present = {name: t for name, t in tensors.items() if t is not None}
-    devices = {t.device for t in present.values()}
+    devices = {t.device for t in tensors.values() if t is not None}
     if len(devices) > 1:
-        where = ", ".join(f"{name} on {t.device}" for name, t in present.items())
+        where = ", ".join(f"{name} on {t.device}" for name, t in tensors.items() if t is not None)
         _fail(op, f"all tensors must be on one device, got {where}")
 
 
@@ -148,6 +169,8 @@ def rms_norm(
         from . import triton_ops
 
         return triton_ops.rms_norm(x, weight, eps, residual)
+    if _on_cpu(x):
+        return cpu_ops.rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
 
 
@@ -253,6 +276,8 @@ def swiglu(gate_up: Tensor) -> Tensor:
         from . import triton_ops
 
         return triton_ops.swiglu(gate_up)
+    if _on_cpu(gate_up):
+        return cpu_ops.swiglu(gate_up)
     return reference.swiglu(gate_up)
 
 
@@ -314,6 +339,10 @@ def rope_cache_write(
         return triton_ops.rope_cache_write(
             q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales
         )
+    if _on_cpu(q):
+        return cpu_ops.rope_cache_write(
+            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales
+        )
     return reference.rope_cache_write(
         q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales
     )
@@ -365,7 +394,8 @@ def paged_decode_attention(
             kv_scales=kv_scales,
             sliding_window=sliding_window,
         )
-    return reference.paged_decode_attention(
+    attention = cpu_ops.paged_decode_attention if _on_cpu(q) else reference.paged_decode_attention
+    return attention(
         q,
         k_cache,
         v_cache,

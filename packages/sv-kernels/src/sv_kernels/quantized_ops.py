@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -50,7 +52,7 @@ def linear(
     x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None, plan: LinearPlan
 ) -> Tensor:
     check_linear("linear", x, weight)
-    if x.device.type == "cuda":
+    if x.is_cuda:
         if plan.one_row_gemv is not None and x.shape[0] == 1:
             from . import triton_ops
 
@@ -77,7 +79,7 @@ def linear_swiglu(x: Tensor, gate_up: QuantizedWeight, plan: LinearPlan) -> Tens
     caller runs linear, then swiglu)."""
     check_linear("linear_swiglu", x, gate_up)
     tile = plan.one_row_gemv
-    if tile is None or x.device.type != "cuda" or x.shape[0] != 1 or gate_up.shape[0] % 2:
+    if tile is None or not x.is_cuda or x.shape[0] != 1 or gate_up.shape[0] % 2:
         return None
     from . import triton_ops
 
@@ -86,9 +88,19 @@ def linear_swiglu(x: Tensor, gate_up: QuantizedWeight, plan: LinearPlan) -> Tens
 
 def int8_cpu(x: Tensor, weight: QuantizedWeight) -> Tensor:
     """x @ dequantize(weight)^T through torch's int8 CPU kernel, x rounded to BF16 for it."""
-    ones = torch.ones(weight.shape[0], dtype=torch.bfloat16)
-    out = torch._weight_int8pack_mm(x.to(torch.bfloat16), weight.data, ones)
-    return (out.float() * weight.scale).to(x.dtype)
+    out = torch._weight_int8pack_mm(
+        x.to(torch.bfloat16), weight.data, _unit_scales(weight.shape[0])
+    )
+    out = out * weight.scale  # BF16 times FP32 promotes: the product is FP32's
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+@functools.cache
+def _unit_scales(rows: int) -> Tensor:
+    """The kernel's BF16 row scales: all 1 (the FP32 scales are applied to its output). Made
+    once per row count, never written: a fresh tensor per call was one more torch call per
+    matrix of a decode step, which costs microseconds whatever its size."""
+    return torch.ones(rows, dtype=torch.bfloat16)
 
 
 def scaled_mm_fits(weight: QuantizedWeight) -> bool:

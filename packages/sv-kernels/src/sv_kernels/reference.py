@@ -1,7 +1,8 @@
 """Plain-torch reference implementations of every op.
 
-These define what each op computes. The CPU backend runs them as they are; every Triton kernel
-in `sv_kernels.triton_ops` has the same signature and is tested against its twin here.
+These define what each op computes. The CPU backend runs them as they are (but for the few in
+`sv_kernels.cpu_ops`, tested against these); every Triton kernel in `sv_kernels.triton_ops`
+has the same signature and is tested against its twin here.
 
 Shapes use these letters:
   T  tokens in a step (all sequences packed one after another)

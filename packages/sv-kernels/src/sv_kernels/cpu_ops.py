@@ -1,0 +1,133 @@
+"""The CPU's own versions of the ops a decode step runs besides its matrices.
+
+`reference` says what each op computes, in the plainest torch; run eagerly on the CPU, its
+many small ops are most of a batch-1 decode step: each torch call costs microseconds on the
+host whatever its size, and a decode step's tensors are a few hundred values. These compute
+the same values (the same FP32 arithmetic, or float rounding away) in fewer, larger calls:
+
+- `paged_decode_attention`: one `index_select` of a sequence's pages for K and one for V,
+  grouped-query attention as a batch of matrix products over the KV heads (q viewed as
+  [Hkv, group, D]), where the reference copies K and V once per query head, masks and einsums.
+- `rope_cache_write`: q and k rotated together by one gather of their positions' cos/sin
+  rows, K and V written with `index_copy_` into the flattened pages, where the reference
+  rotates each separately and scatters through boolean-mask indexing.
+- `rms_norm` and `swiglu`: in FP32, bit for bit the reference without its casts (all no-ops
+  there, each still a call); RMSNorm as torch's own, one call of the same arithmetic. Other
+  dtypes take the reference.
+
+`sv_kernels.ops` sends CPU tensors here; the tests hold each against its reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import reference
+
+
+def rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """`reference.rms_norm`. In FP32 its casts are no-ops and torch's own RMSNorm computes
+    the same arithmetic bit for bit (its rounding to x's dtype before the weight multiply
+    differs from HF's in 16-bit dtypes, which take the reference)."""
+    fp32 = x.dtype == weight.dtype == torch.float32
+    if not fp32 or (residual is not None and residual.dtype != torch.float32):
+        return reference.rms_norm(x, weight, eps, residual)
+    s = x if residual is None else x + residual
+    return torch.nn.functional.rms_norm(s, (s.shape[-1],), weight, eps), s
+
+
+def rope_cache_write(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    positions: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    kv_scales: Tensor | None = None,
+) -> Tensor:
+    """`reference.rope_cache_write`, with q and k rotated as one tensor."""
+    num_q_heads, half = q.shape[1], q.shape[2] // 2
+    c = cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D/2]
+    s = sin.index_select(0, positions).unsqueeze(1)
+    qk = torch.cat((q, k), dim=1).float()
+    x1, x2 = qk[..., :half], qk[..., half:]
+    rotated = _as(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1), q.dtype)
+    k_rot = rotated[:, num_q_heads:]
+    if kv_scales is None:
+        k_new, v_new = _as(k_rot, k_cache.dtype), _as(v, v_cache.dtype)
+    else:
+        k_new = reference.quantize_kv(k_rot, kv_scales[0])
+        v_new = reference.quantize_kv(v, kv_scales[1])
+    slots = slot_mapping.long()
+    if min(slot_mapping.tolist(), default=0) < 0:  # padding rows: write only the others
+        keep = (slots >= 0).nonzero().squeeze(1)
+        slots, k_new, v_new = slots[keep], k_new[keep], v_new[keep]
+    _write(k_cache, slots, k_new)
+    _write(v_cache, slots, v_new)
+    return rotated[:, :num_q_heads].contiguous()
+
+
+def _write(cache: Tensor, slots: Tensor, values: Tensor) -> None:
+    """cache [P, S, Hkv, D] at slots (page * S + offset) [T] int64 = values [T, Hkv, D]."""
+    flat = cache.view(-1, *cache.shape[2:])
+    if cache.dtype == reference.FP8_KV_DTYPE:  # index_copy_ has no FP8 kernel: copy the bytes
+        flat, values = flat.view(torch.uint8), values.view(torch.uint8)
+    flat.index_copy_(0, slots, values)
+
+
+def paged_decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+    kv_scales: Tensor | None = None,
+    sliding_window: int | None = None,
+) -> Tensor:
+    """`reference.paged_decode_attention`: the query sees every position of its sequence (the
+    last W under a sliding window W), so only those keys are read and nothing is masked."""
+    page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    # Query head h reads KV head h // group: q as [Hkv, group, D] batches over the KV heads.
+    qg = q.float().reshape(q.shape[0], num_kv_heads, -1, head_dim)
+    k_scales, v_scales = (None, None) if kv_scales is None else (kv_scales[0], kv_scales[1])
+    outs = []
+    for b, n in enumerate(seq_lens.tolist()):
+        if n == 0:  # a padding row sees no keys: zeros, as the reference's
+            outs.append(torch.zeros_like(qg[b]))
+            continue
+        first_key = 0 if sliding_window is None else max(0, n - sliding_window)
+        first_page = first_key // page_size
+        pages = block_tables[b, first_page : -(-n // page_size)]
+        keys = slice(first_key - first_page * page_size, n - first_page * page_size)
+        k = _read(k_cache, pages, keys, k_scales)  # [keys, Hkv, D]
+        v = _read(v_cache, pages, keys, v_scales)
+        scores = torch.bmm(qg[b], k.permute(1, 2, 0)).mul_(scale)  # [Hkv, group, keys]
+        outs.append(torch.bmm(torch.softmax(scores, dim=-1), v.transpose(0, 1)))
+    return _as(torch.stack(outs).view(q.shape), q.dtype)
+
+
+def _read(cache: Tensor, pages: Tensor, keys: slice, scales: Tensor | None) -> Tensor:
+    """Positions `keys` of the concatenated `pages` of a cache [P, S, Hkv, D], as FP32
+    [len(keys), Hkv, D] (an FP8 cache times its per-head `scales`)."""
+    rows = cache.index_select(0, pages).flatten(0, 1)[keys].float()
+    return rows if scales is None else rows * scales[:, None]
+
+
+def swiglu(gate_up: Tensor) -> Tensor:
+    """`reference.swiglu`; in FP32 without its no-op casts."""
+    if gate_up.dtype != torch.float32:
+        return reference.swiglu(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """t in dtype; a same-dtype `.to` is a no-op that still costs a torch call."""
+    return t if t.dtype == dtype else t.to(dtype)
