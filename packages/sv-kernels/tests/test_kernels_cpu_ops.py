@@ -170,13 +170,80 @@ def test_decode_attention_padding_row_gives_zeros(cpu_gen: torch.Generator) -> N
     assert_close(out, reference.paged_decode_attention(*args), "padding row and a sequence")
 
 
+# --- prefill_attention ----------------------------------------------------------------------
+
+
+def _prefill_case(
+    gen: torch.Generator,
+    lens: list[int],
+    q_lens: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    window: int | None = None,
+    fp8: bool = False,
+) -> None:
+    """Sequence b's last q_lens[b] positions of lens[b] as queries (a prefix before them)."""
+    kv = PagedKV.build(gen, lens, hkv, d, torch.float32 if fp8 else dtype)
+    scales = None
+    if fp8:
+        scales = (2.0 ** -randint(gen, 4, 7, 2, hkv).float()).contiguous()
+        shape = kv.k_cache.shape
+        k = reference.quantize_kv(kv.k_cache.view(-1, hkv, d), scales[0]).view(shape)
+        v = reference.quantize_kv(kv.v_cache.view(-1, hkv, d), scales[1]).view(shape)
+        kv = PagedKV(k, v, kv.block_tables, kv.seq_lens)
+    if window is not None:  # pages no query can see may hold anything: NaN here
+        poison = int(kv.block_tables[0, -1])
+        for b, (n, q_len) in enumerate(zip(lens, q_lens, strict=True)):
+            kv.block_tables[b, : max(0, n - q_len - window + 1) // PAGE] = poison
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = randn(gen, sum(q_lens), hq, d, dtype=dtype)
+    args = (q, kv.k_cache, kv.v_cache, cu, kv.seq_lens, kv.block_tables, 1 / math.sqrt(d))
+    out = cpu_ops.prefill_attention(*args, max(q_lens), scales, sliding_window=window)
+    ref = reference.prefill_attention(*args, max(q_lens), scales, sliding_window=window)
+    assert_close(out, ref, f"prefill lens={lens} q_lens={q_lens} window={window} fp8={fp8}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 4, 32), (9, 3, 64), (8, 2, 128), (3, 1, 32)])
+def test_prefill_attention_matches_the_reference(
+    cpu_gen: torch.Generator, dtype: torch.dtype, hq: int, hkv: int, d: int
+) -> None:
+    # Whole prompts, prompt tails after a cached prefix, one-token and 5-token (verify) runs.
+    lens, q_lens = [1, 17, 40, 100, 33, 64], [1, 17, 5, 37, 1, 16]
+    _prefill_case(cpu_gen, lens, q_lens, hq, hkv, d, dtype)
+
+
+@pytest.mark.parametrize("window", [1, 16, 37])
+def test_prefill_attention_sliding_window(cpu_gen: torch.Generator, window: int) -> None:
+    lens, q_lens = [window, window + 3, 90, 120, 64], [window, 3, 50, 5, 64]
+    _prefill_case(cpu_gen, lens, q_lens, 6, 2, 32, torch.float32, window=window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_attention_fp8_cache(cpu_gen: torch.Generator, dtype: torch.dtype) -> None:
+    _prefill_case(cpu_gen, [20, 77], [20, 9], 6, 2, 64, dtype, fp8=True)
+
+
+def test_prefill_attention_skips_an_empty_chunk(cpu_gen: torch.Generator) -> None:
+    _prefill_case(cpu_gen, [30, 12, 45], [4, 0, 45], 4, 2, 32, torch.float32)
+
+
 # --- dispatch -------------------------------------------------------------------------------
 
 
-def test_ops_send_cpu_decode_ops_here(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ops_send_cpu_ops_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """`ops` runs these for CPU tensors (after its checks), not the reference."""
     called: list[str] = []
-    for name in ("rms_norm", "swiglu", "rope_cache_write", "paged_decode_attention"):
+    names = (
+        "rms_norm",
+        "swiglu",
+        "rope_cache_write",
+        "paged_decode_attention",
+        "prefill_attention",
+    )
+    for name in names:
 
         def spy(*args: object, _name: str = name, **kwargs: object) -> object:
             called.append(_name)
@@ -194,4 +261,8 @@ def test_ops_send_cpu_decode_ops_here(monkeypatch: pytest.MonkeyPatch) -> None:
     ops.paged_decode_attention(
         q, cache, cache, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([4]), 0.2
     )
-    assert called == ["rms_norm", "swiglu", "rope_cache_write", "paged_decode_attention"]
+    one = torch.tensor([0, 1], dtype=torch.int32)
+    ops.prefill_attention(
+        q, cache, cache, one, torch.tensor([4]), torch.zeros(1, 1, dtype=torch.int32), 0.2, 1
+    )
+    assert called == list(names)

@@ -11,6 +11,9 @@ the same values (the same FP32 arithmetic, or float rounding away) in fewer, lar
 - `rope_cache_write`: q and k rotated together by one gather of their positions' cos/sin
   rows, K and V written with `index_copy_` into the flattened pages, where the reference
   rotates each separately and scatters through boolean-mask indexing.
+- `prefill_attention`: the same per sequence for a chunk of queries (a prompt's, or a
+  speculating decode's verify run), with its causal mask applied once to the scores of all
+  heads.
 - `rms_norm` and `swiglu`: in FP32, bit for bit the reference without its casts (all no-ops
   there, each still a call); RMSNorm as torch's own, one call of the same arithmetic. Other
   dtypes take the reference.
@@ -111,6 +114,65 @@ def paged_decode_attention(
         scores = torch.bmm(qg[b], k.permute(1, 2, 0)).mul_(scale)  # [Hkv, group, keys]
         outs.append(torch.bmm(torch.softmax(scores, dim=-1), v.transpose(0, 1)))
     return _as(torch.stack(outs).view(q.shape), q.dtype)
+
+
+def prefill_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cu_seqlens_q: Tensor,
+    seq_lens: Tensor,
+    block_tables: Tensor,
+    scale: float,
+    max_seqlen_q: int,
+    kv_scales: Tensor | None = None,
+    sliding_window: int | None = None,
+) -> Tensor:
+    """`reference.prefill_attention`: sequence b's queries are the last q_len positions of its
+    context, so the query at position p sees keys first..p (and none at or before p - W under
+    a sliding window W); only the pages from the first query's first visible key are read."""
+    del max_seqlen_q
+    page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    group = q.shape[1] // num_kv_heads
+    k_scales, v_scales = (None, None) if kv_scales is None else (kv_scales[0], kv_scales[1])
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    for b, n in enumerate(seq_lens.tolist()[: len(cu) - 1]):
+        lo, hi = cu[b], cu[b + 1]
+        q_len = hi - lo
+        if q_len == 0:
+            continue
+        first_query = n - q_len
+        first_key = 0 if sliding_window is None else max(0, first_query - sliding_window + 1)
+        first_page = first_key // page_size
+        start = first_page * page_size  # keys are read from here: positions start..n-1
+        pages = block_tables[b, first_page : -(-n // page_size)]
+        k = _read(k_cache, pages, slice(0, n - start), k_scales)  # [keys, Hkv, D]
+        v = _read(v_cache, pages, slice(0, n - start), v_scales)
+        # Query head h reads KV head h // group: [Hkv, group * q_len, D] in (head, query) order.
+        qg = q[lo:hi].float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        scores = torch.matmul(qg, k.permute(1, 2, 0).unsqueeze(1)).mul_(scale)
+        hidden = _hidden_keys(first_query - start, q_len, n - start, sliding_window)
+        if hidden is not None:
+            scores.masked_fill_(hidden, float("-inf"))  # [q_len, keys] over every head
+        o = torch.matmul(torch.softmax(scores, dim=-1), v.transpose(0, 1).unsqueeze(1))
+        out[lo:hi] = _as(o.permute(2, 0, 1, 3).reshape(q_len, -1, head_dim), q.dtype)
+    return out
+
+
+def _hidden_keys(
+    first_query: int, q_len: int, num_keys: int, sliding_window: int | None
+) -> Tensor | None:
+    """[q_len, num_keys] True where query i (at position first_query + i) must not see key j
+    (a later position, or one at or before position - W); None when it sees them all."""
+    if q_len == 1 and sliding_window is None:
+        return None  # a single query is the last position: every key is visible
+    q_pos = torch.arange(first_query, first_query + q_len)[:, None]
+    k_pos = torch.arange(num_keys)[None, :]
+    hidden = k_pos > q_pos
+    if sliding_window is not None:
+        hidden |= k_pos <= q_pos - sliding_window
+    return hidden
 
 
 def _read(cache: Tensor, pages: Tensor, keys: slice, scales: Tensor | None) -> Tensor:

@@ -471,7 +471,8 @@ def prefill_attention(
             kv_scales=kv_scales,
             sliding_window=sliding_window,
         )
-    return reference.prefill_attention(
+    attention = cpu_ops.prefill_attention if _on_cpu(q) else reference.prefill_attention
+    return attention(
         q,
         k_cache,
         v_cache,
