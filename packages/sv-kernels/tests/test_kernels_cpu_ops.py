@@ -112,6 +112,27 @@ def test_rope_cache_write_skips_padding_and_writes_fp8(
 # --- paged_decode_attention -----------------------------------------------------------------
 
 
+def _pages(
+    gen: torch.Generator, lens: list[int], hkv: int, d: int, dtype: torch.dtype, fp8: bool
+) -> tuple[PagedKV, torch.Tensor | None]:
+    """The sequences' K/V pages, in `dtype` or (fp8) as FP8 with per-head scales [2, Hkv]."""
+    kv = PagedKV.build(gen, lens, hkv, d, torch.float32 if fp8 else dtype)
+    if not fp8:
+        return kv, None
+    scales = (2.0 ** -randint(gen, 4, 7, 2, hkv).float()).contiguous()
+    shape = kv.k_cache.shape
+    k = reference.quantize_kv(kv.k_cache.view(-1, hkv, d), scales[0]).view(shape)
+    v = reference.quantize_kv(kv.v_cache.view(-1, hkv, d), scales[1]).view(shape)
+    return PagedKV(k, v, kv.block_tables, kv.seq_lens), scales
+
+
+def _poison(kv: PagedKV, unseen_pages: list[int]) -> None:
+    """Point each sequence's first `unseen_pages[b]` table entries at a NaN page."""
+    poison = int(kv.block_tables[0, -1])
+    for b, pages in enumerate(unseen_pages):
+        kv.block_tables[b, :pages] = poison
+
+
 def _decode_case(
     gen: torch.Generator,
     lens: list[int],
@@ -122,18 +143,9 @@ def _decode_case(
     window: int | None = None,
     fp8: bool = False,
 ) -> None:
-    kv = PagedKV.build(gen, lens, hkv, d, torch.float32 if fp8 else dtype)
-    scales = None
-    if fp8:
-        scales = (2.0 ** -randint(gen, 4, 7, 2, hkv).float()).contiguous()
-        shape = kv.k_cache.shape
-        k = reference.quantize_kv(kv.k_cache.view(-1, hkv, d), scales[0]).view(shape)
-        v = reference.quantize_kv(kv.v_cache.view(-1, hkv, d), scales[1]).view(shape)
-        kv = PagedKV(k, v, kv.block_tables, kv.seq_lens)
+    kv, scales = _pages(gen, lens, hkv, d, dtype, fp8)
     if window is not None:  # pages wholly before the window may hold anything: NaN here
-        poison = int(kv.block_tables[0, -1])
-        for b, n in enumerate(lens):
-            kv.block_tables[b, : max(0, n - window) // PAGE] = poison
+        _poison(kv, [max(0, n - window) // PAGE for n in lens])
     q = randn(gen, len(lens), hq, d, dtype=dtype)
     args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 1 / math.sqrt(d), scales)
     out = cpu_ops.paged_decode_attention(*args, sliding_window=window)
@@ -185,18 +197,9 @@ def _prefill_case(
     fp8: bool = False,
 ) -> None:
     """Sequence b's last q_lens[b] positions of lens[b] as queries (a prefix before them)."""
-    kv = PagedKV.build(gen, lens, hkv, d, torch.float32 if fp8 else dtype)
-    scales = None
-    if fp8:
-        scales = (2.0 ** -randint(gen, 4, 7, 2, hkv).float()).contiguous()
-        shape = kv.k_cache.shape
-        k = reference.quantize_kv(kv.k_cache.view(-1, hkv, d), scales[0]).view(shape)
-        v = reference.quantize_kv(kv.v_cache.view(-1, hkv, d), scales[1]).view(shape)
-        kv = PagedKV(k, v, kv.block_tables, kv.seq_lens)
+    kv, scales = _pages(gen, lens, hkv, d, dtype, fp8)
     if window is not None:  # pages no query can see may hold anything: NaN here
-        poison = int(kv.block_tables[0, -1])
-        for b, (n, q_len) in enumerate(zip(lens, q_lens, strict=True)):
-            kv.block_tables[b, : max(0, n - q_len - window + 1) // PAGE] = poison
+        _poison(kv, [max(0, n - q - window + 1) // PAGE for n, q in zip(lens, q_lens, strict=True)])
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = randn(gen, sum(q_lens), hq, d, dtype=dtype)
     args = (q, kv.k_cache, kv.v_cache, cu, kv.seq_lens, kv.block_tables, 1 / math.sqrt(d))
