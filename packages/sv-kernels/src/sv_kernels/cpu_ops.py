@@ -96,21 +96,16 @@ def paged_decode_attention(
 ) -> Tensor:
     """`reference.paged_decode_attention`: the query sees every position of its sequence (the
     last W under a sliding window W), so only those keys are read and nothing is masked."""
-    page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    num_kv_heads, head_dim = k_cache.shape[2:]
     # Query head h reads KV head h // group: q as [Hkv, group, D] batches over the KV heads.
     qg = q.float().reshape(q.shape[0], num_kv_heads, -1, head_dim)
-    k_scales, v_scales = (None, None) if kv_scales is None else (kv_scales[0], kv_scales[1])
     outs = []
     for b, n in enumerate(seq_lens.tolist()):
         if n == 0:  # a padding row sees no keys: zeros, as the reference's
             outs.append(torch.zeros_like(qg[b]))
             continue
-        first_key = 0 if sliding_window is None else max(0, n - sliding_window)
-        first_page = first_key // page_size
-        pages = block_tables[b, first_page : -(-n // page_size)]
-        keys = slice(first_key - first_page * page_size, n - first_page * page_size)
-        k = _read(k_cache, pages, keys, k_scales)  # [keys, Hkv, D]
-        v = _read(v_cache, pages, keys, v_scales)
+        first_key = reference.first_visible_key(n - 1, sliding_window)
+        k, v = _visible_kv(k_cache, v_cache, block_tables[b], first_key, n, kv_scales)
         scores = torch.bmm(qg[b], k.permute(1, 2, 0)).mul_(scale)  # [Hkv, group, keys]
         outs.append(torch.bmm(torch.softmax(scores, dim=-1), v.transpose(0, 1)))
     return _as(torch.stack(outs).view(q.shape), q.dtype)
@@ -130,11 +125,10 @@ def prefill_attention(
 ) -> Tensor:
     """`reference.prefill_attention`: sequence b's queries are the last q_len positions of its
     context, so the query at position p sees keys first..p (and none at or before p - W under
-    a sliding window W); only the pages from the first query's first visible key are read."""
+    a sliding window W); only the keys from the first query's first visible one are read."""
     del max_seqlen_q
-    page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    num_kv_heads, head_dim = k_cache.shape[2:]
     group = q.shape[1] // num_kv_heads
-    k_scales, v_scales = (None, None) if kv_scales is None else (kv_scales[0], kv_scales[1])
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
     for b, n in enumerate(seq_lens.tolist()[: len(cu) - 1]):
@@ -143,16 +137,12 @@ def prefill_attention(
         if q_len == 0:
             continue
         first_query = n - q_len
-        first_key = 0 if sliding_window is None else max(0, first_query - sliding_window + 1)
-        first_page = first_key // page_size
-        start = first_page * page_size  # keys are read from here: positions start..n-1
-        pages = block_tables[b, first_page : -(-n // page_size)]
-        k = _read(k_cache, pages, slice(0, n - start), k_scales)  # [keys, Hkv, D]
-        v = _read(v_cache, pages, slice(0, n - start), v_scales)
+        first_key = reference.first_visible_key(first_query, sliding_window)
+        k, v = _visible_kv(k_cache, v_cache, block_tables[b], first_key, n, kv_scales)
         # Query head h reads KV head h // group: [Hkv, group * q_len, D] in (head, query) order.
         qg = q[lo:hi].float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         scores = torch.matmul(qg, k.permute(1, 2, 0).unsqueeze(1)).mul_(scale)
-        hidden = _hidden_keys(first_query - start, q_len, n - start, sliding_window)
+        hidden = _hidden_keys(first_query - first_key, q_len, n - first_key, sliding_window)
         if hidden is not None:
             scores.masked_fill_(hidden, float("-inf"))  # [q_len, keys] over every head
         o = torch.matmul(torch.softmax(scores, dim=-1), v.transpose(0, 1).unsqueeze(1))
@@ -160,11 +150,30 @@ def prefill_attention(
     return out
 
 
+def _visible_kv(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    table_row: Tensor,
+    first_key: int,
+    length: int,
+    kv_scales: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Positions first_key..length-1 of one sequence's K and V, as FP32 [keys, Hkv, D]: only
+    the pages holding them are read (an FP8 cache times its per-head scales [2, Hkv])."""
+    page_size = k_cache.shape[1]
+    first_page = first_key // page_size
+    pages = table_row[first_page : -(-length // page_size)]
+    keys = slice(first_key - first_page * page_size, length - first_page * page_size)
+    k_scales, v_scales = (None, None) if kv_scales is None else (kv_scales[0], kv_scales[1])
+    return _read(k_cache, pages, keys, k_scales), _read(v_cache, pages, keys, v_scales)
+
+
 def _hidden_keys(
     first_query: int, q_len: int, num_keys: int, sliding_window: int | None
 ) -> Tensor | None:
     """[q_len, num_keys] True where query i (at position first_query + i) must not see key j
-    (a later position, or one at or before position - W); None when it sees them all."""
+    (positions counted from the first key read: a later position, or one at or before
+    position - W); None when it sees them all."""
     if q_len == 1 and sliding_window is None:
         return None  # a single query is the last position: every key is visible
     q_pos = torch.arange(first_query, first_query + q_len)[:, None]

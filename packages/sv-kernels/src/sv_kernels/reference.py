@@ -200,11 +200,14 @@ def paged_decode_attention(
     return out
 
 
+def first_visible_key(first_query: int, sliding_window: int | None) -> int:
+    """The first position a query at `first_query` or later can see."""
+    return 0 if sliding_window is None else max(0, first_query - sliding_window + 1)
+
+
 def _first_visible_page(first_query: int, sliding_window: int | None, page_size: int) -> int:
     """The first page a query at `first_query` or later can see."""
-    if sliding_window is None:
-        return 0
-    return max(0, first_query - sliding_window + 1) // page_size
+    return first_visible_key(first_query, sliding_window) // page_size
 
 
 def prefill_attention(
