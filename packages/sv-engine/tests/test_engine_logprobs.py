@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,34 @@ def test_stream_events_carry_the_completions_logprobs(engine: Engine) -> None:
         completion = mine[-1].completion
         assert completion is not None
         assert [e.logprob for e in mine] == completion.logprobs
+
+
+def test_a_running_request_keeps_no_object_per_token(engine: Engine) -> None:
+    """While a request runs, its output log-probabilities are kept without a TokenLogprob per
+    token (the garbage collector walks every live one): the events' die with them, and the
+    completion gets its own, equal to the events'."""
+
+    def live_token_logprobs() -> int:
+        return sum(isinstance(o, TokenLogprob) for o in gc.get_objects())
+
+    before = live_token_logprobs()
+    request = engine.add_request(
+        PROMPTS[0], SamplingParams(max_new_tokens=40, ignore_eos=True, logprobs=3)
+    )
+    seen: list[tuple[int, float, tuple[tuple[int, float], ...]]] = []
+    for _ in range(30):
+        seen += [
+            (e.logprob.token_id, e.logprob.logprob, e.logprob.top)
+            for e in engine.step()
+            if e.logprob
+        ]
+    assert len(seen) >= 25
+    assert live_token_logprobs() == before
+    completion = None
+    while completion is None:
+        completion = next((e.completion for e in engine.step() if e.completion), None)
+    assert completion.request_id == request and completion.logprobs is not None
+    assert [(t.token_id, t.logprob, t.top) for t in completion.logprobs[: len(seen)]] == seen
 
 
 @pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])

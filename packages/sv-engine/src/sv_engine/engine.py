@@ -77,8 +77,8 @@ from sv_engine.errors import EngineError
 from sv_engine.grammar import GrammarMatcher, Grammars
 from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
 from sv_engine.logit_controls import RowControls, step_controls
-from sv_engine.logprobs import PromptLogprobs, with_first_rows
-from sv_engine.params import Completion, SamplingParams, StreamEvent, TokenLogprob
+from sv_engine.logprobs import OutputLogprobs, PromptLogprobs, with_first_rows
+from sv_engine.params import Completion, SamplingParams, StreamEvent
 from sv_engine.ranks import start_leader
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class _Live:
     prompt_ids: list[int]
     start: float
     first_token_at: float | None = None
-    logprobs: list[TokenLogprob] | None = None  # with params.logprobs
+    logprobs: OutputLogprobs | None = None  # with params.logprobs
     prompt_logprobs: PromptLogprobs | None = None  # with params.prompt_logprobs
     controls: RowControls | None = None  # with params.processes_logits
     hidden_ids: frozenset[int] = frozenset()  # tokens whose text is not shown
@@ -305,7 +305,7 @@ class Engine:
             stop_ids=stop_ids,
             prompt_ids=prompt_ids,
             start=time.perf_counter(),
-            logprobs=None if params.logprobs is None else [],
+            logprobs=None if params.logprobs is None else OutputLogprobs(params.logprobs),
             prompt_logprobs=(
                 None
                 if params.prompt_logprobs is None
@@ -511,7 +511,7 @@ class Engine:
             text = "" if live.decoder is None else self._text(live, token)
             logprob = None
             if rows is not None and live.logprobs is not None:
-                logprob = self._logprob(live, rows, row, token)  # before the completion reads them
+                logprob = live.logprobs.add(token, rows, row)  # before the completion reads them
             done = finished.get(request_id) if finished else None
             event = (
                 StreamEvent(request_id, token, text)
@@ -542,19 +542,9 @@ class Engine:
         for i, accepted in enumerate(kept[:-1]):
             event = StreamEvent(request_id, accepted, self._text(live, accepted))
             if rows is not None and live.logprobs is not None:
-                event.logprob = self._logprob(live, rows, choice.row(i), accepted)
+                event.logprob = live.logprobs.add(accepted, rows, choice.row(i))
             events.append(event)
         return kept[-1], choice.row(len(kept) - 1)
-
-    @staticmethod
-    def _logprob(live: _Live, rows: Logprobs, row: int, token: int) -> TokenLogprob:
-        """Choice `row`'s log-probabilities of `token`, kept in `live` (which asked for them)."""
-        assert live.logprobs is not None and live.params.logprobs is not None
-        # Row `row` of the step's rows, its top k left there until read. (One call deep: this
-        # runs for every token of a step that returns log-probabilities.)
-        logprob = TokenLogprob.of_row(token, rows.chosen[row], rows, row, live.params.logprobs)
-        live.logprobs.append(logprob)
-        return logprob
 
     @staticmethod
     def _text(live: _Live, token: int) -> str:
@@ -832,7 +822,7 @@ class Engine:
                 None if live.first_token_at is None else live.first_token_at - live.start
             ),
             latency_s=now - live.start,
-            logprobs=None if live.logprobs is None else live.logprobs[: len(output)],
+            logprobs=None if live.logprobs is None else live.logprobs.first(len(output)),
             prompt_logprobs=None if live.prompt_logprobs is None else live.prompt_logprobs.scored,
         )
         return StreamEvent(done.request_id, token, text, done.finish_reason, completion)
