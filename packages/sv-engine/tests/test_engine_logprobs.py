@@ -106,10 +106,10 @@ def test_stream_events_carry_the_completions_logprobs(engine: Engine) -> None:
         assert [e.logprob for e in mine] == completion.logprobs
 
 
-def test_a_running_request_keeps_no_object_per_token(engine: Engine) -> None:
-    """While a request runs, its output log-probabilities are kept without a TokenLogprob per
-    token (the garbage collector walks every live one): the events' die with them, and the
-    completion gets its own, equal to the events'."""
+def test_a_request_keeps_no_object_per_token(engine: Engine) -> None:
+    """Neither a running request nor its completion holds a TokenLogprob per token (the
+    garbage collector walks every live one): the events' die with them, and the completion's
+    are made as they are read, equal to the events'."""
 
     def live_token_logprobs() -> int:
         return sum(isinstance(o, TokenLogprob) for o in gc.get_objects())
@@ -119,19 +119,47 @@ def test_a_running_request_keeps_no_object_per_token(engine: Engine) -> None:
         PROMPTS[0], SamplingParams(max_new_tokens=40, ignore_eos=True, logprobs=3)
     )
     seen: list[tuple[int, float, tuple[tuple[int, float], ...]]] = []
-    for _ in range(30):
-        seen += [
-            (e.logprob.token_id, e.logprob.logprob, e.logprob.top)
-            for e in engine.step()
-            if e.logprob
-        ]
-    assert len(seen) >= 25
-    assert live_token_logprobs() == before
     completion = None
     while completion is None:
-        completion = next((e.completion for e in engine.step() if e.completion), None)
+        events = engine.step()
+        scored = [e.logprob for e in events]
+        assert all(t is not None for t in scored)  # every event carries its token's
+        seen += [(t.token_id, t.logprob, t.top) for t in scored if t is not None]
+        completion = next((e.completion for e in events if e.completion), None)
+        del events, scored
+        assert live_token_logprobs() == before
     assert completion.request_id == request and completion.logprobs is not None
-    assert [(t.token_id, t.logprob, t.top) for t in completion.logprobs[: len(seen)]] == seen
+    assert len(seen) == len(completion.logprobs) == 40
+    assert [(t.token_id, t.logprob, t.top) for t in completion.logprobs] == seen
+
+
+def test_output_logprobs_read_as_a_list() -> None:
+    """OutputLogprobs is a sequence of the TokenLogprobs made from its rows: indexing (negative
+    too), slices, iteration, equality with a list of the same items, truncation."""
+    from sv_engine.logprobs import OutputLogprobs
+    from sv_model import PendingTokens
+
+    values = torch.tensor([[-0.5, -1.5], [-0.25, -2.25]])
+    step = PendingTokens(
+        torch.tensor([3, 1]), (torch.tensor([-0.5, -2.25]), values, torch.tensor([[3, 0], [9, 1]]))
+    ).logprobs()
+    assert step is not None
+    out = OutputLogprobs(2)
+    first = out.add(1, step, 1)
+    out.add(3, step, 0)
+    out.add(9, step, 1)
+    eager = [
+        TokenLogprob(1, -2.25, ((9, -0.25), (1, -2.25))),
+        TokenLogprob(3, -0.5, ((3, -0.5), (0, -1.5))),
+        TokenLogprob(9, -2.25, ((9, -0.25), (1, -2.25))),
+    ]
+    assert first == eager[0]
+    assert len(out) == 3 and out == eager and eager == out and list(out) == eager
+    assert out[-1] == eager[2] and out[1:] == eager[1:] and out[::-2] == eager[::-2]
+    assert out != eager[:2] and out != [*eager[:2], eager[0]]
+    with pytest.raises(IndexError):
+        out[3]
+    assert out.truncate(2) is out and out == eager[:2]
 
 
 @pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])

@@ -822,7 +822,7 @@ class Engine:
                 None if live.first_token_at is None else live.first_token_at - live.start
             ),
             latency_s=now - live.start,
-            logprobs=None if live.logprobs is None else live.logprobs.first(len(output)),
+            logprobs=None if live.logprobs is None else live.logprobs.truncate(len(output)),
             prompt_logprobs=None if live.prompt_logprobs is None else live.prompt_logprobs.scored,
         )
         return StreamEvent(done.request_id, token, text, done.finish_reason, completion)

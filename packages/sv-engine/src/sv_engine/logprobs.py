@@ -10,6 +10,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from sv_model import Logprobs
 from sv_scheduler import PrefillChunk, RequestId
@@ -17,17 +18,18 @@ from sv_scheduler import PrefillChunk, RequestId
 from sv_engine.params import TokenLogprob
 
 
-class OutputLogprobs:
-    """A request's output log-probabilities while it runs: for each output token its id, its
-    own log-probability, and the step rows holding its alternatives, in flat arrays (no object
-    per token). Its `TokenLogprob`s are made for each token's event, which the caller drops,
-    and again for the completion.
+class OutputLogprobs(Sequence[TokenLogprob]):
+    """A request's output log-probabilities, one `TokenLogprob` per output token, kept without
+    an object per token: each token's id, its own log-probability and the step rows holding its
+    alternatives, in flat arrays. Its items are made when read (each event gets its token's);
+    the completion's `logprobs` is this sequence itself, which compares equal to a list of the
+    same items.
 
-    Why not keep the events' `TokenLogprob`s: a request's list of them lives as long as the
-    request, 131,072 objects in the benchmark of 256 requests of 512 tokens, and Python's
-    garbage collector walks every live object in each full collection. On the H200 two of
-    them took 120-180 ms each, the whole gap of that benchmark's top-20 throughput to plain
-    (BENCHMARKS.md, run 83)."""
+    Why not a list of `TokenLogprob`s: it lives as long as its request, 131,072 objects in the
+    benchmark of 256 requests of 512 tokens, and Python's garbage collector walks every live
+    object in each full collection. On the H200 two of those took 120-180 ms each, the whole
+    gap of that benchmark's top-20 throughput to plain (BENCHMARKS.md, run 83); made all at
+    once at the requests' ends, they still set off two (run 84)."""
 
     __slots__ = ("_chosen", "_row", "_steps", "_token_id", "k")
 
@@ -38,9 +40,6 @@ class OutputLogprobs:
         self._row = array("q")
         self._steps: list[Logprobs] = []  # each token's step rows (shared by the step's tokens)
 
-    def __len__(self) -> int:
-        return len(self._token_id)
-
     def add(self, token_id: int, rows: Logprobs, row: int) -> TokenLogprob:
         """Keeps row `row` of `rows` as the next token's; returns its `TokenLogprob`."""
         chosen = rows.chosen[row]
@@ -50,15 +49,38 @@ class OutputLogprobs:
         self._steps.append(rows)
         return TokenLogprob.of_row(token_id, chosen, rows, row, self.k)
 
-    def first(self, n: int) -> list[TokenLogprob]:
-        """The first `n` tokens' `TokenLogprob`s (all of them when there are fewer)."""
-        k = self.k
-        return [
-            TokenLogprob.of_row(token_id, chosen, rows, row, k)
-            for token_id, chosen, rows, row in zip(
-                self._token_id[:n], self._chosen[:n], self._steps[:n], self._row[:n], strict=True
-            )
-        ]
+    def truncate(self, n: int) -> OutputLogprobs:
+        """Keeps the first `n` tokens' (a verified draft's run may go past the last output
+        token); returns itself."""
+        for kept in (self._token_id, self._chosen, self._row, self._steps):
+            del kept[n:]
+        return self
+
+    def __len__(self) -> int:
+        return len(self._token_id)
+
+    @overload
+    def __getitem__(self, index: int) -> TokenLogprob: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[TokenLogprob]: ...
+
+    def __getitem__(self, index: int | slice) -> TokenLogprob | list[TokenLogprob]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = range(len(self))[index]  # negative indices, and IndexError past the end
+        rows = self._steps[i]
+        return TokenLogprob.of_row(self._token_id[i], self._chosen[i], rows, self._row[i], self.k)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # it grows while its request runs
+
+    def __repr__(self) -> str:
+        return f"OutputLogprobs({list(self)!r})"
 
 
 @dataclass

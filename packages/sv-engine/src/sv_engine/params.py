@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -268,9 +268,10 @@ class Completion:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     time_to_first_token_s: float | None = None
     latency_s: float = 0.0
-    # With SamplingParams.logprobs: one per output id. With prompt_logprobs: one per prompt id,
+    # With SamplingParams.logprobs: one per output id (a sequence that makes each item as it
+    # is read, sv_engine.logprobs.OutputLogprobs). With prompt_logprobs: one per prompt id,
     # None for the first (nothing precedes it).
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: Sequence[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
