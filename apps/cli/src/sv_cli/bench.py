@@ -10,12 +10,14 @@ could do. Needs a CUDA device; `--quick` shrinks every workload (for a smoke tes
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import random
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -473,12 +475,13 @@ def bench_throughput(
     t0 = time.perf_counter()
     out_tokens = steps = 0
     pending = set(ids)
-    while pending:
-        steps += 1
-        for event in engine.step():
-            out_tokens += event.token_id is not None
-            if event.finished is not None:
-                pending.discard(event.request_id)
+    with collector_time() as collected:
+        while pending:
+            steps += 1
+            for event in engine.step():
+                out_tokens += event.token_id is not None
+                if event.finished is not None:
+                    pending.discard(event.request_id)
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30
     pool = kv_pool_bytes(engine.runner.kv) / 2**30
@@ -489,10 +492,41 @@ def bench_throughput(
             "tok/s",
             None,
             f"{count} requests, {out_tokens} tokens in {wall:.1f} s, {steps} steps; "
-            f"peak GPU mem {peak:.1f} GiB, KV pool {pool:.1f} GiB",
+            f"peak GPU mem {peak:.1f} GiB, KV pool {pool:.1f} GiB; {collected}",
         )
     )
     return float(out_tokens / wall)
+
+
+class CollectorTime:
+    """Time spent in Python's garbage collector, and its full collections, while open."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.full += info["generation"] == 2
+
+    def __str__(self) -> str:
+        return f"garbage collector {self.seconds * 1e3:.0f} ms, {self.full} full collections"
+
+
+@contextlib.contextmanager
+def collector_time() -> Iterator[CollectorTime]:
+    """A collection that walks every live object can stall a step by 100+ ms (BENCHMARKS.md,
+    run 83): the throughput rows say how much of their time it took."""
+    timer = CollectorTime()
+    gc.callbacks.append(timer)
+    try:
+        yield timer
+    finally:
+        gc.callbacks.remove(timer)
 
 
 def bench_quantized(
