@@ -10,10 +10,10 @@ from sv_cli.bench import Report
 from sv_cli.bench_spec import replay_trace
 
 
-def _trace(tmp_path: Path, verifications: list[list[int]]) -> Path:
+def _trace(tmp_path: Path, verifications: list[list[int]], **extra: int) -> Path:
     path = tmp_path / "trace.json"
     trace = {"model": "m", "requests": 2, "output_tokens": 12, "verifications": verifications}
-    path.write_text(json.dumps(trace))
+    path.write_text(json.dumps(trace | extra))
     return path
 
 
@@ -30,3 +30,20 @@ def test_replay_costs_plain_steps_and_each_verification(tmp_path: Path) -> None:
 def test_replay_refuses_drafts_longer_than_measured(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="longer than k = 3"):
         replay_trace(Report(), [1.0, 1.2, 1.3, 1.4], _trace(tmp_path, [[4, 1]]), plain=1000.0)
+
+
+def test_replay_costs_overlapped_plain_steps_at_the_plain_rate(tmp_path: Path) -> None:
+    # As above, but 2 of the 6 plain steps were resolved first: 4 x 1 ms (1,000 tok/s
+    # overlapped) + 2 x 2.0 ms + 1.5 ms + 1.25 ms = 10.75 ms.
+    report = Report()
+    trace = _trace(tmp_path, [[3, 2], [1, 0]], resolved_plain_steps=2)
+    replay_trace(report, [2.0, 1.25, 1.4, 1.5], trace, plain=1000.0)
+    (row,) = report.rows
+    assert row.value == pytest.approx(10 / 10.75e-3)
+    assert "2 of 6 plain steps resolved first" in row.note
+
+
+def test_replay_refuses_more_resolved_steps_than_plain_ones(tmp_path: Path) -> None:
+    trace = _trace(tmp_path, [[3, 2], [1, 0]], resolved_plain_steps=7)
+    with pytest.raises(ValueError, match="resolved_plain_steps 7"):
+        replay_trace(Report(), [1.0, 1.25, 1.4, 1.5], trace, plain=1000.0)

@@ -347,7 +347,8 @@ def test_seeded_sampling_with_controls_gives_the_plain_tokens(base: Engine) -> N
         )
         for s in range(10)
     ]
-    spec = engine_like(base, SpeculationConfig())
+    # Short drafts from single-token matches, retried often: the tiny model accepts some.
+    spec = engine_like(base, SpeculationConfig(max_draft=4, min_ngram=1, miss_limit=2))
     got = completions(spec, prompts, params)
     assert [c.output_ids for c in got] == [
         c.output_ids for c in completions(engine_like(base, None), prompts, params)

@@ -57,13 +57,15 @@ def test_accepted_run(draft: list[int], choices: list[int], accepted: int) -> No
 
 
 def test_misses_pause_and_success_adapts_the_length() -> None:
-    state = DraftState(SpeculationConfig(max_draft=6, miss_limit=2, first_pause=4, max_pause=8))
-    state.record(drafted=6, accepted=2, step=0)
-    assert state.k == 3  # one more than the accepted run
-    state.record(drafted=3, accepted=3, step=1)
-    assert state.k == 6  # doubled after a full acceptance, at most max_draft
+    state = DraftState(SpeculationConfig(max_draft=16, miss_limit=2, first_pause=4, max_pause=8))
+    state.record(drafted=16, accepted=2, step=0)
+    assert state.k == 8  # twice the run and its bonus token (6), but at least max_draft / 2
+    state.record(drafted=8, accepted=5, step=1)
+    assert state.k == 12  # twice the run and its bonus token
+    state.record(drafted=12, accepted=12, step=2)
+    assert state.k == 16  # doubled after a full acceptance, at most max_draft
     state.record(drafted=6, accepted=0, step=2)
-    assert state.resume_step == 0  # one miss: no pause yet
+    assert state.k == 8 and state.resume_step == 0  # one miss: no pause yet
     state.record(drafted=1, accepted=0, step=3)
     assert state.resume_step == 3 + 1 + 4  # second miss in a row: paused for 4 steps
     state.record(drafted=1, accepted=0, step=8)
@@ -72,6 +74,32 @@ def test_misses_pause_and_success_adapts_the_length() -> None:
     state.record(drafted=1, accepted=0, step=18)
     state.record(drafted=1, accepted=0, step=19)
     assert state.resume_step == 19 + 1 + 8  # ... up to max_pause
+
+
+@given(
+    tokens=st.lists(st.integers(0, 5), min_size=1, max_size=40),
+    ngram=st.integers(1, 4),
+    min_ngram=st.integers(1, 4),
+)
+def test_may_draft_when_a_lookup_would_find_a_draft(
+    tokens: list[int], ngram: int, min_ngram: int
+) -> None:
+    """`may_draft` of the known tokens is whether a lookup in them finds anything (the brute
+    force above), and nothing while paused."""
+    min_ngram = min(min_ngram, ngram)
+    config = SpeculationConfig(ngram=ngram, min_ngram=min_ngram, miss_limit=1, first_pause=3)
+    state = DraftState(config)
+    found = bool(lookup_oracle(tokens, 1, ngram, min_ngram))
+    assert state.may_draft(tokens, 0) is found
+    state.miss(0)  # paused until step 4
+    assert state.may_draft(tokens, 3) is False
+    assert state.may_draft(tokens, 4) is found
+
+
+def test_the_default_shortest_suffix_is_two_or_n() -> None:
+    assert SpeculationConfig().min_ngram == 2
+    assert SpeculationConfig(ngram=1).min_ngram == 1
+    assert SpeculationConfig(ngram=4, min_ngram=3).min_ngram == 3
 
 
 @pytest.mark.parametrize(
@@ -161,3 +189,24 @@ def test_no_drafts_while_more_requests_are_unfinished_than_max_batch() -> None:
     assert any(unfinished > 2 for unfinished, _ in drafted)
     assert all(tokens == 0 for unfinished, tokens in drafted if unfinished > 2)
     assert any(tokens > 0 for unfinished, tokens in drafted if unfinished <= 2)
+
+
+def test_would_draft_waits_only_for_a_suffix_seen_before() -> None:
+    """A prompt of distinct tokens, then distinct new tokens: no step need wait for the one
+    before it. Once the known tokens end in a pair seen before (10 11), it would draft."""
+    config = SchedulerConfig(
+        num_pages=64,
+        max_model_len=512,
+        speculation=SpeculationConfig(min_ngram=2, miss_limit=10**6),
+    )
+    scheduler = Scheduler(config)
+    scheduler.add(Request("r", [10, 11, 12, 13, 14], max_new_tokens=40, ignore_eos=True))
+    would = []
+    for token in (20, 21, 22, 10, 11, 23):
+        plan = scheduler.schedule()
+        scheduler.advance(plan)
+        assert plan.num_draft_tokens == 0 or token == 23
+        scheduler.resolve(plan, [token] + [0] * plan.num_draft_tokens)
+        would.append(scheduler.would_draft)
+    # after 20, 21, 22: no; after 10 (a single token seen before): no; after 10 11: yes
+    assert would[:5] == [False, False, False, False, True]

@@ -1,6 +1,6 @@
 """`sv bench --only spec`: what speculative decoding costs on the GPU at the benchmark's shapes.
 
-- verify-b1 k=K: one sequence (128 tokens of context) feeding its newest token and K draft
+- verify-b1 k=K (1..16): one sequence (128 tokens of context) feeding its newest token and K draft
   tokens, with a choice at every position, run as the engine runs it (K + 1 decode rows through
   the graph of their bucket), in ms per step beside the plain decode step (k=0). A draft of K
   tokens with a accepted pays when (1 + a) decode steps cost more than one verify step.
@@ -16,9 +16,10 @@
   the default model showed on the CPU (scripts/spec_acceptance.py --trace: drafted and accepted
   tokens of every verification on the input-grounded prompts) is replayed against the step
   costs measured above: tokens / (plain steps x the k=0 cost + each verification's k cost),
-  reported against the measured (overlapped) plain decode-b1. Plain steps are costed
-  unoverlapped (launch + wait), as the speculating loop runs them while a sequence may draft.
-  A model of the run, labelled as such, not an end-to-end measurement.
+  reported against the measured (overlapped) plain decode-b1. Plain steps the engine planned
+  after resolving the step before (it waited for a draft) are costed unoverlapped (launch +
+  wait), the others at the plain decode-b1's time per token (see `replay_trace`). A model of
+  the run, labelled as such, not an end-to-end measurement.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 from sv_cli.bench import Report, Row
 
 
-def bench_verify_steps(report: Report, engine: Any, max_k: int = 8) -> list[float]:
+def bench_verify_steps(report: Report, engine: Any, max_k: int = 16) -> list[float]:
     """The rows above; returns the ms per step for k = 0..max_k."""
     import torch
     from sv_model import StepInputs
@@ -70,7 +71,12 @@ def bench_verify_steps(report: Report, engine: Any, max_k: int = 8) -> list[floa
 
 
 def replay_trace(report: Report, costs: list[float], trace_file: Path, plain: float) -> None:
-    """The replayed row, as a fraction of `plain` (the measured decode-b1 tok/s, overlapped)."""
+    """The replayed row, as a fraction of `plain` (the measured decode-b1 tok/s, overlapped).
+
+    A trace recorded one request at a time says how many of its plain steps were planned only
+    after the step before was resolved (`resolved_plain_steps`: the engine waited for a draft
+    that did not come); they cost the k=0 step unoverlapped, the others the measured plain
+    decode-b1's time per token. Without that count every plain step is costed unoverlapped."""
     trace = json.loads(trace_file.read_text())
     verifications = [(d, a) for d, a in trace["verifications"] if d < len(costs)]
     if len(verifications) != len(trace["verifications"]):
@@ -79,7 +85,17 @@ def replay_trace(report: Report, costs: list[float], trace_file: Path, plain: fl
     # step or a verification (1 + accepted each).
     decoded = trace["output_tokens"] - trace["requests"]
     plain_steps = decoded - sum(1 + a for _, a in verifications)
-    ms = plain_steps * costs[0] + sum(costs[d] for d, _ in verifications)
+    resolved = trace.get("resolved_plain_steps", plain_steps)
+    if not 0 <= resolved <= plain_steps:
+        raise ValueError(
+            f"{trace_file}: resolved_plain_steps {resolved} is not within the trace's "
+            f"{plain_steps} plain steps"
+        )
+    ms = (
+        (plain_steps - resolved) * 1e3 / plain
+        + resolved * costs[0]
+        + sum(costs[d] for d, _ in verifications)
+    )
     speed = decoded / ms * 1e3
     report.add(
         Row(
@@ -90,7 +106,8 @@ def replay_trace(report: Report, costs: list[float], trace_file: Path, plain: fl
             f"{speed / (1e3 / costs[0]):.2f}x plain steps unoverlapped); trace "
             f"{trace_file.name}: {trace['model']}, {trace['requests']} prompts, "
             f"{len(verifications)} verifications, {sum(a for _, a in verifications)} of "
-            f"{sum(d for d, _ in verifications)} drafted tokens accepted",
+            f"{sum(d for d, _ in verifications)} drafted tokens accepted, {resolved} of "
+            f"{plain_steps} plain steps resolved first",
         )
     )
 

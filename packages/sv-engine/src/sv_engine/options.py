@@ -152,7 +152,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         type=positive_int,
         default=_SPECULATION.ngram,
         metavar="N",
-        help=f"with --speculate ngram: longest suffix looked up (default {_SPECULATION.ngram})",
+        help=f"with --speculate ngram: longest suffix looked up (default {_SPECULATION.ngram}; "
+        "the shortest is 2, or N when smaller)",
     )
     p.add_argument(
         "--spec-max-batch",
@@ -208,7 +209,9 @@ def speculation_from_args(args: argparse.Namespace) -> SpeculationConfig | None:
         return None
     try:
         return SpeculationConfig(
-            max_draft=args.spec_k, ngram=args.spec_ngram, max_batch=args.spec_max_batch or None
+            max_draft=args.spec_k,
+            ngram=args.spec_ngram,
+            max_batch=args.spec_max_batch or None,
         )
     except SchedulerError as e:
         raise EngineError(str(e)) from e

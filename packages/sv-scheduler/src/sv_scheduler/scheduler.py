@@ -424,13 +424,21 @@ class Scheduler:
 
     @property
     def would_draft(self) -> bool:
-        """Whether the next plan would give a decoder a draft if every token were known. Drafts
-        are made on the host from a sequence's tokens, so with this True the engine resolves
-        the step in flight before planning the next; False (speculation off, or every decoder
-        paused) lets it overlap the two."""
-        return (
-            self._drafts_allowed() and bool(self._decoding) and self._next_draft_step <= self._step
-        )
+        """Whether the next plan should wait for the step in flight, to give a decoder a draft.
+        Drafts are made on the host from a sequence's tokens, so with this True the engine
+        resolves that step before planning the next; False lets it overlap the two. True when
+        some decoder is not paused and the tokens it has so far end in an n-gram seen before
+        (`DraftState.may_draft`): without one, its next lookup would mostly find nothing, and
+        an overlapped step is cheaper than a resolved one that drafts nothing."""
+        if not (self._drafts_allowed() and self._decoding and self._next_draft_step <= self._step):
+            return False
+        step = self._step
+        for seq in self._decoding:
+            drafter = seq.drafter
+            assert drafter is not None  # every decoder has one while speculation is on
+            if drafter.may_draft(seq.token_ids, step):
+                return True
+        return False
 
     def _drafts_allowed(self) -> bool:
         """Speculation is on and at most its max_batch requests are unfinished (running or

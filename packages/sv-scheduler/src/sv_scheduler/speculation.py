@@ -18,13 +18,22 @@ The drafter (prompt lookup, no second model): find the latest earlier occurrence
 tokens (n = `ngram` down to `min_ngram`) in the prompt and output, and propose the tokens that
 followed it. Each sequence keeps an index of its n-grams, extended as it grows.
 
-Adaptivity, per sequence: the next draft is one token longer than the last accepted run (doubled,
-up to k, after a fully accepted draft), and a sequence whose drafts keep failing stops
-speculating for a while (see `DraftState.record`). Per step: no draft while more than
-`max_batch` requests are unfinished, running or waiting (vLLM's `disable_by_batch_size`). A step with drafts needs the
-step before it resolved (its drafts and positions follow from that step's tokens), so it cannot
-overlap the host's work with the device's; in a large batch that lost overlap and the extra
-rows cost more than the few accepted tokens save (BENCHMARKS.md, the speculation rows).
+Adaptivity, per sequence: the next draft is twice as long as the last accepted run plus its
+bonus token (twice the draft after a fully accepted one), at most k and at least k / 2: at batch
+1 a verify step costs about the same for any k up to 16 (it is bound by latency, not by its
+rows), and an accepted run's length says little about the next one's. A sequence whose drafts
+keep failing stops speculating for a while (see `DraftState.record`). Per step: no draft while
+more than `max_batch` requests are unfinished, running or waiting (vLLM's
+`disable_by_batch_size`).
+
+A step with drafts needs the step before it resolved (its drafts and positions follow from that
+step's tokens), so it cannot overlap the host's work with the device's: a resolved step costs
+about 0.2 ms more at batch 1 on the H200. So the engine waits only where a draft is likely
+(`DraftState.may_draft`): the tokens known so far end in an n-gram of at least `min_ngram`
+tokens seen before. On the default model's grounded prompts a suffix of 2+ matching tokens is
+followed by an accepted draft 59-97% of the time, a single token's 26% (BENCHMARKS.md, the
+speculation rows, which also give what these defaults were chosen by). In a large batch the
+lost overlap and the extra rows cost more than the few accepted tokens save.
 """
 
 from __future__ import annotations
@@ -41,7 +50,9 @@ class SpeculationConfig:
 
     max_draft:    k, the most draft tokens one step verifies for one sequence.
     ngram:        n, the longest suffix looked up in the sequence's tokens.
-    min_ngram:    the shortest suffix looked up when the longer ones are not found.
+    min_ngram:    the shortest suffix looked up when the longer ones are not found; also the
+                  shortest known suffix for which the engine waits to draft (`may_draft`).
+                  0 (the default) is 2, or n when that is smaller.
     miss_limit:   drafts in a row that find nothing or get nothing accepted before the sequence
                   pauses speculation.
     first_pause:  steps of the first pause; each further pause in a row doubles it ...
@@ -50,15 +61,17 @@ class SpeculationConfig:
                   draft; with more, no sequence drafts (None: no limit).
     """
 
-    max_draft: int = 4
+    max_draft: int = 16
     ngram: int = 3
-    min_ngram: int = 1
-    miss_limit: int = 2
+    min_ngram: int = 0
+    miss_limit: int = 4
     first_pause: int = 8
     max_pause: int = 512
     max_batch: int | None = 32
 
     def __post_init__(self) -> None:
+        if self.min_ngram == 0 and isinstance(self.ngram, int):
+            object.__setattr__(self, "min_ngram", min(2, self.ngram))
         names = ("max_draft", "ngram", "min_ngram", "miss_limit", "first_pause", "max_pause")
         for name in (*names, "max_batch"):
             value = getattr(self, name)
@@ -119,17 +132,35 @@ class DraftState:
         self.miss(step)
         return []
 
+    def may_draft(self, tokens: SequenceOf[int], step: int) -> bool:
+        """Whether the next `propose` is worth a step resolved first, judged from the tokens
+        known before the newest one arrives: speculation not paused, and the last
+        `min_ngram`..`ngram` of them occurred before (with a continuation). A suffix that
+        matched then mostly matches with the newest token too: the copy is under way."""
+        if self.resume_step > step:
+            return False
+        self._extend_index(tokens)
+        end = len(tokens)
+        index = self.index
+        cfg = self.config
+        return any(
+            tuple(tokens[end - n :]) in index
+            for n in range(cfg.min_ngram, min(cfg.ngram, end - 1) + 1)
+        )
+
     def record(self, drafted: int, accepted: int, step: int) -> None:
         """A verify of `drafted` tokens at `step` accepted `accepted`: adapt the next length.
         A draft with nothing accepted is a miss; `miss_limit` in a row pause speculation."""
         cfg = self.config
+        floor = max(1, cfg.max_draft // 2)
         if accepted == 0:
-            self.k = 1
+            self.k = floor
             self.miss(step)
             return
         self.misses = 0
         self.pause = cfg.first_pause
-        self.k = min(cfg.max_draft, 2 * drafted if accepted == drafted else accepted + 1)
+        grown = 2 * drafted if accepted == drafted else 2 * (accepted + 1)
+        self.k = min(cfg.max_draft, max(floor, grown))
 
     def miss(self, step: int) -> None:
         """A draft at `step` found nothing worth verifying, or had nothing accepted."""
