@@ -724,7 +724,7 @@ def bench_main(argv: list[str]) -> int:
         "logprobs,grammar,spec (logprobs: decode-b1 and throughput with and without top-20 "
         "log-probabilities; long: 32k and 100k contexts with a BF16 and an FP8 KV cache; "
         "grammar: JSON-schema constrained decoding beside unconstrained; spec: verify-step cost "
-        "for k = 1..8, decode-b1 and 64-request throughput with --speculate ngram beside plain; "
+        "for k = 1..16, decode-b1 and 64-request throughput with --speculate ngram beside plain; "
         "tp: decode-b1 and throughput at --tensor-parallel-size N beside 1; "
         "gemv: every batch-1 GEMV tile on every decode-step matrix in BF16, FP8 and int8, "
         "also part of --kernels; long, spec, tp and gemv are not in the default set)",
