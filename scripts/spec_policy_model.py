@@ -10,7 +10,7 @@ step planned after resolving the one before (it waited for a draft that did not 
 resolved plain step's, and a verify step at the verify step's (about flat in k on the H200).
 A model, not a measurement: the costs are arguments, taken from `sv bench --only spec` runs.
 
-    uv run --frozen python scripts/spec_policy_model.py [--outputs FILE] [--k 4,8,16]
+    uv run --frozen python scripts/spec_policy_model.py [--outputs FILE] [--k 4,8,15]
         [--overlapped-ms 0.813] [--resolved-ms 1.03] [--verify-ms 1.30]
 """
 
@@ -88,7 +88,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--outputs", type=Path, help="greedy outputs JSON (written on first use)")
     p.add_argument("--max-new", type=int, default=256)
-    p.add_argument("--k", default="4,8,16", help="max_draft values to model")
+    p.add_argument("--k", default="4,8,15", help="max_draft values to model")
     p.add_argument("--overlapped-ms", type=float, default=0.813)
     p.add_argument("--resolved-ms", type=float, default=1.03)
     p.add_argument("--verify-ms", type=float, default=1.30)

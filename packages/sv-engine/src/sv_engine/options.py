@@ -145,7 +145,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         type=positive_int,
         default=_SPECULATION.max_draft,
         metavar="K",
-        help=f"with --speculate: most draft tokens per step (default {_SPECULATION.max_draft})",
+        help=f"with --speculate: most draft tokens per step (default {_SPECULATION.max_draft}, "
+        "the most a CUDA graph verifies)",
     )
     p.add_argument(
         "--spec-ngram",
