@@ -5,9 +5,10 @@
   the graph of their bucket), in ms per step beside the plain decode step (k=0). A draft of K
   tokens with a accepted pays when (1 + a) decode steps cost more than one verify step.
 - decode-b1 --speculate ngram: the end-to-end decode-b1 figure with prompt-lookup speculation
-  on, on random-token prompts; random weights accept next to nothing, so this is the cost of
-  trying (drafts found and verified, then speculation paused); the note gives drafted and
-  accepted tokens. Target: at least 0.97x the plain decode-b1 row.
+  on, on random-token prompts, in turns with plain (best of 2 each); random weights accept next
+  to nothing, so this is the cost of trying (a random context rarely ends in an n-gram seen
+  before, so the loop mostly overlaps); the note gives drafted and accepted tokens. Target: at
+  least 0.97x the plain decode-b1 row.
 - throughput-b64 with and without --speculate ngram (run by `sv bench` itself): 64 requests of
   256 tokens. Target: the speculating row at least 0.97x the plain one. Beside it, the same
   without the batch limit (`--spec-max-batch 0`), and the pair at batch 32, where the default
@@ -24,6 +25,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import time
@@ -113,43 +115,53 @@ def replay_trace(report: Report, costs: list[float], trace_file: Path, plain: fl
 
 
 def bench_spec_decode_b1(report: Report, model_dir: Any, new_tokens: int) -> float:
-    """The two decode-b1 rows above; returns the plain one's tok/s."""
+    """The two decode-b1 rows above, plain and speculating in turns twice on one runner (two
+    schedulers), the best of each kept (the host's speed drifts within a run); returns the
+    plain one's tok/s."""
+    import torch
     from sv_engine import Engine, SamplingParams
     from sv_engine.options import default_tuning_cache
-    from sv_scheduler import SpeculationConfig
+    from sv_scheduler import Scheduler, SpeculationConfig
 
     rng = random.Random(1)
     warm, prompt = ([rng.randint(0, 127999) for _ in range(128)] for _ in range(2))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    plain = 0.0
-    for name, spec in (
-        ("decode-b1 (same engine settings)", None),
-        ("decode-b1 --speculate ngram", SpeculationConfig()),
-    ):
-        engine = Engine.from_model_dir(
-            model_dir,
-            device="cuda",
-            max_num_seqs=256,
-            speculation=spec,
-            tuning_cache=default_tuning_cache(),
-        )
+    plain_engine = Engine.from_model_dir(
+        model_dir, device="cuda", max_num_seqs=256, tuning_cache=default_tuning_cache()
+    )
+    spec_config = replace(plain_engine.scheduler.config, speculation=SpeculationConfig())
+    engines = {
+        "decode-b1 (same engine settings)": plain_engine,
+        "decode-b1 --speculate ngram": Engine(
+            plain_engine.tokenizer,
+            plain_engine.runner,
+            Scheduler(spec_config),
+            plain_engine.stop_ids,
+        ),
+    }
+    best: dict[str, tuple[float, str]] = {}
+    for name, engine in [*engines.items()] * 2:
+        engine.clear_prefix_cache()  # the two schedulers share the runner's pages
         engine.generate([warm], replace(params, max_new_tokens=8))
         before = engine.stats
         t0 = time.perf_counter()
         times = [time.perf_counter() for _event in engine.stream([prompt], params)]
         decode = (len(times) - 1) / (times[-1] - times[0])
         s = engine.stats
-        plain = plain or decode
         drafted = s.drafted_tokens - before.drafted_tokens
         accepted = s.accepted_tokens - before.accepted_tokens
-        report.add(
-            Row(
-                name,
-                decode,
-                "tok/s",
-                note=f"TTFT {(times[0] - t0) * 1e3:.1f} ms; {len(times)} events, drafted "
-                f"{drafted}, accepted {accepted}",
-            )
+        note = (
+            f"best of 2 in turns; TTFT {(times[0] - t0) * 1e3:.1f} ms; {len(times)} events, "
+            f"drafted {drafted}, accepted {accepted}"
         )
-        del engine
+        if decode > best.get(name, (0.0, ""))[0]:
+            best[name] = (decode, note)
+    for name, (decode, note) in best.items():
+        report.add(Row(name, decode, "tok/s", note=note))
+    plain = best["decode-b1 (same engine settings)"][0]
+    spec = best["decode-b1 --speculate ngram"][0]
+    report.add(Row("decode-b1 --speculate ngram / plain", spec / plain, "ratio"))
+    del engines, plain_engine, engine
+    gc.collect()  # the runner's KV pool goes back before the next benchmark's engine
+    torch.cuda.empty_cache()
     return plain
