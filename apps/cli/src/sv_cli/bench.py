@@ -359,7 +359,7 @@ def bench_long_context(
                 )
             )
         del engine
-        torch.cuda.empty_cache()
+        free_device_memory()
 
 
 def bench_decode_step(
@@ -498,6 +498,17 @@ def bench_throughput(
     return float(out_tokens / wall)
 
 
+def free_device_memory() -> None:
+    """Give a dropped engine's device memory back now: an engine holds reference cycles, so
+    its KV pool would wait for a full collection, which then runs inside the next timed
+    benchmark (146 ms in run 87's throughput-b64) while that one's engine sizes its pool on
+    the memory not yet freed."""
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 class CollectorTime:
     """Time spent in Python's garbage collector, and its full collections, while open."""
 
@@ -540,7 +551,6 @@ def bench_quantized(
 ) -> None:
     """decode-b1, throughput and the resident weight bytes with the matrices quantized at load
     to `mode` (fp8 or int8), each row tagged [mode]; run beside the BF16 rows of the same call."""
-    import torch
 
     from sv_cli.bench_runner import weight_bytes_per_decode_step
 
@@ -571,7 +581,7 @@ def bench_quantized(
         if bf16_throughput:
             report.add(Row("throughput vs BF16" + tag, rate / bf16_throughput, "x"))
     del engine, weights
-    torch.cuda.empty_cache()
+    free_device_memory()
 
 
 def profile_steps(engine: Any, label: str, run: Callable[[], object], out_dir: Path) -> None:
@@ -841,7 +851,7 @@ def bench_main(argv: list[str]) -> int:
         if args.profile:
             run_profiles(engine, Path(args.workdir))
         del engine
-        torch.cuda.empty_cache()
+        free_device_memory()
     workloads = {name for name in ("decode", "throughput") if want(name)}
     for mode in modes:
         bench_quantized(report, model_dir, roof, mode, workloads, args.quick, bf16_throughput)
@@ -851,7 +861,7 @@ def bench_main(argv: list[str]) -> int:
         engine = _engine(model_dir, max_num_seqs=256)
         costs = bench_spec.bench_verify_steps(report, engine)
         del engine
-        torch.cuda.empty_cache()
+        free_device_memory()
         plain = bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
         bench_spec.replay_trace(report, costs, Path(args.spec_trace), plain)
         from sv_scheduler import SpeculationConfig
@@ -869,7 +879,7 @@ def bench_main(argv: list[str]) -> int:
             engine = _engine(model_dir, max_num_seqs=256, speculation=spec)
             bench_throughput(report, engine, f"throughput-b{batch}{label}", batch, False, 256)
             del engine
-            torch.cuda.empty_cache()
+            free_device_memory()
     if only is not None and "tp" in only:
         from sv_cli.bench_tp import bench_tensor_parallel
 

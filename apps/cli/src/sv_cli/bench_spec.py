@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import random
 import time
@@ -33,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sv_cli.bench import Report, Row
+from sv_cli.bench import Report, Row, free_device_memory
 
 
 def bench_verify_steps(report: Report, engine: Any, max_k: int = 16) -> list[float]:
@@ -118,7 +117,6 @@ def bench_spec_decode_b1(report: Report, model_dir: Any, new_tokens: int) -> flo
     """The two decode-b1 rows above, plain and speculating in turns twice on one runner (two
     schedulers), the best of each kept (the host's speed drifts within a run); returns the
     plain one's tok/s."""
-    import torch
     from sv_engine import Engine, SamplingParams
     from sv_engine.options import default_tuning_cache
     from sv_scheduler import Scheduler, SpeculationConfig
@@ -162,6 +160,5 @@ def bench_spec_decode_b1(report: Report, model_dir: Any, new_tokens: int) -> flo
     spec = best["decode-b1 --speculate ngram"][0]
     report.add(Row("decode-b1 --speculate ngram / plain", spec / plain, "ratio"))
     del engines, plain_engine, engine
-    gc.collect()  # the runner's KV pool goes back before the next benchmark's engine
-    torch.cuda.empty_cache()
+    free_device_memory()
     return plain

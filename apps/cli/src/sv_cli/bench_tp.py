@@ -18,9 +18,7 @@ from typing import Any
 def bench_tensor_parallel(
     report: Any, model_dir: Path, roof: dict[str, float], size: int, quick: bool
 ) -> None:
-    import torch
-
-    from sv_cli.bench import Row, _engine, bench_decode_b1, bench_throughput
+    from sv_cli.bench import Row, _engine, bench_decode_b1, bench_throughput, free_device_memory
 
     rates: dict[int, float] = {}
     for n in (1, size):
@@ -34,7 +32,7 @@ def bench_tensor_parallel(
         finally:
             _close(engine)
             del engine
-            torch.cuda.empty_cache()
+            free_device_memory()
     report.add(Row(f"decode-b1 tp={size} / tp=1", rates[size] / rates[1], "x", None, "same run"))
 
 
