@@ -210,9 +210,7 @@ def speculation_from_args(args: argparse.Namespace) -> SpeculationConfig | None:
         return None
     try:
         return SpeculationConfig(
-            max_draft=args.spec_k,
-            ngram=args.spec_ngram,
-            max_batch=args.spec_max_batch or None,
+            max_draft=args.spec_k, ngram=args.spec_ngram, max_batch=args.spec_max_batch or None
         )
     except SchedulerError as e:
         raise EngineError(str(e)) from e
