@@ -24,10 +24,9 @@ bonus token (twice the draft after a fully accepted one), at most k and at least
 rows: 1.23-1.32 ms on the H200 against 0.95 for a plain step, launch and wait), and an
 accepted run's length says little about the next one's. k = 15 is the most the decode graphs
 take (a verify run is at most 16 decode rows, sv_model.step_packing); a longer draft runs its
-verify step outside them, ten times slower. A sequence whose drafts
-keep failing stops speculating for a while (see `DraftState.record`). Per step: no draft while
-more than `max_batch` requests are unfinished, running or waiting (vLLM's
-`disable_by_batch_size`).
+verify step outside them, ten times slower. A sequence whose drafts keep failing stops
+speculating for a while (see `DraftState.record`). Per step: no draft while more than
+`max_batch` requests are unfinished, running or waiting (vLLM's `disable_by_batch_size`).
 
 A step with drafts needs the step before it resolved (its drafts and positions follow from that
 step's tokens), so it cannot overlap the host's work with the device's: a resolved step costs
