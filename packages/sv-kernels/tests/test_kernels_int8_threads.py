@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from sv_kernels import int8_threads
-from sv_kernels.int8_threads import MAX_PROBE_EVERY, PROBE_CALLS, PROBE_EVERY, ThreadChoice
+from sv_kernels.int8_threads import MAX_PROBE_EVERY_S, PROBE_CALLS, ThreadChoice
 from sv_kernels.quantized import quantize
 
 
@@ -55,27 +55,40 @@ def _calls(choice: ThreadChoice, clock: _Clock, cost: dict[int, float], n: int) 
     return seen
 
 
+# Seconds a call: two threads 0.55x one's on a quiet machine, 30x slower on a busy one.
+QUIET = {1: 0.0018, 2: 0.001}
+BUSY = {1: 0.0018, 2: 0.030}
+
+
+def _for_seconds(
+    choice: ThreadChoice, clock: _Clock, cost: dict[int, float], s: float
+) -> list[int]:
+    return _calls(choice, clock, cost, int(s / cost[choice.current or 2]) + 1)
+
+
 @pytest.mark.usefixtures("two_threads")
 def test_a_quiet_machine_keeps_all_threads_and_probes_ever_less(clock: _Clock) -> None:
     choice = ThreadChoice()
-    seen = _calls(choice, clock, {1: 1.8, 2: 1.0}, 20_000)
-    assert seen[:PROBE_CALLS] == [1] * PROBE_CALLS  # measured early
-    assert seen.count(1) < 0.02 * len(seen)
-    assert choice.wait == MAX_PROBE_EVERY
+    seen = _calls(choice, clock, QUIET, 40_000)  # 40 s
+    assert seen[:PROBE_CALLS] == [2] * PROBE_CALLS
+    assert seen[PROBE_CALLS : 2 * PROBE_CALLS] == [1] * PROBE_CALLS  # timed early
+    assert seen.count(1) < 0.002 * len(seen)
+    assert choice.wait == MAX_PROBE_EVERY_S
     assert choice.current == 2
 
 
 @pytest.mark.usefixtures("two_threads")
 def test_a_busy_machine_moves_to_one_thread_and_back(clock: _Clock) -> None:
     choice = ThreadChoice()
-    _calls(choice, clock, {1: 1.8, 2: 1.0}, 3 * PROBE_EVERY)
+    _calls(choice, clock, QUIET, 3000)  # 3 s: probes lost, each wait doubled
     assert choice.current == 2
     # Two threads now wait for a descheduled partner: the next probe of one thread wins.
-    seen = _calls(choice, clock, {1: 1.8, 2: 30.0}, MAX_PROBE_EVERY + 2 * PROBE_CALLS)
+    _for_seconds(choice, clock, BUSY, choice.wait + 0.1)
     assert choice.current == 1
-    assert seen[-PROBE_EVERY:].count(2) <= PROBE_CALLS
+    seen = _for_seconds(choice, clock, BUSY, 2.0)
+    assert seen.count(2) <= 3 * PROBE_CALLS  # probes of two threads, ever rarer
     # Quiet again: a probe of two threads wins it back.
-    _calls(choice, clock, {1: 1.8, 2: 1.0}, MAX_PROBE_EVERY + 2 * PROBE_CALLS)
+    _for_seconds(choice, clock, QUIET, MAX_PROBE_EVERY_S + 0.1)
     assert choice.current == 2
 
 
@@ -90,7 +103,7 @@ def test_one_thread_is_never_probed(clock: _Clock) -> None:
             seen.append(torch.get_num_threads())
             return torch.zeros(1)
 
-        for _ in range(3 * PROBE_EVERY):
+        for _ in range(300):
             choice.run(kernel)
         assert set(seen) == {1}
     finally:
@@ -98,15 +111,18 @@ def test_one_thread_is_never_probed(clock: _Clock) -> None:
 
 
 @pytest.mark.usefixtures("two_threads")
-def test_the_thread_count_is_restored_when_the_kernel_fails() -> None:
+def test_the_thread_count_is_restored_when_the_kernel_fails(clock: _Clock) -> None:
     choice = ThreadChoice()
 
     def kernel() -> torch.Tensor:
-        assert torch.get_num_threads() == 1  # the first call probes one thread
-        raise RuntimeError("kernel failed")
+        clock.now += 0.001
+        if torch.get_num_threads() == 1:
+            raise RuntimeError("kernel failed on the probe")
+        return torch.zeros(1)
 
-    with pytest.raises(RuntimeError, match="kernel failed"):
-        choice.run(kernel)
+    with pytest.raises(RuntimeError, match="kernel failed on the probe"):
+        for _ in range(2 * PROBE_CALLS):
+            choice.run(kernel)
     assert torch.get_num_threads() == 2
 
 

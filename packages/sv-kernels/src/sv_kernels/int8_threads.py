@@ -13,9 +13,10 @@ sleeping worker's wake-up per region, 57-100 ms a forward on the quiet machine.
 So each matrix shape keeps its own choice, measured: it runs on its current thread count and,
 every so often, for PROBE_CALLS calls on the other; when the probe ends, the count whose recent
 calls had the lower median time is kept. A probe that loses doubles the wait before the next
-(PROBE_EVERY up to MAX_PROBE_EVERY calls of that shape), so a steady machine pays little for
-the probing, and a change of load is noticed within a few thousand calls (seconds). The
-products are the same bits on any number of threads (each output row is one thread's sum).
+(from PROBE_EVERY_S up to MAX_PROBE_EVERY_S seconds), so a steady machine pays little for the
+probing and a change of load is noticed within seconds; a probe that wins brings the next
+one near. The products are the same bits on
+any number of threads (each output row is one thread's sum).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import torch
 from torch import Tensor
 
 PROBE_CALLS = 4
-PROBE_EVERY = 128
-MAX_PROBE_EVERY = 4096
+PROBE_EVERY_S = 0.25
+MAX_PROBE_EVERY_S = 16.0
 _KEPT = 8  # recent call times kept per thread count
 
 
@@ -39,8 +40,8 @@ class ThreadChoice:
 
     def __init__(self) -> None:
         self.current = 0  # none yet: torch's count on the first call
-        self.wait = PROBE_EVERY
-        self.until_probe = 0  # the first call probes: one thread is measured early
+        self.wait = PROBE_EVERY_S
+        self.next_probe = 0.0  # the first probe follows the first PROBE_CALLS calls
         self.probe_left = 0
         self.probing = False
         self.times: dict[int, deque[float]] = {}
@@ -50,10 +51,10 @@ class ThreadChoice:
         most = torch.get_num_threads()
         if most == 1:
             return kernel()
-        threads = self._next(most)
+        start = time.perf_counter()
+        threads = self._next(most, start)
         if threads != most:
             torch.set_num_threads(threads)
-        start = time.perf_counter()
         try:
             out = kernel()
         finally:
@@ -62,8 +63,8 @@ class ThreadChoice:
         self.times.setdefault(threads, deque(maxlen=_KEPT)).append(time.perf_counter() - start)
         return out
 
-    def _next(self, most: int) -> int:
-        """The thread count of the next call (`most`: torch's)."""
+    def _next(self, most: int, now: float) -> int:
+        """The thread count of the call starting at `now` (`most`: torch's)."""
         if self.current not in (1, most):
             self.current = most
         other = 1 if self.current == most else most
@@ -72,22 +73,23 @@ class ThreadChoice:
             return other
         if self.probing:  # the probe's calls have all run and been timed
             self.probing = False
-            self._decide(self.current, other)
-            self.until_probe = self.wait
+            self.next_probe = now + self._decide(self.current, other)
             return self.current
-        if self.until_probe == 0:  # probe: the other count's own recent calls only
+        timed = len(self.times.get(self.current, ())) >= PROBE_CALLS
+        if timed and now >= self.next_probe:  # probe: the other count's own recent calls only
             self.probing, self.probe_left = True, PROBE_CALLS - 1
             self.times.pop(other, None)
             return other
-        self.until_probe -= 1
         return self.current
 
-    def _decide(self, current: int, probed: int) -> None:
-        ours, theirs = self.times.get(current), self.times.get(probed)
-        if ours and theirs and statistics.median(theirs) < statistics.median(ours):
-            self.current, self.wait = probed, PROBE_EVERY
+    def _decide(self, current: int, probed: int) -> float:
+        """Keep the faster count; the seconds until the next probe."""
+        ours, theirs = self.times[current], self.times.get(probed)
+        if theirs and statistics.median(theirs) < statistics.median(ours):
+            self.current, self.wait = probed, PROBE_EVERY_S
         else:
-            self.wait = min(2 * self.wait, MAX_PROBE_EVERY)
+            self.wait = min(2 * self.wait, MAX_PROBE_EVERY_S)
+        return self.wait
 
 
 _choices: dict[tuple[int, ...], ThreadChoice] = {}
