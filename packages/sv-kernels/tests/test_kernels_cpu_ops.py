@@ -80,7 +80,8 @@ def _rope_case(
     out = cpu_ops.rope_cache_write(*args, k_cache, v_cache, slots, scales)
     ref = reference.rope_cache_write(*args, ref_k, ref_v, slots, scales)
     assert out.is_contiguous()
-    assert_close(out, ref, "rotated q", tol=1e-6 if dtype == torch.float32 else 1e-2)
+    # The same FP32 products and sums as the reference's, in another order: the same values.
+    assert torch.equal(out, ref), "rotated q"
     written = torch.zeros(num_pages * PAGE, dtype=torch.bool)
     written[slots[slots >= 0].long()] = True
     for name, cache, want in (("k", k_cache, ref_k), ("v", v_cache, ref_v)):
@@ -107,6 +108,27 @@ def test_rope_cache_write_skips_padding_and_writes_fp8(
     cpu_gen: torch.Generator, cache_dtype: torch.dtype
 ) -> None:
     _rope_case(cpu_gen, 11, 6, 2, 32, torch.float32, cache_dtype, padding=True)
+
+
+def test_rope_rows_follow_the_positions_and_tables(cpu_gen: torch.Generator) -> None:
+    """The cos/sin rows kept from one call are reused only for the same tables and positions:
+    new positions in the same buffer, or other tables at the same positions, rotate anew."""
+    tables = rope_tables.rope_tables(32, 64, 10000.0), rope_tables.rope_tables(32, 64, 500.0)
+    positions = torch.tensor([5, 9])
+    k_cache = torch.zeros(2, PAGE, 2, 32)
+    for (cos, sin), new_positions in (
+        (tables[0], [5, 9]),
+        (tables[0], [6, 40]),
+        (tables[1], [6, 40]),
+    ):
+        positions.copy_(torch.tensor(new_positions))  # the same tensor, refilled
+        q = randn(cpu_gen, 2, 4, 32, dtype=torch.float32)
+        k = randn(cpu_gen, 2, 2, 32, dtype=torch.float32)
+        args = (q, k, k, positions, cos, sin)
+        slots = torch.tensor([0, 1])
+        out = cpu_ops.rope_cache_write(*args, k_cache, k_cache.clone(), slots)
+        ref = reference.rope_cache_write(*args, k_cache.clone(), k_cache.clone(), slots)
+        assert torch.equal(out, ref), f"positions {new_positions}"
 
 
 # --- paged_decode_attention -----------------------------------------------------------------
@@ -231,6 +253,25 @@ def test_prefill_attention_fp8_cache(cpu_gen: torch.Generator, dtype: torch.dtyp
 
 def test_prefill_attention_skips_an_empty_chunk(cpu_gen: torch.Generator) -> None:
     _prefill_case(cpu_gen, [30, 12, 45], [4, 0, 45], 4, 2, 32, torch.float32)
+
+
+def test_decode_attention_gives_back_the_thread_count() -> None:
+    """Decode attention runs on one thread and restores torch's thread count after a call and
+    after one that fails (a page id past the pool)."""
+    cache = torch.zeros(2, PAGE, 2, 32)
+    q, seq_lens = torch.randn(1, 4, 32), torch.tensor([4])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        table = torch.zeros(1, 1, dtype=torch.int32)
+        out = cpu_ops.paged_decode_attention(q, cache, cache, table, seq_lens, 0.2)
+        assert out.shape == q.shape and torch.get_num_threads() == 2
+        with pytest.raises(IndexError):
+            bad_table = torch.tensor([[7]])
+            cpu_ops.paged_decode_attention(q, cache, cache, bad_table, seq_lens, 0.2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 # --- dispatch -------------------------------------------------------------------------------

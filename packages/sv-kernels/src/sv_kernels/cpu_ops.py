@@ -7,10 +7,12 @@ the same values (the same FP32 arithmetic, or float rounding away) in fewer, lar
 
 - `paged_decode_attention`: one `index_select` of a sequence's pages for K and one for V,
   grouped-query attention as a batch of matrix products over the KV heads (q viewed as
-  [Hkv, group, D]), where the reference copies K and V once per query head, masks and einsums.
-- `rope_cache_write`: q and k rotated together by one gather of their positions' cos/sin
-  rows, K and V written with `index_copy_` into the flattened pages, where the reference
-  rotates each separately and scatters through boolean-mask indexing.
+  [Hkv, group, D]), where the reference copies K and V once per query head, masks and einsums;
+  on one thread (its products are too small to share, see there).
+- `rope_cache_write`: q and k rotated together in four calls (a roll swaps each head's
+  halves), by cos/sin rows gathered once a step for all the layers (the positions and tables
+  are the same), K and V written with `index_copy_` into the flattened pages, where the
+  reference rotates each separately and scatters through boolean-mask indexing.
 - `prefill_attention`: the same per sequence for a chunk of queries (a prompt's, or a
   speculating decode's verify run), with its causal mask applied once to the scores of all
   heads.
@@ -54,13 +56,15 @@ def rope_cache_write(
     slot_mapping: Tensor,
     kv_scales: Tensor | None = None,
 ) -> Tensor:
-    """`reference.rope_cache_write`, with q and k rotated as one tensor."""
+    """`reference.rope_cache_write`, with q and k rotated as one tensor: x * (cos, cos) +
+    swap_halves(x) * (-sin, sin), the reference's products and sums in another order (the same
+    FP32 values)."""
     num_q_heads, half = q.shape[1], q.shape[2] // 2
-    c = cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D/2]
-    s = sin.index_select(0, positions).unsqueeze(1)
-    qk = torch.cat((q, k), dim=1).float()
-    x1, x2 = qk[..., :half], qk[..., half:]
-    rotated = _as(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1), q.dtype)
+    cos_rows, sin_rows = _rotation_rows(positions, cos, sin)
+    qk = _as(torch.cat((q, k), dim=1), torch.float32)
+    # roll by half a head swaps the halves: [x2, x1].
+    rotated = torch.roll(qk, half, -1).mul_(sin_rows).add_(qk * cos_rows)
+    rotated = _as(rotated, q.dtype)
     k_rot = rotated[:, num_q_heads:]
     if kv_scales is None:
         k_new, v_new = _as(k_rot, k_cache.dtype), _as(v, v_cache.dtype)
@@ -74,6 +78,28 @@ def rope_cache_write(
     _write(k_cache, slots, k_new)
     _write(v_cache, slots, v_new)
     return rotated[:, :num_q_heads].contiguous()
+
+
+# The last rows `_rotation_rows` gathered: (cos, sin, positions as a list, the two rows). A
+# step rotates every layer's q and k at the same positions by the same tables, so the rows
+# are gathered once a step instead of once a layer. The key is the tables themselves and the
+# positions' values: a step's positions may come in a reused buffer, so that tensor's identity
+# says nothing (and inference tensors keep no version counter).
+_last_rows: list[tuple[Tensor, Tensor, list[int], Tensor, Tensor]] = []
+
+
+def _rotation_rows(positions: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Each position's (cos, cos) and (-sin, sin) rows, [T, 1, D] FP32."""
+    key = positions.tolist()
+    if _last_rows:
+        last_cos, last_sin, last_key, cos_rows, sin_rows = _last_rows[0]
+        if last_cos is cos and last_sin is sin and last_key == key:
+            return cos_rows, sin_rows
+    c, s = cos.index_select(0, positions), sin.index_select(0, positions)
+    cos_rows = torch.cat((c, c), dim=-1).unsqueeze(1)
+    sin_rows = torch.cat((s.neg(), s), dim=-1).unsqueeze(1)
+    _last_rows[:] = [(cos, sin, key, cos_rows, sin_rows)]
+    return cos_rows, sin_rows
 
 
 def _write(cache: Tensor, slots: Tensor, values: Tensor) -> None:
@@ -95,10 +121,37 @@ def paged_decode_attention(
     sliding_window: int | None = None,
 ) -> Tensor:
     """`reference.paged_decode_attention`: the query sees every position of its sequence (the
-    last W under a sliding window W), so only those keys are read and nothing is masked."""
+    last W under a sliding window W), so only those keys are read and nothing is masked.
+
+    Run on one thread: a decode query's products are a few thousand multiply-adds per KV
+    head, less than what a parallel region costs, and torch's batched matrix product opens one
+    (MKL's) for them; on a machine whose cores are busy with other work, a region waits for a
+    descheduled partner thread for up to a time slice. On the shared 2-core development
+    machine, with one other busy process: 93-167 us mean per call on one thread, 0.4-5.6 ms
+    on two (p99 4-46 ms); setting the thread count twice costs under a microsecond."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _decode_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, kv_scales, sliding_window
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+    kv_scales: Tensor | None,
+    sliding_window: int | None,
+) -> Tensor:
     num_kv_heads, head_dim = k_cache.shape[2:]
     # Query head h reads KV head h // group: q as [Hkv, group, D] batches over the KV heads.
-    qg = q.float().reshape(q.shape[0], num_kv_heads, -1, head_dim)
+    qg = _as(q, torch.float32).reshape(q.shape[0], num_kv_heads, -1, head_dim)
     outs = []
     for b, n in enumerate(seq_lens.tolist()):
         if n == 0:  # a padding row sees no keys: zeros, as the reference's
@@ -108,7 +161,9 @@ def paged_decode_attention(
         k, v = _visible_kv(k_cache, v_cache, block_tables[b], first_key, n, kv_scales)
         scores = torch.bmm(qg[b], k.permute(1, 2, 0)).mul_(scale)  # [Hkv, group, keys]
         outs.append(torch.bmm(torch.softmax(scores, dim=-1), v.transpose(0, 1)))
-    return _as(torch.stack(outs).view(q.shape), q.dtype)
+    # One sequence (batch-1 decoding) needs no stacking: its [Hkv, group, D] is q's shape.
+    out = outs[0] if len(outs) == 1 else torch.stack(outs)
+    return _as(out.view(q.shape), q.dtype)
 
 
 def prefill_attention(
@@ -187,8 +242,8 @@ def _hidden_keys(
 def _read(cache: Tensor, pages: Tensor, keys: slice, scales: Tensor | None) -> Tensor:
     """Positions `keys` of the concatenated `pages` of a cache [P, S, Hkv, D], as FP32
     [len(keys), Hkv, D] (an FP8 cache times its per-head `scales`)."""
-    rows = cache.index_select(0, pages).flatten(0, 1)[keys].float()
-    return rows if scales is None else rows * scales[:, None]
+    rows = cache.index_select(0, pages).flatten(0, 1)[keys]
+    return _as(rows, torch.float32) if scales is None else rows.float() * scales[:, None]
 
 
 def swiglu(gate_up: Tensor) -> Tensor:

@@ -7,7 +7,8 @@
 - CPU, int8, up to INT8_KERNEL_MAX_ROWS rows (decode steps): torch's int8 weight kernel
   (`torch._weight_int8pack_mm`, AVX2/AVX-512 vectorized) on BF16 activations; its batch-1
   matmuls took 2.6-2.9x less time than FP32's at the default model's shapes on the 2-core
-  development machine. At 512 rows (a prompt) it was slower than dequantizing for FP32's
+  development machine. It runs on one thread or all of torch's, whichever measures faster at
+  the moment (`int8_threads`). At 512 rows (a prompt) it was slower than dequantizing for FP32's
   matmul, which then runs instead. It crashes (SIGSEGV, torch 2.13) when K is not a multiple
   of 8, so such a matrix takes the reference. Its per-row scales are BF16, so it gets scales of
   1 and the FP32 scales are applied to its output.
@@ -21,7 +22,7 @@ import functools
 import torch
 from torch import Tensor
 
-from . import reference
+from . import int8_threads, reference
 from .errors import KernelError
 from .linear_plan import LinearPlan
 from .quantized import QuantizedWeight, dequantize
@@ -88,9 +89,10 @@ def linear_swiglu(x: Tensor, gate_up: QuantizedWeight, plan: LinearPlan) -> Tens
 
 def int8_cpu(x: Tensor, weight: QuantizedWeight) -> Tensor:
     """x @ dequantize(weight)^T through torch's int8 CPU kernel, x rounded to BF16 for it."""
-    out = torch._weight_int8pack_mm(
-        x.to(torch.bfloat16), weight.data, _unit_scales(weight.shape[0])
-    )
+    x16, unit = x.to(torch.bfloat16), _unit_scales(weight.shape[0])
+    # On one thread or all, as measured (int8_threads: on a busy machine two can be 30x slower).
+    choice = int8_threads.choice_for(weight.shape)
+    out = choice.run(lambda: torch._weight_int8pack_mm(x16, weight.data, unit))
     out = out * weight.scale  # BF16 times FP32 promotes: the product is FP32's
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
