@@ -25,10 +25,17 @@ the same values (the same FP32 arithmetic, or float rounding away) in fewer, lar
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
 import torch
 from torch import Tensor
 
 from . import reference
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def rms_norm(
@@ -110,6 +117,22 @@ def _write(cache: Tensor, slots: Tensor, values: Tensor) -> None:
     flat.index_copy_(0, slots, values)
 
 
+def _on_one_thread(op: Callable[P, R]) -> Callable[P, R]:
+    """`op` run with torch on one thread, its thread count restored after (also on failure)."""
+
+    @functools.wraps(op)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return op(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+
+
+@_on_one_thread
 def paged_decode_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -129,26 +152,6 @@ def paged_decode_attention(
     descheduled partner thread for up to a time slice. On the shared 2-core development
     machine, with one other busy process: 93-167 us mean per call on one thread, 0.4-5.6 ms
     on two (p99 4-46 ms); setting the thread count twice costs under a microsecond."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _decode_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, kv_scales, sliding_window
-        )
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _decode_attention(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    scale: float,
-    kv_scales: Tensor | None,
-    sliding_window: int | None,
-) -> Tensor:
     num_kv_heads, head_dim = k_cache.shape[2:]
     # Query head h reads KV head h // group: q as [Hkv, group, D] batches over the KV heads.
     qg = _as(q, torch.float32).reshape(q.shape[0], num_kv_heads, -1, head_dim)
