@@ -28,8 +28,9 @@ tokens and the accepted count decides the next step's positions, so around a ste
 the loop resolves before it plans: `tokens(i)` first, then `plan(i+1)`. That costs what the
 plain loop costs per step, measured at batch 1 on the H200 as 939 against 806 us per token
 (BENCHMARKS.md, run 38): about 130 us per speculative step, where each accepted token saves a
-whole step of about 800 us. When no decoder would draft (every one paused for missing, see
-`Scheduler.would_draft`) the loop overlaps again.
+whole step of about 800 us. When no decoder would draft (each one paused for missing, or its
+tokens so far ending in no n-gram seen before: see `Scheduler.would_draft`) the loop overlaps
+again.
 
 Everything else here is bookkeeping around that loop: request ids, sampling parameters,
 streaming text, completions.

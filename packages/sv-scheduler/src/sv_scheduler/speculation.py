@@ -124,31 +124,30 @@ class DraftState:
     def propose(self, tokens: SequenceOf[int], limit: int, step: int) -> list[int]:
         """Up to `limit` tokens that followed the latest earlier occurrence of the longest
         suffix of `tokens` found (empty if none; that counts as a miss)."""
-        self._extend_index(tokens)
-        end = len(tokens)
-        cfg = self.config
-        for n in range(min(cfg.ngram, end - 1), cfg.min_ngram - 1, -1):
-            at = self.index.get(tuple(tokens[end - n :]))
-            if at is not None:
-                return list(tokens[at : at + limit])
-        self.miss(step)
-        return []
+        at = self._continuation(tokens)
+        if at is None:
+            self.miss(step)
+            return []
+        return list(tokens[at : at + limit])
 
     def may_draft(self, tokens: SequenceOf[int], step: int) -> bool:
         """Whether the next `propose` is worth a step resolved first, judged from the tokens
         known before the newest one arrives: speculation not paused, and the last
         `min_ngram`..`ngram` of them occurred before (with a continuation). A suffix that
         matched then mostly matches with the newest token too: the copy is under way."""
-        if self.resume_step > step:
-            return False
+        return self.resume_step <= step and self._continuation(tokens) is not None
+
+    def _continuation(self, tokens: SequenceOf[int]) -> int | None:
+        """Where the tokens after the latest earlier occurrence of the longest suffix of
+        `tokens` (`ngram` down to `min_ngram` long) start; None if no suffix occurred before."""
         self._extend_index(tokens)
         end = len(tokens)
-        index = self.index
         cfg = self.config
-        return any(
-            tuple(tokens[end - n :]) in index
-            for n in range(cfg.min_ngram, min(cfg.ngram, end - 1) + 1)
-        )
+        for n in range(min(cfg.ngram, end - 1), cfg.min_ngram - 1, -1):
+            at = self.index.get(tuple(tokens[end - n :]))
+            if at is not None:
+                return at
+        return None
 
     def record(self, drafted: int, accepted: int, step: int) -> None:
         """A verify of `drafted` tokens at `step` accepted `accepted`: adapt the next length.
