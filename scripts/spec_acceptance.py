@@ -65,13 +65,12 @@ def main() -> int:
     # Plain decode steps planned after the step before was resolved (previous=None).
     resolved_plain = {"plain": 0, "ngram": 0}
     launch_next = Engine._launch_next
-    counting = ["plain"]
 
     def launching(engine: Engine, previous: Any) -> Any:
         launched = launch_next(engine, previous)
         plan = None if launched is None else launched.plan
         if previous is None and plan is not None and plan.decodes and not plan.num_draft_tokens:
-            resolved_plain[counting[0]] += 1
+            resolved_plain["plain" if engine.scheduler.config.speculation is None else "ngram"] += 1
         return launched
 
     Engine._launch_next = launching  # type: ignore[method-assign,assignment]
@@ -80,7 +79,6 @@ def main() -> int:
         ("plain", None),
         ("ngram", SpeculationConfig(max_draft=args.k, ngram=args.n)),
     ):
-        counting[0] = name
         engine = Engine.from_model_dir(model, device=args.device, speculation=spec)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=2))  # warm
         before = engine.stats
