@@ -104,7 +104,7 @@ class LeaderRunner(ModelRunner):
         return [pool for pool in pools if isinstance(pool, RankPool)]
 
     def close(self) -> None:
-        """Tell the other ranks to stop, then end their processes (idempotent)."""
+        """Tell the other ranks to stop, end their processes, leave the groups (idempotent)."""
         if self.closed:
             return
         self.closed = True
@@ -112,6 +112,7 @@ class LeaderRunner(ModelRunner):
             with contextlib.suppress(RuntimeError):  # a rank already gone: on_close ends the rest
                 self.tensor_parallel.broadcast((STOP,))
         self._on_close()
+        self.tensor_parallel.leave()
 
     @contextlib.contextmanager
     def _on_every_rank(self, *command: object) -> Iterator[None]:

@@ -182,7 +182,8 @@ class RankWatch:
         return self._failure
 
     def stop(self) -> None:
-        """End every rank process (asked: not a failure) and leave the process group."""
+        """End every rank process (asked: not a failure) and destroy the process groups (a
+        runner's close then drops its hold on them: TensorParallel.leave)."""
         self._stopping = True
         for process in self.processes:
             try:
@@ -275,8 +276,7 @@ def _serve(tp: TensorParallel, device: torch.device) -> None:
         max_model_len = cfg.max_model_len or config.max_position_embeddings  # as rank 0 checked
         serve_steps(load_runner(model_dir, cfg, config, max_model_len, tp), tp)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        tp.leave()
 
 
 def _rank_device(cfg: EngineConfig, rank: int) -> torch.device:

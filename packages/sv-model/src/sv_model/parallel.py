@@ -17,7 +17,6 @@ forward only adds the two all-reduces when it has a `TensorParallel`.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -25,7 +24,6 @@ from sv_weights import ModelConfig
 from torch import Tensor
 
 
-@dataclass(frozen=True)
 class TensorParallel:
     """This process's place among the ranks of one model.
 
@@ -34,10 +32,36 @@ class TensorParallel:
     a rank waiting for its next command (idle for as long as no request comes) is never on the
     model's group, whose timeout ends a step that a dead rank would hang."""
 
-    rank: int
-    world_size: int
-    group: dist.ProcessGroup
-    control: dist.ProcessGroup
+    def __init__(
+        self, rank: int, world_size: int, group: dist.ProcessGroup, control: dist.ProcessGroup
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = (group, control)
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return self._joined()[0]
+
+    @property
+    def control(self) -> dist.ProcessGroup:
+        return self._joined()[1]
+
+    def leave(self) -> None:
+        """Destroy the process groups and drop this object's hold on them (idempotent).
+
+        Dropping them ends their worker threads here and now. `destroy_process_group` alone
+        does not while a reference is held, and a gloo worker thread still releasing a
+        finished collective's tensors when the interpreter exits cannot take the GIL back:
+        the process aborts ("terminate called without an active exception")."""
+        self._groups = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _joined(self) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+        if self._groups is None:
+            raise RuntimeError(f"rank {self.rank} has left its tensor-parallel process groups")
+        return self._groups
 
     def all_reduce(self, x: Tensor) -> None:
         """Sum `x` over the ranks, in place: the end of a row-parallel matmul."""
