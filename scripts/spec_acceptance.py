@@ -6,6 +6,9 @@ once with `--speculate ngram`, all prompts batched in one run each; checks that 
 the same and prints the figures for BENCHMARKS.md.
 
     uv run --frozen python scripts/spec_acceptance.py [--device cpu] [--max-new 64] [--k 16] [--n 3]
+                                                      [--quantization auto|fp8|int8|none]
+
+`--quantization` as the apps take it: auto (the default) is int8 on the CPU, none on CUDA.
 
 With `--one-at-a-time --trace FILE` the trace also counts the plain steps the engine planned
 only after resolving the step before (it waited for a draft that did not come): at batch 1
@@ -23,6 +26,8 @@ from typing import Any
 
 from sv_engine import Engine, SamplingParams
 from sv_engine.default_model import default_model_dir
+from sv_engine.options import resolve_quantization
+from sv_kernels.quantized import QUANT_KINDS
 from sv_scheduler import SpeculationConfig
 from sv_scheduler.speculation import DraftState
 
@@ -36,6 +41,12 @@ def main() -> int:
     p.add_argument("--k", type=int, default=SpeculationConfig().max_draft)
     p.add_argument("--n", type=int, default=SpeculationConfig().ngram)
     p.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", *QUANT_KINDS, "none"),
+        help="the weights' type, as the apps take it (auto: int8 on the CPU, none on CUDA)",
+    )
     p.add_argument(
         "--one-at-a-time",
         action="store_true",
@@ -52,6 +63,8 @@ def main() -> int:
     if args.limit:
         prompts = prompts[: args.limit]
     model = default_model_dir()
+    quantization = resolve_quantization(args.quantization, args.device)
+    print(f"weights: {quantization or 'unquantized'} on {args.device}", flush=True)
     params = SamplingParams(max_new_tokens=args.max_new)
     # Every verification's (drafted, accepted), as the drafters record them.
     verifications: list[tuple[int, int]] = []
@@ -79,7 +92,9 @@ def main() -> int:
         ("plain", None),
         ("ngram", SpeculationConfig(max_draft=args.k, ngram=args.n)),
     ):
-        engine = Engine.from_model_dir(model, device=args.device, speculation=spec)
+        engine = Engine.from_model_dir(
+            model, device=args.device, speculation=spec, quantization=quantization
+        )
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=2))  # warm
         before = engine.stats
         t0 = time.perf_counter()
