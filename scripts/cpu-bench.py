@@ -143,7 +143,7 @@ def kernel_candidates(engine: Engine, rounds: int) -> None:
 def cpu_model() -> str:
     """The processor's name and the vector extensions torch's int8 and BF16 kernels can use:
     the ratios differ from one processor to another (on the same code, the int8 matrices
-    measured 2.2-2.4x FP32's speed on one session's machine and 5.3x on another's)."""
+    measured 2.2-2.4x FP32's speed on one session's machine and 5.0-5.3x on another's)."""
     info = Path("/proc/cpuinfo")
     if not info.is_file():
         return platform.processor() or platform.machine()

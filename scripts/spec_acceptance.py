@@ -8,7 +8,8 @@ the same and prints the figures for BENCHMARKS.md.
     uv run --frozen python scripts/spec_acceptance.py [--device cpu] [--max-new 64] [--k 16] [--n 3]
                                                       [--quantization auto|fp8|int8|none]
 
-`--quantization` as the apps take it: auto (the default) is int8 on the CPU, none on CUDA.
+`--quantization` as the apps take it (auto: int8 on the CPU, none on CUDA); the default is none
+(the unquantized model), with which every earlier figure and trace was taken.
 
 With `--one-at-a-time --trace FILE` the trace also counts the plain steps the engine planned
 only after resolving the step before (it waited for a draft that did not come): at batch 1
@@ -43,9 +44,10 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     p.add_argument(
         "--quantization",
-        default="auto",
+        default="none",
         choices=("auto", *QUANT_KINDS, "none"),
-        help="the weights' type, as the apps take it (auto: int8 on the CPU, none on CUDA)",
+        help="the weights' type, as the apps take it (auto: int8 on the CPU, none on CUDA); "
+        "default none",
     )
     p.add_argument(
         "--one-at-a-time",
