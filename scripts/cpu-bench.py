@@ -155,7 +155,8 @@ def cpu_model() -> str:
     family = fields.get("cpu family", "?")
     flags = set(fields.get("flags", "").split())
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-    return f"{name} (family {family}; {' '.join(f for f in wanted if f in flags) or 'no AVX2'})"
+    found = " ".join(f for f in wanted if f in flags) or "none of " + ", ".join(wanted)
+    return f"{name} (family {family}; {found})"
 
 
 def main() -> int:

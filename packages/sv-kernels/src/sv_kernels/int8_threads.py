@@ -29,6 +29,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .cpu_ops import on_threads
+
 PROBE_CALLS = 4
 PROBE_EVERY_S = 0.25
 MAX_PROBE_EVERY_S = 16.0
@@ -53,13 +55,7 @@ class ThreadChoice:
             return kernel()
         start = time.perf_counter()
         threads = self._next(most, start)
-        if threads != most:
-            torch.set_num_threads(threads)
-        try:
-            out = kernel()
-        finally:
-            if threads != most:
-                torch.set_num_threads(most)
+        out = on_threads(threads, kernel)
         self.times.setdefault(threads, deque(maxlen=_KEPT)).append(time.perf_counter() - start)
         return out
 
