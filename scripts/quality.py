@@ -1,6 +1,7 @@
-"""Perplexity and mean KL divergence per token of quantized weights against the unquantized model.
+"""Perplexity and mean KL divergence per token of quantized weights or FP8 KV pages against the
+unquantized model.
 
-    uv run --frozen python scripts/quality.py [--model DIR] [--device cpu] [--modes fp8,int8]
+    uv run --frozen python scripts/quality.py [--model DIR] [--device cpu] [--modes fp8,int8,fp8-kv]
 
 Teacher-forced on a fixed held-out text committed to the repository (scripts/data/heldout.txt:
 prose and Python code written for this purpose), cut into windows of --window tokens, each
@@ -16,6 +17,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from sv_engine import Engine
@@ -24,6 +26,12 @@ from sv_model import StepInputs
 
 TEXT = Path(__file__).parent / "data" / "heldout.txt"
 PAGE = 16
+# What each mode changes from the unquantized model: the weights' type or the KV pages'.
+MODES: dict[str, dict[str, Any]] = {
+    "fp8": {"quantization": "fp8"},
+    "int8": {"quantization": "int8"},
+    "fp8-kv": {"kv_cache_dtype": "fp8"},
+}
 
 
 def window_log_probs(engine: Engine, ids: list[int]) -> torch.Tensor:
@@ -43,7 +51,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model folder (default: the embedded default model)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--modes", default="fp8,int8")
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated, of {', '.join(MODES)} (fp8-kv: unquantized weights, FP8 KV pages)",
+    )
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--text", default=str(TEXT))
     args = p.parse_args()
@@ -70,10 +82,14 @@ def main() -> int:
     name = "FP32" if args.device == "cpu" else "BF16"
     print(f"{name:>5}: perplexity {base_ppl:.4f} ({time.perf_counter() - t0:.0f} s)")
     rows = [(name, base_ppl, 1.0, 0.0)]
-    for mode in [m for m in args.modes.split(",") if m]:
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        p.error(f"--modes: unknown {', '.join(unknown)} (known: {', '.join(MODES)})")
+    for mode in modes:
         t0 = time.perf_counter()
         engine = Engine.from_model_dir(
-            model_dir, device=args.device, kv_cache_mib=64, quantization=mode
+            model_dir, device=args.device, kv_cache_mib=64, **MODES[mode]
         )
         ours = score(engine, windows)
         del engine
@@ -88,7 +104,7 @@ def main() -> int:
             f"mean KL {kl:.5f} nats/token ({time.perf_counter() - t0:.0f} s)"
         )
         rows.append((mode, ppl, ppl / base_ppl, kl))
-    print("\n| weights | perplexity | vs " + name + " | mean KL (nats/token) |")
+    print("\n| mode | perplexity | vs " + name + " | mean KL (nats/token) |")
     print("|---|---|---|---|")
     for mode, ppl, ratio, kl in rows:
         print(f"| {mode} | {ppl:.3f} | {ratio - 1:+.2%} | {kl:.4f} |")
