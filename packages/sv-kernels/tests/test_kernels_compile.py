@@ -34,6 +34,7 @@ def test_every_kernel_compiles_for_hopper() -> None:
         "_embedding_kernel",
         "_rms_norm_kernel",
         "_gemv_kernel",
+        "_few_rows_kernel",
         "_rope_cache_kernel",
         "_decode_attention_kernel",
         "_merge_splits_kernel",

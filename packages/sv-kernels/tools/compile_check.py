@@ -215,8 +215,34 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
                 row, torch.zeros(2 * inter, hidden, dtype=dtype), config, swiglu=True
             ),
         )
+    yield from _few_rows_cases(dtype, hidden, inter)
     for head_dim, hq, hkv in ((64, 32, 8), (128, 24, 8), (64, 9, 3)):
         yield from _attention_cases(dtype, head_dim, hq, hkv)
+
+
+def _few_rows_cases(dtype: torch.dtype, hidden: int, inter: int) -> Iterator[tuple[str, Any]]:
+    """Every tile the few-row tuner may pick, with each epilogue (a verify step's 16 rows)."""
+    from sv_kernels import triton_ops as ops
+    from sv_kernels.triton_ops.few_rows import CONFIGS
+
+    rows = torch.zeros(16, hidden, dtype=dtype)
+    for tile in CONFIGS:
+        w = torch.zeros(inter, hidden, dtype=dtype)
+        yield (
+            f"few_rows {tile} {dtype}",
+            lambda tile=tile, w=w: ops.few_rows_linear(rows, w, tile),
+        )
+        yield (
+            f"few_rows+bias -> fp32 {tile} {dtype}",
+            lambda tile=tile, w=w: ops.few_rows_linear(
+                rows, w, tile, out_dtype=torch.float32, bias=torch.zeros(inter, dtype=dtype)
+            ),
+        )
+        gate_up = torch.zeros(2 * inter, hidden, dtype=dtype)
+        yield (
+            f"few_rows+swiglu {tile} {dtype}",
+            lambda tile=tile, w=gate_up: ops.few_rows_linear(rows, w, tile, swiglu=True),
+        )
 
 
 def _attention_cases(

@@ -12,6 +12,7 @@ so CPU users never import triton.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from . import cpu_ops, quantized_ops, reference
 from .errors import KernelError
-from .linear_plan import CUBLAS, LinearPlan, TunedLinear
+from .linear_plan import CUBLAS, FEW_ROWS, LinearPlan, TunedLinear
 from .quantized import LinearWeight, QuantizedWeight
 from .tuning_cache import TuningCache
 
@@ -186,7 +187,9 @@ def linear(
     afterwards). The bias is added to the FP32 accumulator, before the rounding to x's dtype.
 
     `plan` is this weight's (see `linear_plan`): a one-row CUDA call (a batch-1 decode step)
-    goes to the Triton GEMV with the plan's tile when it has one; it writes out_dtype itself.
+    goes to the Triton GEMV with the plan's tile when it has one, a call of 2 to 16 rows (a
+    verify step) to the few-row kernel with its tile when it has one; both write out_dtype
+    themselves, rounded to x's dtype first.
     FP32 out of 16-bit inputs on CUDA comes straight from cuBLAS's FP32 accumulator
     (`torch.mm`'s out_dtype): at batch 256 the LM head's BF16 logits are 66 MB, and widening
     them afterwards was a ~95 us kernel per step on the H200. Those logits are then not rounded
@@ -203,6 +206,10 @@ def linear(
         from . import triton_ops
 
         return triton_ops.gemv(x, weight, plan.one_row_gemv, out_dtype=out_dtype, bias=bias)
+    if plan.few_rows is not None and _few_rows(x):
+        from . import triton_ops
+
+        return triton_ops.few_rows_linear(x, weight, plan.few_rows, out_dtype=out_dtype, bias=bias)
     if (
         bias is None
         and out_dtype == torch.float32
@@ -228,7 +235,8 @@ def linear_swiglu(x: Tensor, gate_up: LinearWeight, plan: LinearPlan = CUBLAS) -
     """swiglu(linear(x, gate_up)) for a packed [gate; up] projection [2I, K] -> [T, I].
 
     A one-row CUDA call whose plan gives the GEMV a tile runs as one kernel: the GEMV applies
-    SwiGLU to its own outputs (same bits as the two ops); anything else runs both ops. The
+    SwiGLU to its own outputs (same bits as the two ops), and so does the few-row kernel for
+    2 to 16 rows when the plan has its tile; anything else runs both ops. The
     fused kernel uses the tile tuned for the plain GEMV of this weight: its programs stream
     the same number of weight rows (half gate, half up), so the timing carries over.
     """
@@ -241,7 +249,16 @@ def linear_swiglu(x: Tensor, gate_up: LinearWeight, plan: LinearPlan = CUBLAS) -
         from . import triton_ops
 
         return triton_ops.gemv(x, gate_up, tile, swiglu=True)
+    if plan.few_rows is not None and _few_rows(x) and gate_up.shape[0] % 2 == 0:
+        from . import triton_ops
+
+        return triton_ops.few_rows_linear(x, gate_up, plan.few_rows, swiglu=True)
     return swiglu(linear(x, gate_up, plan=plan))
+
+
+def _few_rows(x: Tensor) -> bool:
+    """A CUDA call the few-row kernel takes: 2 to FEW_ROWS rows."""
+    return _on_cuda(x) and x.dim() == 2 and 2 <= x.shape[0] <= FEW_ROWS
 
 
 def tune_linear(
@@ -250,7 +267,8 @@ def tune_linear(
     progress: Callable[[str], None] | None = None,
 ) -> list[TunedLinear]:
     """Measure, for each distinct CUDA weight shape, whether the Triton GEMV beats cuBLAS at
-    one row (see `triton_ops.gemv`); returns one `TunedLinear` per weight, in order (cuBLAS,
+    one row (see `triton_ops.gemv`), and for an unquantized one whether the few-row kernel does
+    at 16 rows (`triton_ops.few_rows`); returns one `TunedLinear` per weight, in order (cuBLAS,
     untimed, for a weight not on CUDA). Call before capturing CUDA graphs.
 
     cache: where results are kept between processes (see `tuning_cache`); shapes found there
@@ -262,6 +280,12 @@ def tune_linear(
         from . import triton_ops
 
         tuned = triton_ops.tune_gemv(cuda, cache, progress)
+        plain = [(i, w) for i, w in enumerate(cuda) if not isinstance(w, QuantizedWeight)]
+        fingerprint = triton_ops.tuning_fingerprint(cuda[0].device)
+        few = triton_ops.tune_few_rows([w for _, w in plain], cache, fingerprint, progress)
+        for (i, _), (tile, summary) in zip(plain, few, strict=True):
+            plan = dataclasses.replace(tuned[i].plan, few_rows=tile)
+            tuned[i] = TunedLinear(plan, f"{tuned[i].summary}; {summary}")
     on_cuda = iter(tuned)
     untimed = TunedLinear(CUBLAS, "cuBLAS: not on CUDA, not timed")
     return [next(on_cuda) if _on_cuda(w) else untimed for w in weights]

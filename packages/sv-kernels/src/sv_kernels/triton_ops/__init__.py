@@ -15,7 +15,8 @@ from .decode_attention import choose_num_splits, paged_decode_attention
 from .decode_metadata import decode_metadata
 from .embedding import embedding
 from .feed_tokens import feed_tokens
-from .gemv import gemv, tune_gemv
+from .few_rows import few_rows_linear, tune_few_rows
+from .gemv import gemv, tune_gemv, tuning_fingerprint
 from .prefill_attention import prefill_attention
 from .quantize_rows import quantize_rows_fp8
 from .rms_norm import rms_norm
@@ -32,6 +33,7 @@ __all__ = [
     "decode_metadata",
     "embedding",
     "feed_tokens",
+    "few_rows_linear",
     "gemv",
     "paged_decode_attention",
     "prefill_attention",
@@ -41,5 +43,7 @@ __all__ = [
     "sample",
     "swiglu",
     "token_logprobs",
+    "tune_few_rows",
     "tune_gemv",
+    "tuning_fingerprint",
 ]

@@ -47,6 +47,7 @@ from ..graphs import graph_ms_per_call, sets_to_overflow_l2
 from ..linear_plan import GemvTile, LinearPlan, ManyRows, TunedLinear
 from ..quantized import LinearWeight, QuantizedWeight, dequantize
 from ..quantized_ops import scaled_mm, scaled_mm_fits
+from . import few_rows
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
 
 
@@ -416,10 +417,11 @@ def _time_many_rows(w: QuantizedWeight) -> tuning_cache.TunedShape:
 
 def tuning_fingerprint(device: torch.device) -> str:
     """What a kept tuning result is valid for: this GPU model, these torch and Triton versions
-    and these candidate lists (their hash)."""
+    and these candidate lists (their hash; the few-row tiles' too, kept in the same file)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
-    configs = hashlib.sha256(repr((CONFIGS, QUANTIZED_CONFIGS)).encode()).hexdigest()[:8]
+    lists = (CONFIGS, QUANTIZED_CONFIGS, few_rows.CONFIGS)
+    configs = hashlib.sha256(repr(lists).encode()).hexdigest()[:8]
     return (
         f"{torch.cuda.get_device_name(index)} (sm {major}.{minor}), torch {torch.__version__}, "
         f"triton {triton.__version__}, configs {configs}"
