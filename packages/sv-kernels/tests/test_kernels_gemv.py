@@ -151,7 +151,8 @@ def test_gemv_swiglu_rejects_an_odd_row_count(gen: torch.Generator) -> None:
 @gpu_test
 def test_tuned_linear_dispatch_and_graph_capture(gen: torch.Generator) -> None:
     """With its tuned plan, ops.linear on one row runs whatever won, gives the reference's
-    result, and captures in a CUDA graph (no tuning or host sync inside the call)."""
+    result, and captures in a CUDA graph (no tuning or host sync inside the call); on two rows
+    it runs the few-row tile the tuner chose, or cuBLAS."""
     weights = [
         randn(gen, n, k, dtype=BF16) for n, k in ((3072, 2048), (2048, 8192), (128256, 2048))
     ]
@@ -167,9 +168,14 @@ def test_tuned_linear_dispatch_and_graph_capture(gen: torch.Generator) -> None:
     static_x.copy_(randn(gen, 1, 2048, dtype=BF16))
     graph.replay()
     assert_close(out, reference.linear(static_x, weights[0]), "graphed linear")
-    # more than one row always goes to cuBLAS
+    # two rows: the few-row kernel where the tuner chose it for this shape, else cuBLAS
     two = randn(gen, 2, 2048, dtype=BF16)
-    assert torch.equal(ops.linear(two, weights[0], plan=plan), reference.linear(two, weights[0]))
+    got = ops.linear(two, weights[0], plan=plan)
+    if plan.few_rows is not None:
+        assert torch.equal(got, triton_ops.few_rows_linear(two, weights[0], plan.few_rows))
+    else:
+        assert torch.equal(got, reference.linear(two, weights[0]))
+    assert_dot_products_close(got, two, weights[0], "two rows")
 
 
 # `triton_ops.gemv` is the function; its module holds the tuner and its timing.
