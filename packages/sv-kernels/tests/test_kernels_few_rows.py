@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from kernels_testing import DEVICE, GPU, HAS_CUDA, assert_close, gpu_test, randn
@@ -9,6 +13,7 @@ from sv_kernels import KernelError, ops, reference, triton_ops
 from sv_kernels.graphs import capture
 from sv_kernels.linear_plan import FEW_ROWS, FewRowsTile, LinearPlan
 from sv_kernels.triton_ops.few_rows import CONFIGS, prepare_counters
+from sv_kernels.tuning_cache import TunedShape, TuningCache
 from test_kernels_gemv import assert_dot_products_close
 
 BF16 = torch.bfloat16
@@ -142,3 +147,57 @@ def test_linear_dispatch_by_rows_and_graph_replays(gen: torch.Generator, rows: i
             torch.cuda.synchronize(DEVICE)
             assert torch.equal(a, out)
             assert torch.equal(b, triton_ops.few_rows_linear(2 * x, w, tile))
+
+
+FEW_ROWS_MODULE = importlib.import_module("sv_kernels.triton_ops.few_rows")
+
+
+def test_few_row_tuner_keeps_its_choices_for_the_next_process(
+    gen: torch.Generator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timed once per shape, kept in the cache file beside the GEMV's entries; a later tuning
+    reads it without timing; a kept choice that is no candidate (a hand edit) and `retune`
+    are timed again; a winner's counters exist afterwards, so its calls can be captured."""
+    timed: list[tuple[int, int]] = []
+    winner: FewRowsTile = CONFIGS[1]
+
+    def fake_timing(w: torch.Tensor) -> TunedShape:
+        timed.append((w.shape[0], w.shape[1]))
+        return TunedShape(winner, 1.0, 2.0)
+
+    monkeypatch.setattr(FEW_ROWS_MODULE, "_time_tiles", fake_timing)
+    monkeypatch.setattr(FEW_ROWS_MODULE, "_COUNTERS", {})
+    path = tmp_path / "tuning.json"
+    weights = [randn(gen, 64, 32, dtype=BF16), randn(gen, 48, 32, dtype=BF16)]
+    weights.append(weights[0].clone())  # a second matrix of the first shape: one timing
+    first = triton_ops.tune_few_rows(weights, TuningCache(path), "test GPU")
+    assert timed == [(64, 32), (48, 32)]
+    assert [tile for tile, _ in first] == [winner] * 3
+    assert first[0][1] == f"at 16 rows triton {winner}: 1.0 us (cuBLAS 2.0 us), measured"
+    assert FEW_ROWS_MODULE._COUNTERS[weights[0].device].numel() >= 64 // winner[0]
+    again = triton_ops.tune_few_rows(weights, TuningCache(path), "test GPU")
+    assert timed == [(64, 32), (48, 32)], "kept shapes were timed again"
+    assert all(summary.endswith("kept from the tuning cache") for _, summary in again)
+    document = json.loads(path.read_text())
+    entries = document["fingerprints"]["test GPU"]
+    assert entries["64x32 torch.bfloat16, 16 rows"]["choice"] == list(winner)
+    entries["64x32 torch.bfloat16, 16 rows"]["choice"] = [3, 3, 3, 3, 3]  # not a candidate
+    path.write_text(json.dumps(document))
+    triton_ops.tune_few_rows(weights, TuningCache(path), "test GPU")
+    assert timed[2:] == [(64, 32)]
+    triton_ops.tune_few_rows(weights, TuningCache(path, retune=True), "test GPU")
+    assert timed[3:] == [(64, 32), (48, 32)]
+
+
+def test_outgrown_counters_stay_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Growing the counters for a wider weight keeps the old buffer: graphs captured before
+    hold its address."""
+    monkeypatch.setattr(FEW_ROWS_MODULE, "_COUNTERS", {})
+    monkeypatch.setattr(FEW_ROWS_MODULE, "_OUTGROWN", [])
+    w = torch.zeros(16 * 2000, 8, device=DEVICE)
+    small = FEW_ROWS_MODULE._counters(w.device, 10)
+    prepare_counters(w, (16, 128, 4, 4, 1))
+    grown = FEW_ROWS_MODULE._COUNTERS[w.device]
+    assert grown.numel() >= 2000 and not torch.any(grown)
+    outgrown = FEW_ROWS_MODULE._OUTGROWN
+    assert len(outgrown) == 1 and outgrown[0] is small

@@ -188,9 +188,11 @@ CONFIGS: tuple[FewRowsTile, ...] = (
     (16, 128, 4, 4, 1),
 )
 
-# A device's split counters (int32, zero between kernels). Grown, never shrunk; only outside a
-# CUDA graph capture (a capture would record the allocation's fill into its graph).
+# A device's split counters (int32, zero between kernels). Grown only outside a CUDA graph
+# capture (a capture would record the allocation's fill into its graph). A buffer outgrown is
+# kept, never freed: graphs captured before the growth still hold its address.
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
 
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor:
@@ -203,6 +205,8 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
             "CUDA graph capture; call prepare_counters (the tuner does) before capturing"
         )
     grown = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    if held is not None:
+        _OUTGROWN.append(held)
     _COUNTERS[device] = grown
     return grown
 
@@ -313,7 +317,7 @@ def tune_few_rows(
     measured: dict[str, tuning_cache.TunedShape] = {}
     by_key: dict[str, tuple[FewRowsTile | None, str]] = {}
     for w in weights:
-        key = f"{w.shape[0]}x{w.shape[1]} {w.dtype}, {FEW_ROWS} rows"
+        key = _shape_key(w)
         if key in by_key:
             continue
         tuned = kept.get(key)
@@ -334,7 +338,13 @@ def tune_few_rows(
         )
     if cache is not None and measured:
         tuning_cache.store(cache.path, fingerprint, measured)
-    return [by_key[f"{w.shape[0]}x{w.shape[1]} {w.dtype}, {FEW_ROWS} rows"] for w in weights]
+    return [by_key[_shape_key(w)] for w in weights]
+
+
+def _shape_key(w: torch.Tensor) -> str:
+    """A weight shape as the tuning cache names its few-row entry: "2048x2048 torch.bfloat16,
+    16 rows" (the batch-1 GEMV's entry for the shape lacks the rows)."""
+    return f"{w.shape[0]}x{w.shape[1]} {w.dtype}, {FEW_ROWS} rows"
 
 
 def time_tiles(
