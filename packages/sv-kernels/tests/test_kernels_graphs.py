@@ -25,6 +25,16 @@ def test_sets_to_overflow_l2_by_hand() -> None:
 
 
 @gpu_test
+def test_copies_to_overflow_l2_are_distinct_clones() -> None:
+    """A 24 MiB tensor off the GPU (60 MiB default L2): ceil(120 / 24) = 5 sets, the tensor
+    itself first, the others equal to it in storage of their own."""
+    t = torch.arange(6 * 2**20, dtype=torch.float32)
+    copies = graphs.copies_to_overflow_l2(t)
+    assert len(copies) == 5 and copies[0] is t
+    assert len({c.data_ptr() for c in copies}) == 5
+    assert all(torch.equal(c, t) for c in copies)
+
+
 def test_l2_bytes_of_the_gpu_is_plausible() -> None:
     assert 1 << 20 <= graphs.l2_bytes(torch.device("cuda")) <= 1 << 30
 

@@ -46,6 +46,13 @@ def sets_to_overflow_l2(nbytes: int, device: torch.device, most: int = 16) -> in
     return max(1, min(most, math.ceil(2 * l2_bytes(device) / max(nbytes, 1))))
 
 
+def copies_to_overflow_l2(t: torch.Tensor) -> list[torch.Tensor]:
+    """t and enough clones of it (`sets_to_overflow_l2`) that an op timed over them in turn
+    reads them from DRAM, as the engine's ops read their weights."""
+    count = sets_to_overflow_l2(t.numel() * t.element_size(), t.device)
+    return [t, *(t.clone() for _ in range(count - 1))]
+
+
 def capture(
     run: Callable[[], T], *, warmups: int = 1, pool: Any = None
 ) -> tuple[torch.cuda.CUDAGraph, T]:

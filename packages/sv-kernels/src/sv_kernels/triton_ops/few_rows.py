@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .. import tuning_cache
 from ..errors import KernelError
-from ..graphs import graph_ms_per_call, sets_to_overflow_l2
+from ..graphs import copies_to_overflow_l2, graph_ms_per_call
 from ..linear_plan import FEW_ROWS, FewRowsTile
 from ._common import cdiv, dot_dtype, dot_precision, use_pdl, wait_for_prior_kernels
 
@@ -352,8 +352,7 @@ def time_tiles(
 ) -> tuple[float, dict[FewRowsTile, float]]:
     """cuBLAS's ms per call and each tile's (the candidates unless given), at `rows` rows of x,
     graph-replayed over copies of w that overflow L2. Must not run during a graph capture."""
-    count = sets_to_overflow_l2(w.numel() * w.element_size(), w.device)
-    copies = [w, *(w.clone() for _ in range(count - 1))]
+    copies = copies_to_overflow_l2(w)
     x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
     cublas = graph_ms_per_call(
         [functools.partial(torch.nn.functional.linear, x, c) for c in copies], _TUNE_CALLS

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from .. import tuning_cache
 from ..errors import KernelError
-from ..graphs import graph_ms_per_call, sets_to_overflow_l2
+from ..graphs import copies_to_overflow_l2, graph_ms_per_call, sets_to_overflow_l2
 from ..linear_plan import GemvTile, LinearPlan, ManyRows, TunedLinear
 from ..quantized import LinearWeight, QuantizedWeight, dequantize
 from ..quantized_ops import scaled_mm, scaled_mm_fits
@@ -378,9 +378,7 @@ def _copies(w: LinearWeight) -> list[LinearWeight]:
     """w and enough clones of it to overflow L2 (see `sets_to_overflow_l2`)."""
     if isinstance(w, QuantizedWeight):
         return list(_quantized_copies(w))
-
-    count = sets_to_overflow_l2(w.numel() * w.element_size(), w.device)
-    return [w, *(w.clone() for _ in range(count - 1))]
+    return list(copies_to_overflow_l2(w))
 
 
 def _quantized_copies(w: QuantizedWeight) -> list[QuantizedWeight]:
