@@ -24,7 +24,6 @@ def test_sets_to_overflow_l2_by_hand() -> None:
     assert graphs.sets_to_overflow_l2(0, cpu) == 16
 
 
-@gpu_test
 def test_copies_to_overflow_l2_are_distinct_clones() -> None:
     """A 24 MiB tensor off the GPU (60 MiB default L2): ceil(120 / 24) = 5 sets, the tensor
     itself first, the others equal to it in storage of their own."""
@@ -35,6 +34,7 @@ def test_copies_to_overflow_l2_are_distinct_clones() -> None:
     assert all(torch.equal(c, t) for c in copies)
 
 
+@gpu_test
 def test_l2_bytes_of_the_gpu_is_plausible() -> None:
     assert 1 << 20 <= graphs.l2_bytes(torch.device("cuda")) <= 1 << 30
 
