@@ -195,10 +195,10 @@ def _operand_dtype(dtype: torch.dtype, fp8_cache: bool) -> tl.dtype:
     packed instruction per two values, where BF16 takes a further F2F per value, and those
     conversions bounded the FP8 read. Measured on the H200 (BENCHMARKS.md run 97, batch 1,
     graph-timed): 61.5 -> 49.5 us at 100k tokens, 23.0 -> 19.3 at 32k, 161 -> 143 us for 256
-    sequences of 1k, each as far from the FP32 reference as before. Every e4m3
-    value is exact in FP16, a BF16 query keeps its 8 mantissa bits in FP16's 11 (queries beyond
-    FP16's 65,504 aside), and products accumulate in FP32 either way. The prefill kernel keeps
-    BF16: in FP16 its wgmma path needs 140 registers a thread against 110, a CTA fewer per SM.
+    sequences of 1k, each as far from the FP32 reference as before. Every e4m3 value is exact
+    in FP16, a BF16 query keeps its 8 mantissa bits in FP16's 11 (queries beyond FP16's 65,504
+    aside), and products accumulate in FP32 either way. The prefill kernel keeps BF16: in FP16
+    its wgmma path needs 140 registers a thread against 110, a CTA fewer per SM.
     """
     if fp8_cache and not INTERPRET and dtype in (torch.bfloat16, torch.float16):
         return tl.float16
