@@ -36,6 +36,7 @@ def test_every_kernel_compiles_for_hopper() -> None:
         "_gemv_kernel",
         "_few_rows_kernel",
         "_rope_cache_kernel",
+        "_qkv_rope_cache_kernel",
         "_decode_attention_kernel",
         "_merge_splits_kernel",
         "_swiglu_kernel",

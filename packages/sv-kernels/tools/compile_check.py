@@ -139,6 +139,7 @@ def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
                 f"gemv+swiglu {config} {storage}",
                 lambda config=config, w=w, s=scale: ops.gemv(row, w, config, swiglu=True, scale=s),
             )
+        yield from _qkv_rope_cases(torch.bfloat16, QUANTIZED_CONFIGS, storage)
 
 
 def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
@@ -216,8 +217,37 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
             ),
         )
     yield from _few_rows_cases(dtype, hidden, inter)
+    yield from _qkv_rope_cases(dtype, CONFIGS, None)
     for head_dim, hq, hkv in ((64, 32, 8), (128, 24, 8), (64, 9, 3)):
         yield from _attention_cases(dtype, head_dim, hq, hkv)
+
+
+def _qkv_rope_cases(
+    dtype: torch.dtype, tiles: tuple[Any, ...], storage: torch.dtype | None
+) -> Iterator[tuple[str, Any]]:
+    """The q/k/v GEMV with RoPE and the cache write (Llama 3.2 1B: 32 + 2 x 8 heads of 64) for
+    every tile that holds whole RoPE pairs, into a 16-bit and an FP8 cache; `storage` is a
+    quantized weight's (FP8 or int8), with its scales."""
+    from sv_kernels import triton_ops as ops
+
+    hq, hkv, head_dim, hidden = 32, 8, 64, 2048
+    row = torch.zeros(1, hidden, dtype=dtype)
+    w = torch.zeros((hq + 2 * hkv) * head_dim, hidden, dtype=storage or dtype)
+    scale = None if storage is None else torch.ones(w.shape[0])
+    cos = sin = torch.zeros(4096, head_dim // 2)
+    index = torch.zeros(1, dtype=torch.int64)
+    caches = [(dtype, None), (torch.float8_e4m3fn, torch.ones(2, hkv))]
+    for tile in tiles:
+        if not ops.qkv_rope_fits(tile, head_dim):
+            continue
+        for cache_dtype, kv_scales in caches:
+            cache = torch.zeros(8, 16, hkv, head_dim, dtype=cache_dtype)
+            yield (
+                f"qkv_rope_cache {tile} {storage or dtype} -> {cache_dtype} cache",
+                lambda tile=tile, cache=cache, kv_scales=kv_scales: ops.qkv_rope_cache(
+                    row, w, tile, hq, index, cos, sin, cache, cache, index, kv_scales, scale=scale
+                ),
+            )
 
 
 def _few_rows_cases(dtype: torch.dtype, hidden: int, inter: int) -> Iterator[tuple[str, Any]]:

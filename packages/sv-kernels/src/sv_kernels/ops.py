@@ -21,7 +21,7 @@ from torch import Tensor
 
 from . import cpu_ops, quantized_ops, reference
 from .errors import KernelError
-from .linear_plan import CUBLAS, FEW_ROWS, LinearPlan, TunedLinear
+from .linear_plan import CUBLAS, FEW_ROWS, GemvTile, LinearPlan, TunedLinear
 from .quantized import LinearWeight, QuantizedWeight
 from .tuning_cache import TuningCache
 
@@ -305,6 +305,29 @@ def swiglu(gate_up: Tensor) -> Tensor:
     return reference.swiglu(gate_up)
 
 
+def _check_rope_inputs(
+    op: str, num_tokens: int, head_dim: int, positions: Tensor, cos: Tensor, sin: Tensor
+) -> None:
+    """RoPE's inputs beside q and k: one position per token, cos/sin [max_positions, D/2]."""
+    if head_dim % 2 != 0:
+        _fail(op, f"the head dim must be even for RoPE, got {head_dim}")
+    _check_dims(op, "positions", positions, 1, "[T]")
+    _check_int(op, "positions", positions)
+    _check_len(op, "positions", positions, 0, num_tokens, "one per token")
+    for name, table in (("cos", cos), ("sin", sin)):
+        _check_dims(op, name, table, 2, "[max_positions, D/2]")
+        _check_float(op, name, table)
+        _check_len(op, name, table, 1, head_dim // 2, "half the head dim")
+    if sin.shape != cos.shape:
+        _fail(op, f"sin {_shape(sin)} must have cos's shape {_shape(cos)}")
+
+
+def _check_slots(op: str, num_tokens: int, slot_mapping: Tensor) -> None:
+    _check_dims(op, "slot_mapping", slot_mapping, 1, "[T]")
+    _check_int(op, "slot_mapping", slot_mapping)
+    _check_len(op, "slot_mapping", slot_mapping, 0, num_tokens, "one per token")
+
+
 def rope_cache_write(
     q: Tensor,
     k: Tensor,
@@ -324,26 +347,14 @@ def rope_cache_write(
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_float(op, name, t)
     num_tokens, head_dim = q.shape[0], q.shape[2]
-    if head_dim % 2 != 0:
-        _fail(op, f"the head dim must be even for RoPE, got {head_dim}")
+    _check_rope_inputs(op, num_tokens, head_dim, positions, cos, sin)
     if k.shape[0] != num_tokens or k.shape[2] != head_dim or v.shape != k.shape:
         _fail(op, f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)} disagree on T, Hkv or D")
-    _check_dims(op, "positions", positions, 1, "[T]")
-    _check_int(op, "positions", positions)
-    _check_len(op, "positions", positions, 0, num_tokens, "one per token")
-    for name, table in (("cos", cos), ("sin", sin)):
-        _check_dims(op, name, table, 2, "[max_positions, D/2]")
-        _check_float(op, name, table)
-        _check_len(op, name, table, 1, head_dim // 2, "half the head dim")
-    if sin.shape != cos.shape:
-        _fail(op, f"sin {_shape(sin)} must have cos's shape {_shape(cos)}")
     _check_cache(op, k_cache, v_cache)
     _check_kv_scales(op, k_cache, kv_scales)
     if k_cache.shape[2:] != k.shape[1:]:
         _fail(op, f"cache heads x dim {_shape(k_cache)[1:]} do not match k {_shape(k)}")
-    _check_dims(op, "slot_mapping", slot_mapping, 1, "[T]")
-    _check_int(op, "slot_mapping", slot_mapping)
-    _check_len(op, "slot_mapping", slot_mapping, 0, num_tokens, "one per token")
+    _check_slots(op, num_tokens, slot_mapping)
     _check_device(
         op,
         q=q,
@@ -369,6 +380,129 @@ def rope_cache_write(
         )
     return reference.rope_cache_write(
         q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales
+    )
+
+
+def qkv_rope_cache(
+    x: Tensor,
+    qkv: LinearWeight,
+    num_q_heads: int,
+    positions: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    kv_scales: Tensor | None = None,
+    *,
+    plan: LinearPlan = CUBLAS,
+    bias: Tensor | None = None,
+    qk_norms: tuple[Tensor, Tensor, float] | None = None,
+) -> Tensor:
+    """Attention's inputs from the normed hidden state x [T, K]: q, k, v = `linear(x, qkv)`
+    (+ bias) split into Hq, Hkv and Hkv heads of the cache's D, then `rms_norm` of q and k per
+    head where `qk_norms` (q's weight, k's weight, eps: Qwen3) is given, then
+    `rope_cache_write`. Returns the rotated q [T, Hq, D].
+
+    A one-row CUDA call whose plan gives the GEMV a tile that holds whole RoPE pairs, without
+    q/k norms, runs as one kernel (`triton_ops.qkv_rope_cache`: the GEMV rotates and writes
+    its own outputs, the same bits as the three ops); anything else runs the ops in turn.
+    """
+    op = "qkv_rope_cache"
+    _check_cache(op, k_cache, v_cache)
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    rows = (num_q_heads + 2 * num_kv_heads) * head_dim
+    tile = plan.one_row_gemv
+    if tile is not None and qk_norms is None and _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
+        from . import triton_ops
+
+        if triton_ops.qkv_rope_fits(tile, head_dim):
+            args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
+            return _fused_qkv_rope_cache(op, x, qkv, tile, num_q_heads, rows, bias, *args)
+    out = linear(x, qkv, plan=plan, bias=bias)
+    if out.dim() != 2 or out.shape[1] != rows:
+        _fail_qkv_rows(op, qkv, num_q_heads, rows)
+    heads = [num_q_heads, num_kv_heads, num_kv_heads]
+    q, k, v = out.view(out.shape[0], -1, head_dim).split_with_sizes(heads, dim=1)
+    if qk_norms is not None:
+        q_norm, k_norm, eps = qk_norms
+        q, _ = rms_norm(q, q_norm, eps)
+        k, _ = rms_norm(k, k_norm, eps)
+    return rope_cache_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
+
+
+def _fused_qkv_rope_cache(
+    op: str,
+    x: Tensor,
+    qkv: LinearWeight,
+    tile: GemvTile,
+    num_q_heads: int,
+    rows: int,
+    bias: Tensor | None,
+    positions: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    kv_scales: Tensor | None,
+) -> Tensor:
+    """`qkv_rope_cache` as one kernel, its inputs checked here (the unfused path leaves x,
+    the weight and the bias to `linear`)."""
+    _check_float(op, "x", x)
+    if isinstance(qkv, QuantizedWeight):
+        quantized_ops.check_linear(op, x, qkv)
+        weight, scale = qkv.data, qkv.scale
+    elif qkv.dim() != 2 or qkv.shape[1] != x.shape[1] or qkv.dtype != x.dtype:
+        _fail(
+            op, f"qkv {qkv.dtype} {_shape(qkv)} must be [N, K] of x's {x.dtype}, K = {x.shape[1]}"
+        )
+    else:
+        weight, scale = qkv, None
+    if qkv.shape[0] != rows:
+        _fail_qkv_rows(op, qkv, num_q_heads, rows)
+    if bias is not None:
+        _check_bias(op, bias, qkv, x)
+    _check_rope_inputs(op, 1, k_cache.shape[3], positions, cos, sin)
+    _check_kv_scales(op, k_cache, kv_scales)
+    _check_slots(op, 1, slot_mapping)
+    _check_device(
+        op,
+        x=x,
+        qkv=weight,
+        bias=bias,
+        positions=positions,
+        cos=cos,
+        sin=sin,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slot_mapping,
+        kv_scales=kv_scales,
+    )
+    from . import triton_ops
+
+    return triton_ops.qkv_rope_cache(
+        x,
+        weight,
+        tile,
+        num_q_heads,
+        positions,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        kv_scales,
+        bias=bias,
+        scale=scale,
+    )
+
+
+def _fail_qkv_rows(op: str, qkv: LinearWeight, num_q_heads: int, rows: int) -> NoReturn:
+    _fail(
+        op,
+        f"qkv has {qkv.shape[0]} rows, expected (Hq + 2 Hkv) x D = {rows} for {num_q_heads} "
+        "query heads and the cache's KV heads and head dim",
     )
 
 

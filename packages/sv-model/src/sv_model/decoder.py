@@ -167,25 +167,22 @@ class DecoderModel:
         w, plans, tp = self.weights, self.linear_plans, self.tensor_parallel
         num_tokens = input_ids.shape[0]
         q_size = self.num_heads * self.head_dim
-        heads = [self.num_heads, self.num_kv_heads, self.num_kv_heads]
         # Each torch call costs microseconds on the host (most of a CPU decode step): the
-        # layers' cache views are taken in one call each, and q, k, v split in one.
+        # layers' cache views are taken in one call each.
         k_caches, v_caches = kv.k.unbind(0), kv.v.unbind(0)
         hidden = ops.embedding(input_ids, w.embed)
         residual: Tensor | None = None
         for layer_idx, (layer, plan) in enumerate(zip(w.layers, plans.layers, strict=True)):
             x, residual = ops.rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps, residual)
-            qkv = ops.linear(x, layer.qkv, plan=plan.qkv, bias=layer.qkv_bias)
-            q, k, v = qkv.view(num_tokens, -1, self.head_dim).split_with_sizes(heads, dim=1)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q, _ = ops.rms_norm(q, layer.q_norm, self.config.rms_norm_eps)
-                k, _ = ops.rms_norm(k, layer.k_norm, self.config.rms_norm_eps)
             k_cache, v_cache = k_caches[layer_idx], v_caches[layer_idx]
             kv_scales = kv.layer_scales(layer_idx)
-            q = ops.rope_cache_write(
-                q,
-                k,
-                v,
+            qk_norms = None
+            if layer.q_norm is not None and layer.k_norm is not None:
+                qk_norms = (layer.q_norm, layer.k_norm, self.config.rms_norm_eps)
+            q = ops.qkv_rope_cache(
+                x,
+                layer.qkv,
+                self.num_heads,
                 positions,
                 self.cos,
                 self.sin,
@@ -193,6 +190,9 @@ class DecoderModel:
                 v_cache,
                 attn.slot_mapping,
                 kv_scales,
+                plan=plan.qkv,
+                bias=layer.qkv_bias,
+                qk_norms=qk_norms,
             )
             if attn.cu_seqlens_q is None:
                 o = ops.paged_decode_attention(

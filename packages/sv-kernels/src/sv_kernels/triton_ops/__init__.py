@@ -18,6 +18,8 @@ from .feed_tokens import feed_tokens
 from .few_rows import few_rows_linear, tune_few_rows
 from .gemv import gemv, tune_gemv, tuning_fingerprint
 from .prefill_attention import prefill_attention
+from .qkv_rope_cache import fits as qkv_rope_fits
+from .qkv_rope_cache import qkv_rope_cache
 from .quantize_rows import quantize_rows_fp8
 from .rms_norm import rms_norm
 from .rope_cache import rope_cache_write
@@ -37,6 +39,8 @@ __all__ = [
     "gemv",
     "paged_decode_attention",
     "prefill_attention",
+    "qkv_rope_cache",
+    "qkv_rope_fits",
     "quantize_rows_fp8",
     "rms_norm",
     "rope_cache_write",

@@ -26,6 +26,10 @@ hardware's e4m3 -> f16 conversion (two values per instruction), then f16 -> f32.
 matching up rows and writes silu(gate) * up, which saves the decode step one launch per layer
 (16 fewer kernels at batch 1: 856 -> 831 us per step on the H200, 2026-11-30).
 
+The q/k/v projection has an epilogue of its own, RoPE and the KV-cache write, in
+`qkv_rope_cache` (the same dot products; 16 fewer kernels at batch 1: 809 -> 780 us per step
+on the H200, 2026-12-02).
+
 `bias` (Qwen2's q/k/v projection) is added to the FP32 dot products before they are rounded,
 as cuBLAS's bias epilogue does: no separate add kernel.
 """

@@ -1,0 +1,282 @@
+"""The batch-1 q/k/v GEMV with RoPE and the cache write in its epilogue, against the two kernels
+it replaces (the Triton GEMV, then `rope_cache_write`: the same bits for 16-bit activations) and
+the references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randint, randn
+from sv_kernels import KernelError, ops, reference, rope_tables, triton_ops
+from sv_kernels.linear_plan import GemvTile, LinearPlan
+from sv_kernels.quantized import QuantKind, quantize
+from sv_kernels.rope_tables import Llama3RopeScaling
+from sv_kernels.triton_ops.gemv import CONFIGS, QUANTIZED_CONFIGS
+
+LLAMA3 = Llama3RopeScaling(32.0, 1.0, 4.0, 8192)
+FP8 = torch.float8_e4m3fn
+PAGE = 16
+NUM_PAGES = 4
+MAX_POSITIONS = 4096
+
+
+def _fitting(tiles: tuple[GemvTile, ...], head_dim: int) -> list[GemvTile]:
+    return [t for t in tiles if triton_ops.qkv_rope_fits(t, head_dim)]
+
+
+RopeArgs = tuple[
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor | None,
+]
+
+
+class Case:
+    """One token's normed hidden state, a packed [q; k; v] weight, and two copies of a paged
+    cache (NaN where nothing was written) for the fused and the unfused path."""
+
+    def __init__(
+        self,
+        gen: torch.Generator,
+        hq: int,
+        hkv: int,
+        head_dim: int,
+        k: int,
+        dtype: torch.dtype,
+        fp8_cache: bool = False,
+        bias: bool = False,
+        position: int | None = None,
+        slot: int | None = None,
+    ) -> None:
+        self.hq, self.hkv, self.head_dim, self.dtype = hq, hkv, head_dim, dtype
+        rows = (hq + 2 * hkv) * head_dim
+        self.x = randn(gen, 1, k, dtype=dtype)
+        self.w = randn(gen, rows, k, dtype=dtype, scale=k**-0.5)
+        self.bias = randn(gen, rows, dtype=dtype) if bias else None
+        self.cos, self.sin = rope_tables.rope_tables(
+            head_dim, MAX_POSITIONS, 500000.0, LLAMA3, device=DEVICE
+        )
+        if position is None:
+            position = int(randint(gen, 0, MAX_POSITIONS, 1))
+        if slot is None:
+            slot = int(randint(gen, 0, NUM_PAGES * PAGE, 1))
+        self.positions = torch.tensor([position], device=DEVICE)
+        self.slots = torch.tensor([slot], device=DEVICE)
+        shape = (NUM_PAGES, PAGE, hkv, head_dim)
+        cache_dtype = FP8 if fp8_cache else dtype
+        self.scales = None
+        if fp8_cache:
+            self.scales = torch.rand(2, hkv, generator=gen, device=DEVICE) * 0.05 + 0.01
+        self.caches = [
+            torch.full(shape, float("nan"), device=DEVICE).to(cache_dtype) for _ in range(4)
+        ]
+
+    def rope_args(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> RopeArgs:
+        return (self.positions, self.cos, self.sin, k_cache, v_cache, self.slots, self.scales)
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        heads = qkv.view(1, -1, self.head_dim)
+        return heads[:, : self.hq], heads[:, self.hq : self.hq + self.hkv], heads[:, -self.hkv :]
+
+    def fused(self, tile: GemvTile, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        k_cache, v_cache = self.caches[0], self.caches[1]
+        return triton_ops.qkv_rope_cache(
+            self.x,
+            w,
+            tile,
+            self.hq,
+            *self.rope_args(k_cache, v_cache),
+            bias=self.bias,
+            scale=scale,
+        )
+
+    def unfused(self, qkv: torch.Tensor) -> torch.Tensor:
+        """`rope_cache_write` (Triton) on a projection computed elsewhere, into caches 2, 3."""
+        q, k, v = self.split(qkv)
+        args = self.rope_args(self.caches[2], self.caches[3])
+        return triton_ops.rope_cache_write(q, k, v, *args)
+
+    def assert_same_bits(self, fused_q: torch.Tensor, unfused_q: torch.Tensor) -> None:
+        assert fused_q.shape == (1, self.hq, self.head_dim) and fused_q.dtype == self.dtype
+        pairs = [("q", fused_q, unfused_q), ("k", *self.caches[0::2]), ("v", *self.caches[1::2])]
+        for name, got, want in pairs:
+            got, want = got.float(), want.float()
+            if self.dtype == torch.float32 and got.is_cuda:
+                # Compiled, each kernel may contract a rotation's multiply-add into an FMA its
+                # own way: FP32 results one rounding apart. 16-bit ones round that away.
+                same = (got - want).abs() <= 2e-6 * want.abs().clamp_min(1.0)
+            else:
+                same = got == want
+            same |= got.isnan() & want.isnan()
+            assert same.all(), f"{name}: {int((~same).sum())} values differ"
+
+
+def _written_slot(case: Case, cache: torch.Tensor) -> torch.Tensor:
+    flat = cache.view(-1, case.hkv, case.head_dim)
+    slot = int(case.slots[0])
+    others = torch.cat([flat[:slot], flat[slot + 1 :]])
+    assert others.float().isnan().all(), "a slot other than the token's changed"
+    return flat[slot]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("hq", "hkv", "head_dim", "k"),
+    [(4, 2, 32, 100), (6, 2, 64, 48), (3, 1, 16, 16), pytest.param(32, 8, 64, 2048, marks=GPU)],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_equals_the_gemv_then_rope_cache_write(
+    gen: torch.Generator, dtype: torch.dtype, hq: int, hkv: int, head_dim: int, k: int, bias: bool
+) -> None:
+    """Every fitting tile: the same bits as the two kernels, and the references' values."""
+    for tile in _fitting(CONFIGS, head_dim):
+        case = Case(gen, hq, hkv, head_dim, k, dtype, bias=bias)
+        fused_q = case.fused(tile, case.w, None)
+        qkv = triton_ops.gemv(case.x, case.w, tile, bias=case.bias)
+        case.assert_same_bits(fused_q, case.unfused(qkv))
+
+        ref_q, ref_k, ref_v = case.split(reference.linear(case.x, case.w, case.bias))
+        ref_k_cache, ref_v_cache = case.caches[2].clone(), case.caches[3].clone()
+        ref_k_cache.fill_(float("nan"))
+        ref_v_cache.fill_(float("nan"))
+        want_q = reference.rope_cache_write(
+            ref_q, ref_k, ref_v, *case.rope_args(ref_k_cache, ref_v_cache)
+        )
+        assert_close(fused_q, want_q, f"{tile}: rotated q")
+        for name, got, want in (
+            ("k", case.caches[0], ref_k_cache),
+            ("v", case.caches[1], ref_v_cache),
+        ):
+            assert_close(
+                _written_slot(case, got), _written_slot(case, want), f"{tile}: {name} slot"
+            )
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_quantized_weights_equal_the_unfused_ops(
+    gen: torch.Generator, kind: QuantKind, bias: bool
+) -> None:
+    """A quantized weight: the scaled GEMV, the bias added to its rounded result (as
+    `quantized_ops.linear` adds it), then RoPE: the same bits."""
+    for tile in _fitting(QUANTIZED_CONFIGS, 32):
+        case = Case(gen, 4, 2, 32, 64, torch.bfloat16, bias=bias)
+        qw = quantize(case.w, kind)
+        fused_q = case.fused(tile, qw.data, qw.scale)
+        qkv = triton_ops.gemv(case.x, qw.data, tile, scale=qw.scale)
+        if case.bias is not None:
+            qkv = qkv + case.bias
+        case.assert_same_bits(fused_q, case.unfused(qkv))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_writes_an_fp8_cache_as_rope_cache_write_does(
+    gen: torch.Generator, dtype: torch.dtype
+) -> None:
+    for tile in _fitting(CONFIGS, 64):
+        case = Case(gen, 4, 2, 64, 32, dtype, fp8_cache=True)
+        case.w *= 40.0  # values past e4m3's range at these scales: they must saturate
+        fused_q = case.fused(tile, case.w, None)
+        case.assert_same_bits(fused_q, case.unfused(triton_ops.gemv(case.x, case.w, tile)))
+        k_slot = _written_slot(case, case.caches[0]).float()
+        assert not k_slot.isnan().any() and k_slot.abs().max() == 448.0
+
+
+def test_fused_skips_a_padding_slot_and_reads_no_rotation_outside_the_table(
+    gen: torch.Generator,
+) -> None:
+    tile = _fitting(CONFIGS, 32)[0]
+    case = Case(gen, 4, 2, 32, 48, torch.float32, slot=-1)
+    fused_q = case.fused(tile, case.w, None)
+    assert all(c.isnan().all() for c in case.caches[:2]), "a padding token wrote the cache"
+    case.assert_same_bits(fused_q, case.unfused(triton_ops.gemv(case.x, case.w, tile)))
+
+    outside = Case(gen, 4, 2, 32, 48, torch.float32, position=MAX_POSITIONS + 5)
+    fused_q = outside.fused(tile, outside.w, None)
+    outside.assert_same_bits(fused_q, outside.unfused(triton_ops.gemv(outside.x, outside.w, tile)))
+    assert torch.equal(fused_q, torch.zeros_like(fused_q)), "outside the table: cos = sin = 0"
+
+
+def test_qkv_rope_cache_op_matches_the_references_on_any_device(gen: torch.Generator) -> None:
+    """The op on this device (CPU: linear, the q/k norms, rope_cache_write in turn; a GPU: the
+    unfused path too, its plan having no GEMV tile) against the references by hand."""
+    case = Case(gen, 4, 2, 32, 40, torch.float32, bias=True)
+    q_norm, k_norm = randn(gen, 32, dtype=torch.float32), randn(gen, 32, dtype=torch.float32)
+    got = ops.qkv_rope_cache(
+        case.x,
+        case.w,
+        4,
+        *case.rope_args(case.caches[0], case.caches[1]),
+        bias=case.bias,
+        qk_norms=(q_norm, k_norm, 1e-6),
+    )
+    q, k, v = case.split(reference.linear(case.x, case.w, case.bias))
+    q, _ = reference.rms_norm(q, q_norm, 1e-6)
+    k, _ = reference.rms_norm(k, k_norm, 1e-6)
+    want = reference.rope_cache_write(q, k, v, *case.rope_args(case.caches[2], case.caches[3]))
+    assert_close(got, want, "rotated q")
+    for got_cache, want_cache in zip(case.caches[:2], case.caches[2:], strict=True):
+        assert_close(_written_slot(case, got_cache), _written_slot(case, want_cache), "cache slot")
+
+
+def test_qkv_rope_cache_names_a_weight_of_the_wrong_height(gen: torch.Generator) -> None:
+    case = Case(gen, 4, 2, 32, 40, torch.float32)
+    with pytest.raises(KernelError, match=r"qkv_rope_cache: qkv has 224 rows, expected .* = 256"):
+        ops.qkv_rope_cache(case.x, case.w[:224], 4, *case.rope_args(*case.caches[:2]))
+
+
+@gpu_test
+def test_the_op_runs_the_fused_kernel_for_one_row_with_a_tile(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One CUDA row with a GEMV tile: one kernel, the unfused op's bits. Quantized too. Two
+    rows, q/k norms or no tile: the ops in turn (the fused kernel not called)."""
+    calls: list[GemvTile] = []
+    fused = triton_ops.qkv_rope_cache
+
+    def recording(*args: object, **kw: object) -> torch.Tensor:
+        calls.append(args[2])
+        return fused(*args, **kw)
+
+    monkeypatch.setattr(triton_ops, "qkv_rope_cache", recording)
+    plan = LinearPlan(one_row_gemv=CONFIGS[0])
+    kinds: tuple[QuantKind | None, ...] = (None, "fp8", "int8")
+    for weight_kind in kinds:
+        case = Case(gen, 32, 8, 64, 2048, torch.bfloat16)
+        w = case.w if weight_kind is None else quantize(case.w, weight_kind)
+        got = ops.qkv_rope_cache(case.x, w, 32, *case.rope_args(*case.caches[:2]), plan=plan)
+        want = case.unfused(ops.linear(case.x, w, plan=plan))
+        case.assert_same_bits(got, want)
+    assert len(calls) == 3
+    case = Case(gen, 32, 8, 64, 2048, torch.bfloat16)
+    two_rows = case.x.expand(2, -1).contiguous()
+    args = (case.positions.expand(2).contiguous(), case.cos, case.sin, *case.caches[:2])
+    slots = torch.tensor([3, 4], device=DEVICE)
+    ops.qkv_rope_cache(two_rows, case.w, 32, *args, slots, plan=plan)
+    norms = (torch.ones(64, device=DEVICE, dtype=torch.bfloat16),) * 2
+    ops.qkv_rope_cache(
+        case.x, case.w, 32, *case.rope_args(*case.caches[:2]), plan=plan, qk_norms=(*norms, 1e-6)
+    )
+    ops.qkv_rope_cache(case.x, case.w, 32, *case.rope_args(*case.caches[:2]))
+    assert len(calls) == 3
+
+
+@gpu_test
+def test_the_fused_path_names_bad_inputs(gen: torch.Generator) -> None:
+    plan = LinearPlan(one_row_gemv=CONFIGS[0])
+    case = Case(gen, 4, 2, 64, 64, torch.bfloat16)
+    args = case.rope_args(*case.caches[:2])
+    with pytest.raises(KernelError, match=r"qkv_rope_cache: qkv .* must be \[N, K\] of x's"):
+        ops.qkv_rope_cache(case.x, case.w.float(), 4, *args, plan=plan)
+    with pytest.raises(KernelError, match=r"qkv_rope_cache: positions has 2 along dim 0"):
+        bad = (case.positions.expand(2), *args[1:])
+        ops.qkv_rope_cache(case.x, case.w, 4, *bad, plan=plan)
+    with pytest.raises(KernelError, match=r"qkv_rope_cache: slot_mapping must be an integer"):
+        bad = (*args[:5], case.slots.float(), None)
+        ops.qkv_rope_cache(case.x, case.w, 4, *bad, plan=plan)
+    with pytest.raises(KernelError, match=r"qkv_rope_cache: bias has 7 along dim 0"):
+        ops.qkv_rope_cache(case.x, case.w, 4, *args, plan=plan, bias=case.w[0, :7])
