@@ -4,15 +4,19 @@ the references."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import pytest
 import torch
 from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randint, randn
 from sv_kernels import KernelError, ops, reference, rope_tables, triton_ops
-from sv_kernels.linear_plan import GemvTile, LinearPlan
+from sv_kernels.linear_plan import FewRowsTile, GemvTile, LinearPlan
 from sv_kernels.quantized import QuantKind, quantize
 from sv_kernels.rope_tables import Llama3RopeScaling
+from sv_kernels.triton_ops import few_rows
 from sv_kernels.triton_ops.gemv import CONFIGS, QUANTIZED_CONFIGS
 
+T = TypeVar("T", GemvTile, FewRowsTile)
 LLAMA3 = Llama3RopeScaling(32.0, 1.0, 4.0, 8192)
 FP8 = torch.float8_e4m3fn
 PAGE = 16
@@ -20,8 +24,8 @@ NUM_PAGES = 4
 MAX_POSITIONS = 4096
 
 
-def _fitting(tiles: tuple[GemvTile, ...], head_dim: int) -> list[GemvTile]:
-    return [t for t in tiles if triton_ops.qkv_rope_fits(t, head_dim)]
+def _fitting(tiles: tuple[T, ...], head_dim: int) -> list[T]:
+    return [t for t in tiles if triton_ops.qkv_rope_fits(t[0], head_dim)]
 
 
 RopeArgs = tuple[
@@ -36,8 +40,9 @@ RopeArgs = tuple[
 
 
 class Case:
-    """One token's normed hidden state, a packed [q; k; v] weight, and two copies of a paged
-    cache (NaN where nothing was written) for the fused and the unfused path."""
+    """The normed hidden states of `tokens` tokens, a packed [q; k; v] weight, and two copies
+    of a paged cache (NaN where nothing was written) for the fused and the unfused path.
+    `position` (all tokens') and `slot` (the first token's) override the random ones."""
 
     def __init__(
         self,
@@ -51,21 +56,23 @@ class Case:
         bias: bool = False,
         position: int | None = None,
         slot: int | None = None,
+        tokens: int = 1,
     ) -> None:
         self.hq, self.hkv, self.head_dim, self.dtype = hq, hkv, head_dim, dtype
         rows = (hq + 2 * hkv) * head_dim
-        self.x = randn(gen, 1, k, dtype=dtype)
+        self.tokens = tokens
+        self.x = randn(gen, tokens, k, dtype=dtype)
         self.w = randn(gen, rows, k, dtype=dtype, scale=k**-0.5)
         self.bias = randn(gen, rows, dtype=dtype) if bias else None
         self.cos, self.sin = rope_tables.rope_tables(
             head_dim, MAX_POSITIONS, 500000.0, LLAMA3, device=DEVICE
         )
-        if position is None:
-            position = int(randint(gen, 0, MAX_POSITIONS, 1))
-        if slot is None:
-            slot = int(randint(gen, 0, NUM_PAGES * PAGE, 1))
-        self.positions = torch.tensor([position], device=DEVICE)
-        self.slots = torch.tensor([slot], device=DEVICE)
+        self.positions = randint(gen, 0, MAX_POSITIONS, tokens)
+        if position is not None:
+            self.positions.fill_(position)
+        self.slots = torch.randperm(NUM_PAGES * PAGE, generator=gen, device=DEVICE)[:tokens]
+        if slot is not None:
+            self.slots[0] = slot
         shape = (NUM_PAGES, PAGE, hkv, head_dim)
         cache_dtype = FP8 if fp8_cache else dtype
         self.scales = None
@@ -79,10 +86,12 @@ class Case:
         return (self.positions, self.cos, self.sin, k_cache, v_cache, self.slots, self.scales)
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        heads = qkv.view(1, -1, self.head_dim)
+        heads = qkv.view(self.tokens, -1, self.head_dim)
         return heads[:, : self.hq], heads[:, self.hq : self.hq + self.hkv], heads[:, -self.hkv :]
 
-    def fused(self, tile: GemvTile, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    def fused(
+        self, tile: GemvTile | FewRowsTile, w: torch.Tensor, scale: torch.Tensor | None
+    ) -> torch.Tensor:
         k_cache, v_cache = self.caches[0], self.caches[1]
         return triton_ops.qkv_rope_cache(
             self.x,
@@ -101,13 +110,15 @@ class Case:
         return triton_ops.rope_cache_write(q, k, v, *args)
 
     def assert_same_bits(self, fused_q: torch.Tensor, unfused_q: torch.Tensor) -> None:
-        assert fused_q.shape == (1, self.hq, self.head_dim) and fused_q.dtype == self.dtype
+        assert fused_q.shape == (self.tokens, self.hq, self.head_dim)
+        assert fused_q.dtype == self.dtype
         pairs = [("q", fused_q, unfused_q), ("k", *self.caches[0::2]), ("v", *self.caches[1::2])]
         for name, got, want in pairs:
             got, want = got.float(), want.float()
-            if self.dtype == torch.float32 and got.is_cuda:
+            if self.dtype == torch.float32 and (got.is_cuda or self.tokens > 1):
                 # Compiled, each kernel may contract a rotation's multiply-add into an FMA its
-                # own way: FP32 results one rounding apart. 16-bit ones round that away.
+                # own way, and the interpreter's FP32 matmul may add a tile's products in
+                # another order: FP32 results one rounding apart. 16-bit ones round that away.
                 same = (got - want).abs() <= 2e-6 * want.abs().clamp_min(1.0)
             else:
                 same = got == want
@@ -116,11 +127,13 @@ class Case:
 
 
 def _written_slot(case: Case, cache: torch.Tensor) -> torch.Tensor:
+    """The tokens' slots of a cache (padding tokens' left out); every other slot still NaN."""
     flat = cache.view(-1, case.hkv, case.head_dim)
-    slot = int(case.slots[0])
-    others = torch.cat([flat[:slot], flat[slot + 1 :]])
-    assert others.float().isnan().all(), "a slot other than the token's changed"
-    return flat[slot]
+    written = torch.zeros(flat.shape[0], dtype=torch.bool, device=DEVICE)
+    slots = case.slots[case.slots >= 0]
+    written[slots] = True
+    assert flat[~written].float().isnan().all(), "a slot other than the tokens' changed"
+    return flat[slots]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -139,21 +152,50 @@ def test_fused_equals_the_gemv_then_rope_cache_write(
         qkv = triton_ops.gemv(case.x, case.w, tile, bias=case.bias)
         case.assert_same_bits(fused_q, case.unfused(qkv))
 
-        ref_q, ref_k, ref_v = case.split(reference.linear(case.x, case.w, case.bias))
-        ref_k_cache, ref_v_cache = case.caches[2].clone(), case.caches[3].clone()
-        ref_k_cache.fill_(float("nan"))
-        ref_v_cache.fill_(float("nan"))
-        want_q = reference.rope_cache_write(
-            ref_q, ref_k, ref_v, *case.rope_args(ref_k_cache, ref_v_cache)
-        )
-        assert_close(fused_q, want_q, f"{tile}: rotated q")
-        for name, got, want in (
-            ("k", case.caches[0], ref_k_cache),
-            ("v", case.caches[1], ref_v_cache),
-        ):
-            assert_close(
-                _written_slot(case, got), _written_slot(case, want), f"{tile}: {name} slot"
-            )
+        _assert_matches_the_references(case, fused_q, f"{tile}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("tokens", "hq", "hkv", "head_dim", "k"),
+    [
+        (2, 4, 2, 32, 64),
+        (5, 6, 2, 64, 48),
+        (16, 4, 2, 32, 40),
+        pytest.param(16, 32, 8, 64, 2048, marks=GPU),
+    ],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_few_rows_fused_equals_the_few_row_kernel_then_rope_cache_write(
+    gen: torch.Generator,
+    dtype: torch.dtype,
+    tokens: int,
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    k: int,
+    bias: bool,
+) -> None:
+    """2 to 16 tokens (a verify step, a small decode batch), every fitting few-row tile, a
+    padding token among them: the few-row kernel then `rope_cache_write`, and the references."""
+    for tile in _fitting(few_rows.CONFIGS, head_dim):
+        case = Case(gen, hq, hkv, head_dim, k, dtype, bias=bias, tokens=tokens, slot=-1)
+        fused_q = case.fused(tile, case.w, None)
+        qkv = triton_ops.few_rows_linear(case.x, case.w, tile, bias=case.bias)
+        case.assert_same_bits(fused_q, case.unfused(qkv))
+        _assert_matches_the_references(case, fused_q, f"{tile}, {tokens} tokens")
+
+
+def _assert_matches_the_references(case: Case, fused_q: torch.Tensor, what: str) -> None:
+    ref_q, ref_k, ref_v = case.split(reference.linear(case.x, case.w, case.bias))
+    ref_k_cache, ref_v_cache = case.caches[2].clone(), case.caches[3].clone()
+    ref_k_cache.fill_(float("nan"))
+    ref_v_cache.fill_(float("nan"))
+    args = case.rope_args(ref_k_cache, ref_v_cache)
+    want_q = reference.rope_cache_write(ref_q, ref_k, ref_v, *args)
+    assert_close(fused_q, want_q, f"{what}: rotated q")
+    for name, got, want in (("k", case.caches[0], ref_k_cache), ("v", case.caches[1], ref_v_cache)):
+        assert_close(_written_slot(case, got), _written_slot(case, want), f"{what}: {name} slots")
 
 
 @pytest.mark.parametrize("kind", ["fp8", "int8"])
@@ -230,12 +272,13 @@ def test_qkv_rope_cache_names_a_weight_of_the_wrong_height(gen: torch.Generator)
 
 
 @gpu_test
-def test_the_op_runs_the_fused_kernel_for_one_row_with_a_tile(
+def test_the_op_runs_the_fused_kernel_where_the_plan_has_a_tile(
     gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One CUDA row with a GEMV tile: one kernel, the unfused op's bits. Quantized too. Two
-    rows, q/k norms or no tile: the ops in turn (the fused kernel not called)."""
-    calls: list[GemvTile] = []
+    """One CUDA row with a GEMV tile, or 2-16 rows with a few-row tile: one kernel, the unfused
+    op's values (quantized weights too at one row). A quantized weight at several rows, q/k
+    norms or a plan without the tile: the ops in turn (the fused kernel not called)."""
+    calls: list[object] = []
     fused = triton_ops.qkv_rope_cache
 
     def recording(*args: object, **kw: object) -> torch.Tensor:
@@ -243,26 +286,33 @@ def test_the_op_runs_the_fused_kernel_for_one_row_with_a_tile(
         return fused(*args, **kw)
 
     monkeypatch.setattr(triton_ops, "qkv_rope_cache", recording)
-    plan = LinearPlan(one_row_gemv=CONFIGS[0])
+    few_tile = _fitting(few_rows.CONFIGS, 64)[0]
+    plan = LinearPlan(one_row_gemv=CONFIGS[0], few_rows=few_tile)
     kinds: tuple[QuantKind | None, ...] = (None, "fp8", "int8")
     for weight_kind in kinds:
         case = Case(gen, 32, 8, 64, 2048, torch.bfloat16)
         w = case.w if weight_kind is None else quantize(case.w, weight_kind)
         got = ops.qkv_rope_cache(case.x, w, 32, *case.rope_args(*case.caches[:2]), plan=plan)
-        want = case.unfused(ops.linear(case.x, w, plan=plan))
-        case.assert_same_bits(got, want)
-    assert len(calls) == 3
-    case = Case(gen, 32, 8, 64, 2048, torch.bfloat16)
-    two_rows = case.x.expand(2, -1).contiguous()
-    args = (case.positions.expand(2).contiguous(), case.cos, case.sin, *case.caches[:2])
-    slots = torch.tensor([3, 4], device=DEVICE)
-    ops.qkv_rope_cache(two_rows, case.w, 32, *args, slots, plan=plan)
-    norms = (torch.ones(64, device=DEVICE, dtype=torch.bfloat16),) * 2
-    ops.qkv_rope_cache(
-        case.x, case.w, 32, *case.rope_args(*case.caches[:2]), plan=plan, qk_norms=(*norms, 1e-6)
-    )
-    ops.qkv_rope_cache(case.x, case.w, 32, *case.rope_args(*case.caches[:2]))
-    assert len(calls) == 3
+        case.assert_same_bits(got, case.unfused(ops.linear(case.x, w, plan=plan)))
+    case = Case(gen, 32, 8, 64, 2048, torch.bfloat16, tokens=9)
+    got = ops.qkv_rope_cache(case.x, case.w, 32, *case.rope_args(*case.caches[:2]), plan=plan)
+    case.assert_same_bits(got, case.unfused(ops.linear(case.x, case.w, plan=plan)))
+    assert calls == [CONFIGS[0]] * 3 + [few_tile]
+
+    for tokens, weight_kind, norms, a_plan in (
+        (9, "fp8", False, plan),
+        (1, None, True, plan),
+        (9, None, True, plan),
+        (1, None, False, LinearPlan(few_rows=few_tile)),
+        (9, None, False, LinearPlan(one_row_gemv=CONFIGS[0])),
+    ):
+        case = Case(gen, 32, 8, 64, 2048, torch.bfloat16, tokens=tokens)
+        w = case.w if weight_kind is None else quantize(case.w, "fp8")
+        ones = torch.ones(64, device=DEVICE, dtype=torch.bfloat16)
+        qk_norms = (ones, ones, 1e-6) if norms else None
+        args = case.rope_args(*case.caches[:2])
+        ops.qkv_rope_cache(case.x, w, 32, *args, plan=a_plan, qk_norms=qk_norms)
+    assert len(calls) == 4
 
 
 @gpu_test

@@ -223,27 +223,28 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
 
 
 def _qkv_rope_cases(
-    dtype: torch.dtype, tiles: tuple[Any, ...], storage: torch.dtype | None
+    dtype: torch.dtype, tiles: tuple[Any, ...], storage: torch.dtype | None, tokens: int = 1
 ) -> Iterator[tuple[str, Any]]:
-    """The q/k/v GEMV with RoPE and the cache write (Llama 3.2 1B: 32 + 2 x 8 heads of 64) for
-    every tile that holds whole RoPE pairs, into a 16-bit and an FP8 cache; `storage` is a
-    quantized weight's (FP8 or int8), with its scales."""
+    """The q/k/v projection with RoPE and the cache write (Llama 3.2 1B: 32 + 2 x 8 heads of
+    64) for every tile that holds whole RoPE pairs, into a 16-bit and an FP8 cache: one token
+    through the GEMV, more through the few-row kernel; `storage` is a quantized weight's (FP8
+    or int8), with its scales."""
     from sv_kernels import triton_ops as ops
 
     hq, hkv, head_dim, hidden = 32, 8, 64, 2048
-    row = torch.zeros(1, hidden, dtype=dtype)
+    row = torch.zeros(tokens, hidden, dtype=dtype)
     w = torch.zeros((hq + 2 * hkv) * head_dim, hidden, dtype=storage or dtype)
     scale = None if storage is None else torch.ones(w.shape[0])
     cos = sin = torch.zeros(4096, head_dim // 2)
-    index = torch.zeros(1, dtype=torch.int64)
+    index = torch.zeros(tokens, dtype=torch.int64)
     caches = [(dtype, None), (torch.float8_e4m3fn, torch.ones(2, hkv))]
     for tile in tiles:
-        if not ops.qkv_rope_fits(tile, head_dim):
+        if not ops.qkv_rope_fits(tile[0], head_dim):
             continue
         for cache_dtype, kv_scales in caches:
             cache = torch.zeros(8, 16, hkv, head_dim, dtype=cache_dtype)
             yield (
-                f"qkv_rope_cache {tile} {storage or dtype} -> {cache_dtype} cache",
+                f"qkv_rope_cache {tokens} rows {tile} {storage or dtype} -> {cache_dtype} cache",
                 lambda tile=tile, cache=cache, kv_scales=kv_scales: ops.qkv_rope_cache(
                     row, w, tile, hq, index, cos, sin, cache, cache, index, kv_scales, scale=scale
                 ),
@@ -273,6 +274,7 @@ def _few_rows_cases(dtype: torch.dtype, hidden: int, inter: int) -> Iterator[tup
             f"few_rows+swiglu {tile} {dtype}",
             lambda tile=tile, w=gate_up: ops.few_rows_linear(rows, w, tile, swiglu=True),
         )
+    yield from _qkv_rope_cases(dtype, CONFIGS, None, tokens=rows.shape[0])
 
 
 def _attention_cases(

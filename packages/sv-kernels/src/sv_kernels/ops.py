@@ -21,7 +21,7 @@ from torch import Tensor
 
 from . import cpu_ops, quantized_ops, reference
 from .errors import KernelError
-from .linear_plan import CUBLAS, FEW_ROWS, GemvTile, LinearPlan, TunedLinear
+from .linear_plan import CUBLAS, FEW_ROWS, FewRowsTile, GemvTile, LinearPlan, TunedLinear
 from .quantized import LinearWeight, QuantizedWeight
 from .tuning_cache import TuningCache
 
@@ -404,19 +404,25 @@ def qkv_rope_cache(
     head where `qk_norms` (q's weight, k's weight, eps: Qwen3) is given, then
     `rope_cache_write`. Returns the rotated q [T, Hq, D].
 
-    A one-row CUDA call whose plan gives the GEMV a tile that holds whole RoPE pairs, without
-    q/k norms, runs as one kernel (`triton_ops.qkv_rope_cache`: the GEMV rotates and writes
-    its own outputs, the same bits as the three ops); anything else runs the ops in turn.
+    Without q/k norms, a CUDA call runs as one kernel (`triton_ops.qkv_rope_cache`: the matmul
+    rotates and writes its own outputs, the same bits as the ops in turn) where the plan gives
+    its kernel a tile that holds whole RoPE pairs: one row the GEMV's, 2 to 16 rows of an
+    unquantized weight the few-row kernel's. Anything else runs the ops in turn.
     """
     op = "qkv_rope_cache"
     _check_cache(op, k_cache, v_cache)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     rows = (num_q_heads + 2 * num_kv_heads) * head_dim
-    tile = plan.one_row_gemv
-    if tile is not None and qk_norms is None and _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
+    tile: GemvTile | FewRowsTile | None = None
+    if qk_norms is None and _on_cuda(x) and x.dim() == 2:
+        if x.shape[0] == 1:
+            tile = plan.one_row_gemv
+        elif _few_rows(x) and not isinstance(qkv, QuantizedWeight):
+            tile = plan.few_rows
+    if tile is not None:
         from . import triton_ops
 
-        if triton_ops.qkv_rope_fits(tile, head_dim):
+        if triton_ops.qkv_rope_fits(tile[0], head_dim):
             args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
             return _fused_qkv_rope_cache(op, x, qkv, tile, num_q_heads, rows, bias, *args)
     out = linear(x, qkv, plan=plan, bias=bias)
@@ -435,7 +441,7 @@ def _fused_qkv_rope_cache(
     op: str,
     x: Tensor,
     qkv: LinearWeight,
-    tile: GemvTile,
+    tile: GemvTile | FewRowsTile,
     num_q_heads: int,
     rows: int,
     bias: Tensor | None,
@@ -463,9 +469,10 @@ def _fused_qkv_rope_cache(
         _fail_qkv_rows(op, qkv, num_q_heads, rows)
     if bias is not None:
         _check_bias(op, bias, qkv, x)
-    _check_rope_inputs(op, 1, k_cache.shape[3], positions, cos, sin)
+    num_tokens = x.shape[0]
+    _check_rope_inputs(op, num_tokens, k_cache.shape[3], positions, cos, sin)
     _check_kv_scales(op, k_cache, kv_scales)
-    _check_slots(op, 1, slot_mapping)
+    _check_slots(op, num_tokens, slot_mapping)
     _check_device(
         op,
         x=x,

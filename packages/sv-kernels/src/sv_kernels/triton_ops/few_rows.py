@@ -24,7 +24,9 @@ stream has finished. Two streams must not run split kernels on one device at the
 The epilogues are the GEMV's: a bias added to the FP32 sums, results rounded to x's dtype
 before the output dtype (so a verify step's logits round as a batch-1 step's do), and
 `swiglu=True` for the packed gate/up projection (a tile's rows are gate and up features
-interleaved, and it writes silu(gate) * up).
+interleaved, and it writes silu(gate) * up), and `rope=` for the packed q/k/v projection (a
+tile's rows are RoPE pairs of one head interleaved, and it writes the rotated q and the
+tokens' K/V cache slots: see `qkv_rope_cache`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ..errors import KernelError
 from ..graphs import copies_to_overflow_l2, graph_ms_per_call
 from ..linear_plan import FEW_ROWS, FewRowsTile
 from ._common import cdiv, dot_dtype, dot_precision, use_pdl, wait_for_prior_kernels
+from .rope_cache import RopeCache, rope_cache_epilogue
 
 
 @triton.jit
@@ -53,15 +56,82 @@ def _finish(
     M,
     N,
     stride_om,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    slots_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    kv_scales_ptr,
+    stride_cos,
+    num_positions,
+    stride_qm,
+    stride_kc_page,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_page,
+    stride_vc_slot,
+    stride_vc_head,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GATED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
+    ROPE: tl.constexpr,
 ):
-    """Write one tile's sums acc [BLOCK_M, BLOCK_N] (FP32) as `gemv`'s epilogue does."""
+    """Write one tile's sums acc [BLOCK_M, BLOCK_N] (FP32) as `gemv`'s epilogue does, or with
+    ROPE as `qkv_rope_cache`'s (the tile's even rows features j of one head, its odd rows
+    j + D/2: out is q [M, Hq, D])."""
     m = tl.arange(0, BLOCK_M)
     m_mask = m < M
-    if GATED:
+    if ROPE:
+        PAIRS: tl.constexpr = BLOCK_N // 2
+        if HAS_BIAS:
+            r = tl.arange(0, BLOCK_N)
+            first = pid_n * PAIRS
+            rows = (first // (HEAD_DIM // 2)) * HEAD_DIM + first % (HEAD_DIM // 2) + r // 2
+            rows += (r % 2) * (HEAD_DIM // 2)
+            acc += tl.load(bias_ptr + rows).to(tl.float32)[None, :]
+        rounded = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+        y1, y2 = tl.split(tl.reshape(rounded, (BLOCK_M, PAIRS, 2)))
+        first = pid_n * PAIRS
+        j = first % (HEAD_DIM // 2) + tl.arange(0, PAIRS)
+        rope_cache_epilogue(
+            y1,
+            y2,
+            m,
+            m_mask,
+            first // (HEAD_DIM // 2),
+            j,
+            positions_ptr,
+            cos_ptr,
+            sin_ptr,
+            slots_ptr,
+            q_out_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            kv_scales_ptr,
+            stride_cos,
+            num_positions,
+            stride_qm,
+            stride_kc_page,
+            stride_kc_slot,
+            stride_kc_head,
+            stride_vc_page,
+            stride_vc_slot,
+            stride_vc_head,
+            NUM_Q_HEADS,
+            NUM_KV_HEADS,
+            HEAD_DIM,
+            PAGE_SIZE,
+            FP8_CACHE,
+        )
+    elif GATED:
         HALF: tl.constexpr = BLOCK_N // 2
         rounded = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
         gate, up = tl.split(tl.reshape(rounded, (BLOCK_M, HALF, 2)))
@@ -95,6 +165,23 @@ def _few_rows_kernel(
     stride_wn,
     stride_om,
     K_PER_SPLIT,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    slots_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    kv_scales_ptr,
+    stride_cos,
+    num_positions,
+    stride_qm,
+    stride_kc_page,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_page,
+    stride_vc_slot,
+    stride_vc_head,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -105,11 +192,22 @@ def _few_rows_kernel(
     HAS_BIAS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
+    ROPE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     r = tl.arange(0, BLOCK_N)
-    if GATED:  # W is [gate; up]: even tile rows are gate features, odd ones the same up's
+    if ROPE:  # W is [q; k; v]: even tile rows are features j of one head, odd ones j + D/2
+        HALF: tl.constexpr = HEAD_DIM // 2
+        first = pid_n * (BLOCK_N // 2)
+        rows = (first // HALF) * HEAD_DIM + first % HALF + r // 2 + (r % 2) * HALF
+        row_mask = rows < N
+    elif GATED:  # W is [gate; up]: even tile rows are gate features, odd ones the same up's
         features = pid_n * (BLOCK_N // 2) + r // 2
         rows = features + (r % 2) * (N // 2)
         row_mask = features < N // 2
@@ -138,7 +236,41 @@ def _few_rows_kernel(
         acc = tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc, input_precision=PRECISION)
     if not SPLIT:
         _finish(
-            acc, x_ptr, bias_ptr, out_ptr, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N, GATED, HAS_BIAS
+            acc,
+            x_ptr,
+            bias_ptr,
+            out_ptr,
+            pid_n,
+            M,
+            N,
+            stride_om,
+            positions_ptr,
+            cos_ptr,
+            sin_ptr,
+            slots_ptr,
+            q_out_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            kv_scales_ptr,
+            stride_cos,
+            num_positions,
+            stride_qm,
+            stride_kc_page,
+            stride_kc_slot,
+            stride_kc_head,
+            stride_vc_page,
+            stride_vc_slot,
+            stride_vc_head,
+            BLOCK_M,
+            BLOCK_N,
+            GATED,
+            HAS_BIAS,
+            NUM_Q_HEADS,
+            NUM_KV_HEADS,
+            HEAD_DIM,
+            PAGE_SIZE,
+            FP8_CACHE,
+            ROPE,
         )
     else:
         tile = m[:, None] * BLOCK_N + r[None, :]
@@ -161,10 +293,33 @@ def _few_rows_kernel(
                 M,
                 N,
                 stride_om,
+                positions_ptr,
+                cos_ptr,
+                sin_ptr,
+                slots_ptr,
+                q_out_ptr,
+                k_cache_ptr,
+                v_cache_ptr,
+                kv_scales_ptr,
+                stride_cos,
+                num_positions,
+                stride_qm,
+                stride_kc_page,
+                stride_kc_slot,
+                stride_kc_head,
+                stride_vc_page,
+                stride_vc_slot,
+                stride_vc_head,
                 BLOCK_M,
                 BLOCK_N,
                 GATED,
                 HAS_BIAS,
+                NUM_Q_HEADS,
+                NUM_KV_HEADS,
+                HEAD_DIM,
+                PAGE_SIZE,
+                FP8_CACHE,
+                ROPE,
             )
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
@@ -229,6 +384,7 @@ def few_rows_linear(
     swiglu: bool = False,
     out_dtype: torch.dtype | None = None,
     bias: torch.Tensor | None = None,
+    rope: RopeCache | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T (+ bias [N]) -> [M, N] in x's dtype (out_dtype if given, rounded to
     x's dtype first), for 1 <= M <= FEW_ROWS; `tile` = (BLOCK_N, BLOCK_K, SPLIT_K, num_warps,
@@ -236,7 +392,11 @@ def few_rows_linear(
     split through a software pipeline of STAGES stages (1: none).
 
     swiglu=True: w is a packed [gate; up] projection [2I, K]; the result is silu(gate) * up
-    [M, I], gate and up rounded to x's dtype first (as `swiglu(few_rows_linear(...))`)."""
+    [M, I], gate and up rounded to x's dtype first (as `swiglu(few_rows_linear(...))`).
+
+    rope: w is a packed [q; k; v] projection and the result is `qkv_rope_cache`'s, the rotated
+    q [M, Hq, D], with k and v written to the tokens' cache slots (the tile's BLOCK_N must hold
+    whole RoPE pairs, see `qkv_rope_cache.fits`)."""
     rows, k = x.shape
     n = w.shape[0]
     block_n, block_k, split_k, warps, stages = tile
@@ -253,9 +413,18 @@ def few_rows_linear(
         )
     if swiglu and (bias is not None or out_dtype not in (None, x.dtype)):
         raise KernelError("few_rows_linear(swiglu=True) takes no bias and writes x's dtype")
+    if rope is not None and (swiglu or out_dtype not in (None, x.dtype)):
+        raise KernelError("few_rows_linear(rope=...) is no SwiGLU and writes x's dtype")
     x = x if x.stride(1) == 1 else x.contiguous()
     w = w if w.stride(1) == 1 else w.contiguous()
-    out = torch.empty((rows, n // 2 if swiglu else n), dtype=out_dtype or x.dtype, device=x.device)
+    if rope is not None:
+        out = torch.empty((rows, rope.num_q_heads, rope.head_dim), dtype=x.dtype, device=x.device)
+        rope_args, rope_constexprs = rope.args(out), rope.constexprs()
+    else:
+        out = torch.empty(
+            (rows, n // 2 if swiglu else n), dtype=out_dtype or x.dtype, device=x.device
+        )
+        rope_args, rope_constexprs = RopeCache.none(out)
     tiles = _tiles(n, block_n, swiglu)
     k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
     if split_k > 1:
@@ -280,6 +449,8 @@ def few_rows_linear(
         w.stride(0),
         out.stride(0),
         k_per_split,
+        *rope_args,
+        **rope_constexprs,
         BLOCK_M=FEW_ROWS,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -290,6 +461,7 @@ def few_rows_linear(
         HAS_BIAS=bias is not None,
         DOT_DTYPE=dot_dtype(x.dtype),
         PRECISION=dot_precision(x.dtype),
+        ROPE=rope is not None,
         num_warps=warps,
         launch_pdl=pdl,
     )

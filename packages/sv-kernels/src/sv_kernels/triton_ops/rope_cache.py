@@ -13,6 +13,10 @@ programs keeps the work per program about even (Hq*D vs 2*Hkv*D elements).
 TILE_T trades programs for bytes in flight: a decode batch (one token per sequence, a few
 hundred tokens) keeps TILE_T = 1 so that it still spreads over every SM; a long prompt uses
 larger tiles, which makes fewer, fatter programs.
+
+`rope_cache_epilogue` is the same rotation and cache write as the last step of a q/k/v matmul
+(the batch-1 GEMV in `qkv_rope_cache`, the few-row kernel), on a tile of its sums; `RopeCache`
+carries its arguments.
 """
 
 from __future__ import annotations
@@ -154,6 +158,157 @@ def _rope_cache_kernel(
         out = q_out_ptr + tokens[:, None, None] * stride_qo_t + qh * stride_qo_h + d[None, None, :]
         tl.store(out, q1.to(q_out_ptr.dtype.element_ty), mask=q_mask)
         tl.store(out + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=q_mask)
+
+
+class RopeCache:
+    """What a q/k/v projection's RoPE epilogue takes besides the projection (see
+    `rope_cache_write`), as kernel arguments: `args(q)` in the order `rope_cache_epilogue`
+    takes them, and `constexprs()`. `RopeCache.none(out)` stands in for a kernel run without
+    the epilogue (pointers never read)."""
+
+    def __init__(
+        self,
+        num_q_heads: int,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_scales: torch.Tensor | None = None,
+    ) -> None:
+        if cos.stride(0) != sin.stride(0) or cos.stride(1) != 1 or sin.stride(1) != 1:
+            cos, sin = cos.contiguous(), sin.contiguous()
+        self.num_q_heads = num_q_heads
+        self.positions, self.slot_mapping = positions.contiguous(), slot_mapping.contiguous()
+        self.cos, self.sin, self.k_cache, self.v_cache = cos, sin, k_cache, v_cache
+        self.kv_scales = kv_scales
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.k_cache.shape[3])
+
+    def args(self, q: torch.Tensor) -> tuple[object, ...]:
+        k_cache, v_cache = self.k_cache, self.v_cache
+        return (
+            self.positions,
+            self.cos,
+            self.sin,
+            self.slot_mapping,
+            q,
+            k_cache,
+            v_cache,
+            self.kv_scales if self.kv_scales is not None else self.slot_mapping,
+            self.cos.stride(0),
+            self.cos.shape[0],
+            q.stride(0),
+            *k_cache.stride()[:3],
+            *v_cache.stride()[:3],
+        )
+
+    def constexprs(self) -> dict[str, object]:
+        return {
+            "NUM_Q_HEADS": self.num_q_heads,
+            "NUM_KV_HEADS": self.k_cache.shape[2],
+            "HEAD_DIM": self.head_dim,
+            "PAGE_SIZE": self.k_cache.shape[1],
+            "FP8_CACHE": self.kv_scales is not None,
+        }
+
+    @staticmethod
+    def none(out: torch.Tensor) -> tuple[tuple[object, ...], dict[str, object]]:
+        """Arguments for a kernel launched without the epilogue: `out` for every pointer."""
+        args: tuple[object, ...] = (out,) * 8 + (0,) * 9
+        constexprs: dict[str, object] = {
+            "NUM_Q_HEADS": 1,
+            "NUM_KV_HEADS": 1,
+            "HEAD_DIM": 2,
+            "PAGE_SIZE": 1,
+            "FP8_CACHE": False,
+        }
+        return args, constexprs
+
+
+@triton.jit
+def rope_cache_epilogue(
+    y1,
+    y2,
+    m,
+    m_mask,
+    head,
+    j,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    slots_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    kv_scales_ptr,
+    stride_cos,
+    num_positions,
+    stride_qm,
+    stride_kc_page,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_page,
+    stride_vc_slot,
+    stride_vc_head,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
+):
+    """Finish a tile of the packed [q; k; v] projection: y1, y2 [BLOCK_M, P] (FP32, rounded to
+    x's dtype) are features j [P] and j + D/2 of one `head` for the tokens m [BLOCK_M] (m_mask:
+    real ones). A query head's pairs are rotated and stored to q_out [M, Hq, D]; a key head's
+    rotated, rounded to q's dtype and written to the tokens' cache slots; a value head's
+    written as they are. Rounding and saturation as `rope_cache_write`'s."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    if head < NUM_Q_HEADS + NUM_KV_HEADS:  # q or k: rotate
+        positions = tl.load(positions_ptr + m, mask=m_mask, other=0).to(tl.int64)
+        # Outside the table: cos = sin = 0, as `rope_cache_write` reads it.
+        in_table = (m_mask & (positions >= 0) & (positions < num_positions))[:, None]
+        angles = positions[:, None] * stride_cos + j[None, :]
+        cos = tl.load(cos_ptr + angles, mask=in_table, other=0.0)
+        sin = tl.load(sin_ptr + angles, mask=in_table, other=0.0)
+        y1, y2 = y1 * cos - y2 * sin, y2 * cos + y1 * sin
+    if head < NUM_Q_HEADS:
+        q_out = q_out_ptr + m[:, None] * stride_qm + head * HEAD_DIM + j[None, :]
+        tl.store(q_out, y1.to(q_out_ptr.dtype.element_ty), mask=m_mask[:, None])
+        tl.store(q_out + HALF, y2.to(q_out_ptr.dtype.element_ty), mask=m_mask[:, None])
+    else:
+        slots = tl.load(slots_ptr + m, mask=m_mask, other=-1).to(tl.int64)
+        write = (m_mask & (slots >= 0))[:, None]  # a negative slot is padding: not written
+        page = tl.where(slots >= 0, slots // PAGE_SIZE, 0)[:, None]
+        in_page = tl.where(slots >= 0, slots % PAGE_SIZE, 0)[:, None]
+        if head < NUM_Q_HEADS + NUM_KV_HEADS:
+            kv_head = head - NUM_Q_HEADS
+            k_slot = k_cache_ptr + page * stride_kc_page + in_page * stride_kc_slot
+            k_slot += kv_head * stride_kc_head + j[None, :]
+            # The rotated k is rounded to x's (q's) dtype first, as the unfused path stores it.
+            y1 = y1.to(q_out_ptr.dtype.element_ty).to(tl.float32)
+            y2 = y2.to(q_out_ptr.dtype.element_ty).to(tl.float32)
+            _write_slot(k_slot, y1, y2, write, kv_scales_ptr + kv_head, HALF, FP8_CACHE)
+        else:
+            kv_head = head - NUM_Q_HEADS - NUM_KV_HEADS
+            v_slot = v_cache_ptr + page * stride_vc_page + in_page * stride_vc_slot
+            v_slot += kv_head * stride_vc_head + j[None, :]
+            v_scale = kv_scales_ptr + NUM_KV_HEADS + kv_head
+            _write_slot(v_slot, y1, y2, write, v_scale, HALF, FP8_CACHE)
+
+
+@triton.jit
+def _write_slot(cache, y1, y2, mask, scale_ptr, HALF: tl.constexpr, FP8_CACHE: tl.constexpr):
+    """Store a pair's halves at `cache` and `cache + HALF`; an FP8 cache takes y / its head's
+    scale, saturated (see reference.quantize_kv)."""
+    if FP8_CACHE:
+        kv_scale = tl.load(scale_ptr)
+        y1 = _saturate(y1 / kv_scale)
+        y2 = _saturate(y2 / kv_scale)
+    tl.store(cache, y1.to(cache.dtype.element_ty), mask=mask)
+    tl.store(cache + HALF, y2.to(cache.dtype.element_ty), mask=mask)
 
 
 def choose_tile_tokens(num_tokens: int, parts: int, sms: int) -> int:
