@@ -1,6 +1,6 @@
 """The batch-1 q/k/v GEMV with RoPE and the cache write in its epilogue, against the two kernels
-it replaces (the Triton GEMV, then `rope_cache_write`: the same bits for 16-bit activations) and
-the references."""
+it replaces (the Triton GEMV or the few-row kernel, then `rope_cache_write`: the same values,
+see `Case.assert_same_bits`) and the references."""
 
 from __future__ import annotations
 
@@ -110,20 +110,28 @@ class Case:
         return triton_ops.rope_cache_write(q, k, v, *args)
 
     def assert_same_bits(self, fused_q: torch.Tensor, unfused_q: torch.Tensor) -> None:
+        """The same values as the unfused path: bit for bit under the interpreter. Compiled,
+        each kernel may contract a rotation's multiply-adds into FMAs its own way, and the
+        interpreter's FP32 matmul may add a tile's products in another order: FP32 results
+        one rounding apart, and a rare 16-bit or FP8 one (1 of 32,768 in a GPU run) rounded
+        the other way, one step of its dtype."""
         assert fused_q.shape == (self.tokens, self.hq, self.head_dim)
         assert fused_q.dtype == self.dtype
         pairs = [("q", fused_q, unfused_q), ("k", *self.caches[0::2]), ("v", *self.caches[1::2])]
-        for name, got, want in pairs:
-            got, want = got.float(), want.float()
+        for name, got_stored, want_stored in pairs:
+            got, want = got_stored.float(), want_stored.float()
+            nan = got.isnan() & want.isnan()
             if self.dtype == torch.float32 and (got.is_cuda or self.tokens > 1):
-                # Compiled, each kernel may contract a rotation's multiply-add into an FMA its
-                # own way, and the interpreter's FP32 matmul may add a tile's products in
-                # another order: FP32 results one rounding apart. 16-bit ones round that away.
                 same = (got - want).abs() <= 2e-6 * want.abs().clamp_min(1.0)
-            else:
-                same = got == want
-            same |= got.isnan() & want.isnan()
-            assert same.all(), f"{name}: {int((~same).sum())} values differ"
+                assert (same | nan).all(), f"{name}: {int((~(same | nan)).sum())} values differ"
+                continue
+            differ = ~((got == want) | nan)
+            if not got.is_cuda:
+                assert not differ.any(), f"{name}: {int(differ.sum())} values differ"
+                continue
+            step = torch.finfo(want_stored.dtype).eps * want.abs() + 1e-30
+            assert differ.float().mean() <= 1e-3, f"{name}: {int(differ.sum())} values differ"
+            assert ((got - want).abs() <= step)[differ].all(), f"{name}: a value two steps off"
 
 
 def _written_slot(case: Case, cache: torch.Tensor) -> torch.Tensor:

@@ -405,7 +405,7 @@ def qkv_rope_cache(
     `rope_cache_write`. Returns the rotated q [T, Hq, D].
 
     Without q/k norms, a CUDA call runs as one kernel (`triton_ops.qkv_rope_cache`: the matmul
-    rotates and writes its own outputs, the same bits as the ops in turn) where the plan gives
+    rotates and writes its own outputs, rounded as the ops in turn round them) where the plan gives
     its kernel a tile that holds whole RoPE pairs: one row the GEMV's, 2 to 16 rows of an
     unquantized weight the few-row kernel's. Anything else runs the ops in turn.
     """
