@@ -375,8 +375,11 @@ def test_health_answers_while_a_maximum_size_chat_prompt_is_tokenized(
     The tokenizer thread still shares the GIL, and the tokenizer's C-level loops over all of
     a text's pieces hold it for up to ~100 ms at this size: alone, the slowest /health is
     70-140 ms; with `make test -n 2` on an oversubscribed 2-core machine it was once 204 ms.
-    So 9 in 10 answers must take under 200 ms and every one under 500 ms; tokenizing on the
-    event loop (the bug) holds a /health for the whole encode, 1.4-3 s here."""
+    So 9 in 10 answers must take under 200 ms, and every one under half the request's time,
+    within 250-500 ms; tokenizing on the event loop (the bug) holds a /health for the whole
+    encode, 1.4-3 s on a slow machine and about 0.4 s on a fast quiet one, which is why the
+    bound moves with the request's time (a fixed 500 ms needed the request to take longer than
+    that, and once it took 491 ms)."""
     from sv_server.body import DEFAULT_MAX_REQUEST_BYTES
 
     words = "hello world, how are you today? " * (DEFAULT_MAX_REQUEST_BYTES // 32)
@@ -388,12 +391,13 @@ def test_health_answers_while_a_maximum_size_chat_prompt_is_tokenized(
 
     response, took, latencies = _while_polling_health(server, send)
     assert openai_error(response, 400)["code"] == "context_length_exceeded"
-    assert took > 0.5, "the prompt was not heavy enough to test anything"
+    assert took > 0.35, "the prompt was not heavy enough to test anything"
     assert len(latencies) >= 5
     latencies.sort()
     shown = f"{len(latencies)} answers, slowest {[round(t * 1000) for t in latencies[-5:]]} ms"
     assert latencies[len(latencies) * 9 // 10] < 0.2, shown
-    assert latencies[-1] < 0.5, shown
+    bound = min(0.5, max(0.25, took / 2))
+    assert latencies[-1] < bound, f"{shown}; the request took {took:.2f} s"
 
 
 def test_a_raw_text_prompt_that_cannot_fit_is_refused_before_tokenizing(
