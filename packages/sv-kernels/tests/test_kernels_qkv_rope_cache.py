@@ -110,11 +110,12 @@ class Case:
         return triton_ops.rope_cache_write(q, k, v, *args)
 
     def assert_same_bits(self, fused_q: torch.Tensor, unfused_q: torch.Tensor) -> None:
-        """The same values as the unfused path: bit for bit under the interpreter. Compiled,
-        each kernel may contract a rotation's multiply-adds into FMAs its own way, and the
-        interpreter's FP32 matmul may add a tile's products in another order: FP32 results
-        one rounding apart, and a rare 16-bit or FP8 one (1 of 32,768 in a GPU run) rounded
-        the other way, one step of its dtype."""
+        """The same values as the unfused path: bit for bit for one row under the interpreter.
+        Compiled, each kernel may contract a rotation's multiply-adds into FMAs its own way,
+        and the interpreter's matmul of several rows may add a tile's products in another
+        order: FP32 results one rounding apart, and a rare 16-bit or FP8 one (1 of 32,768 in
+        a GPU run; 1 of 1,920 in a CI run of 5 rows) rounded the other way, one step of its
+        dtype."""
         assert fused_q.shape == (self.tokens, self.hq, self.head_dim)
         assert fused_q.dtype == self.dtype
         pairs = [("q", fused_q, unfused_q), ("k", *self.caches[0::2]), ("v", *self.caches[1::2])]
@@ -126,11 +127,12 @@ class Case:
                 assert (same | nan).all(), f"{name}: {int((~(same | nan)).sum())} values differ"
                 continue
             differ = ~((got == want) | nan)
-            if not got.is_cuda:
+            if not got.is_cuda and self.tokens == 1:  # the GEMV: FMAs in one fixed order
                 assert not differ.any(), f"{name}: {int(differ.sum())} values differ"
                 continue
             step = torch.finfo(want_stored.dtype).eps * want.abs() + 1e-30
-            assert differ.float().mean() <= 1e-3, f"{name}: {int(differ.sum())} values differ"
+            rare = max(2, got.numel() // 500)
+            assert int(differ.sum()) <= rare, f"{name}: {int(differ.sum())} values differ"
             assert ((got - want).abs() <= step)[differ].all(), f"{name}: a value two steps off"
 
 
