@@ -11,9 +11,10 @@ SwiGLU epilogues pair gate rows with up rows). With the dot products done,
 `rope_cache.rope_cache_epilogue` rotates a query head's pairs and writes them to q, rotates a
 key head's and writes them into the tokens' cache slots, and writes a value head's to the slots
 as they are. Every value is rounded as the unfused path rounds it (the projection to x's dtype,
-the rotated k to x's dtype, then to the cache's): under the interpreter both give the same
-bits; compiled, each kernel may contract the rotation's multiply-adds into FMAs its own way, so
-a rare value (1 of 32,768 in a GPU test) rounds the other way.
+the rotated k to x's dtype, then to the cache's): one row under the interpreter gives the
+same bits; compiled, each kernel may contract the rotation's multiply-adds into FMAs its own
+way, and a matmul of several rows may add its products in another order, so a rare value (1 of
+32,768 in a GPU test) rounds the other way.
 
 One token (a batch-1 decode step) runs the GEMV below, with the tile tuned for the plain GEMV
 of the same weight: the programs stream the same rows, only in another order. 2 to 16 tokens
