@@ -192,9 +192,10 @@ def test_sample_top_k_edges(gen: torch.Generator) -> None:
     # Row 3: 7 columns tie for the maximum; row 4: 6 columns tie just below it.
     top_cols = randint(gen, 0, vocab, 7)
     logits[3, top_cols] = logits[3].max() + 1.0
-    logits[4, randint(gen, 0, vocab, 1)] = logits[4].max() + 2.0
-    second = torch.randperm(vocab, generator=gen, device=gen.device)[:6]
-    logits[4, second] = logits[4].max() - 0.5
+    # The 6 are drawn from the other columns: one of them being the maximum's would leave a tie.
+    order = torch.randperm(vocab, generator=gen, device=gen.device)
+    logits[4, order[0]] = logits[4].max() + 2.0
+    logits[4, order[1:7]] = logits[4].max() - 0.5
     ties = int((logits[3] == logits[3].max()).sum())
     greedy = reference.argmax(logits)
     top_p = [1.0, 0.8, 0.95, 1.0, 0.8]
