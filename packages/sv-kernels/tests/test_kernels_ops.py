@@ -92,7 +92,16 @@ def _with(base: Callable[[], dict[str, Any]], **changes: Any) -> dict[str, Any]:
         ),
         (lambda: ops.swiglu(torch.zeros(2, 7)), "even last dim"),
         (
-            lambda: ops.rope_cache_write(**_with(_rope_args, q=torch.zeros(3, 4, 31))),
+            lambda: ops.rope_cache_write(
+                **_with(
+                    _rope_args,
+                    q=torch.zeros(3, 4, 31),
+                    k=torch.zeros(3, 2, 31),
+                    v=torch.zeros(3, 2, 31),
+                    k_cache=torch.zeros(4, 16, 2, 31),
+                    v_cache=torch.zeros(4, 16, 2, 31),
+                )
+            ),
             "head dim must be even",
         ),
         (lambda: ops.rope_cache_write(**_with(_rope_args, k=torch.zeros(2, 2, 32))), "disagree"),

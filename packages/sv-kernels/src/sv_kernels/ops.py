@@ -328,6 +328,36 @@ def _check_slots(op: str, num_tokens: int, slot_mapping: Tensor) -> None:
     _check_len(op, "slot_mapping", slot_mapping, 0, num_tokens, "one per token")
 
 
+def _check_rope_cache_args(
+    op: str,
+    num_tokens: int,
+    positions: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    kv_scales: Tensor | None,
+    **inputs: Tensor | None,
+) -> None:
+    """RoPE's and the cache write's arguments for `num_tokens` tokens, the caches already through
+    `_check_cache`; `inputs` (the op's own tensors) must share their device."""
+    _check_rope_inputs(op, num_tokens, k_cache.shape[3], positions, cos, sin)
+    _check_kv_scales(op, k_cache, kv_scales)
+    _check_slots(op, num_tokens, slot_mapping)
+    _check_device(
+        op,
+        **inputs,
+        positions=positions,
+        cos=cos,
+        sin=sin,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slot_mapping,
+        kv_scales=kv_scales,
+    )
+
+
 def rope_cache_write(
     q: Tensor,
     k: Tensor,
@@ -341,46 +371,44 @@ def rope_cache_write(
     kv_scales: Tensor | None = None,
 ) -> Tensor:
     op = "rope_cache_write"
+    _check_cache(op, k_cache, v_cache)
+    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
+    return _rope_cache_write(op, q, k, v, *args)
+
+
+def _rope_cache_write(
+    op: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    positions: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    kv_scales: Tensor | None,
+) -> Tensor:
+    """`rope_cache_write` with the caches already through `_check_cache`."""
     _check_dims(op, "q", q, 3, "[T, Hq, D]")
     _check_dims(op, "k", k, 3, "[T, Hkv, D]")
     _check_dims(op, "v", v, 3, "[T, Hkv, D]")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_float(op, name, t)
     num_tokens, head_dim = q.shape[0], q.shape[2]
-    _check_rope_inputs(op, num_tokens, head_dim, positions, cos, sin)
     if k.shape[0] != num_tokens or k.shape[2] != head_dim or v.shape != k.shape:
         _fail(op, f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)} disagree on T, Hkv or D")
-    _check_cache(op, k_cache, v_cache)
-    _check_kv_scales(op, k_cache, kv_scales)
     if k_cache.shape[2:] != k.shape[1:]:
         _fail(op, f"cache heads x dim {_shape(k_cache)[1:]} do not match k {_shape(k)}")
-    _check_slots(op, num_tokens, slot_mapping)
-    _check_device(
-        op,
-        q=q,
-        k=k,
-        v=v,
-        positions=positions,
-        cos=cos,
-        sin=sin,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        slot_mapping=slot_mapping,
-        kv_scales=kv_scales,
-    )
+    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
+    _check_rope_cache_args(op, num_tokens, *args, q=q, k=k, v=v)
     if _on_cuda(q):
         from . import triton_ops
 
-        return triton_ops.rope_cache_write(
-            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales
-        )
+        return triton_ops.rope_cache_write(q, k, v, *args)
     if _on_cpu(q):
-        return cpu_ops.rope_cache_write(
-            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales
-        )
-    return reference.rope_cache_write(
-        q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales
-    )
+        return cpu_ops.rope_cache_write(q, k, v, *args)
+    return reference.rope_cache_write(q, k, v, *args)
 
 
 def qkv_rope_cache(
@@ -434,7 +462,8 @@ def qkv_rope_cache(
         q_norm, k_norm, eps = qk_norms
         q, _ = rms_norm(q, q_norm, eps)
         k, _ = rms_norm(k, k_norm, eps)
-    return rope_cache_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
+    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
+    return _rope_cache_write(op, q, k, v, *args)
 
 
 def _fused_qkv_rope_cache(
@@ -469,40 +498,11 @@ def _fused_qkv_rope_cache(
         _fail_qkv_rows(op, qkv, num_q_heads, rows)
     if bias is not None:
         _check_bias(op, bias, qkv, x)
-    num_tokens = x.shape[0]
-    _check_rope_inputs(op, num_tokens, k_cache.shape[3], positions, cos, sin)
-    _check_kv_scales(op, k_cache, kv_scales)
-    _check_slots(op, num_tokens, slot_mapping)
-    _check_device(
-        op,
-        x=x,
-        qkv=weight,
-        bias=bias,
-        positions=positions,
-        cos=cos,
-        sin=sin,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        slot_mapping=slot_mapping,
-        kv_scales=kv_scales,
-    )
+    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
+    _check_rope_cache_args(op, x.shape[0], *args, x=x, qkv=weight, bias=bias)
     from . import triton_ops
 
-    return triton_ops.qkv_rope_cache(
-        x,
-        weight,
-        tile,
-        num_q_heads,
-        positions,
-        cos,
-        sin,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        kv_scales,
-        bias=bias,
-        scale=scale,
-    )
+    return triton_ops.qkv_rope_cache(x, weight, tile, num_q_heads, *args, bias=bias, scale=scale)
 
 
 def _fail_qkv_rows(op: str, qkv: LinearWeight, num_q_heads: int, rows: int) -> NoReturn:
