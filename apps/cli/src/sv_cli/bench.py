@@ -65,7 +65,7 @@ class Report:
         return "\n".join(lines)
 
 
-def _cuda_ms(fn: Callable[[], object], iters: int = 10, warmup: int = 3) -> float:
+def cuda_ms(fn: Callable[[], object], iters: int = 10, warmup: int = 3) -> float:
     import torch
 
     for _ in range(warmup):
@@ -90,7 +90,7 @@ def _copy_bandwidth(nbytes: int) -> float:
 
     src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    return 2 * nbytes / (_cuda_ms(lambda: dst.copy_(src)) / 1e3)
+    return 2 * nbytes / (cuda_ms(lambda: dst.copy_(src)) / 1e3)
 
 
 def _gemm_rate(n: int) -> float:
@@ -98,7 +98,7 @@ def _gemm_rate(n: int) -> float:
 
     a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    return 2 * n**3 / (_cuda_ms(lambda: a @ b) / 1e3)
+    return 2 * n**3 / (cuda_ms(lambda: a @ b) / 1e3)
 
 
 def _h2d_bandwidth(nbytes: int) -> float:
@@ -106,7 +106,7 @@ def _h2d_bandwidth(nbytes: int) -> float:
 
     host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
     dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    return nbytes / (_cuda_ms(lambda: dev.copy_(host, non_blocking=True), iters=5) / 1e3)
+    return nbytes / (cuda_ms(lambda: dev.copy_(host, non_blocking=True), iters=5) / 1e3)
 
 
 def host_probe_ms() -> float:
@@ -390,7 +390,7 @@ def bench_decode_step(
         for _ in range(replays):
             replay()
 
-    ms = _cuda_ms(replay_all, iters=5, warmup=1) / replays
+    ms = cuda_ms(replay_all, iters=5, warmup=1) / replays
     del torch
     weight_bytes = weight_bytes_per_decode_step(runner.model.weights)
     report.add(
@@ -584,7 +584,7 @@ def bench_quantized(
     free_device_memory()
 
 
-def profile_steps(engine: Any, label: str, run: Callable[[], object], out_dir: Path) -> None:
+def profile_steps(label: str, run: Callable[[], object], out_dir: Path) -> None:
     """Where the time of `run` goes: the top CUDA kernels and the host time around them."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -634,14 +634,12 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
     rng = random.Random(5)
     one = _random_prompts(rng, 1, 128, 128, _vocab(engine))
     profile_steps(
-        engine,
         "decode-b1, 32 tokens",
         lambda: engine.generate(one, SamplingParams(max_new_tokens=32, ignore_eos=True)),
         out_dir,
     )
     long = _random_prompts(rng, 1, 2048, 2048, _vocab(engine))
     profile_steps(
-        engine,
         "prefill 2048",
         lambda: engine.generate(long, SamplingParams(max_new_tokens=1, ignore_eos=True)),
         out_dir,
@@ -656,7 +654,7 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
         for _ in range(16):
             engine.step()
 
-    profile_steps(engine, "decode batch 256, 16 steps", decode_steps, out_dir)
+    profile_steps("decode batch 256, 16 steps", decode_steps, out_dir)
     host_profile("decode batch 256, 16 steps", decode_steps, out_dir)
     while engine.has_unfinished():
         engine.step()
@@ -745,12 +743,14 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
     p.add_argument(
         "--spec-trace",
-        default=str(
-            Path(__file__).resolve().parents[4] / "scripts" / "spec_trace_smollm2_cpu.json"
-        ),
+        default=[
+            str(Path(__file__).resolve().parents[4] / "scripts" / "spec_trace_smollm2_cpu.json")
+        ],
+        nargs="+",
         metavar="FILE",
-        help="with --only spec: the acceptance trace to replay (scripts/spec_acceptance.py "
-        "--trace; default: the one recorded on the CPU from the default model)",
+        help="with --only spec: the acceptance traces to replay, each against the same costs "
+        "(scripts/spec_acceptance.py --trace; default: the one recorded on the CPU from the "
+        "default model)",
     )
     p.add_argument("--json", help="write the rows here as JSON")
     p.add_argument(
@@ -859,11 +859,14 @@ def bench_main(argv: list[str]) -> int:
         from sv_cli import bench_spec
 
         engine = _engine(model_dir, max_num_seqs=256)
-        costs = bench_spec.bench_verify_steps(report, engine)
+        costs = bench_spec.bench_verify_steps(
+            report, engine, profile_dir=Path(args.workdir) if args.profile else None
+        )
         del engine
         free_device_memory()
         plain = bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
-        bench_spec.replay_trace(report, costs, Path(args.spec_trace), plain)
+        for trace in args.spec_trace:
+            bench_spec.replay_trace(report, costs, Path(trace), plain)
         from sv_scheduler import SpeculationConfig
 
         # At 64 the default max_batch (32) turns drafting off; without the limit, what

@@ -35,10 +35,18 @@ from typing import Any
 from sv_cli.bench import Report, Row, free_device_memory
 
 
-def bench_verify_steps(report: Report, engine: Any, max_k: int = 16) -> list[float]:
-    """The rows above; returns the ms per step for k = 0..max_k."""
+def bench_verify_steps(
+    report: Report, engine: Any, max_k: int = 16, profile_dir: Path | None = None
+) -> list[float]:
+    """The rows above; returns the ms per step for k = 0..max_k (launch + wait). Each row's
+    note also gives, for the steps the decode graphs run (k < 16), the step's GPU time alone
+    (its graph replayed back to back, no host work) and the host's time to launch its graph, so
+    what a verify step adds splits into device and host. With `profile_dir`, the kernels of
+    the k = 0 and k = 15 steps' graphs are profiled (`--profile`: where a verify step's extra
+    GPU time goes)."""
     import torch
     from sv_model import StepInputs
+    from sv_model.step_packing import DECODE_ROWS_MAX_CHUNK
 
     runner = engine.runner
     context = 128
@@ -67,8 +75,41 @@ def bench_verify_steps(report: Report, engine: Any, max_k: int = 16) -> list[flo
         ms = (time.perf_counter() - t0) / reps * 1e3
         costs.append(ms)
         name = "decode-b1 step (graph), k=0" if k == 0 else f"verify-b1 step, k={k}"
-        report.add(Row(name, ms, "ms", note=f"{ms / costs[0]:.2f}x the decode step; launch + wait"))
+        note = f"{ms / costs[0]:.2f}x the decode step; launch + wait"
+        if 1 + k <= DECODE_ROWS_MAX_CHUNK:  # a longer run is packed, outside the graphs
+            note += "; " + _graph_alone(runner, step, k, profile_dir)
+        report.add(Row(name, ms, "ms", note=note))
     return costs
+
+
+def _graph_alone(runner: Any, step: Any, k: int, profile_dir: Path | None) -> str:
+    """The step's graph replayed 20 times back to back: its GPU time alone, and the host's time
+    to launch it (queued without waiting; an unoverlapped step pays it before its GPU work)."""
+    from sv_cli.bench import cuda_ms, profile_steps
+    from sv_cli.bench_runner import decode_replay
+
+    replay = decode_replay(runner, step)
+    replays = 20
+
+    def replay_all() -> None:
+        for _ in range(replays):
+            replay()
+
+    gpu_ms = cuda_ms(replay_all, iters=5, warmup=1) / replays
+    t0 = time.perf_counter()
+    replay_all()
+    launch_ms = (time.perf_counter() - t0) / replays * 1e3
+    # One replay from an idle GPU, event to event: near the GPU time alone if the GPU starts
+    # while the host is still launching the graph, near the sum if it waits for the launch.
+    idle_ms = cuda_ms(replay, iters=9, warmup=0)
+    if profile_dir is not None and k in (0, 15):
+        profile_steps(
+            f"decode rows of a k={k} step, {replays} graph replays", replay_all, profile_dir
+        )
+    return (
+        f"GPU alone {gpu_ms * 1e3:.0f} us, host launch {launch_ms * 1e3:.0f} us, one replay "
+        f"from idle {idle_ms * 1e3:.0f} us"
+    )
 
 
 def replay_trace(report: Report, costs: list[float], trace_file: Path, plain: float) -> None:
