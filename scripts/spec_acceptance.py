@@ -41,6 +41,7 @@ def main() -> int:
     p.add_argument("--max-new", type=int, default=64)
     p.add_argument("--k", type=int, default=SpeculationConfig().max_draft)
     p.add_argument("--n", type=int, default=SpeculationConfig().ngram)
+    p.add_argument("--prompts", type=Path, default=PROMPTS, help="the prompts (a JSON list)")
     p.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     p.add_argument(
         "--quantization",
@@ -61,7 +62,7 @@ def main() -> int:
         "accepted) per verification), for `sv bench --only spec --spec-trace FILE`",
     )
     args = p.parse_args()
-    prompts = json.loads(PROMPTS.read_text())
+    prompts = json.loads(args.prompts.read_text())
     if args.limit:
         prompts = prompts[: args.limit]
     model = default_model_dir()
@@ -132,7 +133,7 @@ def main() -> int:
     if args.trace is not None:
         trace = {
             "model": "SmolLM2-135M-Instruct",
-            "prompts": PROMPTS.name,
+            "prompts": args.prompts.name,
             "max_new_tokens": args.max_new,
             "max_draft": args.k,
             "ngram": args.n,
