@@ -96,18 +96,13 @@ def test_may_draft_when_a_lookup_would_find_a_draft(
     assert state.may_draft(tokens, 4) is found
 
 
-def test_the_default_shortest_suffix_is_two_or_n() -> None:
-    assert SpeculationConfig().min_ngram == 2
-    assert SpeculationConfig(ngram=1).min_ngram == 1
-    assert SpeculationConfig(ngram=4, min_ngram=3).min_ngram == 3
-
-
 @pytest.mark.parametrize(
     "kwargs",
     [
         {"max_draft": 0},
         {"ngram": True},
         {"ngram": 2, "min_ngram": 3},
+        {"min_ngram": 0},
         {"first_pause": 9, "max_pause": 8},
         {"max_batch": 0},
     ],

@@ -21,7 +21,7 @@ followed it. Each sequence keeps an index of its n-grams, extended as it grows.
 Adaptivity, per sequence: the next draft is twice as long as the last accepted run plus its
 bonus token (twice the draft after a fully accepted one), at most k and at least k / 2: at batch
 1 a verify step costs about the same for any k up to 15 (it is bound by latency, not by its
-rows: 1.23-1.32 ms on the H200 against 0.95 for a plain step, launch and wait), and an
+rows: 1.03-1.10 ms on the H200 against 0.88 for a plain step, launch and wait), and an
 accepted run's length says little about the next one's. k = 15 is the most the decode graphs
 take (a verify run is at most 16 decode rows, sv_model.step_packing); a longer draft runs its
 verify step outside them, ten times slower. A sequence whose drafts keep failing stops
@@ -30,12 +30,16 @@ speculating for a while (see `DraftState.record`). Per step: no draft while more
 
 A step with drafts needs the step before it resolved (its drafts and positions follow from that
 step's tokens), so it cannot overlap the host's work with the device's: a resolved step costs
-about 0.2 ms more at batch 1 on the H200. So the engine waits only where a draft is likely
+about 0.1 ms more at batch 1 on the H200. So the engine waits only where a draft is likely
 (`DraftState.may_draft`): the tokens known so far end in an n-gram of at least `min_ngram`
 tokens seen before. On the default model's grounded prompts a suffix of 2+ matching tokens is
-followed by an accepted draft 59-97% of the time, a single token's 26% (BENCHMARKS.md, the
-speculation rows, which also give what these defaults were chosen by). In a large batch the
-lost overlap and the extra rows cost more than the few accepted tokens save.
+followed by an accepted draft 59-97% of the time, a single token's 26% (0.95 tokens accepted
+on average); at today's verify cost even the single token's pays (a verify step pays from
+~0.3 accepted tokens). The defaults (shortest suffix 1, six misses before a pause of 2 steps)
+were chosen by `scripts/spec_policy_model.py --grid` on the held-out prompts
+(spec_prompts_heldout.json) alone, and model 1.85x plain on spec_prompts.json against 1.79x for
+the earlier ones (shortest suffix 2, four misses, 8 steps): BENCHMARKS.md, "Sixteenth session".
+In a large batch the lost overlap and the extra rows cost more than the few accepted tokens save.
 """
 
 from __future__ import annotations
@@ -54,7 +58,6 @@ class SpeculationConfig:
     ngram:        n, the longest suffix looked up in the sequence's tokens.
     min_ngram:    the shortest suffix looked up when the longer ones are not found; also the
                   shortest known suffix for which the engine waits to draft (`may_draft`).
-                  0 (the default) is 2, or n when that is smaller.
     miss_limit:   drafts in a row that find nothing or get nothing accepted before the sequence
                   pauses speculation.
     first_pause:  steps of the first pause; each further pause in a row doubles it ...
@@ -65,15 +68,13 @@ class SpeculationConfig:
 
     max_draft: int = 15
     ngram: int = 3
-    min_ngram: int = 0
-    miss_limit: int = 4
-    first_pause: int = 8
+    min_ngram: int = 1
+    miss_limit: int = 6
+    first_pause: int = 2
     max_pause: int = 512
     max_batch: int | None = 32
 
     def __post_init__(self) -> None:
-        if self.min_ngram == 0 and isinstance(self.ngram, int):
-            object.__setattr__(self, "min_ngram", min(2, self.ngram))
         names = ("max_draft", "ngram", "min_ngram", "miss_limit", "first_pause", "max_pause")
         for name in (*names, "max_batch"):
             value = getattr(self, name)
