@@ -84,6 +84,17 @@ def cuda_ms(fn: Callable[[], object], iters: int = 10, warmup: int = 3) -> float
     return times[len(times) // 2]
 
 
+def replayed_ms(replay: Callable[[], object], replays: int = 20) -> float:
+    """GPU ms of one `replay` (a graph's bare replay), queued `replays` times back to back
+    between two events so that the host's speed cannot leave the GPU idle in the timed span."""
+
+    def replay_all() -> None:
+        for _ in range(replays):
+            replay()
+
+    return cuda_ms(replay_all, iters=5, warmup=1) / replays
+
+
 def _copy_bandwidth(nbytes: int) -> float:
     """Device-to-device copy, counting bytes read plus bytes written."""
     import torch
@@ -369,7 +380,6 @@ def bench_decode_step(
     how far the end-to-end figure is from what the kernels themselves allow. Twenty replays are
     queued back to back between two events, so the host's speed cannot leave the GPU idle
     inside the timed span (timing `runner.logits` did: its input copy and Python ran in it)."""
-    import torch
     from sv_model import StepInputs
 
     from sv_cli.bench_runner import decode_replay, weight_bytes_per_decode_step
@@ -383,15 +393,7 @@ def bench_decode_step(
         seq_lens=[701] * batch,
         sample_rows=list(range(batch)),
     )
-    replay = decode_replay(runner, step)
-    replays = 20
-
-    def replay_all() -> None:
-        for _ in range(replays):
-            replay()
-
-    ms = cuda_ms(replay_all, iters=5, warmup=1) / replays
-    del torch
+    ms = replayed_ms(decode_replay(runner, step))
     weight_bytes = weight_bytes_per_decode_step(runner.model.weights)
     report.add(
         Row(
