@@ -84,15 +84,20 @@ def cuda_ms(fn: Callable[[], object], iters: int = 10, warmup: int = 3) -> float
     return times[len(times) // 2]
 
 
-def replayed_ms(replay: Callable[[], object], replays: int = 20) -> float:
-    """GPU ms of one `replay` (a graph's bare replay), queued `replays` times back to back
-    between two events so that the host's speed cannot leave the GPU idle in the timed span."""
+def back_to_back(replay: Callable[[], object], replays: int) -> Callable[[], None]:
+    """A call that queues `replay` (a graph's bare replay) `replays` times without waiting."""
 
     def replay_all() -> None:
         for _ in range(replays):
             replay()
 
-    return cuda_ms(replay_all, iters=5, warmup=1) / replays
+    return replay_all
+
+
+def replayed_ms(replay: Callable[[], object], replays: int = 20) -> float:
+    """GPU ms of one `replay`, queued `replays` times back to back between two events so that
+    the host's speed cannot leave the GPU idle in the timed span."""
+    return cuda_ms(back_to_back(replay, replays), iters=5, warmup=1) / replays
 
 
 def _copy_bandwidth(nbytes: int) -> float:

@@ -85,17 +85,13 @@ def bench_verify_steps(
 def _graph_alone(runner: Any, step: Any, k: int, profile_dir: Path | None) -> str:
     """The step's graph replayed 20 times back to back: its GPU time alone, and the host's time
     to launch it (queued without waiting; an unoverlapped step pays it before its GPU work)."""
-    from sv_cli.bench import cuda_ms, profile_steps, replayed_ms
+    from sv_cli.bench import back_to_back, cuda_ms, profile_steps, replayed_ms
     from sv_cli.bench_runner import decode_replay
 
     replay = decode_replay(runner, step)
     replays = 20
     gpu_ms = replayed_ms(replay, replays)
-
-    def replay_all() -> None:
-        for _ in range(replays):
-            replay()
-
+    replay_all = back_to_back(replay, replays)
     t0 = time.perf_counter()
     replay_all()
     launch_ms = (time.perf_counter() - t0) / replays * 1e3

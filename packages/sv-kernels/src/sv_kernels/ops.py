@@ -441,6 +441,7 @@ def qkv_rope_cache(
     _check_cache(op, k_cache, v_cache)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     rows = (num_q_heads + 2 * num_kv_heads) * head_dim
+    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
     tile: GemvTile | FewRowsTile | None = None
     if qk_norms is None and _on_cuda(x) and x.dim() == 2:
         if x.shape[0] == 1:
@@ -451,7 +452,6 @@ def qkv_rope_cache(
         from . import triton_ops
 
         if triton_ops.qkv_rope_fits(tile[0], head_dim):
-            args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
             return _fused_qkv_rope_cache(op, x, qkv, tile, num_q_heads, rows, bias, *args)
     out = linear(x, qkv, plan=plan, bias=bias)
     if out.dim() != 2 or out.shape[1] != rows:
@@ -462,7 +462,6 @@ def qkv_rope_cache(
         q_norm, k_norm, eps = qk_norms
         q, _ = rms_norm(q, q_norm, eps)
         k, _ = rms_norm(k, k_norm, eps)
-    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
     return _rope_cache_write(op, q, k, v, *args)
 
 
