@@ -105,21 +105,51 @@ class Case:
 
     def unfused(self, qkv: torch.Tensor) -> torch.Tensor:
         """`rope_cache_write` (Triton) on a projection computed elsewhere, into caches 2, 3."""
+        self.projection = qkv
         q, k, v = self.split(qkv)
         args = self.rope_args(self.caches[2], self.caches[3])
         return triton_ops.rope_cache_write(q, k, v, *args)
+
+    def rotation_terms(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """For each rotated value of q and of the k cache (0 where nothing was written):
+        |a| |cos| + |b| |sin|, a its own projection value and b its RoPE partner's, from the
+        projection `unfused` rotated: the size of the terms of the FP32 sum that RoPE rounds."""
+        q, k, _ = self.split(self.projection.float())
+        inside = self.positions < self.cos.shape[0]  # outside the table: cos = sin = 0
+        at = self.positions.long().clamp(0, self.cos.shape[0] - 1)
+        cos = (self.cos[at] * inside[:, None]).abs().repeat(1, 2)[:, None, :]
+        sin = (self.sin[at] * inside[:, None]).abs().repeat(1, 2)[:, None, :]
+
+        def terms(x: torch.Tensor) -> torch.Tensor:
+            return x.abs() * cos + x.abs().roll(self.head_dim // 2, dims=-1) * sin
+
+        written = self.slots >= 0
+        k_terms = terms(k)[written]
+        if self.scales is not None:  # an FP8 cache stores k / its head's scale
+            k_terms = k_terms / self.scales[0][:, None]
+        cache = torch.zeros(NUM_PAGES * PAGE, self.hkv, self.head_dim, device=DEVICE)
+        cache[self.slots[written]] = k_terms
+        return terms(q), cache.view(NUM_PAGES, PAGE, self.hkv, self.head_dim)
 
     def assert_same_bits(self, fused_q: torch.Tensor, unfused_q: torch.Tensor) -> None:
         """The same values as the unfused path: bit for bit for one row under the interpreter.
         Compiled, each kernel may contract a rotation's multiply-adds into FMAs its own way,
         and the interpreter's matmul of several rows may add a tile's products in another
-        order: FP32 results one rounding apart, and a rare 16-bit or FP8 one (1 of 32,768 in
-        a GPU run; 1 of 1,920 in a CI run of 5 rows) rounded the other way, one step of its
-        dtype."""
+        order: FP32 results a few roundings of the rotation's terms apart (`rotation_terms`),
+        and a rare 16-bit or FP8 value (1 of 32,768 in a GPU run; 1 of 1,920 in a CI run of 5
+        rows) rounded the other way: one step of its dtype, or where the rotation's two terms
+        cancel (its result far smaller than they are) those few roundings of the terms, which
+        are then more than a step of the result (27 of 300 seeds of the 16-row BF16 GPU case
+        before this was allowed for, 2026-12-03)."""
         assert fused_q.shape == (self.tokens, self.hq, self.head_dim)
         assert fused_q.dtype == self.dtype
-        pairs = [("q", fused_q, unfused_q), ("k", *self.caches[0::2]), ("v", *self.caches[1::2])]
-        for name, got_stored, want_stored in pairs:
+        q_terms, k_terms = self.rotation_terms()
+        pairs = [
+            ("q", fused_q, unfused_q, q_terms),
+            ("k", *self.caches[0::2], k_terms),
+            ("v", *self.caches[1::2], torch.zeros_like(k_terms)),
+        ]
+        for name, got_stored, want_stored, terms in pairs:
             got, want = got_stored.float(), want_stored.float()
             nan = got.isnan() & want.isnan()
             if self.dtype == torch.float32 and (got.is_cuda or self.tokens > 1):
@@ -130,10 +160,15 @@ class Case:
             if not got.is_cuda and self.tokens == 1:  # the GEMV: FMAs in one fixed order
                 assert not differ.any(), f"{name}: {int(differ.sum())} values differ"
                 continue
-            step = torch.finfo(want_stored.dtype).eps * want.abs() + 1e-30
+            # One step of the result, and four FP32 roundings of the rotation's terms.
+            step = torch.finfo(want_stored.dtype).eps * want.abs() + 2.0**-22 * terms + 1e-30
             rare = max(2, got.numel() // 500)
             assert int(differ.sum()) <= rare, f"{name}: {int(differ.sum())} values differ"
-            assert ((got - want).abs() <= step)[differ].all(), f"{name}: a value two steps off"
+            off = (got - want).abs() > step
+            assert not (off & differ).any(), (
+                f"{name}: {int((off & differ).sum())} values more than a step apart, e.g. "
+                f"{got[off & differ][:3].tolist()} against {want[off & differ][:3].tolist()}"
+            )
 
 
 def _written_slot(case: Case, cache: torch.Tensor) -> torch.Tensor:
