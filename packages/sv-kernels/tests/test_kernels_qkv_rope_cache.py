@@ -81,6 +81,7 @@ class Case:
         self.caches = [
             torch.full(shape, float("nan"), device=DEVICE).to(cache_dtype) for _ in range(4)
         ]
+        self.projection: torch.Tensor | None = None  # what `unfused` rotated
 
     def rope_args(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> RopeArgs:
         return (self.positions, self.cos, self.sin, k_cache, v_cache, self.slots, self.scales)
@@ -114,6 +115,7 @@ class Case:
         """For each rotated value of q and of the k cache (0 where nothing was written):
         |a| |cos| + |b| |sin|, a its own projection value and b its RoPE partner's, from the
         projection `unfused` rotated: the size of the terms of the FP32 sum that RoPE rounds."""
+        assert self.projection is not None, "unfused() first: its projection is what rotated"
         q, k, _ = self.split(self.projection.float())
         inside = self.positions < self.cos.shape[0]  # outside the table: cos = sin = 0
         at = self.positions.long().clamp(0, self.cos.shape[0] - 1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 import torch
 from torch import Tensor
@@ -328,34 +328,28 @@ def _check_slots(op: str, num_tokens: int, slot_mapping: Tensor) -> None:
     _check_len(op, "slot_mapping", slot_mapping, 0, num_tokens, "one per token")
 
 
+class _RopeCacheArgs(NamedTuple):
+    """RoPE's and the cache write's arguments, in the order the kernels and references take
+    them (`*args`); built once per op call and handed to its helpers as one value."""
+
+    positions: Tensor
+    cos: Tensor
+    sin: Tensor
+    k_cache: Tensor
+    v_cache: Tensor
+    slot_mapping: Tensor
+    kv_scales: Tensor | None
+
+
 def _check_rope_cache_args(
-    op: str,
-    num_tokens: int,
-    positions: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    slot_mapping: Tensor,
-    kv_scales: Tensor | None,
-    **inputs: Tensor | None,
+    op: str, num_tokens: int, args: _RopeCacheArgs, **inputs: Tensor | None
 ) -> None:
     """RoPE's and the cache write's arguments for `num_tokens` tokens, the caches already through
     `_check_cache`; `inputs` (the op's own tensors) must share their device."""
-    _check_rope_inputs(op, num_tokens, k_cache.shape[3], positions, cos, sin)
-    _check_kv_scales(op, k_cache, kv_scales)
-    _check_slots(op, num_tokens, slot_mapping)
-    _check_device(
-        op,
-        **inputs,
-        positions=positions,
-        cos=cos,
-        sin=sin,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        slot_mapping=slot_mapping,
-        kv_scales=kv_scales,
-    )
+    _check_rope_inputs(op, num_tokens, args.k_cache.shape[3], args.positions, args.cos, args.sin)
+    _check_kv_scales(op, args.k_cache, args.kv_scales)
+    _check_slots(op, num_tokens, args.slot_mapping)
+    _check_device(op, **inputs, **args._asdict())
 
 
 def rope_cache_write(
@@ -372,23 +366,11 @@ def rope_cache_write(
 ) -> Tensor:
     op = "rope_cache_write"
     _check_cache(op, k_cache, v_cache)
-    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
-    return _rope_cache_write(op, q, k, v, *args)
+    args = _RopeCacheArgs(positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
+    return _rope_cache_write(op, q, k, v, args)
 
 
-def _rope_cache_write(
-    op: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    positions: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    slot_mapping: Tensor,
-    kv_scales: Tensor | None,
-) -> Tensor:
+def _rope_cache_write(op: str, q: Tensor, k: Tensor, v: Tensor, args: _RopeCacheArgs) -> Tensor:
     """`rope_cache_write` with the caches already through `_check_cache`."""
     _check_dims(op, "q", q, 3, "[T, Hq, D]")
     _check_dims(op, "k", k, 3, "[T, Hkv, D]")
@@ -398,10 +380,9 @@ def _rope_cache_write(
     num_tokens, head_dim = q.shape[0], q.shape[2]
     if k.shape[0] != num_tokens or k.shape[2] != head_dim or v.shape != k.shape:
         _fail(op, f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)} disagree on T, Hkv or D")
-    if k_cache.shape[2:] != k.shape[1:]:
-        _fail(op, f"cache heads x dim {_shape(k_cache)[1:]} do not match k {_shape(k)}")
-    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
-    _check_rope_cache_args(op, num_tokens, *args, q=q, k=k, v=v)
+    if args.k_cache.shape[2:] != k.shape[1:]:
+        _fail(op, f"cache heads x dim {_shape(args.k_cache)[1:]} do not match k {_shape(k)}")
+    _check_rope_cache_args(op, num_tokens, args, q=q, k=k, v=v)
     if _on_cuda(q):
         from . import triton_ops
 
@@ -441,7 +422,7 @@ def qkv_rope_cache(
     _check_cache(op, k_cache, v_cache)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     rows = (num_q_heads + 2 * num_kv_heads) * head_dim
-    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
+    args = _RopeCacheArgs(positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
     tile: GemvTile | FewRowsTile | None = None
     if qk_norms is None and _on_cuda(x) and x.dim() == 2:
         if x.shape[0] == 1:
@@ -452,7 +433,7 @@ def qkv_rope_cache(
         from . import triton_ops
 
         if triton_ops.qkv_rope_fits(tile[0], head_dim):
-            return _fused_qkv_rope_cache(op, x, qkv, tile, num_q_heads, rows, bias, *args)
+            return _fused_qkv_rope_cache(op, x, qkv, tile, num_q_heads, rows, bias, args)
     out = linear(x, qkv, plan=plan, bias=bias)
     if out.dim() != 2 or out.shape[1] != rows:
         _fail_qkv_rows(op, qkv, num_q_heads, rows)
@@ -462,7 +443,7 @@ def qkv_rope_cache(
         q_norm, k_norm, eps = qk_norms
         q, _ = rms_norm(q, q_norm, eps)
         k, _ = rms_norm(k, k_norm, eps)
-    return _rope_cache_write(op, q, k, v, *args)
+    return _rope_cache_write(op, q, k, v, args)
 
 
 def _fused_qkv_rope_cache(
@@ -473,13 +454,7 @@ def _fused_qkv_rope_cache(
     num_q_heads: int,
     rows: int,
     bias: Tensor | None,
-    positions: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    slot_mapping: Tensor,
-    kv_scales: Tensor | None,
+    args: _RopeCacheArgs,
 ) -> Tensor:
     """`qkv_rope_cache` as one kernel, its inputs checked here (the unfused path leaves x,
     the weight and the bias to `linear`)."""
@@ -497,8 +472,7 @@ def _fused_qkv_rope_cache(
         _fail_qkv_rows(op, qkv, num_q_heads, rows)
     if bias is not None:
         _check_bias(op, bias, qkv, x)
-    args = (positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
-    _check_rope_cache_args(op, x.shape[0], *args, x=x, qkv=weight, bias=bias)
+    _check_rope_cache_args(op, x.shape[0], args, x=x, qkv=weight, bias=bias)
     from . import triton_ops
 
     return triton_ops.qkv_rope_cache(x, weight, tile, num_q_heads, *args, bias=bias, scale=scale)
