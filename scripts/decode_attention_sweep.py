@@ -8,10 +8,13 @@ copy bandwidth measured in the same run. Prints the current default's row and th
 per context; what `choose_num_splits` and the launch defaults should become is read off here.
 
     python3 scripts/decode_attention_sweep.py        (on the GPU; PYTHONPATH as gpu-check.sh)
+    python3 scripts/decode_attention_sweep.py --contexts 384,4096 --splits 4,64 --tiles 128 \
+        --warps 4 --stages 3                         (a narrower sweep)
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
 from functools import partial
@@ -52,17 +55,30 @@ def copy_gbps() -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--contexts", type=_ints, default=CONTEXTS, help="comma-separated tokens")
+    parser.add_argument("--splits", type=_ints, default=SPLITS)
+    parser.add_argument("--tiles", type=_ints, default=TILES, help="tokens per inner step")
+    parser.add_argument("--warps", type=_ints, default=WARPS)
+    parser.add_argument("--stages", type=_ints, default=STAGES)
+    args = parser.parse_args()
     copy = copy_gbps()
     print(f"copy bandwidth {copy:,.0f} GB/s")
     scale = HEAD_DIM**-0.5
-    for dtype, context in itertools.product((torch.bfloat16, torch.float8_e4m3fn), CONTEXTS):
+    for dtype, context in itertools.product((torch.bfloat16, torch.float8_e4m3fn), args.contexts):
         kv_bytes = 2 * context * KV_HEADS * HEAD_DIM * (1 if dtype != torch.bfloat16 else 2)
         sets = inputs(context, dtype, max(2, min(8, math.ceil(2 * 60e6 / kv_bytes))))
         scales = torch.ones(2 * KV_HEADS, device="cuda") if dtype != torch.bfloat16 else None
         default_splits = triton_ops.choose_num_splits(1, KV_HEADS, context, 132)
         rows = []
-        for splits, tile, warps, stages in itertools.product(SPLITS, TILES, WARPS, STAGES):
+        for splits, tile, warps, stages in itertools.product(
+            args.splits, args.tiles, args.warps, args.stages
+        ):
             fns = [
                 partial(
                     triton_ops.paged_decode_attention,

@@ -68,6 +68,22 @@ def test_decode_attention_more_splits_than_tiles(gen: torch.Generator) -> None:
     _decode_case(gen, [5, 70], 4, 2, 32, torch.bfloat16, splits=[8])
 
 
+def test_decode_attention_never_reads_the_scratch_of_empty_splits(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Empty splits write no partials and the merge reads only the splits that hold tokens:
+    with every new buffer full of NaN, a read of an unwritten partial would show in the output."""
+
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poisoned(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan")) if t.dtype in DTYPES else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poisoned(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poisoned(real_empty_like(*a, **k)))
+    _decode_case(gen, [5, 70, 0], 4, 2, 32, torch.float32, splits=[8, 64])
+
+
 def test_decode_attention_empty_sequence_gives_zeros(gen: torch.Generator) -> None:
     """A padding row (seq_len 0, e.g. in a CUDA-graph batch) gives zeros, like the reference."""
     kv = PagedKV.build(gen, [0, 20], 2, 32, torch.float32)

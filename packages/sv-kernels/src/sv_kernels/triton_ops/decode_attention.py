@@ -10,6 +10,9 @@ Flash-decoding: when B * Hkv programs would leave SMs idle (small batches, long 
 context is cut into `num_splits` slices; each program writes an unnormalized partial result with
 its max and sum, and a second kernel merges the slices. The split count depends only on shapes
 (so a CUDA graph can capture it); each program finds its own slice from `seq_lens` on the device.
+A context shorter than the split count allows leaves the last splits empty: they write nothing,
+and the merge reads only the splits that hold tokens (at decode-b1's few hundred tokens, 3 of
+64), so a graph sized for the longest context costs a short one little.
 
 A sliding window of W positions starts the context at `seq_len - W`: the splits share out the
 last W positions only, and no page before them is read (its table entry may be stale).
@@ -40,6 +43,19 @@ from ._common import (
 # 11.1 us, 256-token splits 13.1 us, 64-token splits 11.5 us.
 _MIN_TOKENS_PER_SPLIT = 128
 _MAX_SPLITS = 64
+
+
+@triton.jit
+def _context_share(
+    seq_len, window, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, SLIDING: tl.constexpr
+):
+    """(first visible position, tokens per split) of a sequence of `seq_len` tokens: each split
+    takes an equal, TILE_N-aligned share of the visible tokens, so at a short context only the
+    first few splits hold any."""
+    first = 0
+    if SLIDING:
+        first = tl.maximum(seq_len - window, 0)
+    return first, tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), TILE_N) * TILE_N
 
 
 @triton.jit
@@ -88,11 +104,7 @@ def _decode_attention_kernel(
         v_scale = tl.load(kv_scales_ptr + tl.num_programs(1) + kv_head)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    first = 0
-    if SLIDING:
-        first = tl.maximum(seq_len - window, 0)
-    # An equal, TILE_N-aligned share of this sequence's visible tokens for each split.
-    per_split = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), TILE_N) * TILE_N
+    first, per_split = _context_share(seq_len, window, TILE_N, NUM_SPLITS, SLIDING)
     start = first + split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
@@ -139,12 +151,14 @@ def _decode_attention_kernel(
         out_offsets = seq * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
-        # Partials are laid out [B, Hq, NUM_SPLITS] (+ [D] for the accumulator).
+        # Partials are laid out [B, Hq, NUM_SPLITS] (+ [D] for the accumulator). A split past
+        # the end of the context writes nothing: the merge reads only the splits in use.
         num_q_heads = tl.num_programs(1) * GROUP
         rows = (seq * num_q_heads + heads) * NUM_SPLITS + split
-        tl.store(partial_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask)
-        tl.store(partial_max_ptr + rows, m_i, mask=g_mask)
-        tl.store(partial_sum_ptr + rows, l_i, mask=g_mask)
+        used = start < end
+        tl.store(partial_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask & used)
+        tl.store(partial_max_ptr + rows, m_i, mask=g_mask & used)
+        tl.store(partial_sum_ptr + rows, l_i, mask=g_mask & used)
 
 
 @triton.jit
@@ -152,13 +166,17 @@ def _merge_splits_kernel(
     partial_acc_ptr,
     partial_max_ptr,
     partial_sum_ptr,
+    seq_lens_ptr,
     out_ptr,
+    window,
     stride_ob,
     stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    TILE_N: tl.constexpr,
+    SLIDING: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_for_prior_kernels(USE_PDL)
@@ -166,7 +184,9 @@ def _merge_splits_kernel(
     head = tl.program_id(1)
     first_row = (seq * tl.num_programs(1) + head) * NUM_SPLITS
     s = tl.arange(0, BLOCK_S)
-    s_mask = s < NUM_SPLITS
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first, per_split = _context_share(seq_len, window, TILE_N, NUM_SPLITS, SLIDING)
+    s_mask = s < tl.cdiv(seq_len - first, tl.maximum(per_split, 1))  # the splits that hold tokens
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     split_max = tl.load(partial_max_ptr + first_row + s, mask=s_mask, other=float("-inf"))
@@ -328,13 +348,17 @@ def paged_decode_attention(
             partial_acc,
             partial_max,
             partial_sum,
+            seq_lens,
             out,
+            sliding_window or 0,
             out.stride(0),
             out.stride(1),
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             NUM_SPLITS=num_splits,
             BLOCK_S=next_pow2(num_splits),
+            TILE_N=tile_n,
+            SLIDING=sliding_window is not None,
             USE_PDL=pdl,
             num_warps=4 if block_d >= 128 else 2,
             launch_pdl=pdl,
