@@ -3,8 +3,8 @@
 Oracles: hand-computed quantization of small matrices, and for every kernel the plain-torch
 reference (dequantize, then matmul) in FP64: the batch-1 Triton GEMV (plain and with its SwiGLU
 epilogue; the interpreter on the CPU, compiled on a GPU, where the Llama 3.2 1B shapes run
-too), torch's int8 CPU kernel and the FP8 tensor-core paths (`torch._scaled_mm`, which torch
-also runs on the CPU, and `triton_ops.fp8_gemm` against the exact product of its FP8 operands).
+too), torch's int8 CPU kernel and the FP8 tensor-core path (`torch._scaled_mm`, which torch
+also runs on the CPU).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randn
 from sv_kernels import KernelError, ops, quantized, quantized_ops, reference, triton_ops
-from sv_kernels.linear_plan import Fp8Tile, LinearPlan
+from sv_kernels.linear_plan import LinearPlan
 from sv_kernels.quantized import (
     FP8_SCALE_STEPS,
     QuantizedWeight,
@@ -25,7 +25,6 @@ from sv_kernels.quantized import (
     dequantize,
     quantize,
 )
-from sv_kernels.triton_ops.fp8_gemm import CANDIDATES as FP8_TILES
 from sv_kernels.triton_ops.gemv import CONFIGS, QUANTIZED_CONFIGS
 
 KINDS: tuple[QuantKind, ...] = ("fp8", "int8")
@@ -232,16 +231,13 @@ def test_ops_linear_many_rows_on_the_gpu(
     if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
         out = ops.linear(x, w, plan=LinearPlan(many_rows="scaled_mm"))
         assert_matches_dequantized(out, x, w, 4e-2, "fp8 scaled_mm")
-        for tile in FP8_TILES:
-            out = ops.linear(x, w, plan=LinearPlan(many_rows=tile))
-            assert_matches_dequantized(out, x, w, 4e-2, f"fp8 tile {tile}")
 
 
 @gpu_test
 def test_tuner_plans_quantized_weights() -> None:
     w = quantize(torch.randn(3072, 2048, device=DEVICE, dtype=torch.bfloat16), "fp8")
     (tuned,) = ops.tune_linear([w])
-    assert tuned.plan.many_rows in ("cublas", "scaled_mm", *FP8_TILES)
+    assert tuned.plan.many_rows in ("cublas", "scaled_mm")
     x = torch.randn(1, 2048, device=DEVICE, dtype=torch.bfloat16)
     assert_matches_dequantized(ops.linear(x, w, plan=tuned.plan), x, w, 1e-2, "tuned plan")
 
@@ -425,61 +421,6 @@ def test_quantize_rows_fp8_is_the_reference_bit_for_bit(
     if rows > 1:
         x[1] = 0  # an all-zero row: the smallest scale, all values zero
     _quantize_rows_case(x)
-
-
-def _fp8_gemm_case(gen: torch.Generator, m: int, n: int, k: int, tile: Fp8Tile) -> None:
-    """`fp8_gemm` against the exact product of the same FP8 values and scales (FP64): within
-    one BF16 rounding of it, plus FP32 summation error on the GPU's tensor cores."""
-    x = randn(gen, m, k, dtype=torch.bfloat16)
-    x[0] *= 100  # a token far larger than the others: its own scale
-    w = quantize(randn(gen, n, k, dtype=torch.bfloat16, scale=0.05), "fp8")
-    xq, xs = triton_ops.quantize_rows_fp8(x)
-    out = triton_ops.fp8_gemm(xq, xs, w.data, w.scale, tile)
-    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
-    xd = xq.double() * xs.double()
-    wd = w.data.double() * w.scale.double()[:, None]
-    exact = xd @ wd.t()
-    terms = xd.abs() @ wd.abs().t()
-    error = (out.double() - exact).abs()
-    bound = 2.0**-8 * exact.abs() + 2.0**-12 * terms + 1e-30
-    worst = (error / bound).max().item()
-    assert worst <= 1.0, f"fp8_gemm {m}x{n}x{k} tile {tile}: error {worst:.2f} x the bound"
-
-
-@pytest.mark.parametrize(
-    ("m", "n", "k", "tile"),
-    # Rows, features and K that fill no tile, and one that K-slices fill exactly.
-    [
-        (5, 48, 64, (64, 32, 64, 4, 3)),
-        (70, 100, 200, (64, 64, 64, 4, 3)),
-        (64, 64, 256, (64, 64, 128, 4, 2)),
-    ],
-)
-def test_fp8_gemm_is_the_fp8_product(
-    gen: torch.Generator, m: int, n: int, k: int, tile: Fp8Tile
-) -> None:
-    _fp8_gemm_case(gen, m, n, k, tile)
-
-
-@gpu_test
-@pytest.mark.parametrize("tile", FP8_TILES)
-@pytest.mark.parametrize(("m", "n", "k"), [(256, 3072, 2048), (100, 2048, 8192), (8, 16384, 2048)])
-def test_fp8_gemm_tiles_at_serving_shapes(
-    gen: torch.Generator, m: int, n: int, k: int, tile: Fp8Tile
-) -> None:
-    _fp8_gemm_case(gen, m, n, k, tile)
-
-
-def test_fp8_gemm_rejects_what_it_cannot_multiply() -> None:
-    x = torch.zeros(4, 64, dtype=torch.float8_e4m3fn)
-    w = torch.zeros(32, 64, dtype=torch.float8_e4m3fn)
-    tile = FP8_TILES[0]
-    with pytest.raises(KernelError, match="must be float8_e4m3fn"):
-        triton_ops.fp8_gemm(x.float(), torch.ones(4), w, torch.ones(32), tile)
-    with pytest.raises(KernelError, match="must agree on K"):
-        triton_ops.fp8_gemm(x[:, :32], torch.ones(4), w, torch.ones(32), tile)
-    with pytest.raises(KernelError, match="3 row scales for 4 rows"):
-        triton_ops.fp8_gemm(x, torch.ones(3), w, torch.ones(32), tile)
 
 
 @gpu_test

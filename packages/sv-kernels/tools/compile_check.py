@@ -104,10 +104,9 @@ def _cases() -> Iterator[tuple[str, Any]]:
 
 def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
     """Every 1-byte tile the tuner may pick, FP8 and int8, plain, FP32 out and SwiGLU; the
-    gather of a quantized tied embedding; the FP8 matmul's row quantization and GEMM tiles."""
+    gather of a quantized tied embedding; the FP8 matmul's row quantization."""
     from sv_kernels import triton_ops as ops
     from sv_kernels.quantized import QuantizedWeight, QuantKind
-    from sv_kernels.triton_ops.fp8_gemm import CANDIDATES as FP8_TILES
     from sv_kernels.triton_ops.gemv import QUANTIZED_CONFIGS
 
     hidden, inter = 2048, 8192
@@ -120,13 +119,6 @@ def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
     for k in (hidden, inter):  # the FP8 matmul's activations: each row to e4m3 with its scale
         x = torch.zeros(256, k, dtype=torch.bfloat16)
         yield f"quantize_rows_fp8 K={k}", lambda x=x: ops.quantize_rows_fp8(x)
-    xq = torch.zeros(256, hidden, dtype=torch.float8_e4m3fn)
-    wq = torch.zeros(inter, hidden, dtype=torch.float8_e4m3fn)
-    for tile in FP8_TILES:  # the decode batches' FP8 GEMM
-        yield (
-            f"fp8_gemm {tile}",
-            lambda tile=tile: ops.fp8_gemm(xq, torch.ones(256), wq, torch.ones(inter), tile),
-        )
     for storage, kind in kinds:
         w = torch.zeros(2 * inter, hidden, dtype=storage)
         scale = torch.ones(2 * inter)

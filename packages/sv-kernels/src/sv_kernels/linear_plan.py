@@ -25,19 +25,11 @@ FewRowsTile = tuple[int, int, int, int, int]
 # height, and the rows of a verify step of a 15-token draft, the most the decode graphs verify.
 FEW_ROWS = 16
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES) of `triton_ops.fp8_gemm`.
-Fp8Tile = tuple[int, int, int, int, int]
-
-# The most rows of a call that a plan's Fp8Tile takes: decode batches. Prefill's thousands of
-# rows go to `scaled_mm`, whose large tiles win there.
-FP8_TILE_MAX_ROWS = 512
-
 # How a quantized weight is multiplied by more than one row on CUDA: "cublas" dequantizes it to
 # the activations' dtype and calls cuBLAS; "scaled_mm" (FP8 only) quantizes the activations per
 # token to FP8 and multiplies on the FP8 tensor cores (`torch._scaled_mm`), reading the 1-byte
-# weights as they are; an Fp8Tile (FP8 only) does the same in `triton_ops.fp8_gemm` at that
-# tile for calls of up to FP8_TILE_MAX_ROWS rows, and in `scaled_mm` above.
-ManyRows = Literal["cublas", "scaled_mm"] | Fp8Tile
+# weights as they are.
+ManyRows = Literal["cublas", "scaled_mm"]
 
 
 @dataclass(frozen=True)

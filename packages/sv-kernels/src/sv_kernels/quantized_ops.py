@@ -3,8 +3,7 @@
 - CUDA, one row, a plan with a GEMV tile: the Triton GEMV reads the 8-bit values, converts
   them in registers and applies the row scales to its FP32 sums (half BF16's bytes).
 - CUDA, other calls: the plan's `many_rows`: FP8 tensor cores with per-token activation scales
-  (`triton_ops.fp8_gemm` at the plan's tile for decode batches, `scaled_mm`), or the matrix
-  dequantized to x's dtype for cuBLAS.
+  (`scaled_mm`), or the matrix dequantized to x's dtype for cuBLAS.
 - CPU, int8, up to INT8_KERNEL_MAX_ROWS rows (decode steps): torch's int8 weight kernel
   (`torch._weight_int8pack_mm`, AVX2/AVX-512 vectorized) on BF16 activations; its batch-1
   matmuls took 2.6-2.9x less time than FP32's at the default model's shapes on the 2-core
@@ -25,7 +24,7 @@ from torch import Tensor
 
 from . import int8_threads, reference
 from .errors import KernelError
-from .linear_plan import FP8_TILE_MAX_ROWS, Fp8Tile, LinearPlan
+from .linear_plan import LinearPlan
 from .quantized import QuantizedWeight, dequantize
 
 # torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
@@ -61,10 +60,7 @@ def linear(
             return triton_ops.gemv(
                 x, weight.data, plan.one_row_gemv, out_dtype=out_dtype, scale=weight.scale
             )
-        tile = plan.many_rows
-        if isinstance(tile, tuple) and x.shape[0] <= FP8_TILE_MAX_ROWS:
-            out = fp8_tiled(x, weight, tile)
-        elif tile != "cublas" and scaled_mm_fits(weight):
+        if plan.many_rows == "scaled_mm" and scaled_mm_fits(weight):
             out = scaled_mm(x, weight)
         else:
             out = torch.nn.functional.linear(x, dequantize(weight, x.dtype))
@@ -112,19 +108,6 @@ def _unit_scales(rows: int) -> Tensor:
 def scaled_mm_fits(weight: QuantizedWeight) -> bool:
     n, k = weight.shape
     return weight.kind == "fp8" and n % _SCALED_MM_MULTIPLE == 0 and k % _SCALED_MM_MULTIPLE == 0
-
-
-def fp8_tiled(x: Tensor, weight: QuantizedWeight, tile: Fp8Tile) -> Tensor:
-    """What `scaled_mm` computes (activations quantized per token, both scales applied to the
-    FP32 sums), on the Triton kernel at `tile`: CUDA only."""
-    from . import triton_ops
-
-    if weight.kind != "fp8":
-        raise KernelError(f"an FP8 tile {tile} was planned for a {weight.kind} weight")
-    xq, x_scale = triton_ops.quantize_rows_fp8(x)
-    out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-    out = triton_ops.fp8_gemm(xq, x_scale, weight.data, weight.scale, tile, out_dtype)
-    return out.to(x.dtype)
 
 
 def scaled_mm(x: Tensor, weight: QuantizedWeight) -> Tensor:

@@ -16,7 +16,6 @@ from .decode_metadata import decode_metadata
 from .embedding import embedding
 from .feed_tokens import feed_tokens
 from .few_rows import few_rows_linear, tune_few_rows
-from .fp8_gemm import fp8_gemm
 from .gemv import gemv, tune_gemv, tuning_fingerprint
 from .prefill_attention import prefill_attention
 from .qkv_rope_cache import fits as qkv_rope_fits
@@ -37,7 +36,6 @@ __all__ = [
     "embedding",
     "feed_tokens",
     "few_rows_linear",
-    "fp8_gemm",
     "gemv",
     "paged_decode_attention",
     "prefill_attention",

@@ -50,10 +50,9 @@ from ..errors import KernelError
 from ..graphs import copies_to_overflow_l2, graph_ms_per_call, sets_to_overflow_l2
 from ..linear_plan import GemvTile, LinearPlan, ManyRows, TunedLinear
 from ..quantized import LinearWeight, QuantizedWeight, dequantize
-from ..quantized_ops import fp8_tiled, scaled_mm, scaled_mm_fits
+from ..quantized_ops import scaled_mm, scaled_mm_fits
 from . import few_rows
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
-from .fp8_gemm import CANDIDATES as FP8_TILES
 
 
 @triton.jit
@@ -312,9 +311,8 @@ def tune_gemv(
     added to it. `progress` hears one line before the first shape that has to be timed (a few
     seconds in all). Weights of one shape share one result. Remembers nothing itself.
 
-    An FP8 weight is also timed at MANY_ROWS rows for its plan's `many_rows` (kept under its
-    own cache key): dequantizing for cuBLAS, `scaled_mm`, and `fp8_gemm` at each of its
-    tiles (FP8_TILES).
+    An FP8 weight is also timed at MANY_ROWS rows, FP8 tensor cores (`scaled_mm`) against
+    dequantizing for cuBLAS, for its plan's `many_rows` (kept under its own cache key).
 
     Must not run while a CUDA graph is being captured (it synchronizes and captures graphs of
     its own).
@@ -350,9 +348,9 @@ def tune_gemv(
         if isinstance(w, QuantizedWeight) and scaled_mm_fits(w) and _fp8_tensor_cores(w.device):
             key = f"{shape}, {MANY_ROWS} rows"
             rows = kept.get(key)
-            if rows is None or rows.choice not in (None, _SCALED_MM, *FP8_TILES):
+            if rows is None or rows.choice not in (None, (1,)):
                 rows = measured[key] = _time_many_rows(w)
-            many_rows = _many_rows(rows.choice)
+            many_rows = "cublas" if rows.choice is None else "scaled_mm"
             summary += (
                 f"; at {MANY_ROWS} rows {many_rows}: {rows.us:.1f} us "
                 f"(dequantize + cuBLAS {rows.cublas_us:.1f} us)"
@@ -407,42 +405,24 @@ def _gemv_call(x: torch.Tensor, w: LinearWeight, config: GemvTile) -> torch.Tens
     return gemv(x, w, config)
 
 
-# The tuning cache's choice for `scaled_mm` at MANY_ROWS rows (None is cuBLAS, a 5-tuple an
-# `fp8_gemm` tile).
-_SCALED_MM = (1,)
-
-
-def _many_rows(choice: tuple[int, ...] | None) -> ManyRows:
-    if choice is None:
-        return "cublas"
-    if choice == _SCALED_MM:
-        return "scaled_mm"
-    return FP8_TILES[FP8_TILES.index(choice)]
-
-
 def _time_many_rows(w: QuantizedWeight) -> tuning_cache.TunedShape:
-    """Dequantize + cuBLAS, `scaled_mm` and each `fp8_gemm` tile (activations quantized per
-    token in each) at MANY_ROWS rows: the fastest one's cache choice (see `_many_rows`)."""
+    """FP8 tensor cores against dequantize + cuBLAS at MANY_ROWS rows: choice (1,) when
+    `scaled_mm` wins, None when cuBLAS does."""
     copies = _quantized_copies(w)
     x = torch.randn(MANY_ROWS, w.shape[1], dtype=w.dtype, device=w.device)
     calls = [functools.partial(_one_row_cublas, x, c) for c in copies]
     cublas = graph_ms_per_call(calls, _TUNE_CALLS)
-    timed: list[tuple[float, tuple[int, ...] | None]] = [(cublas, None)]
-    calls = [functools.partial(scaled_mm, x, c) for c in copies]
-    timed.append((graph_ms_per_call(calls, _TUNE_CALLS), _SCALED_MM))
-    for tile in FP8_TILES:
-        calls = [functools.partial(fp8_tiled, x, c, tile) for c in copies]
-        timed.append((graph_ms_per_call(calls, _TUNE_CALLS), tile))
-    ms, choice = min(timed, key=lambda timing: timing[0])
-    return tuning_cache.TunedShape(choice, ms * 1e3, cublas * 1e3)
+    fp8 = graph_ms_per_call([functools.partial(scaled_mm, x, c) for c in copies], _TUNE_CALLS)
+    choice = (1,) if fp8 < cublas else None
+    return tuning_cache.TunedShape(choice, min(fp8, cublas) * 1e3, cublas * 1e3)
 
 
 def tuning_fingerprint(device: torch.device) -> str:
     """What a kept tuning result is valid for: this GPU model, these torch and Triton versions
-    and these candidate lists (their hash; the few-row and FP8 tiles' too, kept in the same file)."""
+    and these candidate lists (their hash; the few-row tiles' too, kept in the same file)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
-    lists = (CONFIGS, QUANTIZED_CONFIGS, few_rows.CONFIGS, FP8_TILES)
+    lists = (CONFIGS, QUANTIZED_CONFIGS, few_rows.CONFIGS)
     configs = hashlib.sha256(repr(lists).encode()).hexdigest()[:8]
     return (
         f"{torch.cuda.get_device_name(index)} (sm {major}.{minor}), torch {torch.__version__}, "
