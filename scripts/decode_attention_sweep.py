@@ -1,15 +1,21 @@
-"""Launch shapes of the paged decode attention kernel at batch 1 and long contexts, on the GPU.
+"""Launch shapes of the paged decode attention kernel, on the GPU.
 
-For Llama 3.2 1B's attention (32 query heads, 8 KV heads, head_dim 64, BF16 and FP8 pages) at
-32k and 100k tokens of context: every combination of context splits, tokens per inner
-step, warps and pipeline stages below, each timed as a replayed CUDA graph over input sets
-that overflow L2, with the K/V bytes it reads per call as a fraction of the device-to-device
-copy bandwidth measured in the same run. Prints the current default's row and the best rows
-per context; what `choose_num_splits` and the launch defaults should become is read off here.
+For Llama 3.2 1B's attention (32 query heads, 8 KV heads, head_dim 64, BF16 and FP8 pages), per
+case of B sequences of C tokens: every combination of context splits, tokens per inner step,
+warps and pipeline stages below, each timed as a replayed CUDA graph over input sets that
+overflow L2, with the K/V bytes it reads per call as a fraction of the device-to-device copy
+bandwidth measured in the same run. With --rounds N every shape is timed N times, each round on
+new inputs (a new random page order), and the median is reported with the spread. Rounds in
+one process agreed within about 1% (BENCHMARKS.md run 119), yet one shape can measure very
+differently in another process (FP8 pages, 128-token steps, 64 x 4k: 109 us in run 117, 169 in
+run 118): compare shapes within a run, and trust a choice only where separate runs agree.
+Prints the best rows per case and the launch defaults' row (marked); what the defaults should
+become is read off here. A split count, tile or stage count of 0 is the kernel's own choice for
+that case.
 
     python3 scripts/decode_attention_sweep.py        (on the GPU; PYTHONPATH as gpu-check.sh)
-    python3 scripts/decode_attention_sweep.py --contexts 384,4096 --splits 4,64 --tiles 128 \
-        --warps 4 --stages 3                         (a narrower sweep)
+    python3 scripts/decode_attention_sweep.py --cases 1x384,256x1024 --splits 0 --tiles 0,128 \
+        --warps 4 --stages 0,3                       (a narrower sweep)
 """
 
 from __future__ import annotations
@@ -17,30 +23,33 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import statistics
 from functools import partial
 
 import torch
 from sv_kernels import graphs, triton_ops
 
 Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 64, 16
-CONTEXTS = (32768, 100_000)
+CASES = ((1, 32768), (1, 100_000))
 SPLITS = (32, 64, 128, 256)
 TILES = (64, 128)
 WARPS = (4, 8)
-STAGES = (2, 3)
+STAGES = (0, 2, 3)
+DEFAULT = (0, 0, 4, 0)  # (splits, tile, warps, stages): paged_decode_attention's defaults
 
 
 def inputs(
-    context: int, dtype: torch.dtype, sets: int
+    batch: int, context: int, dtype: torch.dtype, sets: int
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    pages = math.ceil(context / PAGE)
+    per_sequence = math.ceil(context / PAGE)
+    pages = batch * per_sequence
     out = []
     for _ in range(sets):
         k = torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda").to(dtype)
         v = torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda").to(dtype)
-        tables = torch.randperm(pages, device="cuda").view(1, pages).to(torch.int32)
-        lens = torch.full((1,), context, dtype=torch.int32, device="cuda")
-        q = torch.randn(1, Q_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        tables = torch.randperm(pages, device="cuda").view(batch, per_sequence).to(torch.int32)
+        lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch, Q_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         out.append((q, k, v, tables, lens))
     return out
 
@@ -59,63 +68,90 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(","))
 
 
+def _cases(text: str) -> tuple[tuple[int, int], ...]:
+    """'1x32768,256x1024' -> ((1, 32768), (256, 1024)): sequences x tokens each."""
+    cases = []
+    for part in text.split(","):
+        batch, _, context = part.partition("x")
+        if not context:
+            raise argparse.ArgumentTypeError(f"a case is BATCHxCONTEXT, got {part!r}")
+        cases.append((int(batch), int(context)))
+    return tuple(cases)
+
+
+def time_shape(
+    shape: tuple[int, ...],
+    sets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    scale: float,
+    scales: torch.Tensor | None,
+) -> float | None:
+    """ms per call of one launch shape over the input sets; None if it cannot be compiled."""
+    splits, tile, warps, stages = shape
+    fns = [
+        partial(
+            triton_ops.paged_decode_attention,
+            q,
+            k,
+            v,
+            tables,
+            lens,
+            scale,
+            kv_scales=scales,
+            num_splits=splits or None,
+            tile_n=tile or None,
+            num_warps=warps,
+            num_stages=stages or None,
+        )
+        for q, k, v, tables, lens in sets
+    ]
+    try:
+        return graphs.graph_ms_per_call(fns, 20, 50)
+    except Exception as error:  # a shape the compiler refuses (shared memory)
+        print(f"  {shape}: n/a ({type(error).__name__})")
+        torch.cuda.synchronize()
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--contexts", type=_ints, default=CONTEXTS, help="comma-separated tokens")
-    parser.add_argument("--splits", type=_ints, default=SPLITS)
-    parser.add_argument("--tiles", type=_ints, default=TILES, help="tokens per inner step")
+    parser.add_argument("--cases", type=_cases, default=CASES, help="e.g. 1x32768,256x1024")
+    parser.add_argument("--splits", type=_ints, default=SPLITS, help="0: the kernel's choice")
+    parser.add_argument(
+        "--tiles", type=_ints, default=TILES, help="tokens per inner step; 0: default"
+    )
     parser.add_argument("--warps", type=_ints, default=WARPS)
-    parser.add_argument("--stages", type=_ints, default=STAGES)
+    parser.add_argument("--stages", type=_ints, default=STAGES, help="0: default")
+    parser.add_argument("--dtypes", default="bf16,fp8", help="page types: bf16, fp8 or both")
+    parser.add_argument("--rounds", type=int, default=1, help="timings per shape, new inputs each")
     args = parser.parse_args()
     copy = copy_gbps()
     print(f"copy bandwidth {copy:,.0f} GB/s")
     scale = HEAD_DIM**-0.5
-    for dtype, context in itertools.product((torch.bfloat16, torch.float8_e4m3fn), args.contexts):
-        kv_bytes = 2 * context * KV_HEADS * HEAD_DIM * (1 if dtype != torch.bfloat16 else 2)
-        sets = inputs(context, dtype, max(2, min(8, math.ceil(2 * 60e6 / kv_bytes))))
-        scales = torch.ones(2 * KV_HEADS, device="cuda") if dtype != torch.bfloat16 else None
-        default_splits = triton_ops.choose_num_splits(1, KV_HEADS, context, 132)
-        rows = []
-        for splits, tile, warps, stages in itertools.product(
-            args.splits, args.tiles, args.warps, args.stages
-        ):
-            fns = [
-                partial(
-                    triton_ops.paged_decode_attention,
-                    q,
-                    k,
-                    v,
-                    tables,
-                    lens,
-                    scale,
-                    kv_scales=scales,
-                    num_splits=splits,
-                    tile_n=tile,
-                    num_warps=warps,
-                    num_stages=stages,
-                )
-                for q, k, v, tables, lens in sets
-            ]
-            try:
-                ms = graphs.graph_ms_per_call(fns, 20, 50)
-            except Exception as error:  # a shape the compiler refuses (shared memory)
-                print(f"  {splits} {tile} {warps} {stages}: n/a ({type(error).__name__})")
-                torch.cuda.synchronize()
-                continue
-            rows.append((ms, splits, tile, warps, stages))
+    dtypes = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+    for name, (batch, context) in itertools.product(args.dtypes.split(","), args.cases):
+        dtype = dtypes[name]
+        kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * dtype.itemsize
+        scales = torch.ones(2, KV_HEADS, device="cuda") if dtype != torch.bfloat16 else None
+        shapes = list(itertools.product(args.splits, args.tiles, args.warps, args.stages))
+        timings: dict[tuple[int, ...], list[float]] = {shape: [] for shape in shapes}
+        for _ in range(args.rounds):
+            sets = inputs(batch, context, dtype, max(2, min(8, math.ceil(2 * 60e6 / kv_bytes))))
+            for shape in shapes:
+                ms = time_shape(shape, sets, scale, scales)
+                if ms is not None:
+                    timings[shape].append(ms)
+            del sets
+        rows = [(statistics.median(ms), min(ms), max(ms), s) for s, ms in timings.items() if ms]
         rows.sort()
-        name = "bf16" if dtype == torch.bfloat16 else "fp8"
-        print(f"== {name} KV, context {context}: {kv_bytes / 1e6:.1f} MB of K/V per call")
-        for ms, splits, tile, warps, stages in rows[:5] + [
-            r for r in rows if r[1:] == (default_splits, 64, 4, 3)
-        ]:
+        print(f"== {name} KV, {batch} x {context} tokens: {kv_bytes / 1e6:.1f} MB of K/V per call")
+        for ms, low, high, launch in rows[:6] + [r for r in rows[6:] if r[3] == DEFAULT]:
+            splits, tile, warps, stages = launch
             frac = kv_bytes / (ms * 1e-3) / 1e9 / copy
-            mark = (
-                "  (default)" if (splits, tile, warps, stages) == (default_splits, 64, 4, 3) else ""
-            )
+            spread = f" ({low * 1e3:.1f}-{high * 1e3:.1f})" if args.rounds > 1 else ""
             print(
-                f"  splits {splits:>3} tile {tile:>3} warps {warps} stages {stages}: "
-                f"{ms * 1e3:7.1f} us  {frac:.2f} of copy{mark}"
+                f"  splits {splits or 'auto':>4} tile {tile or 'auto':>4} warps {warps} "
+                f"stages {stages or 'auto':>4}: {ms * 1e3:7.1f} us{spread}  {frac:.2f} of copy"
+                + ("  (default)" if launch == DEFAULT else "")
             )
 
 

@@ -240,15 +240,29 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, sms: int)
     return max(1, min(wanted, by_length, _MAX_SPLITS))
 
 
-def _default_tile_n(block_d: int, num_splits: int) -> int:
-    """Tokens per inner step. Split contexts (small batches, long contexts) stream best with
-    128-token steps at 64-wide heads: at batch 1 on the H200 (scripts/decode_attention_sweep.py,
-    BENCHMARKS.md run 67) 22.5 against 27.7 us at 32k tokens, 57.1 against 73.4 us at 100k
-    (0.85 of the copy bandwidth, from 0.66). Unsplit (large batches) and wider heads keep the
-    steps they were measured with."""
-    if block_d <= 64:
-        return 128 if num_splits > 1 else 64
-    return 32
+def _default_launch(
+    block_d: int, fp8_cache: bool, programs: int, num_splits: int, sms: int
+) -> tuple[int, int]:
+    """(tokens per inner step, pipeline stages) for `programs` = B * Hkv unsplit programs.
+
+    Measured at 64-wide heads on the H200 (scripts/decode_attention_sweep.py, graph-timed,
+    BENCHMARKS.md runs 117 and 119; only what both runs agree on is a default here):
+    - split contexts (small batches, long contexts): 128-token steps, three stages; at batch
+      1, 32k tokens, 22.8 us against 28.2 with 64-token steps (run 67: 22.5 against 27.7);
+    - unsplit, many programs per SM (256 sequences of 1k tokens): two stages, 64-token steps;
+      BF16 pages 134.2 against 148.7 us with three, FP8 pages 130.4 against 142.8;
+    - unsplit, at most four programs per SM (64 sequences of 4k tokens): BF16 pages 128-token
+      steps, two stages, 133.6 against 176.9 us with the 64-token steps and three stages
+      they had; FP8 pages keep those (139.5 us; 128-token steps measured 109 in one run and
+      164-170 in the other).
+    Wider heads keep the shape they were measured with (32-token steps, three stages)."""
+    if block_d > 64:
+        return 32, 3
+    if num_splits > 1:
+        return 128, 3
+    if programs > 4 * sms:
+        return 64, 2
+    return (64, 3) if fp8_cache else (128, 2)
 
 
 def paged_decode_attention(
@@ -264,14 +278,14 @@ def paged_decode_attention(
     num_splits: int | None = None,
     tile_n: int | None = None,
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its paged K/V. See `reference.paged_decode_attention`.
 
     `num_splits` forces the number of context slices (1 = no flash-decoding merge); by default
     `choose_num_splits` picks it from B, Hkv, the SM count and block_tables' width. `tile_n`
-    (tokens per inner step; default `_default_tile_n`), `num_warps` and `num_stages` are the
-    kernel's launch shape, settable for tuning sweeps.
+    (tokens per inner step), `num_warps` and `num_stages` are the kernel's launch shape,
+    settable for tuning sweeps; `tile_n` and `num_stages` default to `_default_launch`'s.
     """
     q = unit_last_stride(q)
     block_tables, seq_lens = unit_last_stride(block_tables), seq_lens.contiguous()
@@ -282,11 +296,12 @@ def paged_decode_attention(
     out = torch.empty((batch, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
+    sms = num_sms(q.device)
     if num_splits is None:
         max_context = num_pages_max * page_size
         if sliding_window is not None:
             max_context = min(max_context, sliding_window)
-        num_splits = choose_num_splits(batch, num_kv_heads, max_context, num_sms(q.device))
+        num_splits = choose_num_splits(batch, num_kv_heads, max_context, sms)
     num_splits = max(1, int(num_splits))
     if num_splits > 1:
         partial_acc = torch.empty(
@@ -299,8 +314,11 @@ def paged_decode_attention(
     else:  # unused by the kernel
         partial_acc = partial_max = partial_sum = out
     block_d = max(16, next_pow2(head_dim))  # tl.dot needs K >= 16
-    if tile_n is None:
-        tile_n = _default_tile_n(block_d, num_splits)
+    default_tile, default_stages = _default_launch(
+        block_d, kv_scales is not None, batch * num_kv_heads, num_splits, sms
+    )
+    tile_n = tile_n or default_tile
+    num_stages = num_stages or default_stages
     pdl = use_pdl(q.device)
     _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
         q,
