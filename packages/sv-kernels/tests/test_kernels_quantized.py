@@ -51,6 +51,22 @@ def test_fp8_quantization_by_hand() -> None:
     assert q.data.float().tolist() == [[448.0, -1.0, 0.1015625], [224.0, 0.0, 448.0]]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_dequantize_rounds_each_fp32_product_once(
+    gen: torch.Generator, kind: QuantKind, dtype: torch.dtype
+) -> None:
+    """Oracle: each stored value times its row's scale, in FP64 (exact for these operands'
+    products: 8 and 24 significant bits), rounded to FP32 as the product is, then to `dtype`."""
+    w = randn(gen, 48, 80, dtype=torch.float32) * 3
+    q = quantize(w, kind)
+    exact = q.data.to(torch.float64) * q.scale.to(torch.float64)[:, None]
+    want = exact.to(torch.float32).to(dtype)
+    got = dequantize(q, dtype)
+    assert got.dtype == dtype and got.device == q.data.device
+    assert torch.equal(got, want)
+
+
 def test_fp8_scale_is_the_least_error_candidate(gen: torch.Generator) -> None:
     cpu = torch.Generator().manual_seed(gen.initial_seed())
     w = randn(cpu, 64, 256, dtype=torch.float32)
