@@ -555,27 +555,31 @@ def bench_quantized(
     workloads: set[str],
     quick: bool,
     bf16_throughput: float | None,
+    kv_cache_dtype: str = "auto",
 ) -> None:
     """decode-b1, throughput and the resident weight bytes with the matrices quantized at load
-    to `mode` (fp8 or int8), each row tagged [mode]; run beside the BF16 rows of the same call."""
+    to `mode` (fp8 or int8), each row tagged [mode]; run beside the BF16 rows of the same call.
+    With kv_cache_dtype="fp8" the cache holds FP8 pages too (rows tagged [mode + fp8 KV]), as
+    an engine serving for throughput runs both."""
 
     from sv_cli.bench_runner import weight_bytes_per_decode_step
 
-    engine = _engine(model_dir, max_num_seqs=256, quantization=mode)
-    tag = f" [{mode}]"
+    engine = _engine(model_dir, max_num_seqs=256, quantization=mode, kv_cache_dtype=kv_cache_dtype)
+    tag = f" [{mode}]" if kv_cache_dtype == "auto" else f" [{mode} + {kv_cache_dtype} KV]"
     weights = engine.runner.model.weights
-    for shape, choice in engine.runner.linear_choices.items():
-        print(f"[bench] {mode} linear {shape[0]}x{shape[1]}: {choice}", flush=True)
-    read = weight_bytes_per_decode_step(weights) / MIB
-    report.add(
-        Row(
-            "weights resident: distinct storages" + tag,
-            weights.storage_bytes() / MIB,
-            "MiB",
-            weights.weight_bytes() / MIB,
-            f"{read:,.0f} MiB read per decode step",
+    if kv_cache_dtype == "auto":  # the weights are the same with either cache
+        for shape, choice in engine.runner.linear_choices.items():
+            print(f"[bench] {mode} linear {shape[0]}x{shape[1]}: {choice}", flush=True)
+        read = weight_bytes_per_decode_step(weights) / MIB
+        report.add(
+            Row(
+                "weights resident: distinct storages" + tag,
+                weights.storage_bytes() / MIB,
+                "MiB",
+                weights.weight_bytes() / MIB,
+                f"{read:,.0f} MiB read per decode step",
+            )
         )
-    )
     if "decode" in workloads:
         bench_decode_b1(report, engine, roof, 64 if quick else 256, tag)
         # The kernels' own time beside BF16's: what the mode saves where the host is no limit.
@@ -765,7 +769,8 @@ def bench_main(argv: list[str]) -> int:
         default="",
         help="comma-separated fp8,int8: also run decode-b1 and throughput (as --only allows) "
         "and report the resident weights with the matrices quantized at load, each tagged "
-        "[fp8] / [int8], beside the BF16 rows",
+        "[fp8] / [int8], beside the BF16 rows; with fp8, throughput also with FP8 KV pages "
+        "([fp8 + fp8 KV])",
     )
     args = p.parse_args(argv)
     if (args.tensor_parallel_size > 1) != (args.only is not None and "tp" in args.only.split(",")):
@@ -862,6 +867,10 @@ def bench_main(argv: list[str]) -> int:
     workloads = {name for name in ("decode", "throughput") if want(name)}
     for mode in modes:
         bench_quantized(report, model_dir, roof, mode, workloads, args.quick, bf16_throughput)
+    if "fp8" in modes and "throughput" in workloads:
+        bench_quantized(
+            report, model_dir, roof, "fp8", {"throughput"}, args.quick, bf16_throughput, "fp8"
+        )
     if only is not None and "spec" in only:
         from sv_cli import bench_spec
 
