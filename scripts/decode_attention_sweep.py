@@ -133,6 +133,8 @@ def main() -> None:
         kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * dtype.itemsize
         scales = torch.ones(2, KV_HEADS, device="cuda") if dtype != torch.bfloat16 else None
         shapes = list(itertools.product(args.splits, args.tiles, args.warps, args.stages))
+        if DEFAULT not in shapes:  # always the defaults' row, to compare the others with
+            shapes.append(DEFAULT)
         timings: dict[tuple[int, ...], list[float]] = {shape: [] for shape in shapes}
         for _ in range(args.rounds):
             sets = inputs(batch, context, dtype, max(2, min(8, math.ceil(2 * 60e6 / kv_bytes))))

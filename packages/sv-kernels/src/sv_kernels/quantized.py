@@ -26,7 +26,7 @@ its mean KL from 0.032 to 0.024 nats/token (BENCHMARKS.md); 32 scales measured n
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 import torch
@@ -163,4 +163,4 @@ def dequantize_rows(weight: QuantizedWeight, rows: Tensor) -> Tensor:
     rows = rows.long()
     # Gathered as bytes: index_select is not implemented for FP8 on every backend.
     data = weight.data.view(torch.uint8).index_select(0, rows).view(weight.data.dtype)
-    return (data.float() * weight.scale.index_select(0, rows)[:, None]).to(weight.dtype)
+    return dequantize(replace(weight, data=data, scale=weight.scale.index_select(0, rows)))
