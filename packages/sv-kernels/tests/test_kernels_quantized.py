@@ -67,6 +67,28 @@ def test_dequantize_rounds_each_fp32_product_once(
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    ("n", "k"),
+    [
+        (3, 5),
+        (37, 1500),  # rows past a tile's 4, columns past its 1024
+        pytest.param(16384, 2048, marks=GPU),  # Llama 3.2 1B gate/up
+        pytest.param(2048, 8192, marks=GPU),  # down
+    ],
+)
+def test_dequantize_kernel_rounds_each_fp32_product_once(
+    gen: torch.Generator, kind: QuantKind, dtype: torch.dtype, n: int, k: int
+) -> None:
+    """The same oracle for the Triton kernel (`quantized_ops.dequantize` on CUDA)."""
+    q = quantize(randn(gen, n, k, dtype=torch.float32) * 3, kind)
+    exact = q.data.to(torch.float64) * q.scale.to(torch.float64)[:, None]
+    got = triton_ops.dequantize(q, dtype)
+    assert got.dtype == dtype and got.device == q.data.device
+    assert torch.equal(got, exact.to(torch.float32).to(dtype))
+
+
 def test_fp8_scale_is_the_least_error_candidate(gen: torch.Generator) -> None:
     cpu = torch.Generator().manual_seed(gen.initial_seed())
     w = randn(cpu, 64, 256, dtype=torch.float32)
@@ -247,15 +269,37 @@ def test_ops_linear_many_rows_on_the_gpu(
     if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
         out = ops.linear(x, w, plan=LinearPlan(many_rows="scaled_mm"))
         assert_matches_dequantized(out, x, w, 4e-2, "fp8 scaled_mm")
+    out = ops.linear(x, w, plan=LinearPlan(many_rows="w8a16"))
+    assert_matches_dequantized(out, x, w, 1e-2, f"{kind} w8a16")
 
 
 @gpu_test
-def test_tuner_plans_quantized_weights() -> None:
-    w = quantize(torch.randn(3072, 2048, device=DEVICE, dtype=torch.bfloat16), "fp8")
+@pytest.mark.parametrize("kind", KINDS)
+def test_w8a16_plan_takes_decode_batches_and_leaves_prompts_to_cublas(
+    gen: torch.Generator, kind: QuantKind
+) -> None:
+    w = quantize(randn(gen, 3072, 2048, dtype=torch.bfloat16, scale=0.02), kind)
+    plan = LinearPlan(many_rows="w8a16")
+    most = quantized_ops.W8A16_MAX_ROWS
+    x = randn(gen, most + 1, 2048, dtype=torch.bfloat16)
+    assert torch.equal(
+        ops.linear(x[:most], w, plan=plan), triton_ops.w8a16_matmul(x[:most], w.data, w.scale)
+    )
+    dequantized = torch.nn.functional.linear(x, dequantize(w, x.dtype))
+    assert torch.equal(ops.linear(x, w, plan=plan), dequantized)
+
+
+@gpu_test
+@pytest.mark.parametrize("kind", KINDS)
+def test_tuner_plans_quantized_weights(kind: QuantKind) -> None:
+    w = quantize(torch.randn(3072, 2048, device=DEVICE, dtype=torch.bfloat16), kind)
     (tuned,) = ops.tune_linear([w])
-    assert tuned.plan.many_rows in ("cublas", "scaled_mm")
-    x = torch.randn(1, 2048, device=DEVICE, dtype=torch.bfloat16)
-    assert_matches_dequantized(ops.linear(x, w, plan=tuned.plan), x, w, 1e-2, "tuned plan")
+    paths = ("cublas", "scaled_mm", "w8a16") if kind == "fp8" else ("cublas", "w8a16")
+    assert tuned.plan.many_rows in paths, tuned.summary
+    for rows in (1, 16, 256):
+        x = torch.randn(rows, 2048, device=DEVICE, dtype=torch.bfloat16)
+        out = ops.linear(x, w, plan=tuned.plan)
+        assert_matches_dequantized(out, x, w, 1e-2, f"tuned plan, {rows} rows")
 
 
 # --- the 1-byte GEMV's own tiles (QUANTIZED_CONFIGS) --------------------------------------

@@ -104,10 +104,12 @@ def _cases() -> Iterator[tuple[str, Any]]:
 
 def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
     """Every 1-byte tile the tuner may pick, FP8 and int8, plain, FP32 out and SwiGLU; the
-    gather of a quantized tied embedding; the FP8 matmul's row quantization."""
+    gather of a quantized tied embedding; the FP8 matmul's row quantization; the 8-bit-weight
+    matmul's tiles; the dequantize kernel."""
     from sv_kernels import triton_ops as ops
     from sv_kernels.quantized import QuantizedWeight, QuantKind
     from sv_kernels.triton_ops.gemv import QUANTIZED_CONFIGS
+    from sv_kernels.triton_ops.w8a16 import TILES as W8A16_TILES
 
     hidden, inter = 2048, 8192
     row = torch.zeros(1, hidden, dtype=torch.bfloat16)
@@ -140,6 +142,17 @@ def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
                 lambda config=config, w=w, s=scale: ops.gemv(row, w, config, swiglu=True, scale=s),
             )
         yield from _qkv_rope_cases(torch.bfloat16, QUANTIZED_CONFIGS, storage)
+        for dtype in (torch.bfloat16, torch.float32):
+            yield (
+                f"dequantize {storage} -> {dtype}",
+                lambda t=table, dtype=dtype: ops.dequantize(t, dtype),
+            )
+        for rows, tile in W8A16_TILES:  # the 8-bit-weight matmul at each row count's tile
+            x = torch.zeros(min(rows, 256), hidden, dtype=torch.bfloat16)
+            yield (
+                f"w8a16 {tile} {storage}",
+                lambda x=x, w=w, s=scale: ops.w8a16_matmul(x, w, s),
+            )
 
 
 def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:

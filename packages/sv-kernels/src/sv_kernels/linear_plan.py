@@ -28,8 +28,10 @@ FEW_ROWS = 16
 # How a quantized weight is multiplied by more than one row on CUDA: "cublas" dequantizes it to
 # the activations' dtype and calls cuBLAS; "scaled_mm" (FP8 only) quantizes the activations per
 # token to FP8 and multiplies on the FP8 tensor cores (`torch._scaled_mm`), reading the 1-byte
-# weights as they are.
-ManyRows = Literal["cublas", "scaled_mm"]
+# weights as they are; "w8a16" reads the 1-byte weights and widens them in registers for the
+# 16-bit tensor cores (`triton_ops.w8a16_matmul`).
+ManyRows = Literal["cublas", "scaled_mm", "w8a16"]
+MANY_ROWS_PATHS: tuple[ManyRows, ...] = ("cublas", "scaled_mm", "w8a16")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,14 @@
 
 - CUDA, one row, a plan with a GEMV tile: the Triton GEMV reads the 8-bit values, converts
   them in registers and applies the row scales to its FP32 sums (half BF16's bytes).
-- CUDA, other calls: the plan's `many_rows`: FP8 tensor cores with per-token activation scales
-  (`scaled_mm`), or the matrix dequantized to x's dtype for cuBLAS.
+- CUDA, up to FEW_ROWS rows otherwise (a verify step, a small decode batch): the 1-byte
+  weights widened in registers for the 16-bit tensor cores (`triton_ops.w8a16_matmul`), which
+  at 16 rows beat dequantizing for cuBLAS on every matrix but down, and there lost by 8%
+  (BENCHMARKS.md run 123; gate/up 16.1 against 46.2 µs).
+- CUDA, other calls: the plan's `many_rows`, which the tuner times at 256 rows per matrix:
+  `w8a16_matmul` (up to W8A16_MAX_ROWS rows: past them, as in a prompt, dequantizing for
+  cuBLAS is faster), FP8 tensor cores with per-token activation scales (`scaled_mm`), or the
+  matrix dequantized to x's dtype (by `triton_ops.dequantize`) for cuBLAS.
 - CPU, int8, up to INT8_KERNEL_MAX_ROWS rows (decode steps): torch's int8 weight kernel
   (`torch._weight_int8pack_mm`, AVX2/AVX-512 vectorized) on BF16 activations; its batch-1
   matmuls took 2.6-2.9x less time than FP32's at the default model's shapes on the 2-core
@@ -22,14 +28,19 @@ import functools
 import torch
 from torch import Tensor
 
-from . import int8_threads, reference
+from . import int8_threads, quantized, reference
 from .errors import KernelError
-from .linear_plan import LinearPlan
-from .quantized import QuantizedWeight, dequantize
+from .linear_plan import FEW_ROWS, LinearPlan
+from .quantized import QuantizedWeight
 
 # torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
 _INT8PACK_K_MULTIPLE = 8
 INT8_KERNEL_MAX_ROWS = 16
+# The most rows of a call sent to the 8-bit-weight matmul. At 2,048 rows (a prompt) dequantizing
+# for cuBLAS was 1.4-1.6x faster on every matrix (BENCHMARKS.md run 123: q/k/v 42.9 against
+# 67.0 µs, gate/up 230 against 329, down 108 against 155): the dequantized copy costs the
+# same at any row count, and many rows repay it.
+W8A16_MAX_ROWS = 256
 # torch._scaled_mm needs both matrix dims of the weight to be multiples of 16.
 _SCALED_MM_MULTIPLE = 16
 
@@ -60,7 +71,11 @@ def linear(
             return triton_ops.gemv(
                 x, weight.data, plan.one_row_gemv, out_dtype=out_dtype, scale=weight.scale
             )
-        if plan.many_rows == "scaled_mm" and scaled_mm_fits(weight):
+        if w8a16_fits(x) and (x.shape[0] <= FEW_ROWS or plan.many_rows == "w8a16"):
+            from . import triton_ops
+
+            out = triton_ops.w8a16_matmul(x, weight.data, weight.scale)
+        elif plan.many_rows == "scaled_mm" and scaled_mm_fits(weight):
             out = scaled_mm(x, weight)
         else:
             out = torch.nn.functional.linear(x, dequantize(weight, x.dtype))
@@ -103,6 +118,21 @@ def _unit_scales(rows: int) -> Tensor:
     once per row count, never written: a fresh tensor per call was one more torch call per
     matrix of a decode step, which costs microseconds whatever its size."""
     return torch.ones(rows, dtype=torch.bfloat16)
+
+
+def dequantize(weight: QuantizedWeight, dtype: torch.dtype) -> Tensor:
+    """`quantized.dequantize(weight, dtype)`: on CUDA by one Triton kernel at copy bandwidth
+    (torch's mixed-type multiply ran at ~0.7 TB/s there), elsewhere by the reference."""
+    if weight.data.is_cuda:
+        from . import triton_ops
+
+        return triton_ops.dequantize(weight, dtype)
+    return quantized.dequantize(weight, dtype)
+
+
+def w8a16_fits(x: Tensor) -> bool:
+    """The 8-bit-weight matmul takes x: 16-bit activations, at most W8A16_MAX_ROWS rows."""
+    return x.dtype in (torch.bfloat16, torch.float16) and x.shape[0] <= W8A16_MAX_ROWS
 
 
 def scaled_mm_fits(weight: QuantizedWeight) -> bool:

@@ -13,6 +13,7 @@ if INTERPRET:
 
 from .decode_attention import choose_num_splits, paged_decode_attention
 from .decode_metadata import decode_metadata
+from .dequantize import dequantize
 from .embedding import embedding
 from .feed_tokens import feed_tokens
 from .few_rows import few_rows_linear, tune_few_rows
@@ -27,12 +28,14 @@ from .sampling import argmax, sample
 from .swiglu import swiglu
 from .token_bitmask import apply_token_bitmask
 from .token_logprobs import token_logprobs
+from .w8a16 import w8a16_matmul
 
 __all__ = [
     "apply_token_bitmask",
     "argmax",
     "choose_num_splits",
     "decode_metadata",
+    "dequantize",
     "embedding",
     "feed_tokens",
     "few_rows_linear",
@@ -50,4 +53,5 @@ __all__ = [
     "tune_few_rows",
     "tune_gemv",
     "tuning_fingerprint",
+    "w8a16_matmul",
 ]

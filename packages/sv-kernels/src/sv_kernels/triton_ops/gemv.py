@@ -48,11 +48,13 @@ import triton.language as tl
 from .. import tuning_cache
 from ..errors import KernelError
 from ..graphs import copies_to_overflow_l2, graph_ms_per_call, sets_to_overflow_l2
-from ..linear_plan import GemvTile, LinearPlan, ManyRows, TunedLinear
-from ..quantized import LinearWeight, QuantizedWeight, dequantize
-from ..quantized_ops import scaled_mm, scaled_mm_fits
+from ..linear_plan import MANY_ROWS_PATHS, GemvTile, LinearPlan, ManyRows, TunedLinear
+from ..quantized import LinearWeight, QuantizedWeight
+from ..quantized_ops import dequantize, scaled_mm, scaled_mm_fits
 from . import few_rows
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
+from .w8a16 import TILES as W8A16_TILES
+from .w8a16 import w8a16_matmul
 
 
 @triton.jit
@@ -311,8 +313,9 @@ def tune_gemv(
     added to it. `progress` hears one line before the first shape that has to be timed (a few
     seconds in all). Weights of one shape share one result. Remembers nothing itself.
 
-    An FP8 weight is also timed at MANY_ROWS rows, FP8 tensor cores (`scaled_mm`) against
-    dequantizing for cuBLAS, for its plan's `many_rows` (kept under its own cache key).
+    A quantized weight is also timed at MANY_ROWS rows on each path of `_many_row_paths`
+    (dequantize + cuBLAS, the 8-bit-weight matmul, FP8 tensor cores), for its plan's
+    `many_rows` (kept under its own cache key).
 
     Must not run while a CUDA graph is being captured (it synchronizes and captures graphs of
     its own).
@@ -345,12 +348,12 @@ def tune_gemv(
         name = "cuBLAS" if tile is None else f"triton gemv {tile}"
         summary = f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}"
         many_rows: ManyRows = "cublas"
-        if isinstance(w, QuantizedWeight) and scaled_mm_fits(w) and _fp8_tensor_cores(w.device):
+        if isinstance(w, QuantizedWeight) and _many_row_paths(w) != ["cublas"]:
             key = f"{shape}, {MANY_ROWS} rows"
             rows = kept.get(key)
-            if rows is None or rows.choice not in (None, (1,)):
+            if rows is None or _many_rows_path(rows.choice) not in _many_row_paths(w):
                 rows = measured[key] = _time_many_rows(w)
-            many_rows = "cublas" if rows.choice is None else "scaled_mm"
+            many_rows = _many_rows_path(rows.choice)
             summary += (
                 f"; at {MANY_ROWS} rows {many_rows}: {rows.us:.1f} us "
                 f"(dequantize + cuBLAS {rows.cublas_us:.1f} us)"
@@ -405,16 +408,41 @@ def _gemv_call(x: torch.Tensor, w: LinearWeight, config: GemvTile) -> torch.Tens
     return gemv(x, w, config)
 
 
+def _many_row_paths(w: QuantizedWeight) -> list[ManyRows]:
+    """The paths `ops.linear` can take for w at more than one row on its device."""
+    paths: list[ManyRows] = ["cublas"]
+    if scaled_mm_fits(w) and _fp8_tensor_cores(w.device):
+        paths.append("scaled_mm")
+    if w.dtype in (torch.bfloat16, torch.float16):
+        paths.append("w8a16")
+    return paths
+
+
+def _many_rows_path(choice: tuple[int, ...] | None) -> ManyRows:
+    """A kept choice as a path: None is cuBLAS, (i,) the i-th of MANY_ROWS_PATHS (an index
+    past the list, from a hand-edited file, reads as cuBLAS and is timed again)."""
+    if choice is None or len(choice) != 1 or not 0 < choice[0] < len(MANY_ROWS_PATHS):
+        return "cublas"
+    return MANY_ROWS_PATHS[choice[0]]
+
+
 def _time_many_rows(w: QuantizedWeight) -> tuning_cache.TunedShape:
-    """FP8 tensor cores against dequantize + cuBLAS at MANY_ROWS rows: choice (1,) when
-    `scaled_mm` wins, None when cuBLAS does."""
+    """Every path of `_many_row_paths(w)` at MANY_ROWS rows: the fastest path's index in
+    MANY_ROWS_PATHS as the choice, None when dequantize + cuBLAS wins."""
     copies = _quantized_copies(w)
     x = torch.randn(MANY_ROWS, w.shape[1], dtype=w.dtype, device=w.device)
-    calls = [functools.partial(_one_row_cublas, x, c) for c in copies]
-    cublas = graph_ms_per_call(calls, _TUNE_CALLS)
-    fp8 = graph_ms_per_call([functools.partial(scaled_mm, x, c) for c in copies], _TUNE_CALLS)
-    choice = (1,) if fp8 < cublas else None
-    return tuning_cache.TunedShape(choice, min(fp8, cublas) * 1e3, cublas * 1e3)
+    runs: dict[ManyRows, Callable[[torch.Tensor, QuantizedWeight], torch.Tensor]] = {
+        "cublas": _one_row_cublas,
+        "scaled_mm": scaled_mm,
+        "w8a16": lambda x, c: w8a16_matmul(x, c.data, c.scale),
+    }
+    times = {
+        path: graph_ms_per_call([functools.partial(runs[path], x, c) for c in copies], _TUNE_CALLS)
+        for path in _many_row_paths(w)
+    }
+    best = min(times, key=lambda path: times[path])
+    choice = None if best == "cublas" else (MANY_ROWS_PATHS.index(best),)
+    return tuning_cache.TunedShape(choice, times[best] * 1e3, times["cublas"] * 1e3)
 
 
 def tuning_fingerprint(device: torch.device) -> str:
@@ -422,7 +450,7 @@ def tuning_fingerprint(device: torch.device) -> str:
     and these candidate lists (their hash; the few-row tiles' too, kept in the same file)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
-    lists = (CONFIGS, QUANTIZED_CONFIGS, few_rows.CONFIGS)
+    lists = (CONFIGS, QUANTIZED_CONFIGS, few_rows.CONFIGS, MANY_ROWS_PATHS, W8A16_TILES)
     configs = hashlib.sha256(repr(lists).encode()).hexdigest()[:8]
     return (
         f"{torch.cuda.get_device_name(index)} (sm {major}.{minor}), torch {torch.__version__}, "
