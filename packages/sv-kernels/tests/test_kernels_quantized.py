@@ -17,7 +17,7 @@ import pytest
 import torch
 from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randn
 from sv_kernels import KernelError, ops, quantized, quantized_ops, reference, triton_ops
-from sv_kernels.linear_plan import LinearPlan
+from sv_kernels.linear_plan import FEW_ROWS, LinearPlan
 from sv_kernels.quantized import (
     FP8_SCALE_STEPS,
     QuantizedWeight,
@@ -287,6 +287,23 @@ def test_w8a16_plan_takes_decode_batches_and_leaves_prompts_to_cublas(
     )
     dequantized = torch.nn.functional.linear(x, dequantize(w, x.dtype))
     assert torch.equal(ops.linear(x, w, plan=plan), dequantized)
+
+
+@gpu_test
+@pytest.mark.parametrize("kind", KINDS)
+def test_few_rows_take_w8a16_unless_the_plan_chose_fp8_tensor_cores(
+    gen: torch.Generator, kind: QuantKind
+) -> None:
+    w = quantize(randn(gen, 3072, 2048, dtype=torch.bfloat16, scale=0.02), kind)
+    x = randn(gen, FEW_ROWS, 2048, dtype=torch.bfloat16)
+    w8a16 = triton_ops.w8a16_matmul(x, w.data, w.scale)
+    assert torch.equal(ops.linear(x, w, plan=LinearPlan(many_rows="cublas")), w8a16)
+    if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
+        out = ops.linear(x, w, plan=LinearPlan(many_rows="scaled_mm"))
+        assert torch.equal(out, quantized_ops.scaled_mm(x, w))
+    more = randn(gen, FEW_ROWS + 1, 2048, dtype=torch.bfloat16)
+    dequantized = torch.nn.functional.linear(more, dequantize(w, more.dtype))
+    assert torch.equal(ops.linear(more, w, plan=LinearPlan(many_rows="cublas")), dequantized)
 
 
 @gpu_test

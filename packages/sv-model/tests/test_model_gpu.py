@@ -509,8 +509,10 @@ def test_quantized_teacher_forced_logits_1b(
     if tuned:  # the tuned plans: Triton GEMV at one row, FP8 tensor cores where they win
         runner.warmup()
     rng = random.Random(1)
-    # Each sequence its own step: the one-token one runs every matrix at one row (the GEMV).
-    seqs = [[rng.randint(0, 127999) for _ in range(n)] for n in (300, 1)]
+    # Each sequence its own step, so each runs every matrix at its own row count: one row the
+    # GEMV, 12 rows the 8-bit-weight matmul, 100 the plan's many-row path, 300 (a prompt)
+    # dequantize + cuBLAS.
+    seqs = [[rng.randint(0, 127999) for _ in range(n)] for n in (300, 1, 12, 100)]
     got, wanted = [], []
     for row, s in enumerate(seqs):
         runner.set_block_tables([(row, list(range(20 * row, 20 * row + 19)))])

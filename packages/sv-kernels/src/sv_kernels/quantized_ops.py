@@ -3,9 +3,8 @@
 - CUDA, one row, a plan with a GEMV tile: the Triton GEMV reads the 8-bit values, converts
   them in registers and applies the row scales to its FP32 sums (half BF16's bytes).
 - CUDA, up to FEW_ROWS rows otherwise (a verify step, a small decode batch): the 1-byte
-  weights widened in registers for the 16-bit tensor cores (`triton_ops.w8a16_matmul`), which
-  at 16 rows beat dequantizing for cuBLAS on every matrix but down, and there lost by 8%
-  (BENCHMARKS.md run 123; gate/up 16.1 against 46.2 µs).
+  weights widened in registers for the 16-bit tensor cores (`triton_ops.w8a16_matmul`), unless
+  the plan chose FP8 tensor cores (see `few_rows_w8a16`).
 - CUDA, other calls: the plan's `many_rows`, which the tuner times at 256 rows per matrix:
   `w8a16_matmul` (up to W8A16_MAX_ROWS rows: past them, as in a prompt, dequantizing for
   cuBLAS is faster), FP8 tensor cores with per-token activation scales (`scaled_mm`), or the
@@ -71,7 +70,7 @@ def linear(
             return triton_ops.gemv(
                 x, weight.data, plan.one_row_gemv, out_dtype=out_dtype, scale=weight.scale
             )
-        if w8a16_fits(x) and (x.shape[0] <= FEW_ROWS or plan.many_rows == "w8a16"):
+        if w8a16_fits(x) and (plan.many_rows == "w8a16" or few_rows_w8a16(x, plan)):
             from . import triton_ops
 
             out = triton_ops.w8a16_matmul(x, weight.data, weight.scale)
@@ -128,6 +127,15 @@ def dequantize(weight: QuantizedWeight, dtype: torch.dtype) -> Tensor:
 
         return triton_ops.dequantize(weight, dtype)
     return quantized.dequantize(weight, dtype)
+
+
+def few_rows_w8a16(x: Tensor, plan: LinearPlan) -> bool:
+    """A call of up to FEW_ROWS rows takes the 8-bit-weight matmul unless the tuner chose the
+    FP8 tensor cores for the weight. Measured at 16 rows (BENCHMARKS.md run 124), µs for a
+    layer's four matrices: int8 56.9 against 90.6 dequantized for cuBLAS (gate/up 16.0
+    against 46.4; down alone lost, 24.5 against 22.7); fp8 69.0 against `scaled_mm`'s 64.2
+    (q/k/v and o won, gate/up and down lost)."""
+    return x.shape[0] <= FEW_ROWS and plan.many_rows != "scaled_mm"
 
 
 def w8a16_fits(x: Tensor) -> bool:

@@ -78,14 +78,17 @@ def _w8a16_kernel(
 
 
 # (most rows, tile): the launch shape of a call, by its row count (the first entry that holds
-# it). From sweeps over Llama 3.2 1B's matrices, int8 weights, on the H200 (BENCHMARKS.md run
-# 123; run 124 for 64 rows), µs against dequantize + cuBLAS and BF16's own cuBLAS:
-# - 16 rows: q/k/v 8.1 (11.4, BF16 7.0), gate/up 16.1 (46.2, 19.2), down 24.4 (22.6, 13.8);
-# - 256 rows: gate/up 41.4 (55.9, 26.5); q/k/v and down ran faster dequantized (13.1 against
-#   16.4, 33.4 against 55), and the tuner picks per matrix.
+# it). From sweeps over Llama 3.2 1B's matrices, int8 weights, on the H200 (BENCHMARKS.md runs
+# 123-124), µs against dequantize + cuBLAS and BF16's own cuBLAS:
+# - 16 rows: q/k/v 8.4 (11.4, BF16 6.9), o 8.0 (10.1, 6.6), gate/up 16.0 (46.4, 18.7), down
+#   24.5 (22.7, 14.2), LM head 80.5 (339, 127);
+# - 64 rows: q/k/v 14.8 (11.8, 7.1), gate/up 19.4 (47.2, 19.7), down 47.0 (23.9, 14.8);
+# - 256 rows: gate/up 41.4 (55.9, 26.5); q/k/v and down at their best tiles 16.4 (13.1, 8.3)
+#   and 56.5 (33.4, 18.8).
+# Where dequantizing wins at 64 and 256 rows, the tuner's plan keeps the weight off this kernel.
 TILES: tuple[tuple[int, W8A16Tile], ...] = (
     (16, (16, 64, 128, 8, 4)),
-    (64, (64, 128, 64, 8, 3)),
+    (64, (64, 64, 128, 4, 3)),
     (W8A16_MAX_ROWS, (128, 128, 64, 4, 3)),
 )
 
