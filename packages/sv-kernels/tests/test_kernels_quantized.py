@@ -17,7 +17,7 @@ import pytest
 import torch
 from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randn
 from sv_kernels import KernelError, ops, quantized, quantized_ops, reference, triton_ops
-from sv_kernels.linear_plan import FEW_ROWS, LinearPlan
+from sv_kernels.linear_plan import FEW_ROWS, LinearPlan, ManyRows
 from sv_kernels.quantized import (
     FP8_SCALE_STEPS,
     QuantizedWeight,
@@ -275,35 +275,32 @@ def test_ops_linear_many_rows_on_the_gpu(
 
 @gpu_test
 @pytest.mark.parametrize("kind", KINDS)
-def test_w8a16_plan_takes_decode_batches_and_leaves_prompts_to_cublas(
+def test_quantized_calls_take_their_path_by_rows_and_plan(
     gen: torch.Generator, kind: QuantKind
 ) -> None:
+    """A plan of scaled_mm: scaled_mm for every call. Otherwise up to FEW_ROWS rows w8a16, up
+    to W8A16_MAX_ROWS the plan's path, past that dequantize + cuBLAS. Each call's output must
+    be bit for bit the expected path's own."""
     w = quantize(randn(gen, 3072, 2048, dtype=torch.bfloat16, scale=0.02), kind)
-    plan = LinearPlan(many_rows="w8a16")
-    most = quantized_ops.W8A16_MAX_ROWS
-    x = randn(gen, most + 1, 2048, dtype=torch.bfloat16)
-    assert torch.equal(
-        ops.linear(x[:most], w, plan=plan), triton_ops.w8a16_matmul(x[:most], w.data, w.scale)
-    )
-    dequantized = torch.nn.functional.linear(x, dequantize(w, x.dtype))
-    assert torch.equal(ops.linear(x, w, plan=plan), dequantized)
-
-
-@gpu_test
-@pytest.mark.parametrize("kind", KINDS)
-def test_few_rows_take_w8a16_unless_the_plan_chose_fp8_tensor_cores(
-    gen: torch.Generator, kind: QuantKind
-) -> None:
-    w = quantize(randn(gen, 3072, 2048, dtype=torch.bfloat16, scale=0.02), kind)
-    x = randn(gen, FEW_ROWS, 2048, dtype=torch.bfloat16)
-    w8a16 = triton_ops.w8a16_matmul(x, w.data, w.scale)
-    assert torch.equal(ops.linear(x, w, plan=LinearPlan(many_rows="cublas")), w8a16)
+    x = randn(gen, quantized_ops.W8A16_MAX_ROWS + 1, 2048, dtype=torch.bfloat16)
+    paths = {
+        "w8a16": lambda x: triton_ops.w8a16_matmul(x, w.data, w.scale),
+        "scaled_mm": lambda x: quantized_ops.scaled_mm(x, w),
+        "cublas": lambda x: torch.nn.functional.linear(x, dequantize(w, x.dtype)),
+    }
+    plans: list[ManyRows] = ["cublas", "w8a16"]
     if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
-        out = ops.linear(x, w, plan=LinearPlan(many_rows="scaled_mm"))
-        assert torch.equal(out, quantized_ops.scaled_mm(x, w))
-    more = randn(gen, FEW_ROWS + 1, 2048, dtype=torch.bfloat16)
-    dequantized = torch.nn.functional.linear(more, dequantize(w, more.dtype))
-    assert torch.equal(ops.linear(more, w, plan=LinearPlan(many_rows="cublas")), dequantized)
+        plans.append("scaled_mm")
+    for plan in plans:
+        for rows in (FEW_ROWS, FEW_ROWS + 1, quantized_ops.W8A16_MAX_ROWS, len(x)):
+            if plan == "scaled_mm":  # FP8 tensor cores, where chosen, take every call
+                path = "scaled_mm"
+            elif rows <= FEW_ROWS:
+                path = "w8a16"
+            else:
+                path = plan if rows <= quantized_ops.W8A16_MAX_ROWS else "cublas"
+            out = ops.linear(x[:rows], w, plan=LinearPlan(many_rows=plan))
+            assert torch.equal(out, paths[path](x[:rows])), f"plan {plan}, {rows} rows"
 
 
 @gpu_test
