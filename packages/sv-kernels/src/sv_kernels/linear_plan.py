@@ -25,7 +25,8 @@ FewRowsTile = tuple[int, int, int, int, int]
 # height, and the rows of a verify step of a 15-token draft, the most the decode graphs verify.
 FEW_ROWS = 16
 
-# How a quantized weight is multiplied by more than one row on CUDA: "cublas" dequantizes it to
+# How a quantized weight is multiplied by more than one row on CUDA (`quantized_ops` says at
+# which row counts a fixed path runs instead): "cublas" dequantizes it to
 # the activations' dtype and calls cuBLAS; "scaled_mm" (FP8 only) quantizes the activations per
 # token to FP8 and multiplies on the FP8 tensor cores (`torch._scaled_mm`), reading the 1-byte
 # weights as they are; "w8a16" reads the 1-byte weights and widens them in registers for the

@@ -3,8 +3,8 @@
 """A quantized weight's matrix, data * scale per row, in a 16- or 32-bit type: the values of
 `quantized.dequantize` (each product in FP32, rounded once), in one pass at copy bandwidth.
 
-A quantized weight met by more rows than the 8-bit-weight matmul takes (a prompt) is
-dequantized for cuBLAS on every call. torch's elementwise multiply of int8 or FP8 data by FP32
+A quantized weight met by more rows than the 8-bit-weight matmul takes (a prompt), or whose
+plan chose cuBLAS, is dequantized for cuBLAS on every call. torch's elementwise multiply of int8 or FP8 data by FP32
 scales into a 16-bit output ran at ~0.7 TB/s on the H200 (BENCHMARKS.md run 121), several times
 slower than the copy its 3 bytes per weight need. Program (r, c) here converts a tile of
 BLOCK_R rows by BLOCK_C columns, each row's scale loaded once.
