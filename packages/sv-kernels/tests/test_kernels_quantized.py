@@ -89,6 +89,16 @@ def test_dequantize_kernel_rounds_each_fp32_product_once(
     assert torch.equal(got, exact.to(torch.float32).to(dtype))
 
 
+def test_dequantize_kernel_reads_strided_data_and_scales(gen: torch.Generator) -> None:
+    q = quantize(randn(gen, 12, 300, dtype=torch.float32), "int8")
+    data = torch.zeros(12, 400, dtype=torch.int8, device=q.data.device)
+    data[:, 50:350] = q.data
+    scale = torch.zeros(24, device=q.scale.device)
+    scale[::2] = q.scale
+    strided = QuantizedWeight(data[:, 50:350], scale[::2], q.kind, q.dtype)
+    assert torch.equal(triton_ops.dequantize(strided), dequantize(q))
+
+
 def test_fp8_scale_is_the_least_error_candidate(gen: torch.Generator) -> None:
     cpu = torch.Generator().manual_seed(gen.initial_seed())
     w = randn(cpu, 64, 256, dtype=torch.float32)

@@ -96,6 +96,20 @@ def test_w8a16_every_int8_value_converts_exactly(gen: torch.Generator) -> None:
     assert torch.equal(out, expected.to(out.device))
 
 
+def test_w8a16_reads_strided_operands(gen: torch.Generator) -> None:
+    data, scale = weights(gen, "int8", 40, 96)
+    wide = randn(gen, 5, 200, dtype=torch.bfloat16)
+    x = wide[:, 50:146]  # rows 200 apart
+    xt = randn(gen, 96, 5, dtype=torch.bfloat16).t()  # columns not contiguous
+    spread = torch.zeros(80, device=DEVICE)
+    spread[::2] = scale  # a scale vector of stride 2
+    for xs in (x, xt):
+        assert_rounded_once(w8a16_matmul(xs, data, spread[::2]), xs, data, scale)
+    bytes_wide = torch.zeros(40, 150, dtype=torch.int8, device=DEVICE)
+    bytes_wide[:, 10:106] = data
+    assert_rounded_once(w8a16_matmul(x, bytes_wide[:, 10:106], scale), x, data, scale)
+
+
 def test_w8a16_rejects_what_it_cannot_multiply() -> None:
     x = torch.zeros(2, 64, dtype=torch.bfloat16, device=DEVICE)
     data = torch.zeros(8, 64, dtype=torch.int8, device=DEVICE)

@@ -57,7 +57,7 @@ def dequantize(weight: QuantizedWeight, dtype: torch.dtype | None = None) -> tor
     pdl = use_pdl(data.device)
     _dequantize_kernel[(cdiv(n, _BLOCK_R), cdiv(k, _BLOCK_C))](
         data,
-        weight.scale,
+        weight.scale.contiguous(),
         out,
         n,
         k,

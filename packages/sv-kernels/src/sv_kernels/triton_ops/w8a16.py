@@ -122,6 +122,7 @@ def w8a16_matmul(
         x = x.contiguous()
     if data.stride(-1) != 1:
         data = data.contiguous()
+    scale = scale.contiguous()
     rows, n, k = x.shape[0], data.shape[0], data.shape[1]
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows == 0:
