@@ -1,9 +1,10 @@
 """Launch shapes of the 8-bit-weight matmul (`triton_ops.w8a16_matmul`), on the GPU.
 
 For each of Llama 3.2 1B's matrices (q/k/v, o, gate/up, down, the LM head) and each row count,
-times every tile below for int8 and FP8 weights beside what a quantized weight ran without it:
-the weight dequantized to BF16 (`triton_ops.dequantize`) for cuBLAS, and for FP8 the FP8 tensor cores (`scaled_mm`); and
-BF16's own cuBLAS on an unquantized weight of the shape, the figure to beat. Each is a replayed
+times every tile below for int8 and FP8 weights beside what a quantized weight runs without it:
+the weight dequantized to BF16 (`triton_ops.dequantize`) for cuBLAS, and for FP8 the FP8
+tensor cores (`scaled_mm`); and BF16's own cuBLAS on an unquantized weight of the shape, the
+figure to beat. Each is a replayed
 CUDA graph over weight copies that overflow L2 (as a decode step reads its weights: from DRAM).
 Prints per (matrix, rows) the best tiles and the others' times; what `default_tile` should be
 is read off here.
@@ -74,10 +75,7 @@ def main() -> None:
         plain = graphs.copies_to_overflow_l2(bf16)
         for kind in args.kinds.split(","):
             q = quantize(bf16, kind)  # type: ignore[arg-type]
-            copies = [q] + [
-                QuantizedWeight(q.data.clone(), q.scale.clone(), q.kind, q.dtype)
-                for _ in range(graphs.sets_to_overflow_l2(q.data.nbytes, q.device) - 1)
-            ]
+            copies = graphs.copies_to_overflow_l2(q)
             for rows in args.rows:
                 if name == "lm_head" and rows > 256:  # a prompt's LM head runs on its last row
                     continue

@@ -6,6 +6,7 @@ import pytest
 import torch
 from kernels_testing import gpu_test
 from sv_kernels import graphs
+from sv_kernels.quantized import QuantizedWeight
 
 
 def test_l2_bytes_off_the_gpu_is_the_default() -> None:
@@ -32,6 +33,20 @@ def test_copies_to_overflow_l2_are_distinct_clones() -> None:
     assert len(copies) == 5 and copies[0] is t
     assert len({c.data_ptr() for c in copies}) == 5
     assert all(torch.equal(c, t) for c in copies)
+
+
+def test_copies_to_overflow_l2_of_a_quantized_weight_clone_data_and_scales() -> None:
+    """Counted by the data's bytes: 12 MiB of int8 values, ceil(120 / 12) = 10 sets."""
+    w = QuantizedWeight(
+        torch.ones(3 * 2**10, 2**12, dtype=torch.int8), torch.rand(3 * 2**10), "int8", torch.float32
+    )
+    copies = graphs.copies_to_overflow_l2(w)
+    assert len(copies) == 10 and copies[0] is w
+    assert (
+        len({c.data.data_ptr() for c in copies}) == len({c.scale.data_ptr() for c in copies}) == 10
+    )
+    assert all(torch.equal(c.data, w.data) and torch.equal(c.scale, w.scale) for c in copies)
+    assert all((c.kind, c.dtype) == ("int8", torch.float32) for c in copies)
 
 
 @gpu_test

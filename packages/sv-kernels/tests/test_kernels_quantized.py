@@ -436,7 +436,7 @@ def test_tuner_times_the_quantized_tiles_for_quantized_weights(
         return 10.0 if tile is None else fake_ms[tile]
 
     monkeypatch.setattr(GEMV_MODULE, "graph_ms_per_call", fake_graph_ms)
-    monkeypatch.setattr(GEMV_MODULE, "sets_to_overflow_l2", lambda nbytes, device: 1)
+    monkeypatch.setattr(GEMV_MODULE, "copies_to_overflow_l2", lambda w: [w])
     monkeypatch.setattr(GEMV_MODULE, "tuning_fingerprint", lambda device: "test GPU")
     monkeypatch.setattr(GEMV_MODULE, "_fp8_tensor_cores", lambda device: False)
     cpu = torch.Generator().manual_seed(gen.initial_seed())

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar, overload
 
 import torch
+
+from .quantized import LinearWeight, QuantizedWeight
 
 T = TypeVar("T")
 
@@ -46,11 +49,26 @@ def sets_to_overflow_l2(nbytes: int, device: torch.device, most: int = 16) -> in
     return max(1, min(most, math.ceil(2 * l2_bytes(device) / max(nbytes, 1))))
 
 
-def copies_to_overflow_l2(t: torch.Tensor) -> list[torch.Tensor]:
-    """t and enough clones of it (`sets_to_overflow_l2`) that an op timed over them in turn
-    reads them from DRAM, as the engine's ops read their weights."""
-    count = sets_to_overflow_l2(t.numel() * t.element_size(), t.device)
-    return [t, *(t.clone() for _ in range(count - 1))]
+@overload
+def copies_to_overflow_l2(w: torch.Tensor) -> list[torch.Tensor]: ...
+@overload
+def copies_to_overflow_l2(w: QuantizedWeight) -> list[QuantizedWeight]: ...
+@overload
+def copies_to_overflow_l2(w: LinearWeight) -> list[LinearWeight]: ...
+
+
+def copies_to_overflow_l2(w: LinearWeight) -> Sequence[LinearWeight]:
+    """w and enough clones of it (`sets_to_overflow_l2`) that an op timed over them in turn
+    reads them from DRAM, as the engine's ops read their weights. A quantized weight's clones
+    copy its data and scales; their count is set by its data's bytes."""
+    if isinstance(w, QuantizedWeight):
+        count = sets_to_overflow_l2(w.data.nbytes, w.device)
+        return [
+            w,
+            *(replace(w, data=w.data.clone(), scale=w.scale.clone()) for _ in range(count - 1)),
+        ]
+    count = sets_to_overflow_l2(w.numel() * w.element_size(), w.device)
+    return [w, *(w.clone() for _ in range(count - 1))]
 
 
 def capture(

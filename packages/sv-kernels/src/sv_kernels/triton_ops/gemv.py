@@ -47,7 +47,7 @@ import triton.language as tl
 
 from .. import tuning_cache
 from ..errors import KernelError
-from ..graphs import copies_to_overflow_l2, graph_ms_per_call, sets_to_overflow_l2
+from ..graphs import copies_to_overflow_l2, graph_ms_per_call
 from ..linear_plan import MANY_ROWS_PATHS, GemvTile, LinearPlan, ManyRows, TunedLinear
 from ..quantized import LinearWeight, QuantizedWeight
 from ..quantized_ops import dequantize, scaled_mm, scaled_mm_fits
@@ -381,21 +381,6 @@ def _fp8_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
-def _copies(w: LinearWeight) -> list[LinearWeight]:
-    """w and enough clones of it to overflow L2 (see `sets_to_overflow_l2`)."""
-    if isinstance(w, QuantizedWeight):
-        return list(_quantized_copies(w))
-    return list(copies_to_overflow_l2(w))
-
-
-def _quantized_copies(w: QuantizedWeight) -> list[QuantizedWeight]:
-    count = sets_to_overflow_l2(w.data.nbytes, w.device)
-    clones = [
-        QuantizedWeight(w.data.clone(), w.scale.clone(), w.kind, w.dtype) for _ in range(count - 1)
-    ]
-    return [w, *clones]
-
-
 def _one_row_cublas(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
     if isinstance(w, QuantizedWeight):
         return torch.nn.functional.linear(x, dequantize(w, x.dtype))
@@ -429,7 +414,7 @@ def _many_rows_path(choice: tuple[int, ...] | None) -> ManyRows:
 def _time_many_rows(w: QuantizedWeight) -> tuning_cache.TunedShape:
     """Every path of `_many_row_paths(w)` at MANY_ROWS rows: the fastest path's index in
     MANY_ROWS_PATHS as the choice, None when dequantize + cuBLAS wins."""
-    copies = _quantized_copies(w)
+    copies = copies_to_overflow_l2(w)
     x = torch.randn(MANY_ROWS, w.shape[1], dtype=w.dtype, device=w.device)
     runs: dict[ManyRows, Callable[[torch.Tensor, QuantizedWeight], torch.Tensor]] = {
         "cublas": _one_row_cublas,
@@ -479,7 +464,7 @@ def time_tiles(w: LinearWeight) -> GemvTimes:
     """Time cuBLAS and every candidate tile of `candidates(w)` on weight w, as the tuner does:
     graph replays over enough copies of w to overflow L2. Must not run while a CUDA graph is
     being captured."""
-    copies = _copies(w)
+    copies = copies_to_overflow_l2(w)
     x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
     calls = [functools.partial(_one_row_cublas, x, c) for c in copies]
     cublas = graph_ms_per_call(calls, _TUNE_CALLS)
