@@ -146,11 +146,12 @@ def dequantize(weight: QuantizedWeight, dtype: torch.dtype | None = None) -> Ten
     each product in FP32, rounded once to `dtype`.
 
     One elementwise pass writes the result: `torch.mul` into an output of `dtype` computes in
-    FP32 and rounds on the store. Widening the data to FP32 first, multiplying, then narrowing
-    (three passes, ~19 bytes of traffic per weight instead of 3) made int8's 256-row decode
-    step on the GPU, which dequantizes every matrix per call, 11.6 ms against BF16's 2.5
-    (BENCHMARKS.md run 120). torch does not promote FP8 with other types, so FP8 data is
-    widened to BF16 first: exact, as every e4m3 value is a BF16 value."""
+    FP32 and rounds on the store, where widening to FP32, multiplying and narrowing took three
+    passes (~19 bytes of traffic per weight instead of 3). On CUDA, `quantized_ops.dequantize`
+    runs `triton_ops.dequantize` instead, the same values at copy bandwidth (torch's
+    mixed-type multiply ran at ~0.7 TB/s there, BENCHMARKS.md run 121). torch does not
+    promote FP8 with other types, so FP8 data is widened to BF16 first: exact, as every e4m3
+    value is a BF16 value."""
     data = weight.data
     if data.dtype == torch.float8_e4m3fn:
         data = data.to(torch.bfloat16)
