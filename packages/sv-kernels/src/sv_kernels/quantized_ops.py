@@ -40,6 +40,8 @@ INT8_KERNEL_MAX_ROWS = 16
 # 67.0 µs, gate/up 230 against 329, down 108 against 155): the dequantized copy costs the
 # same at any row count, and many rows repay it.
 W8A16_MAX_ROWS = 256
+# The activation types the 8-bit-weight matmul multiplies in (its tensor cores' 16-bit inputs).
+W8A16_DTYPES = (torch.bfloat16, torch.float16)
 # torch._scaled_mm needs both matrix dims of the weight to be multiples of 16.
 _SCALED_MM_MULTIPLE = 16
 
@@ -140,7 +142,7 @@ def few_rows_w8a16(x: Tensor, plan: LinearPlan) -> bool:
 
 def w8a16_fits(x: Tensor) -> bool:
     """The 8-bit-weight matmul takes x: 16-bit activations, at most W8A16_MAX_ROWS rows."""
-    return x.dtype in (torch.bfloat16, torch.float16) and x.shape[0] <= W8A16_MAX_ROWS
+    return x.dtype in W8A16_DTYPES and x.shape[0] <= W8A16_MAX_ROWS
 
 
 def scaled_mm_fits(weight: QuantizedWeight) -> bool:

@@ -50,7 +50,7 @@ from ..errors import KernelError
 from ..graphs import copies_to_overflow_l2, graph_ms_per_call
 from ..linear_plan import MANY_ROWS_PATHS, GemvTile, LinearPlan, ManyRows, TunedLinear
 from ..quantized import LinearWeight, QuantizedWeight
-from ..quantized_ops import dequantize, scaled_mm, scaled_mm_fits
+from ..quantized_ops import W8A16_DTYPES, dequantize, scaled_mm, scaled_mm_fits
 from . import few_rows
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
 from .w8a16 import TILES as W8A16_TILES
@@ -398,7 +398,7 @@ def _many_row_paths(w: QuantizedWeight) -> list[ManyRows]:
     paths: list[ManyRows] = ["cublas"]
     if scaled_mm_fits(w) and _fp8_tensor_cores(w.device):
         paths.append("scaled_mm")
-    if w.dtype in (torch.bfloat16, torch.float16):
+    if w.dtype in W8A16_DTYPES:  # the dtype of the activations it will meet
         paths.append("w8a16")
     return paths
 
