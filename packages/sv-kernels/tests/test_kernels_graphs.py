@@ -95,7 +95,15 @@ def test_graph_ms_per_call_scales_with_the_work() -> None:
 
 
 @gpu_test
-def test_graph_ms_per_call_raises_for_uncapturable_work() -> None:
+def test_graph_ms_per_call_raises_for_uncapturable_work_and_leaves_the_rng_usable() -> None:
+    """A failed capture must not leave torch's CUDA generator registered with it: random
+    numbers, and captures that draw them, still work afterwards, with the same seed."""
     x = torch.ones(8, device="cuda")
+    torch.cuda.manual_seed(1234)
     with pytest.raises(Exception):  # noqa: B017 - torch raises a plain RuntimeError subclass
         graphs.graph_ms_per_call([lambda: x.sum().item()])
+    assert torch.isfinite(torch.randn(4, device="cuda")).all()
+    assert torch.cuda.initial_seed() == 1234
+    graph, out = graphs.capture(lambda: torch.randn(4, device="cuda"))
+    graph.replay()
+    assert out.shape == (4,) and torch.isfinite(out).all()

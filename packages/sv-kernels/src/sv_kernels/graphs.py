@@ -9,7 +9,12 @@ graphs, the GEMV tuner, the kernel benchmark):
   kernels, cuBLAS sets up its workspaces and the caching allocator grows, none of which may
   happen inside a capture;
 - capture on torch's capture stream (`torch.cuda.graph`), optionally into a memory pool shared
-  with earlier graphs (graphs that never run at the same time can share their scratch).
+  with earlier graphs (graphs that never run at the same time can share their scratch);
+- when a capture fails (work that cannot be captured, a host sync inside), leave the device's
+  random number generator as it was: torch registers it for the capture and never releases it
+  from a capture that ends in an error, so every later `torch.randn` on that GPU raised
+  "Offset increment outside graph capture" (BENCHMARKS.md run 126), and so did the benchmark
+  rows and tests that ran after a failed capture.
 
 Timing a small op the way the engine runs it means replaying a graph of many calls of it over
 inputs that together overflow L2 (`graph_ms_per_call`): timing one eager call measures Python's
@@ -87,8 +92,14 @@ def capture(
             run()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = run()
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            out = run()
+    except BaseException:
+        # A fresh copy of the generator's seed and offset, not registered with any capture.
+        generator.graphsafe_set_state(generator.clone_state())
+        raise
     return graph, out
 
 
