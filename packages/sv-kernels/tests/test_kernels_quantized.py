@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import re
+from pathlib import Path
 
 import pytest
 import torch
 from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randn
-from sv_kernels import KernelError, ops, quantized, quantized_ops, reference, triton_ops
-from sv_kernels.linear_plan import FEW_ROWS, LinearPlan, ManyRows
+from sv_kernels import (
+    KernelError,
+    ops,
+    quantized,
+    quantized_ops,
+    reference,
+    triton_ops,
+    tuning_cache,
+)
+from sv_kernels.linear_plan import FEW_ROWS, LinearPlan, QuantizedPath
 from sv_kernels.quantized import (
     FP8_SCALE_STEPS,
     QuantizedWeight,
@@ -26,6 +36,7 @@ from sv_kernels.quantized import (
     quantize,
 )
 from sv_kernels.triton_ops.gemv import CONFIGS, QUANTIZED_CONFIGS
+from sv_kernels.tuning_cache import TuningCache
 
 KINDS: tuple[QuantKind, ...] = ("fp8", "int8")
 
@@ -277,9 +288,9 @@ def test_ops_linear_many_rows_on_the_gpu(
     w = quantize(randn(gen, n, k, dtype=torch.bfloat16, scale=0.02), kind)
     assert_matches_dequantized(ops.linear(x, w), x, w, 1e-2, f"{kind} dequantize + cuBLAS")
     if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
-        out = ops.linear(x, w, plan=LinearPlan(many_rows="scaled_mm"))
+        out = ops.linear(x, w, plan=LinearPlan(quantized_many_rows="scaled_mm"))
         assert_matches_dequantized(out, x, w, 4e-2, "fp8 scaled_mm")
-    out = ops.linear(x, w, plan=LinearPlan(many_rows="w8a16"))
+    out = ops.linear(x, w, plan=LinearPlan(quantized_many_rows="w8a16"))
     assert_matches_dequantized(out, x, w, 1e-2, f"{kind} w8a16")
 
 
@@ -288,9 +299,10 @@ def test_ops_linear_many_rows_on_the_gpu(
 def test_quantized_calls_take_their_path_by_rows_and_plan(
     gen: torch.Generator, kind: QuantKind
 ) -> None:
-    """A plan of scaled_mm: scaled_mm for every call. Otherwise up to FEW_ROWS rows w8a16, up
-    to W8A16_MAX_ROWS the plan's path, past that dequantize + cuBLAS. Each call's output must
-    be bit for bit the expected path's own."""
+    """Up to FEW_ROWS rows (one row too, with no GEMV tile) the plan's few-row path, above
+    that its many-row path, except that w8a16 gives way to dequantize + cuBLAS past
+    W8A16_MAX_ROWS. Each call's output must be bit for bit the expected path's own, for every
+    pair of paths."""
     w = quantize(randn(gen, 3072, 2048, dtype=torch.bfloat16, scale=0.02), kind)
     x = randn(gen, quantized_ops.W8A16_MAX_ROWS + 1, 2048, dtype=torch.bfloat16)
     paths = {
@@ -298,18 +310,16 @@ def test_quantized_calls_take_their_path_by_rows_and_plan(
         "scaled_mm": lambda x: quantized_ops.scaled_mm(x, w),
         "cublas": lambda x: torch.nn.functional.linear(x, dequantize(w, x.dtype)),
     }
-    plans: list[ManyRows] = ["cublas", "w8a16"]
+    names: list[QuantizedPath] = ["cublas", "w8a16"]
     if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
-        plans.append("scaled_mm")
-    for plan in plans:
-        for rows in (FEW_ROWS, FEW_ROWS + 1, quantized_ops.W8A16_MAX_ROWS, len(x)):
-            if plan == "scaled_mm":  # FP8 tensor cores, where chosen, take every call
-                path = "scaled_mm"
-            elif rows <= FEW_ROWS:
-                path = "w8a16"
-            else:
-                path = plan if rows <= quantized_ops.W8A16_MAX_ROWS else "cublas"
-            out = ops.linear(x[:rows], w, plan=LinearPlan(many_rows=plan))
+        names.append("scaled_mm")
+    for few, many in itertools.product(names, names):
+        plan = LinearPlan(quantized_few_rows=few, quantized_many_rows=many)
+        for rows in (1, FEW_ROWS, FEW_ROWS + 1, quantized_ops.W8A16_MAX_ROWS, len(x)):
+            path = few if rows <= FEW_ROWS else many
+            if path == "w8a16" and rows > quantized_ops.W8A16_MAX_ROWS:
+                path = "cublas"
+            out = ops.linear(x[:rows], w, plan=plan)
             assert torch.equal(out, paths[path](x[:rows])), f"plan {plan}, {rows} rows"
 
 
@@ -319,7 +329,8 @@ def test_tuner_plans_quantized_weights(kind: QuantKind) -> None:
     w = quantize(torch.randn(3072, 2048, device=DEVICE, dtype=torch.bfloat16), kind)
     (tuned,) = ops.tune_linear([w])
     paths = ("cublas", "scaled_mm", "w8a16") if kind == "fp8" else ("cublas", "w8a16")
-    assert tuned.plan.many_rows in paths, tuned.summary
+    assert tuned.plan.quantized_few_rows in paths, tuned.summary
+    assert tuned.plan.quantized_many_rows in paths, tuned.summary
     for rows in (1, 16, 256):
         x = torch.randn(rows, 2048, device=DEVICE, dtype=torch.bfloat16)
         out = ops.linear(x, w, plan=tuned.plan)
@@ -447,6 +458,59 @@ def test_tuner_times_the_quantized_tiles_for_quantized_weights(
     assert tuned[0].plan.one_row_gemv == QUANTIZED_CONFIGS[-1]  # 1.0 ms, the fastest
     assert tuned[1].plan.one_row_gemv == CONFIGS[0]
     assert GEMV_MODULE.candidates(quantized) == QUANTIZED_CONFIGS
+
+
+def test_tuner_plans_a_path_per_row_band_and_keeps_them(
+    gen: torch.Generator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the graph timing faked (this runs on the CPU): an FP8 weight's paths are timed at
+    FEW_ROWS and at MANY_ROWS rows, each band's fastest goes into the plan, a later tuning
+    takes both from the cache, and a cache that holds only the many-row choice (written
+    before the few-row band was tuned) has the few-row paths timed and nothing else."""
+    few, many = FEW_ROWS, GEMV_MODULE.MANY_ROWS
+    fake_ms = {
+        (few, "w8a16"): 1.0,
+        (few, "scaled_mm"): 2.0,
+        (many, "scaled_mm"): 1.0,
+        (many, "w8a16"): 2.0,
+    }
+    path_of = {call: path for path, call in GEMV_MODULE.PATH_CALLS.items()}
+    timed: list[tuple[int, str]] = []
+
+    def fake_graph_ms(calls: list[functools.partial[torch.Tensor]], count: int) -> float:
+        call = calls[0]
+        rows, path = call.args[0].shape[0], path_of.get(call.func, "gemv tile")
+        timed.append((rows, path))
+        return fake_ms.get((rows, path), 3.0)  # 3.0: dequantize + cuBLAS, every GEMV tile
+
+    monkeypatch.setattr(GEMV_MODULE, "graph_ms_per_call", fake_graph_ms)
+    monkeypatch.setattr(GEMV_MODULE, "copies_to_overflow_l2", lambda w: [w])
+    monkeypatch.setattr(GEMV_MODULE, "tuning_fingerprint", lambda device: "test GPU")
+    monkeypatch.setattr(GEMV_MODULE, "_fp8_tensor_cores", lambda device: True)
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    w = quantize(randn(cpu, 32, 48, dtype=torch.bfloat16), "fp8")
+    cache = TuningCache(tmp_path / "tuning.json")
+
+    (tuned,) = GEMV_MODULE.tune_gemv([w], cache)
+    want = LinearPlan(quantized_few_rows="w8a16", quantized_many_rows="scaled_mm")
+    assert tuned.plan == want, tuned.summary
+    bands = [(rows, path) for rows, path in timed if rows > 1]
+    assert bands == [
+        (rows, path) for rows in (few, many) for path in ("cublas", "scaled_mm", "w8a16")
+    ]
+    assert f"at {few} rows w8a16: 1000.0 us (dequantize + cuBLAS 3000.0 us)" in tuned.summary
+
+    timed.clear()
+    assert GEMV_MODULE.tune_gemv([w], cache)[0].plan == want
+    assert timed == [], "kept choices must not be timed again"
+
+    kept = tuning_cache.load(cache.path, "test GPU")
+    few_key = next(key for key in kept if key.endswith(f", {few} rows"))
+    del kept[few_key]
+    cache.path.unlink()
+    tuning_cache.store(cache.path, "test GPU", kept)
+    assert GEMV_MODULE.tune_gemv([w], cache)[0].plan == want
+    assert timed == [(few, "cublas"), (few, "scaled_mm"), (few, "w8a16")]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -2,8 +2,9 @@
 
 cuBLAS runs every matmul except a one-row call (a batch-1 decode step), where a Triton GEMV
 tile may beat it for a weight's shape on a given GPU, and a call of 2 to 16 rows (a verify
-step, a small decode batch), where a Triton split-K tile may. `ops.tune_linear` measures both
-and returns one plan per weight; whoever owns the weights (the model runner) keeps the plans and
+step, a small decode batch), where a Triton split-K tile may; a quantized weight's calls take
+one of three paths per row band (`QuantizedPath`). `ops.tune_linear` measures them all and
+returns one plan per weight; whoever owns the weights (the model runner) keeps the plans and
 hands each to `ops.linear` with its weight. Nothing in the process remembers a choice, so two
 runners (two GPUs, two tunings, two tests) never change each other's kernels. A plan is per
 weight, not per shape, so that a weight's storage format (quantized kinds and their scales)
@@ -25,27 +26,31 @@ FewRowsTile = tuple[int, int, int, int, int]
 # height, and the rows of a verify step of a 15-token draft, the most the decode graphs verify.
 FEW_ROWS = 16
 
-# How a quantized weight is multiplied by more than one row on CUDA (`quantized_ops` says at
-# which row counts a fixed path runs instead): "cublas" dequantizes it to
-# the activations' dtype and calls cuBLAS; "scaled_mm" (FP8 only) quantizes the activations per
-# token to FP8 and multiplies on the FP8 tensor cores (`torch._scaled_mm`), reading the 1-byte
-# weights as they are; "w8a16" reads the 1-byte weights and widens them in registers for the
-# 16-bit tensor cores (`triton_ops.w8a16_matmul`).
-ManyRows = Literal["cublas", "scaled_mm", "w8a16"]
-MANY_ROWS_PATHS: tuple[ManyRows, ...] = ("cublas", "scaled_mm", "w8a16")
+# How a quantized weight is multiplied on CUDA when no GEMV tile takes the call: "cublas"
+# dequantizes it to the activations' dtype and calls cuBLAS; "scaled_mm" (FP8 only) quantizes
+# the activations per token to FP8 and multiplies on the FP8 tensor cores (`torch._scaled_mm`),
+# reading the 1-byte weights as they are; "w8a16" reads the 1-byte weights and widens them in
+# registers for the 16-bit tensor cores (`triton_ops.w8a16_matmul`). Which one wins depends on
+# the matrix and the row count (BENCHMARKS.md run 124, fp8 at 16 rows: scaled_mm for gate/up,
+# dequantize + cuBLAS for down, w8a16 for q/k/v and o), so a plan holds one per row band.
+QuantizedPath = Literal["cublas", "scaled_mm", "w8a16"]
+QUANTIZED_PATHS: tuple[QuantizedPath, ...] = ("cublas", "scaled_mm", "w8a16")
 
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """The kernels `ops.linear` runs for one weight. `one_row_gemv`: the Triton GEMV tile for a
-    one-row CUDA call, or None for cuBLAS there too (the default: nothing measured).
-    `few_rows`: the Triton tile for a CUDA call of 2 to 16 rows of an unquantized weight, or
-    None for cuBLAS. `many_rows`: the path of a quantized weight's other CUDA calls (see
-    `ManyRows`)."""
+    """The kernels `ops.linear` runs for one weight on CUDA.
+
+    `one_row_gemv`: the Triton GEMV tile for a one-row call, or None for cuBLAS there too (the
+    default: nothing measured). `few_rows`: the Triton tile for a call of 2 to FEW_ROWS rows of
+    an unquantized weight, or None for cuBLAS. A quantized weight's other calls take a
+    `QuantizedPath`: `quantized_few_rows` up to FEW_ROWS rows, `quantized_many_rows` above
+    (`quantized_ops` says past which row count dequantize + cuBLAS runs whatever the plan)."""
 
     one_row_gemv: GemvTile | None = None
-    many_rows: ManyRows = "cublas"
     few_rows: FewRowsTile | None = None
+    quantized_few_rows: QuantizedPath = "cublas"
+    quantized_many_rows: QuantizedPath = "cublas"
 
 
 # The plan of a weight nobody tuned: cuBLAS (or the CPU reference) for every call.

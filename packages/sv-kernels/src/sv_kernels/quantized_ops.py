@@ -2,13 +2,13 @@
 
 - CUDA, one row, a plan with a GEMV tile: the Triton GEMV reads the 8-bit values, converts
   them in registers and applies the row scales to its FP32 sums (half BF16's bytes).
-- CUDA, up to FEW_ROWS rows otherwise (a verify step, a small decode batch): the 1-byte
-  weights widened in registers for the 16-bit tensor cores (`triton_ops.w8a16_matmul`), unless
-  the plan chose FP8 tensor cores (see `few_rows_w8a16`).
-- CUDA, other calls: the plan's `many_rows`, which the tuner times at 256 rows per matrix:
-  `w8a16_matmul` (up to W8A16_MAX_ROWS rows: past them, as in a prompt, dequantizing for
-  cuBLAS is faster), FP8 tensor cores with per-token activation scales (`scaled_mm`), or the
-  matrix dequantized to x's dtype (by `triton_ops.dequantize`) for cuBLAS.
+- CUDA, other calls: the plan's path for the row count, `quantized_few_rows` up to FEW_ROWS
+  rows (a verify step, a small decode batch), `quantized_many_rows` above; the tuner times
+  each path per matrix at FEW_ROWS and at 256 rows. The paths: the 1-byte weights widened in
+  registers for the 16-bit tensor cores (`triton_ops.w8a16_matmul`, up to W8A16_MAX_ROWS
+  rows: past them, as in a prompt, dequantizing for cuBLAS is faster and runs instead), FP8
+  tensor cores with per-token activation scales (`scaled_mm`), or the matrix dequantized to
+  x's dtype (by `triton_ops.dequantize`) for cuBLAS.
 - CPU, int8, up to INT8_KERNEL_MAX_ROWS rows (decode steps): torch's int8 weight kernel
   (`torch._weight_int8pack_mm`, AVX2/AVX-512 vectorized) on BF16 activations; its batch-1
   matmuls took 2.6-2.9x less time than FP32's at the default model's shapes on the 2-core
@@ -72,11 +72,12 @@ def linear(
             return triton_ops.gemv(
                 x, weight.data, plan.one_row_gemv, out_dtype=out_dtype, scale=weight.scale
             )
-        if w8a16_fits(x) and (plan.many_rows == "w8a16" or few_rows_w8a16(x, plan)):
+        path = plan.quantized_few_rows if x.shape[0] <= FEW_ROWS else plan.quantized_many_rows
+        if path == "w8a16" and w8a16_fits(x):
             from . import triton_ops
 
             out = triton_ops.w8a16_matmul(x, weight.data, weight.scale)
-        elif plan.many_rows == "scaled_mm" and scaled_mm_fits(weight):
+        elif path == "scaled_mm" and scaled_mm_fits(weight):
             out = scaled_mm(x, weight)
         else:
             out = torch.nn.functional.linear(x, dequantize(weight, x.dtype))
@@ -129,15 +130,6 @@ def dequantize(weight: QuantizedWeight, dtype: torch.dtype) -> Tensor:
 
         return triton_ops.dequantize(weight, dtype)
     return quantized.dequantize(weight, dtype)
-
-
-def few_rows_w8a16(x: Tensor, plan: LinearPlan) -> bool:
-    """A call of up to FEW_ROWS rows takes the 8-bit-weight matmul unless the tuner chose the
-    FP8 tensor cores for the weight. Measured at 16 rows (BENCHMARKS.md run 124), µs for a
-    layer's four matrices: int8 56.9 against 90.6 dequantized for cuBLAS (gate/up 16.0
-    against 46.4; down alone lost, 24.5 against 22.7); fp8 69.0 against `scaled_mm`'s 64.2
-    (q/k/v and o won, gate/up and down lost)."""
-    return x.shape[0] <= FEW_ROWS and plan.many_rows != "scaled_mm"
 
 
 def w8a16_fits(x: Tensor) -> bool:

@@ -48,7 +48,14 @@ import triton.language as tl
 from .. import tuning_cache
 from ..errors import KernelError
 from ..graphs import copies_to_overflow_l2, graph_ms_per_call
-from ..linear_plan import MANY_ROWS_PATHS, GemvTile, LinearPlan, ManyRows, TunedLinear
+from ..linear_plan import (
+    FEW_ROWS,
+    QUANTIZED_PATHS,
+    GemvTile,
+    LinearPlan,
+    QuantizedPath,
+    TunedLinear,
+)
 from ..quantized import LinearWeight, QuantizedWeight
 from ..quantized_ops import W8A16_DTYPES, dequantize, scaled_mm, scaled_mm_fits
 from . import few_rows
@@ -313,9 +320,10 @@ def tune_gemv(
     added to it. `progress` hears one line before the first shape that has to be timed (a few
     seconds in all). Weights of one shape share one result. Remembers nothing itself.
 
-    A quantized weight is also timed at MANY_ROWS rows on each path of `_many_row_paths`
-    (dequantize + cuBLAS, the 8-bit-weight matmul, FP8 tensor cores), for its plan's
-    `many_rows` (kept under its own cache key).
+    A quantized weight is also timed on each path of `_quantized_paths` (dequantize + cuBLAS,
+    the 8-bit-weight matmul, FP8 tensor cores) at FEW_ROWS rows, for its plan's
+    `quantized_few_rows`, and at MANY_ROWS rows, for its `quantized_many_rows` (each kept under
+    a cache key of its own).
 
     Must not run while a CUDA graph is being captured (it synchronizes and captures graphs of
     its own).
@@ -328,6 +336,12 @@ def tune_gemv(
         kept = tuning_cache.load(cache.path, fingerprint)
     measured: dict[str, tuning_cache.TunedShape] = {}
     by_shape: dict[str, TunedLinear] = {}
+
+    def announce(what: str) -> None:  # one progress line, before the first timing of any kind
+        if progress is not None and not measured:
+            where = f" (kept in {cache.path})" if cache is not None else ""
+            progress(f"timing {what} against cuBLAS{where}")
+
     for w in weights:
         shape = _shape_key(w)
         if shape in by_shape:  # a second matrix of a shape already done
@@ -338,27 +352,32 @@ def tune_gemv(
             tuned = None  # not a candidate of this code (a hand-edited file): time it
         source = "kept from the tuning cache"
         if tuned is None:
-            if progress is not None and not measured:
-                where = f" (kept in {cache.path})" if cache is not None else ""
-                progress(f"timing the batch-1 GEMV tiles against cuBLAS{where}")
+            announce("the batch-1 GEMV tiles")
             cublas, best, best_ms = _time_candidates(w)
             tuned = measured[shape] = tuning_cache.TunedShape(best, best_ms * 1e3, cublas * 1e3)
             source = "measured"
         tile = None if tuned.choice is None else tiles[tiles.index(tuned.choice)]
         name = "cuBLAS" if tile is None else f"triton gemv {tile}"
         summary = f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}"
-        many_rows: ManyRows = "cublas"
-        if isinstance(w, QuantizedWeight) and _many_row_paths(w) != ["cublas"]:
-            key = f"{shape}, {MANY_ROWS} rows"
-            rows = kept.get(key)
-            if rows is None or _many_rows_path(rows.choice) not in _many_row_paths(w):
-                rows = measured[key] = _time_many_rows(w)
-            many_rows = _many_rows_path(rows.choice)
-            summary += (
-                f"; at {MANY_ROWS} rows {many_rows}: {rows.us:.1f} us "
-                f"(dequantize + cuBLAS {rows.cublas_us:.1f} us)"
-            )
-        by_shape[shape] = TunedLinear(LinearPlan(one_row_gemv=tile, many_rows=many_rows), summary)
+        paths: dict[int, QuantizedPath] = {FEW_ROWS: "cublas", MANY_ROWS: "cublas"}
+        if isinstance(w, QuantizedWeight) and _quantized_paths(w) != ["cublas"]:
+            for rows in paths:
+                key = f"{shape}, {rows} rows"
+                timed = kept.get(key)
+                if timed is None or _quantized_path(timed.choice) not in _quantized_paths(w):
+                    announce("the quantized weights' paths")
+                    timed = measured[key] = _time_quantized_paths(w, rows)
+                paths[rows] = _quantized_path(timed.choice)
+                summary += (
+                    f"; at {rows} rows {paths[rows]}: {timed.us:.1f} us "
+                    f"(dequantize + cuBLAS {timed.cublas_us:.1f} us)"
+                )
+        plan = LinearPlan(
+            one_row_gemv=tile,
+            quantized_few_rows=paths[FEW_ROWS],
+            quantized_many_rows=paths[MANY_ROWS],
+        )
+        by_shape[shape] = TunedLinear(plan, summary)
     if cache is not None and measured:
         tuning_cache.store(cache.path, fingerprint, measured)
     return [by_shape[_shape_key(w)] for w in weights]
@@ -372,7 +391,8 @@ def _shape_key(w: LinearWeight) -> str:
     return f"{w.shape[0]}x{w.shape[1]} {w.dtype}"
 
 
-# The batch at which an FP8 weight's many-row path is timed: a large decode batch.
+# The batch at which a quantized weight's many-row path is timed: a large decode batch. (Its
+# few-row path is timed at FEW_ROWS, the most rows that path takes.)
 MANY_ROWS = 256
 
 
@@ -381,7 +401,7 @@ def _fp8_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
-def _one_row_cublas(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+def _cublas(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
     if isinstance(w, QuantizedWeight):
         return torch.nn.functional.linear(x, dequantize(w, x.dtype))
     return torch.nn.functional.linear(x, w)
@@ -393,9 +413,9 @@ def _gemv_call(x: torch.Tensor, w: LinearWeight, config: GemvTile) -> torch.Tens
     return gemv(x, w, config)
 
 
-def _many_row_paths(w: QuantizedWeight) -> list[ManyRows]:
-    """The paths `ops.linear` can take for w at more than one row on its device."""
-    paths: list[ManyRows] = ["cublas"]
+def _quantized_paths(w: QuantizedWeight) -> list[QuantizedPath]:
+    """The paths `ops.linear` can take for w on its device where no GEMV tile takes a call."""
+    paths: list[QuantizedPath] = ["cublas"]
     if scaled_mm_fits(w) and _fp8_tensor_cores(w.device):
         paths.append("scaled_mm")
     if w.dtype in W8A16_DTYPES:  # the dtype of the activations it will meet
@@ -403,30 +423,39 @@ def _many_row_paths(w: QuantizedWeight) -> list[ManyRows]:
     return paths
 
 
-def _many_rows_path(choice: tuple[int, ...] | None) -> ManyRows:
-    """A kept choice as a path: None is cuBLAS, (i,) the i-th of MANY_ROWS_PATHS (an index
+def _quantized_path(choice: tuple[int, ...] | None) -> QuantizedPath:
+    """A kept choice as a path: None is cuBLAS, (i,) the i-th of QUANTIZED_PATHS (an index
     past the list, from a hand-edited file, reads as cuBLAS and is timed again)."""
-    if choice is None or len(choice) != 1 or not 0 < choice[0] < len(MANY_ROWS_PATHS):
+    if choice is None or len(choice) != 1 or not 0 < choice[0] < len(QUANTIZED_PATHS):
         return "cublas"
-    return MANY_ROWS_PATHS[choice[0]]
+    return QUANTIZED_PATHS[choice[0]]
 
 
-def _time_many_rows(w: QuantizedWeight) -> tuning_cache.TunedShape:
-    """Every path of `_many_row_paths(w)` at MANY_ROWS rows: the fastest path's index in
-    MANY_ROWS_PATHS as the choice, None when dequantize + cuBLAS wins."""
+def _w8a16(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+    return w8a16_matmul(x, w.data, w.scale)
+
+
+# What each path runs, as `quantized_ops.linear` runs it for a plan that names the path.
+PATH_CALLS: dict[QuantizedPath, Callable[[torch.Tensor, QuantizedWeight], torch.Tensor]] = {
+    "cublas": _cublas,
+    "scaled_mm": scaled_mm,
+    "w8a16": _w8a16,
+}
+
+
+def _time_quantized_paths(w: QuantizedWeight, rows: int) -> tuning_cache.TunedShape:
+    """Every path of `_quantized_paths(w)` at `rows` rows: the fastest path's index in
+    QUANTIZED_PATHS as the choice, None when dequantize + cuBLAS wins."""
     copies = copies_to_overflow_l2(w)
-    x = torch.randn(MANY_ROWS, w.shape[1], dtype=w.dtype, device=w.device)
-    runs: dict[ManyRows, Callable[[torch.Tensor, QuantizedWeight], torch.Tensor]] = {
-        "cublas": _one_row_cublas,
-        "scaled_mm": scaled_mm,
-        "w8a16": lambda x, c: w8a16_matmul(x, c.data, c.scale),
-    }
+    x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
     times = {
-        path: graph_ms_per_call([functools.partial(runs[path], x, c) for c in copies], _TUNE_CALLS)
-        for path in _many_row_paths(w)
+        path: graph_ms_per_call(
+            [functools.partial(PATH_CALLS[path], x, c) for c in copies], _TUNE_CALLS
+        )
+        for path in _quantized_paths(w)
     }
     best = min(times, key=lambda path: times[path])
-    choice = None if best == "cublas" else (MANY_ROWS_PATHS.index(best),)
+    choice = None if best == "cublas" else (QUANTIZED_PATHS.index(best),)
     return tuning_cache.TunedShape(choice, times[best] * 1e3, times["cublas"] * 1e3)
 
 
@@ -435,7 +464,7 @@ def tuning_fingerprint(device: torch.device) -> str:
     and these candidate lists (their hash; the few-row tiles' too, kept in the same file)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
-    lists = (CONFIGS, QUANTIZED_CONFIGS, few_rows.CONFIGS, MANY_ROWS_PATHS, W8A16_TILES)
+    lists = (CONFIGS, QUANTIZED_CONFIGS, few_rows.CONFIGS, QUANTIZED_PATHS, W8A16_TILES)
     configs = hashlib.sha256(repr(lists).encode()).hexdigest()[:8]
     return (
         f"{torch.cuda.get_device_name(index)} (sm {major}.{minor}), torch {torch.__version__}, "
@@ -466,7 +495,7 @@ def time_tiles(w: LinearWeight) -> GemvTimes:
     being captured."""
     copies = copies_to_overflow_l2(w)
     x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
-    calls = [functools.partial(_one_row_cublas, x, c) for c in copies]
+    calls = [functools.partial(_cublas, x, c) for c in copies]
     cublas = graph_ms_per_call(calls, _TUNE_CALLS)
     tiles = {}
     for config in candidates(w):
