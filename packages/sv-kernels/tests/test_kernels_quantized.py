@@ -39,6 +39,7 @@ from sv_kernels.triton_ops.gemv import CONFIGS, QUANTIZED_CONFIGS
 from sv_kernels.tuning_cache import TuningCache
 
 KINDS: tuple[QuantKind, ...] = ("fp8", "int8")
+BF16 = torch.bfloat16
 
 
 def test_int8_quantization_by_hand() -> None:
@@ -294,6 +295,38 @@ def test_ops_linear_many_rows_on_the_gpu(
     assert_matches_dequantized(out, x, w, 1e-2, f"{kind} w8a16")
 
 
+def test_cuda_path_is_the_plans_path_for_the_row_band_where_that_path_fits() -> None:
+    """The routing of a quantized CUDA call no GEMV tile takes, against a table written out
+    by hand (the GPU test below checks that each path runs its own kernel)."""
+
+    def weight(rows: int, storage: torch.dtype, kind: QuantKind) -> QuantizedWeight:
+        return QuantizedWeight(torch.zeros(rows, 48, dtype=storage), torch.ones(rows), kind, BF16)
+
+    fp8 = weight(32, torch.float8_e4m3fn, "fp8")
+    int8 = weight(32, torch.int8, "int8")
+    odd = weight(24, torch.float8_e4m3fn, "fp8")  # 24 rows: not a multiple of 16
+    big = quantized_ops.W8A16_MAX_ROWS
+    cases: list[tuple[QuantizedWeight, QuantizedPath, QuantizedPath, int, torch.dtype, str]] = [
+        (fp8, "w8a16", "scaled_mm", 1, BF16, "w8a16"),
+        (fp8, "w8a16", "scaled_mm", FEW_ROWS, BF16, "w8a16"),
+        (fp8, "w8a16", "scaled_mm", FEW_ROWS + 1, BF16, "scaled_mm"),
+        (fp8, "scaled_mm", "w8a16", FEW_ROWS, BF16, "scaled_mm"),
+        (fp8, "scaled_mm", "w8a16", big, BF16, "w8a16"),
+        (fp8, "scaled_mm", "w8a16", big + 1, BF16, "cublas"),  # w8a16 stops at `big` rows
+        (fp8, "cublas", "w8a16", 2, BF16, "cublas"),
+        (fp8, "w8a16", "cublas", 2, torch.float16, "w8a16"),
+        (fp8, "w8a16", "w8a16", 2, torch.float32, "cublas"),  # w8a16: 16-bit activations only
+        (int8, "scaled_mm", "scaled_mm", 2, BF16, "cublas"),  # FP8 tensor cores: fp8 only
+        (odd, "scaled_mm", "scaled_mm", 2, BF16, "cublas"),  # nor shapes _scaled_mm refuses
+        (int8, "w8a16", "w8a16", 100, BF16, "w8a16"),
+    ]
+    for w, few, many, rows, dtype, want in cases:
+        plan = LinearPlan(quantized_few_rows=few, quantized_many_rows=many)
+        x = torch.zeros(rows, 48, dtype=dtype)
+        got = quantized_ops.cuda_path(x, w, plan)
+        assert got == want, f"{w.kind} {list(w.shape)}, plan ({few}, {many}), {rows} {dtype}"
+
+
 @gpu_test
 @pytest.mark.parametrize("kind", KINDS)
 def test_quantized_calls_take_their_path_by_rows_and_plan(
@@ -474,7 +507,7 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
         (many, "scaled_mm"): 1.0,
         (many, "w8a16"): 2.0,
     }
-    path_of = {call: path for path, call in GEMV_MODULE.PATH_CALLS.items()}
+    path_of = {call: path for path, call in quantized_ops.PATH_CALLS.items()}
     timed: list[tuple[int, str]] = []
 
     def fake_graph_ms(calls: list[functools.partial[torch.Tensor]], count: int) -> float:

@@ -23,13 +23,14 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from . import int8_threads, quantized, reference
 from .errors import KernelError
-from .linear_plan import FEW_ROWS, LinearPlan
+from .linear_plan import FEW_ROWS, LinearPlan, QuantizedPath
 from .quantized import QuantizedWeight
 
 # torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
@@ -72,15 +73,7 @@ def linear(
             return triton_ops.gemv(
                 x, weight.data, plan.one_row_gemv, out_dtype=out_dtype, scale=weight.scale
             )
-        path = plan.quantized_few_rows if x.shape[0] <= FEW_ROWS else plan.quantized_many_rows
-        if path == "w8a16" and w8a16_fits(x):
-            from . import triton_ops
-
-            out = triton_ops.w8a16_matmul(x, weight.data, weight.scale)
-        elif path == "scaled_mm" and scaled_mm_fits(weight):
-            out = scaled_mm(x, weight)
-        else:
-            out = torch.nn.functional.linear(x, dequantize(weight, x.dtype))
+        out = PATH_CALLS[cuda_path(x, weight, plan)](x, weight)
     elif (
         weight.kind == "int8"
         and weight.shape[1] % _INT8PACK_K_MULTIPLE == 0
@@ -132,6 +125,19 @@ def dequantize(weight: QuantizedWeight, dtype: torch.dtype) -> Tensor:
     return quantized.dequantize(weight, dtype)
 
 
+def cuda_path(x: Tensor, weight: QuantizedWeight, plan: LinearPlan) -> QuantizedPath:
+    """The path of a CUDA call of x's rows that no GEMV tile takes: the plan's for the row
+    band, unless that path cannot take the call (w8a16 past W8A16_MAX_ROWS rows or for other
+    activation types, scaled_mm for int8 or shapes `torch._scaled_mm` refuses), when the
+    weight is dequantized for cuBLAS instead."""
+    path = plan.quantized_few_rows if x.shape[0] <= FEW_ROWS else plan.quantized_many_rows
+    if (path == "w8a16" and not w8a16_fits(x)) or (
+        path == "scaled_mm" and not scaled_mm_fits(weight)
+    ):
+        return "cublas"
+    return path
+
+
 def w8a16_fits(x: Tensor) -> bool:
     """The 8-bit-weight matmul takes x: 16-bit activations, at most W8A16_MAX_ROWS rows."""
     return x.dtype in W8A16_DTYPES and x.shape[0] <= W8A16_MAX_ROWS
@@ -162,3 +168,24 @@ def scaled_mm(x: Tensor, weight: QuantizedWeight) -> Tensor:
         out_dtype=out_dtype,
     )
     return out.to(x.dtype)
+
+
+def dequantized_linear(x: Tensor, weight: QuantizedWeight) -> Tensor:
+    """x @ dequantize(weight)^T by cuBLAS, the weight dequantized to x's dtype first."""
+    return torch.nn.functional.linear(x, dequantize(weight, x.dtype))
+
+
+def w8a16(x: Tensor, weight: QuantizedWeight) -> Tensor:
+    """x @ dequantize(weight)^T by `triton_ops.w8a16_matmul` (the 8-bit values widened in
+    registers for the 16-bit tensor cores, the row scales applied to the FP32 sums)."""
+    from . import triton_ops
+
+    return triton_ops.w8a16_matmul(x, weight.data, weight.scale)
+
+
+# What each path runs on CUDA: `linear` calls these, and the tuner times these same calls.
+PATH_CALLS: dict[QuantizedPath, Callable[[Tensor, QuantizedWeight], Tensor]] = {
+    "cublas": dequantized_linear,
+    "scaled_mm": scaled_mm,
+    "w8a16": w8a16,
+}

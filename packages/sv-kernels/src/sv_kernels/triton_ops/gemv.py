@@ -57,11 +57,10 @@ from ..linear_plan import (
     TunedLinear,
 )
 from ..quantized import LinearWeight, QuantizedWeight
-from ..quantized_ops import W8A16_DTYPES, dequantize, scaled_mm, scaled_mm_fits
+from ..quantized_ops import PATH_CALLS, W8A16_DTYPES, dequantized_linear, scaled_mm_fits
 from . import few_rows
 from ._common import cdiv, use_pdl, wait_for_prior_kernels
 from .w8a16 import TILES as W8A16_TILES
-from .w8a16 import w8a16_matmul
 
 
 @triton.jit
@@ -403,7 +402,7 @@ def _fp8_tensor_cores(device: torch.device) -> bool:
 
 def _cublas(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
     if isinstance(w, QuantizedWeight):
-        return torch.nn.functional.linear(x, dequantize(w, x.dtype))
+        return dequantized_linear(x, w)
     return torch.nn.functional.linear(x, w)
 
 
@@ -429,18 +428,6 @@ def _quantized_path(choice: tuple[int, ...] | None) -> QuantizedPath:
     if choice is None or len(choice) != 1 or not 0 < choice[0] < len(QUANTIZED_PATHS):
         return "cublas"
     return QUANTIZED_PATHS[choice[0]]
-
-
-def _w8a16(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
-    return w8a16_matmul(x, w.data, w.scale)
-
-
-# What each path runs, as `quantized_ops.linear` runs it for a plan that names the path.
-PATH_CALLS: dict[QuantizedPath, Callable[[torch.Tensor, QuantizedWeight], torch.Tensor]] = {
-    "cublas": _cublas,
-    "scaled_mm": scaled_mm,
-    "w8a16": _w8a16,
-}
 
 
 def _time_quantized_paths(w: QuantizedWeight, rows: int) -> tuning_cache.TunedShape:
