@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..quantized import QuantizedWeight
-from ._common import cdiv, use_pdl, wait_for_prior_kernels
+from ._common import cdiv, unit_last_stride, use_pdl, wait_for_prior_kernels
 
 _BLOCK_R, _BLOCK_C = 4, 1024
 
@@ -49,7 +49,7 @@ def _dequantize_kernel(
 
 def dequantize(weight: QuantizedWeight, dtype: torch.dtype | None = None) -> torch.Tensor:
     """`quantized.dequantize(weight, dtype)`, computed by one Triton kernel."""
-    data = weight.data if weight.data.stride(-1) == 1 else weight.data.contiguous()
+    data = unit_last_stride(weight.data)
     n, k = data.shape
     out = torch.empty((n, k), dtype=dtype or weight.dtype, device=data.device)
     if out.numel() == 0:

@@ -59,7 +59,7 @@ from ..linear_plan import (
 from ..quantized import LinearWeight, QuantizedWeight
 from ..quantized_ops import PATH_CALLS, W8A16_DTYPES, dequantized_linear, scaled_mm_fits
 from . import few_rows
-from ._common import cdiv, use_pdl, wait_for_prior_kernels
+from ._common import cdiv, unit_last_stride, use_pdl, wait_for_prior_kernels
 from .w8a16 import TILES as W8A16_TILES
 
 
@@ -263,9 +263,7 @@ def gemv(
             f"gemv(swiglu=True): w must have an even row count ([gate; up]) and the tile "
             f"BLOCK_N >= 2; got {n} rows and BLOCK_N {block_n}"
         )
-    x = x.contiguous()
-    if w.stride(1) != 1:
-        w = w.contiguous()
+    x, w = x.contiguous(), unit_last_stride(w)
     if swiglu and out_dtype not in (None, x.dtype):
         raise KernelError("gemv(swiglu=True) writes x's dtype; out_dtype must be None")
     if swiglu and bias is not None:

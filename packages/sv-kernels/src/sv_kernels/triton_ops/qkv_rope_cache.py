@@ -34,7 +34,7 @@ import triton.language as tl
 from ..errors import KernelError
 from ..linear_plan import FewRowsTile, GemvTile
 from . import few_rows
-from ._common import use_pdl
+from ._common import unit_last_stride, use_pdl
 from .gemv import _dot_rows, _paired_halves
 from .rope_cache import RopeCache, rope_cache_epilogue
 
@@ -178,9 +178,7 @@ def qkv_rope_cache(
         raise KernelError(f"qkv_rope_cache: one row takes a GEMV tile, got {tile}")
     block_n, block_k, warps = tile
     n, k = w.shape
-    x = x.contiguous()
-    if w.stride(1) != 1:
-        w = w.contiguous()
+    x, w = x.contiguous(), unit_last_stride(w)
     q = torch.empty((1, rope.num_q_heads, rope.head_dim), dtype=x.dtype, device=x.device)
     pdl = use_pdl(x.device)
     _qkv_rope_cache_kernel[(n // block_n,)](

@@ -29,7 +29,14 @@ import triton.language as tl
 
 from ..errors import KernelError
 from ..quantized_ops import W8A16_MAX_ROWS
-from ._common import cdiv, dot_dtype, dot_precision, use_pdl, wait_for_prior_kernels
+from ._common import (
+    cdiv,
+    dot_dtype,
+    dot_precision,
+    unit_last_stride,
+    use_pdl,
+    wait_for_prior_kernels,
+)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, stages) of a launch.
 W8A16Tile = tuple[int, int, int, int, int]
@@ -118,10 +125,7 @@ def w8a16_matmul(
             f"w8a16_matmul: scale is {scale.dtype} {list(scale.shape)}, expected FP32 "
             f"[{data.shape[0]}]"
         )
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    if data.stride(-1) != 1:
-        data = data.contiguous()
+    x, data = unit_last_stride(x), unit_last_stride(data)
     scale = scale.contiguous()
     rows, n, k = x.shape[0], data.shape[0], data.shape[1]
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
