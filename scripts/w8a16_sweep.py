@@ -21,8 +21,7 @@ from functools import partial
 
 import torch
 from sv_kernels import graphs, quantized_ops
-from sv_kernels.quantized import QuantizedWeight, quantize
-from sv_kernels.quantized_ops import dequantize
+from sv_kernels.quantized import quantize
 from sv_kernels.triton_ops.w8a16 import W8A16Tile, default_tile, w8a16_matmul
 
 MATRICES = {
@@ -41,10 +40,6 @@ SHAPES = tuple(itertools.product((64, 128, 256), (64, 128), (4, 8), (3, 4)))
 def tiles_for(rows: int) -> list[W8A16Tile]:
     heights = HEIGHTS.get(rows, (16,) if rows <= 16 else (64,) if rows <= 64 else (128,))
     return [(bm, *shape) for bm in heights for shape in SHAPES]  # type: ignore[misc]
-
-
-def dequantized(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
-    return torch.nn.functional.linear(x, dequantize(w, x.dtype))
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -84,7 +79,9 @@ def main() -> None:
                     "bf16 cuBLAS": time_calls(
                         [partial(torch.nn.functional.linear, x, w) for w in plain]
                     ),
-                    "dequantize + cuBLAS": time_calls([partial(dequantized, x, w) for w in copies]),
+                    "dequantize + cuBLAS": time_calls(
+                        [partial(quantized_ops.dequantized_linear, x, w) for w in copies]
+                    ),
                 }
                 if kind == "fp8":
                     base["scaled_mm"] = time_calls(

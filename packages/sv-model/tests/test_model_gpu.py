@@ -510,8 +510,8 @@ def test_quantized_teacher_forced_logits_1b(
         runner.warmup()
     rng = random.Random(1)
     # Each sequence its own step, so each runs every matrix at its own row count: one row the
-    # GEMV, 12 rows the 8-bit-weight matmul, 100 the plan's many-row path, 300 (a prompt)
-    # dequantize + cuBLAS.
+    # GEMV, 12 rows the plan's few-row path, 100 its many-row path, 300 (a prompt) dequantize +
+    # cuBLAS.
     seqs = [[rng.randint(0, 127999) for _ in range(n)] for n in (300, 1, 12, 100)]
     got, wanted = [], []
     for row, s in enumerate(seqs):
