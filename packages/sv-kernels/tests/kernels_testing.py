@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 import pytest
 import torch
+from sv_kernels import reference
+from sv_kernels.reference import kv_pages
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -85,8 +87,9 @@ class PagedKV:
         used = sum(pages_per_seq)
         num_pages = used + 3  # a few pages nobody owns (one is the NaN target of unused entries)
         shape = (num_pages, page_size, num_kv_heads, head_dim)
-        k_cache = randn(gen, *shape, dtype=dtype)
-        v_cache = randn(gen, *shape, dtype=dtype)
+        # In the model's layout (heads stored apart within a page), filled with random values.
+        k_cache = kv_pages((), *shape, dtype, device).copy_(randn(gen, *shape, dtype=dtype))
+        v_cache = kv_pages((), *shape, dtype, device).copy_(randn(gen, *shape, dtype=dtype))
         order = torch.randperm(num_pages, generator=gen, device=device)
         width = max(pages_per_seq, default=0) + spare_table_width
         poison_page = int(order[-1])
@@ -108,6 +111,16 @@ class PagedKV:
             tables.to(device),
             torch.tensor(seq_lens, dtype=torch.int32, device=device),
         )
+
+    def quantized(self, scales: torch.Tensor) -> PagedKV:
+        """These pages stored as e4m3 (`reference.quantize_kv`) with per-head scales [2, Hkv],
+        in the same layout; NaN stays NaN."""
+        p, s, hkv, d = self.k_cache.shape
+        caches = []
+        for cache, scale in ((self.k_cache, scales[0]), (self.v_cache, scales[1])):
+            fp8 = reference.quantize_kv(cache.reshape(-1, hkv, d), scale).view(p, s, hkv, d)
+            caches.append(kv_pages((), p, s, hkv, d, fp8.dtype, fp8.device).copy_(fp8))
+        return PagedKV(caches[0], caches[1], self.block_tables, self.seq_lens)
 
     def contiguous(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence b's K and V [len, Hkv, D], read with plain indexing (an oracle for the gather)."""

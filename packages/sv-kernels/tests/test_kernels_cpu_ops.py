@@ -73,9 +73,12 @@ def _rope_case(
         slots[1::3] = -1  # not written
     scales = 2.0 ** -randint(gen, 4, 7, 2, hkv).float() if cache_dtype == FP8 else None
     shape = (num_pages, PAGE, hkv, d)
-    k_cache = torch.full(shape, float("nan")).to(cache_dtype)
-    v_cache = k_cache.clone()
-    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    # The op writes the model's pool layout (heads stored apart within a page); the reference
+    # a plain contiguous cache.
+    ref_k = torch.full(shape, float("nan")).to(cache_dtype)
+    ref_v = ref_k.clone()
+    k_cache = reference.kv_pages((), *shape, cache_dtype, "cpu").copy_(ref_k)
+    v_cache = reference.kv_pages((), *shape, cache_dtype, "cpu").copy_(ref_v)
     args = (q, k, v, positions, cos, sin)
     out = cpu_ops.rope_cache_write(*args, k_cache, v_cache, slots, scales)
     ref = reference.rope_cache_write(*args, ref_k, ref_v, slots, scales)
@@ -85,7 +88,7 @@ def _rope_case(
     written = torch.zeros(num_pages * PAGE, dtype=torch.bool)
     written[slots[slots >= 0].long()] = True
     for name, cache, want in (("k", k_cache, ref_k), ("v", v_cache, ref_v)):
-        flat, ref_flat = cache.view(-1, hkv, d).float(), want.view(-1, hkv, d).float()
+        flat, ref_flat = cache.reshape(-1, hkv, d).float(), want.view(-1, hkv, d).float()
         assert flat[~written].isnan().all(), f"{name}: a slot outside slot_mapping changed"
         assert not flat[written].isnan().any(), f"{name}: a slot was not written"
         # K is rotated by the same FP32 products in both, so the same value lands in the
@@ -142,10 +145,7 @@ def _pages(
     if not fp8:
         return kv, None
     scales = (2.0 ** -randint(gen, 4, 7, 2, hkv).float()).contiguous()
-    shape = kv.k_cache.shape
-    k = reference.quantize_kv(kv.k_cache.view(-1, hkv, d), scales[0]).view(shape)
-    v = reference.quantize_kv(kv.v_cache.view(-1, hkv, d), scales[1]).view(shape)
-    return PagedKV(k, v, kv.block_tables, kv.seq_lens), scales
+    return kv.quantized(scales), scales
 
 
 def _poison(kv: PagedKV, unseen_pages: list[int]) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randint, randn
 from sv_kernels import reference, rope_tables, triton_ops
+from sv_kernels.reference import kv_pages
 from sv_kernels.rope_tables import Llama3RopeScaling
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -118,9 +119,11 @@ def _rope_case(
     slots = torch.randperm(num_pages * page_size, generator=gen, device=DEVICE)[:tokens]
     slots[randint(gen, 0, tokens, max(1, tokens // 4))] = -1  # padding tokens: not written
     shape = (num_pages, page_size, hkv, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
-    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
-    ref_k_cache, ref_v_cache = k_cache.clone(), v_cache.clone()
+    # The kernel writes the model's pool layout, the reference a plain contiguous cache.
+    ref_k_cache = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+    ref_v_cache = ref_k_cache.clone()
+    k_cache = kv_pages((), *shape, dtype, DEVICE).copy_(ref_k_cache)
+    v_cache = kv_pages((), *shape, dtype, DEVICE).copy_(ref_v_cache)
 
     q_rot = triton_ops.rope_cache_write(
         q, k, v, positions, cos, sin, k_cache, v_cache, slots, tile_tokens=tile_tokens
@@ -133,7 +136,7 @@ def _rope_case(
     written = torch.zeros(num_pages * page_size, dtype=torch.bool, device=DEVICE)
     written[slots[slots >= 0]] = True
     for name, cache, ref_cache in (("k", k_cache, ref_k_cache), ("v", v_cache, ref_v_cache)):
-        flat, ref_flat = cache.view(-1, hkv, head_dim), ref_cache.view(-1, hkv, head_dim)
+        flat, ref_flat = cache.reshape(-1, hkv, head_dim), ref_cache.view(-1, hkv, head_dim)
         assert flat[~written].isnan().all(), f"{name} cache: a slot outside slot_mapping changed"
         assert_close(flat[written], ref_flat[written], f"{name} cache slots")
 

@@ -11,6 +11,7 @@ import torch
 from kernels_testing import DEVICE, PagedKV, assert_close, gpu_test, randint, randn
 from sv_kernels import ops, reference, rope_tables, triton_ops
 from sv_kernels.errors import KernelError
+from sv_kernels.reference import kv_pages
 from sv_kernels.rope_tables import Llama3RopeScaling
 
 FP8 = torch.float8_e4m3fn
@@ -26,11 +27,7 @@ def fp8_paged_kv(
     gen: torch.Generator, lens: list[int], hkv: int, head_dim: int, scales: torch.Tensor
 ) -> PagedKV:
     """PagedKV's layout (shuffled pages, NaN in every slot no sequence owns), stored as e4m3."""
-    kv = PagedKV.build(gen, lens, hkv, head_dim, torch.float32)
-    shape = kv.k_cache.shape
-    k = reference.quantize_kv(kv.k_cache.view(-1, hkv, head_dim), scales[0]).view(shape)
-    v = reference.quantize_kv(kv.v_cache.view(-1, hkv, head_dim), scales[1]).view(shape)
-    return PagedKV(k, v, kv.block_tables, kv.seq_lens)
+    return PagedKV.build(gen, lens, hkv, head_dim, torch.float32).quantized(scales)
 
 
 def test_quantize_kv_rounds_to_e4m3_and_saturates() -> None:
@@ -74,9 +71,11 @@ def _rope_fp8_case(
     slots[1::5] = -1  # padding tokens: not written
     scales = random_scales(gen, hkv)
     shape = (num_pages, page_size, hkv, head_dim)
-    k_cache = torch.full(shape, float("nan"), device=DEVICE).to(FP8)
-    v_cache = k_cache.clone()
-    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    # The kernel writes the model's pool layout, the reference a plain contiguous cache.
+    ref_k = torch.full(shape, float("nan"), device=DEVICE).to(FP8)
+    ref_v = ref_k.clone()
+    k_cache = kv_pages((), *shape, FP8, DEVICE).copy_(ref_k)
+    v_cache = kv_pages((), *shape, FP8, DEVICE).copy_(ref_v)
     q_rot = triton_ops.rope_cache_write(
         q, k, v, positions, cos, sin, k_cache, v_cache, slots, scales
     )
@@ -85,7 +84,7 @@ def _rope_fp8_case(
     written = torch.zeros(num_pages * page_size, dtype=torch.bool, device=DEVICE)
     written[slots[slots >= 0]] = True
     for name, cache, ref in (("k", k_cache, ref_k), ("v", v_cache, ref_v)):
-        flat, ref_flat = cache.view(-1, hkv, head_dim), ref.view(-1, hkv, head_dim)
+        flat, ref_flat = cache.reshape(-1, hkv, head_dim), ref.view(-1, hkv, head_dim)
         assert flat[~written].float().isnan().all(), f"{name}: a slot outside slot_mapping changed"
         got, want = flat[written].float(), ref_flat[written].float()
         assert not got.isnan().any(), f"{name}: NaN written (no saturation?)"
@@ -94,7 +93,7 @@ def _rope_fp8_case(
         differ = got != want
         assert differ.float().mean() < 0.01, f"{name}: {int(differ.sum())} values differ"
         assert ((got - want).abs() <= want.abs() / 8 + 2.0**-9)[differ].all()
-    assert float(k_cache.view(-1, hkv, head_dim)[slots[0], 0, 0].float()) in (448.0, -448.0)
+    assert float(k_cache.reshape(-1, hkv, head_dim)[slots[0], 0, 0].float()) in (448.0, -448.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -271,9 +271,9 @@ def test_decode_step_ops_capture_in_a_cuda_graph(gen: torch.Generator) -> None:
     for offset in range(1, 6):
         pos = positions - 6 + offset
         ref_slots = slots_for(pos)
-        flat_k = kv.k_cache.view(-1, hkv, d)
-        flat_k[ref_slots] = randn(gen, batch, hkv, d, dtype=torch.bfloat16)
-        kv.v_cache.view(-1, hkv, d)[ref_slots] = randn(gen, batch, hkv, d, dtype=torch.bfloat16)
+        pages, offsets = ref_slots // page_size, ref_slots % page_size
+        kv.k_cache[pages, offsets] = randn(gen, batch, hkv, d, dtype=torch.bfloat16)
+        kv.v_cache[pages, offsets] = randn(gen, batch, hkv, d, dtype=torch.bfloat16)
     graph.replay()
     torch.cuda.synchronize()
 

@@ -12,6 +12,7 @@ from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randint, randn
 from sv_kernels import KernelError, ops, reference, rope_tables, triton_ops
 from sv_kernels.linear_plan import FewRowsTile, GemvTile, LinearPlan
 from sv_kernels.quantized import QuantKind, quantize
+from sv_kernels.reference import kv_pages
 from sv_kernels.rope_tables import Llama3RopeScaling
 from sv_kernels.triton_ops import few_rows
 from sv_kernels.triton_ops.gemv import CONFIGS, QUANTIZED_CONFIGS
@@ -78,9 +79,11 @@ class Case:
         self.scales = None
         if fp8_cache:
             self.scales = torch.rand(2, hkv, generator=gen, device=DEVICE) * 0.05 + 0.01
-        self.caches = [
-            torch.full(shape, float("nan"), device=DEVICE).to(cache_dtype) for _ in range(4)
-        ]
+        # The fused path writes caches in the model's pool layout (heads stored apart within
+        # a page), the unfused one plain contiguous caches: the same slots either way.
+        nan = torch.full(shape, float("nan"), device=DEVICE).to(cache_dtype)
+        pool = [kv_pages((), *shape, cache_dtype, DEVICE).copy_(nan) for _ in range(2)]
+        self.caches = [*pool, nan.clone(), nan.clone()]
         self.projection: torch.Tensor | None = None  # what `unfused` rotated
 
     def rope_args(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> RopeArgs:
@@ -175,7 +178,7 @@ class Case:
 
 def _written_slot(case: Case, cache: torch.Tensor) -> torch.Tensor:
     """The tokens' slots of a cache (padding tokens' left out); every other slot still NaN."""
-    flat = cache.view(-1, case.hkv, case.head_dim)
+    flat = cache.reshape(-1, case.hkv, case.head_dim)
     written = torch.zeros(flat.shape[0], dtype=torch.bool, device=DEVICE)
     slots = case.slots[case.slots >= 0]
     written[slots] = True

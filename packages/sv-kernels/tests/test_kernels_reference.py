@@ -132,6 +132,22 @@ def test_rope_cache_write_reference_writes_only_its_slots(cpu_gen: torch.Generat
     assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all()
 
 
+def test_kv_pages_store_each_heads_page_as_one_run() -> None:
+    """Indexed [layers, P, S, Hkv, D]; (layer l, page p, KV head h)'s S x D values sit at
+    element offset ((l * P + p) * Hkv + h) * S * D, one contiguous run (computed by hand)."""
+    layers, pages, page, hkv, d = 2, 5, 16, 3, 8
+    cache = reference.kv_pages((layers,), pages, page, hkv, d, torch.bfloat16, "cpu")
+    assert cache.shape == (layers, pages, page, hkv, d)
+    assert not cache.any()
+    for layer, p, h in ((0, 0, 0), (1, 3, 2), (0, 4, 1)):
+        run = cache[layer, p, :, h]
+        assert run.is_contiguous()
+        assert run.storage_offset() == ((layer * pages + p) * hkv + h) * page * d
+    cache[1, 3, 5, 2, 7] = 1.0  # slot 5 of that run, element 7
+    flat = cache.transpose(-3, -2).contiguous().view(-1)  # the storage order
+    assert flat.nonzero().item() == ((1 * pages + 3) * hkv + 2) * page * d + 5 * d + 7
+
+
 # --- attention ----------------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from sv_kernels import ops
-from sv_kernels.reference import FP8_KV_DTYPE
+from sv_kernels.reference import FP8_KV_DTYPE, kv_pages
 from sv_kernels.rope_tables import Llama3RopeScaling, rope_tables
 from sv_weights import ModelConfig
 from torch import Tensor
@@ -29,7 +29,8 @@ from sv_model.weights import ModelWeights
 
 @dataclass
 class KVCache:
-    """The paged KV pool: k and v are [layers, pages, page_size, kv_heads, head_dim].
+    """The paged KV pool: k and v are [layers, pages, page_size, kv_heads, head_dim], stored
+    head by head within each page (`sv_kernels.reference.kv_pages`).
 
     A page id names the same 16 token slots in every layer, so one block table serves all layers.
     An FP8 (e4m3) pool has `scales` [layers, 2, kv_heads] (FP32): K and V are stored divided by
@@ -53,7 +54,7 @@ class KVCache:
         dtype: torch.dtype,
     ) -> KVCache:
         shape = (
-            config.num_hidden_layers,
+            (config.num_hidden_layers,),
             num_pages,
             page_size,
             config.num_key_value_heads,
@@ -66,11 +67,7 @@ class KVCache:
                 device=device,
                 dtype=torch.float32,
             )
-        return cls(
-            torch.zeros(shape, device=device, dtype=dtype),
-            torch.zeros(shape, device=device, dtype=dtype),
-            scales,
-        )
+        return cls(kv_pages(*shape, dtype, device), kv_pages(*shape, dtype, device), scales)
 
     def layer_scales(self, layer: int) -> Tensor | None:
         return None if self.scales is None else self.scales[layer]
