@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 import pytest
 import torch
 from sv_kernels import reference
-from sv_kernels.reference import kv_pages
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,8 +87,12 @@ class PagedKV:
         num_pages = used + 3  # a few pages nobody owns (one is the NaN target of unused entries)
         shape = (num_pages, page_size, num_kv_heads, head_dim)
         # In the model's layout (heads stored apart within a page), filled with random values.
-        k_cache = kv_pages((), *shape, dtype, device).copy_(randn(gen, *shape, dtype=dtype))
-        v_cache = kv_pages((), *shape, dtype, device).copy_(randn(gen, *shape, dtype=dtype))
+        k_cache = reference.kv_pages((), *shape, dtype, device).copy_(
+            randn(gen, *shape, dtype=dtype)
+        )
+        v_cache = reference.kv_pages((), *shape, dtype, device).copy_(
+            randn(gen, *shape, dtype=dtype)
+        )
         order = torch.randperm(num_pages, generator=gen, device=device)
         width = max(pages_per_seq, default=0) + spare_table_width
         poison_page = int(order[-1])
@@ -119,7 +122,7 @@ class PagedKV:
         caches = []
         for cache, scale in ((self.k_cache, scales[0]), (self.v_cache, scales[1])):
             fp8 = reference.quantize_kv(cache.reshape(-1, hkv, d), scale).view(p, s, hkv, d)
-            caches.append(kv_pages((), p, s, hkv, d, fp8.dtype, fp8.device).copy_(fp8))
+            caches.append(reference.kv_pages((), p, s, hkv, d, fp8.dtype, fp8.device).copy_(fp8))
         return PagedKV(caches[0], caches[1], self.block_tables, self.seq_lens)
 
     def contiguous(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,13 +53,6 @@ class KVCache:
         device: torch.device | str,
         dtype: torch.dtype,
     ) -> KVCache:
-        shape = (
-            (config.num_hidden_layers,),
-            num_pages,
-            page_size,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
         scales = None
         if dtype == FP8_KV_DTYPE:
             scales = torch.ones(
@@ -67,7 +60,19 @@ class KVCache:
                 device=device,
                 dtype=torch.float32,
             )
-        return cls(kv_pages(*shape, dtype, device), kv_pages(*shape, dtype, device), scales)
+
+        def pool() -> Tensor:
+            return kv_pages(
+                (config.num_hidden_layers,),
+                num_pages,
+                page_size,
+                config.num_key_value_heads,
+                config.head_dim,
+                dtype,
+                device,
+            )
+
+        return cls(pool(), pool(), scales)
 
     def layer_scales(self, layer: int) -> Tensor | None:
         return None if self.scales is None else self.scales[layer]
