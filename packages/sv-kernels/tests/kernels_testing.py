@@ -86,11 +86,11 @@ class PagedKV:
         used = sum(pages_per_seq)
         num_pages = used + 3  # a few pages nobody owns (one is the NaN target of unused entries)
         shape = (num_pages, page_size, num_kv_heads, head_dim)
-        # In the model's layout (heads stored apart within a page), filled with random values.
-        k_cache = reference.kv_pages((), *shape, dtype, device).copy_(
+        # In a GPU pool's layout (stored by head within a page), filled with random values.
+        k_cache = reference.kv_pages((), *shape, dtype, device, by_head=True).copy_(
             randn(gen, *shape, dtype=dtype)
         )
-        v_cache = reference.kv_pages((), *shape, dtype, device).copy_(
+        v_cache = reference.kv_pages((), *shape, dtype, device, by_head=True).copy_(
             randn(gen, *shape, dtype=dtype)
         )
         order = torch.randperm(num_pages, generator=gen, device=device)
@@ -122,7 +122,9 @@ class PagedKV:
         caches = []
         for cache, scale in ((self.k_cache, scales[0]), (self.v_cache, scales[1])):
             fp8 = reference.quantize_kv(cache.reshape(-1, hkv, d), scale).view(p, s, hkv, d)
-            caches.append(reference.kv_pages((), p, s, hkv, d, fp8.dtype, fp8.device).copy_(fp8))
+            caches.append(
+                reference.kv_pages((), p, s, hkv, d, fp8.dtype, fp8.device, by_head=True).copy_(fp8)
+            )
         return PagedKV(caches[0], caches[1], self.block_tables, self.seq_lens)
 
     def contiguous(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,6 +62,7 @@ def _rope_case(
     dtype: torch.dtype,
     cache_dtype: torch.dtype,
     padding: bool,
+    by_head: bool,
 ) -> None:
     num_pages = 2 * tokens // PAGE + 3
     cos, sin = rope_tables.rope_tables(d, 4096, 500000.0, Llama3RopeScaling(32.0, 1.0, 4.0, 8192))
@@ -73,12 +74,12 @@ def _rope_case(
         slots[1::3] = -1  # not written
     scales = 2.0 ** -randint(gen, 4, 7, 2, hkv).float() if cache_dtype == FP8 else None
     shape = (num_pages, PAGE, hkv, d)
-    # The op writes the model's pool layout (heads stored apart within a page); the reference
-    # a plain contiguous cache.
+    # The op writes a pool stored in either order (`kv_pages`: the CPU's plain one, or by head
+    # as on a GPU); the reference a plain contiguous cache.
     ref_k = torch.full(shape, float("nan")).to(cache_dtype)
     ref_v = ref_k.clone()
-    k_cache = reference.kv_pages((), *shape, cache_dtype, "cpu").copy_(ref_k)
-    v_cache = reference.kv_pages((), *shape, cache_dtype, "cpu").copy_(ref_v)
+    k_cache = reference.kv_pages((), *shape, cache_dtype, "cpu", by_head).copy_(ref_k)
+    v_cache = reference.kv_pages((), *shape, cache_dtype, "cpu", by_head).copy_(ref_v)
     args = (q, k, v, positions, cos, sin)
     out = cpu_ops.rope_cache_write(*args, k_cache, v_cache, slots, scales)
     ref = reference.rope_cache_write(*args, ref_k, ref_v, slots, scales)
@@ -96,21 +97,29 @@ def _rope_case(
         assert torch.equal(flat[written], ref_flat[written]), f"{name}: values differ"
 
 
+@pytest.mark.parametrize("by_head", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("tokens", "hq", "hkv", "d"), [(1, 9, 3, 64), (13, 4, 4, 32), (40, 6, 2, 16)]
 )
 def test_rope_cache_write_matches_the_reference(
-    cpu_gen: torch.Generator, dtype: torch.dtype, tokens: int, hq: int, hkv: int, d: int
+    cpu_gen: torch.Generator,
+    dtype: torch.dtype,
+    tokens: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    by_head: bool,
 ) -> None:
-    _rope_case(cpu_gen, tokens, hq, hkv, d, dtype, dtype, padding=False)
+    _rope_case(cpu_gen, tokens, hq, hkv, d, dtype, dtype, padding=False, by_head=by_head)
 
 
+@pytest.mark.parametrize("by_head", [False, True])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, FP8])
 def test_rope_cache_write_skips_padding_and_writes_fp8(
-    cpu_gen: torch.Generator, cache_dtype: torch.dtype
+    cpu_gen: torch.Generator, cache_dtype: torch.dtype, by_head: bool
 ) -> None:
-    _rope_case(cpu_gen, 11, 6, 2, 32, torch.float32, cache_dtype, padding=True)
+    _rope_case(cpu_gen, 11, 6, 2, 32, torch.float32, cache_dtype, padding=True, by_head=by_head)
 
 
 def test_rope_rows_follow_the_positions_and_tables(cpu_gen: torch.Generator) -> None:

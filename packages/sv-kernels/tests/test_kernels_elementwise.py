@@ -119,11 +119,11 @@ def _rope_case(
     slots = torch.randperm(num_pages * page_size, generator=gen, device=DEVICE)[:tokens]
     slots[randint(gen, 0, tokens, max(1, tokens // 4))] = -1  # padding tokens: not written
     shape = (num_pages, page_size, hkv, head_dim)
-    # The kernel writes the model's pool layout, the reference a plain contiguous cache.
+    # The kernel writes a GPU pool's layout (by head), the reference a plain contiguous cache.
     ref_k_cache = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
     ref_v_cache = ref_k_cache.clone()
-    k_cache = kv_pages((), *shape, dtype, DEVICE).copy_(ref_k_cache)
-    v_cache = kv_pages((), *shape, dtype, DEVICE).copy_(ref_v_cache)
+    k_cache = kv_pages((), *shape, dtype, DEVICE, by_head=True).copy_(ref_k_cache)
+    v_cache = kv_pages((), *shape, dtype, DEVICE, by_head=True).copy_(ref_v_cache)
 
     q_rot = triton_ops.rope_cache_write(
         q, k, v, positions, cos, sin, k_cache, v_cache, slots, tile_tokens=tile_tokens

@@ -71,11 +71,11 @@ def _rope_fp8_case(
     slots[1::5] = -1  # padding tokens: not written
     scales = random_scales(gen, hkv)
     shape = (num_pages, page_size, hkv, head_dim)
-    # The kernel writes the model's pool layout, the reference a plain contiguous cache.
+    # The kernel writes a GPU pool's layout (by head), the reference a plain contiguous cache.
     ref_k = torch.full(shape, float("nan"), device=DEVICE).to(FP8)
     ref_v = ref_k.clone()
-    k_cache = kv_pages((), *shape, FP8, DEVICE).copy_(ref_k)
-    v_cache = kv_pages((), *shape, FP8, DEVICE).copy_(ref_v)
+    k_cache = kv_pages((), *shape, FP8, DEVICE, by_head=True).copy_(ref_k)
+    v_cache = kv_pages((), *shape, FP8, DEVICE, by_head=True).copy_(ref_v)
     q_rot = triton_ops.rope_cache_write(
         q, k, v, positions, cos, sin, k_cache, v_cache, slots, scales
     )

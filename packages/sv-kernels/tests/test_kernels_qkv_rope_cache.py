@@ -79,10 +79,12 @@ class Case:
         self.scales = None
         if fp8_cache:
             self.scales = torch.rand(2, hkv, generator=gen, device=DEVICE) * 0.05 + 0.01
-        # The fused path writes caches in the model's pool layout (heads stored apart within
+        # The fused path writes caches in a GPU pool's layout (stored by head within
         # a page), the unfused one plain contiguous caches: the same slots either way.
         nan = torch.full(shape, float("nan"), device=DEVICE).to(cache_dtype)
-        pool = [kv_pages((), *shape, cache_dtype, DEVICE).copy_(nan) for _ in range(2)]
+        pool = [
+            kv_pages((), *shape, cache_dtype, DEVICE, by_head=True).copy_(nan) for _ in range(2)
+        ]
         self.caches = [*pool, nan.clone(), nan.clone()]
         self.projection: torch.Tensor | None = None  # what `unfused` rotated
 

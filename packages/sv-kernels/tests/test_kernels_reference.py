@@ -132,11 +132,11 @@ def test_rope_cache_write_reference_writes_only_its_slots(cpu_gen: torch.Generat
     assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all()
 
 
-def test_kv_pages_store_each_heads_page_as_one_run() -> None:
-    """Indexed [layers, P, S, Hkv, D]; (layer l, page p, KV head h)'s S x D values sit at
-    element offset ((l * P + p) * Hkv + h) * S * D, one contiguous run (computed by hand)."""
+def test_kv_pages_by_head_store_each_heads_page_as_one_run() -> None:
+    """Indexed [layers, P, S, Hkv, D]; by head, (layer l, page p, KV head h)'s S x D values sit
+    at element offset ((l * P + p) * Hkv + h) * S * D, one contiguous run (computed by hand)."""
     layers, pages, page, hkv, d = 2, 5, 16, 3, 8
-    cache = reference.kv_pages((layers,), pages, page, hkv, d, torch.bfloat16, "cpu")
+    cache = reference.kv_pages((layers,), pages, page, hkv, d, torch.bfloat16, "cpu", True)
     assert cache.shape == (layers, pages, page, hkv, d)
     assert not cache.any()
     for layer, p, h in ((0, 0, 0), (1, 3, 2), (0, 4, 1)):
@@ -146,6 +146,12 @@ def test_kv_pages_store_each_heads_page_as_one_run() -> None:
     cache[1, 3, 5, 2, 7] = 1.0  # slot 5 of that run, element 7
     flat = cache.transpose(-3, -2).contiguous().view(-1)  # the storage order
     assert flat.nonzero().item() == ((1 * pages + 3) * hkv + 2) * page * d + 5 * d + 7
+
+
+def test_kv_pages_on_the_cpu_are_plain_and_zeroed() -> None:
+    """The CPU's pool (the default off CUDA) is a plain contiguous [layers, P, S, Hkv, D]."""
+    cache = reference.kv_pages((2,), 5, 16, 3, 8, torch.float32, "cpu")
+    assert cache.shape == (2, 5, 16, 3, 8) and cache.is_contiguous() and not cache.any()
 
 
 # --- attention ----------------------------------------------------------------------------

@@ -112,10 +112,13 @@ def _rotation_rows(positions: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor,
 def _write(cache: Tensor, slots: Tensor, values: Tensor) -> None:
     """cache [P, S, Hkv, D] (any strides) at slots (page * S + offset) [T] int64 = values
     [T, Hkv, D]."""
-    if cache.dtype == reference.FP8_KV_DTYPE:  # index_put_ has no FP8 kernel: copy the bytes
+    if cache.dtype == reference.FP8_KV_DTYPE:  # no FP8 kernel for either write: copy the bytes
         cache, values = cache.view(torch.uint8), values.view(torch.uint8)
-    page_size = cache.shape[1]
-    cache.index_put_((slots // page_size, slots % page_size), values)
+    if cache.is_contiguous():  # the CPU pool (`reference.kv_pages`): ~2x faster than index_put_
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, values)
+    else:
+        page_size = cache.shape[1]
+        cache.index_put_((slots // page_size, slots % page_size), values)
 
 
 def on_threads(threads: int, op: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:

@@ -14,7 +14,7 @@ Shapes use these letters:
 The paged KV cache of one layer is a pair of tensors `k_cache`, `v_cache` of shape [P, S, Hkv, D].
 Token position `pos` of a sequence lives in page `block_table[pos // S]` at offset `pos % S`;
 its "slot" is `page * S + offset`. Every op takes the caches through their strides: the pool
-the model allocates (`kv_pages`) is stored head by head within each page.
+the model allocates on a GPU (`kv_pages`) is stored head by head within each page.
 """
 
 from __future__ import annotations
@@ -33,15 +33,25 @@ def kv_pages(
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device | str,
+    by_head: bool | None = None,
 ) -> Tensor:
-    """A zeroed K or V pool [*leading, P, S, Hkv, D], stored [*leading, P, Hkv, S, D].
+    """A zeroed K or V pool [*leading, P, S, Hkv, D]; `by_head` stores it [*leading, P, Hkv, S, D].
 
-    Indexed as every op expects, by page, slot, head; stored so that one KV head's S tokens of a
-    page are one contiguous run of S * D values (2 KiB in BF16 at D = 64) instead of S runs of
-    D values a head apart. The decode attention reads a (sequence, KV head) pair's pages, and on
-    the H200 it streams them faster this way (BENCHMARKS.md, run 132): FP8 pages, 256
+    Indexed as every op expects, by page, slot, head. Stored by head, one KV head's S tokens of
+    a page are one contiguous run of S * D values (2 KiB in BF16 at D = 64) instead of S runs of
+    D values a head apart. The GPU's decode attention reads a (sequence, KV head) pair's pages,
+    and on the H200 it streams them faster that way (BENCHMARKS.md, run 132): FP8 pages, 256
     sequences of 1k tokens, 130.2 -> 117.0 us; BF16 134.0 -> 128.5; FP8 1 x 32k 20.0 -> 18.6.
+    The CPU ops gather whole pages of every head at once, and there the plain order is faster
+    (the default model's int8 decode: 1.77 s of CPU time for 64 tokens against 1.90 s by head).
+    By default, by head on CUDA only.
     """
+    if by_head is None:
+        by_head = torch.device(device).type == "cuda"
+    if not by_head:
+        return torch.zeros(
+            (*leading, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
+        )
     storage = torch.zeros(
         (*leading, num_pages, num_kv_heads, page_size, head_dim), dtype=dtype, device=device
     )

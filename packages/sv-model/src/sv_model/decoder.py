@@ -29,8 +29,8 @@ from sv_model.weights import ModelWeights
 
 @dataclass
 class KVCache:
-    """The paged KV pool: k and v are [layers, pages, page_size, kv_heads, head_dim], stored
-    head by head within each page (`sv_kernels.reference.kv_pages`).
+    """The paged KV pool: k and v are [layers, pages, page_size, kv_heads, head_dim], on a GPU
+    stored head by head within each page (`sv_kernels.reference.kv_pages`).
 
     A page id names the same 16 token slots in every layer, so one block table serves all layers.
     An FP8 (e4m3) pool has `scales` [layers, 2, kv_heads] (FP32): K and V are stored divided by
