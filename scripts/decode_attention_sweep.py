@@ -28,12 +28,13 @@ from functools import partial
 
 import torch
 from sv_kernels import graphs, triton_ops
+from sv_kernels.reference import kv_pages
 
 Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 64, 16
 CASES = ((1, 32768), (1, 100_000))
 SPLITS = (32, 64, 128, 256)
 TILES = (64, 128)
-WARPS = (4, 8)
+WARPS = (1, 2, 4)
 STAGES = (0, 2, 3)
 DEFAULT = (0, 0, 4, 0)  # (splits, tile, warps, stages): paged_decode_attention's defaults
 
@@ -45,8 +46,11 @@ def inputs(
     pages = batch * per_sequence
     out = []
     for _ in range(sets):
-        k = torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda").to(dtype)
-        v = torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda").to(dtype)
+        # In the engine's pool layout (on CUDA, each page stored head by head).
+        k = kv_pages((), pages, PAGE, KV_HEADS, HEAD_DIM, dtype, "cuda")
+        v = kv_pages((), pages, PAGE, KV_HEADS, HEAD_DIM, dtype, "cuda")
+        k.copy_(torch.randn(k.shape, device="cuda"))
+        v.copy_(torch.randn(v.shape, device="cuda"))
         tables = torch.randperm(pages, device="cuda").view(batch, per_sequence).to(torch.int32)
         lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
         q = torch.randn(batch, Q_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
