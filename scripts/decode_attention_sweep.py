@@ -10,8 +10,8 @@ one process agreed within about 1% (BENCHMARKS.md run 119), yet one shape can me
 differently in another process (FP8 pages, 128-token steps, 64 x 4k: 109 us in run 117, 169 in
 run 118): compare shapes within a run, and trust a choice only where separate runs agree.
 Prints the best rows per case and the launch defaults' row (marked); what the defaults should
-become is read off here. A split count, tile or stage count of 0 is the kernel's own choice for
-that case.
+become is read off here. A split count, tile, warp or stage count of 0 is the kernel's own
+choice for that case.
 
     python3 scripts/decode_attention_sweep.py        (on the GPU; PYTHONPATH as gpu-check.sh)
     python3 scripts/decode_attention_sweep.py --cases 1x384,256x1024 --splits 0 --tiles 0,128 \
@@ -36,7 +36,7 @@ SPLITS = (32, 64, 128, 256)
 TILES = (64, 128)
 WARPS = (1, 2, 4)
 STAGES = (0, 2, 3)
-DEFAULT = (0, 0, 4, 0)  # (splits, tile, warps, stages): paged_decode_attention's defaults
+DEFAULT = (0, 0, 0, 0)  # (splits, tile, warps, stages): paged_decode_attention's defaults
 
 
 def inputs(
@@ -103,7 +103,7 @@ def time_shape(
             kv_scales=scales,
             num_splits=splits or None,
             tile_n=tile or None,
-            num_warps=warps,
+            num_warps=warps or None,
             num_stages=stages or None,
         )
         for q, k, v, tables, lens in sets
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument(
         "--tiles", type=_ints, default=TILES, help="tokens per inner step; 0: default"
     )
-    parser.add_argument("--warps", type=_ints, default=WARPS)
+    parser.add_argument("--warps", type=_ints, default=WARPS, help="0: default")
     parser.add_argument("--stages", type=_ints, default=STAGES, help="0: default")
     parser.add_argument("--dtypes", default="bf16,fp8", help="page types: bf16, fp8 or both")
     parser.add_argument("--rounds", type=int, default=1, help="timings per shape, new inputs each")
@@ -155,7 +155,7 @@ def main() -> None:
             frac = kv_bytes / (ms * 1e-3) / 1e9 / copy
             spread = f" ({low * 1e3:.1f}-{high * 1e3:.1f})" if args.rounds > 1 else ""
             print(
-                f"  splits {splits or 'auto':>4} tile {tile or 'auto':>4} warps {warps} "
+                f"  splits {splits or 'auto':>4} tile {tile or 'auto':>4} warps {warps or 'auto':>4} "
                 f"stages {stages or 'auto':>4}: {ms * 1e3:7.1f} us{spread}  {frac:.2f} of copy"
                 + ("  (default)" if launch == DEFAULT else "")
             )

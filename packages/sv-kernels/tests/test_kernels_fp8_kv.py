@@ -120,6 +120,24 @@ def test_decode_attention_fp8(
         assert_close(out, ref, f"fp8 decode, num_splits={num_splits}")
 
 
+@gpu_test
+@pytest.mark.parametrize(("batch", "context"), [(256, 1024), (48, 1024), (1, 32768)])
+def test_decode_attention_fp8_serving_shapes(
+    gen: torch.Generator, batch: int, context: int
+) -> None:
+    """Llama 3.2 1B's heads at the batches whose default launch shapes differ (one warp, two,
+    four with context splits), each against the reference on the same FP8 pages."""
+    hq, hkv, head_dim = 32, 8, 64
+    lens = [context, *randint(gen, context // 2, context, batch - 1).tolist()]
+    scales = random_scales(gen, hkv)
+    kv = fp8_paged_kv(gen, lens, hkv, head_dim, scales)
+    q = randn(gen, batch, hq, head_dim, dtype=torch.bfloat16)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 1 / math.sqrt(head_dim))
+    ref = reference.paged_decode_attention(*args, scales)
+    out = triton_ops.paged_decode_attention(*args, scales)
+    assert_close(out, ref, f"fp8 decode, {batch} x {context}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_attention_fp8(gen: torch.Generator, dtype: torch.dtype) -> None:
     hq, hkv, head_dim, q_lens, prefixes = 6, 2, 64, [5, 40], [0, 19]

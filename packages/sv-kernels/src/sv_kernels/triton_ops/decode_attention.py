@@ -242,27 +242,32 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, sms: int)
 
 def _default_launch(
     block_d: int, fp8_cache: bool, programs: int, num_splits: int, sms: int
-) -> tuple[int, int]:
-    """(tokens per inner step, pipeline stages) for `programs` = B * Hkv unsplit programs.
+) -> tuple[int, int, int]:
+    """(tokens per inner step, warps, pipeline stages) for `programs` = B * Hkv programs.
 
-    Measured at 64-wide heads on the H200 (scripts/decode_attention_sweep.py, graph-timed,
-    BENCHMARKS.md runs 117 and 119; only what both runs agree on is a default here):
-    - split contexts (small batches, long contexts): 128-token steps, three stages; at batch
-      1, 32k tokens, 22.8 us against 28.2 with 64-token steps (run 67: 22.5 against 27.7);
-    - unsplit, many programs per SM (256 sequences of 1k tokens): two stages, 64-token steps;
-      BF16 pages 134.2 against 148.7 us with three, FP8 pages 130.4 against 142.8;
-    - unsplit, at most four programs per SM (64 sequences of 4k tokens): BF16 pages 128-token
-      steps, two stages, 133.6 against 176.9 us with the 64-token steps and three stages
-      they had; FP8 pages keep those (139.5 us; 128-token steps measured 109 in one run and
-      164-170 in the other).
+    Measured at 64-wide heads on the H200 (scripts/decode_attention_sweep.py, graph-timed;
+    only what separate runs agree on is a default here):
+    - split contexts (small batches, long contexts): 128-token steps, four warps, three stages;
+      at batch 1, 32k tokens, 22.8 us against 28.2 with 64-token steps (runs 67, 117, 119), and
+      fewer warps do not help (run 136: 20.7 against 18.6 us with FP8 pages);
+    - BF16 pages, unsplit: four warps; many programs per SM (256 sequences of 1k tokens) take
+      64-token steps and two stages (134.2 against 148.7 us with three, run 119), at most four
+      programs per SM (64 sequences of 4k) 128-token steps and two stages (133.6 against
+      176.9 us);
+    - FP8 pages, unsplit: a quarter of the bytes leaves the loop's instructions, not the reads,
+      the limit, and fewer warps issue fewer of them (runs 136 and 137, two processes each,
+      agreeing within 0.3%): 256 x 1k, 64-token steps, one warp, three stages, 97.5 against
+      117.2 us with four warps; 64 x 4k, 128-token steps, two warps, three stages, 114.4
+      against 131.5 us.
     Wider heads keep the shape they were measured with (32-token steps, three stages)."""
     if block_d > 64:
-        return 32, 3
+        return 32, 4, 3
     if num_splits > 1:
-        return 128, 3
-    if programs > 4 * sms:
-        return 64, 2
-    return (64, 3) if fp8_cache else (128, 2)
+        return 128, 4, 3
+    many = programs > 4 * sms
+    if fp8_cache:
+        return (64, 1, 3) if many else (128, 2, 3)
+    return (64, 4, 2) if many else (128, 4, 2)
 
 
 def paged_decode_attention(
@@ -277,7 +282,7 @@ def paged_decode_attention(
     *,
     num_splits: int | None = None,
     tile_n: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its paged K/V. See `reference.paged_decode_attention`.
@@ -285,7 +290,7 @@ def paged_decode_attention(
     `num_splits` forces the number of context slices (1 = no flash-decoding merge); by default
     `choose_num_splits` picks it from B, Hkv, the SM count and block_tables' width. `tile_n`
     (tokens per inner step), `num_warps` and `num_stages` are the kernel's launch shape,
-    settable for tuning sweeps; `tile_n` and `num_stages` default to `_default_launch`'s.
+    settable for tuning sweeps; each defaults to `_default_launch`'s.
     """
     q = unit_last_stride(q)
     block_tables, seq_lens = unit_last_stride(block_tables), seq_lens.contiguous()
@@ -314,10 +319,11 @@ def paged_decode_attention(
     else:  # unused by the kernel
         partial_acc = partial_max = partial_sum = out
     block_d = max(16, next_pow2(head_dim))  # tl.dot needs K >= 16
-    default_tile, default_stages = _default_launch(
+    default_tile, default_warps, default_stages = _default_launch(
         block_d, kv_scales is not None, batch * num_kv_heads, num_splits, sms
     )
     tile_n = tile_n or default_tile
+    num_warps = num_warps or default_warps
     num_stages = num_stages or default_stages
     pdl = use_pdl(q.device)
     _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
