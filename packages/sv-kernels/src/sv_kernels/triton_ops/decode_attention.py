@@ -254,11 +254,14 @@ def _default_launch(
       64-token steps and two stages (134.2 against 148.7 us with three, run 119), at most four
       programs per SM (64 sequences of 4k) 128-token steps and two stages (133.6 against
       176.9 us);
-    - FP8 pages, unsplit: a quarter of the bytes leaves the loop's instructions, not the reads,
-      the limit, and fewer warps issue fewer of them (runs 136 and 137, two processes each,
-      agreeing within 0.3%): 256 x 1k, 64-token steps, one warp, three stages, 97.5 against
-      117.2 us with four warps; 64 x 4k, 128-token steps, two warps, three stages, 114.4
-      against 131.5 us.
+    - FP8 pages, unsplit: fewer warps and deeper pipelines. With four warps a tile's row
+      maxima and sums cross warps through shared memory, and the loop waits at each barrier;
+      one warp reduces by shuffles (runs 136-137, two processes agreeing within 0.3%: 256 x
+      1k, 64-token steps, three stages, 117.2 -> 97.5 us). Five stages instead of three then
+      keep more copies in flight (runs 139-140): 256 x 1k, one warp, 97.9 -> 83.7 us (0.76 of
+      copy), 128 x 1k 51.8 -> 43.2; at most four programs per SM, two warps, 128-token steps:
+      64 x 4k 114.5 -> 95.1, 48 x 1k 30.6 -> 27.7 (four warps, two stages: 25.5, but 153 us at
+      64 x 4k). Four stages measured as three, six as five.
     Wider heads keep the shape they were measured with (32-token steps, three stages)."""
     if block_d > 64:
         return 32, 4, 3
@@ -266,7 +269,7 @@ def _default_launch(
         return 128, 4, 3
     many = programs > 4 * sms
     if fp8_cache:
-        return (64, 1, 3) if many else (128, 2, 3)
+        return (64, 1, 5) if many else (128, 2, 5)
     return (64, 4, 2) if many else (128, 4, 2)
 
 
