@@ -247,9 +247,10 @@ def _default_launch(
 
     Measured at 64-wide heads on the H200 (scripts/decode_attention_sweep.py, graph-timed;
     only what separate runs agree on is a default here):
-    - split contexts (small batches, long contexts): 128-token steps, four warps, three stages;
-      at batch 1, 32k tokens, 22.8 us against 28.2 with 64-token steps (runs 67, 117, 119), and
-      fewer warps do not help (run 136: 20.7 against 18.6 us with FP8 pages);
+    - split contexts (small batches, long contexts): 128-token steps, four warps, three
+      stages; at batch 1, 32k tokens, 22.8 us against 28.2 with 64-token steps (runs 67, 117,
+      119), and fewer warps do not help (run 136: 20.7 against 18.6 us with FP8 pages); FP8
+      pages at 2 to 16 sequences excepted (below);
     - BF16 pages, unsplit: four warps; many programs per SM (256 sequences of 1k tokens) take
       64-token steps and two stages (134.2 against 148.7 us with three, run 119), at most four
       programs per SM (64 sequences of 4k) 128-token steps and two stages (133.6 against
@@ -261,12 +262,16 @@ def _default_launch(
       keep more copies in flight (runs 139-140): 256 x 1k, one warp, 97.9 -> 83.7 us (0.76 of
       copy), 128 x 1k 51.8 -> 43.2; at most four programs per SM, two warps, 128-token steps:
       64 x 4k 114.5 -> 95.1, 48 x 1k 30.6 -> 27.7 (four warps, two stages: 25.5, but 153 us at
-      64 x 4k). Four stages measured as three, six as five.
+      64 x 4k). Four stages measured as three, six as five;
+    - FP8 pages split into more than 4 slices but fewer than `_MAX_SPLITS` (measured at 5 to
+      33: 2 to 16 sequences at 8 KV heads): two warps and five stages as well (run 142): 2 x 16k 24.8 -> 20.0 us, 4 x 16k 43.7 -> 32.2, 8 x 8k
+      43.9 -> 35.4, 16 x 4k 40.4 -> 37.9. At the most slices (batch 1) four warps and three
+      stages stayed best (1 x 32k 18.7 against 20.0), and at 3 (32 x 2k) 37.3 against 38.9.
     Wider heads keep the shape they were measured with (32-token steps, three stages)."""
     if block_d > 64:
         return 32, 4, 3
     if num_splits > 1:
-        return 128, 4, 3
+        return (128, 2, 5) if fp8_cache and 4 < num_splits < _MAX_SPLITS else (128, 4, 3)
     many = programs > 4 * sms
     if fp8_cache:
         return (64, 1, 5) if many else (128, 2, 5)
