@@ -327,6 +327,10 @@ def test_tokenize_defaults_to_the_default_model(default_model: Path) -> None:
     assert done.stdout.split() == [str(i) for i in expected]
 
 
+def _sigint_at_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_streaming_puts_the_stats_on_a_line_of_their_own(
     default_model: Path,
 ) -> None:
@@ -334,6 +338,9 @@ def test_ctrl_c_while_streaming_puts_the_stats_on_a_line_of_their_own(
         [str(SV), "generate", "--stats", "Write a long story about a dragon.", "200"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # As a terminal starts it: a shell's background job (`make test &`) hands its children
+        # SIGINT ignored, and Python then installs no KeyboardInterrupt for it.
+        preexec_fn=_sigint_at_default,
     )
     assert child.stdout is not None
     # The first streamed byte (read unbuffered: communicate() reads the pipe itself).
