@@ -121,12 +121,15 @@ def test_decode_attention_fp8(
 
 
 @gpu_test
-@pytest.mark.parametrize(("batch", "context"), [(256, 1024), (48, 1024), (4, 16384), (1, 32768)])
+@pytest.mark.parametrize(
+    ("batch", "context"), [(256, 1024), (48, 1024), (32, 2048), (4, 16384), (1, 32768)]
+)
 def test_decode_attention_fp8_serving_shapes(
     gen: torch.Generator, batch: int, context: int
 ) -> None:
-    """Llama 3.2 1B's heads at the batches whose default launch shapes differ (one warp, two,
-    two and four with context splits), each against the reference on the same FP8 pages."""
+    """Llama 3.2 1B's heads at the batches whose default launch shapes differ (unsplit: one
+    warp, two; split: four warps and five stages, two and five, four and three), each against
+    the reference on the same FP8 pages."""
     hq, hkv, head_dim = 32, 8, 64
     lens = [context, *randint(gen, context // 2, context, batch - 1).tolist()]
     scales = random_scales(gen, hkv)

@@ -264,14 +264,18 @@ def _default_launch(
       64 x 4k 114.5 -> 95.1, 48 x 1k 30.6 -> 27.7 (four warps, two stages: 25.5, but 153 us at
       64 x 4k). Four stages measured as three, six as five;
     - FP8 pages split into more than 4 slices but fewer than `_MAX_SPLITS` (measured at 5 to
-      33: 2 to 16 sequences at 8 KV heads): two warps and five stages as well (run 142): 2 x 16k 24.8 -> 20.0 us, 4 x 16k 43.7 -> 32.2, 8 x 8k
-      43.9 -> 35.4, 16 x 4k 40.4 -> 37.9. At the most slices (batch 1) four warps and three
-      stages stayed best (1 x 32k 18.7 against 20.0), and at 3 (32 x 2k) 37.3 against 38.9.
+      33: 2 to 16 sequences at 8 KV heads): two warps and five stages as well (run 142): 2 x
+      16k 24.8 -> 20.0 us, 4 x 16k 43.7 -> 32.2, 8 x 8k 43.9 -> 35.4, 16 x 4k 40.4 -> 37.9.
+      Into at most 4 slices (17 to 32 sequences): four warps and five stages (runs 140, 142,
+      143: 32 x 2k 37.4 -> 34.0). At the most slices (batch 1) four warps and three stages
+      stayed best (1 x 32k 18.7 against 20.0).
     Wider heads keep the shape they were measured with (32-token steps, three stages)."""
     if block_d > 64:
         return 32, 4, 3
     if num_splits > 1:
-        return (128, 2, 5) if fp8_cache and 4 < num_splits < _MAX_SPLITS else (128, 4, 3)
+        if not fp8_cache or num_splits >= _MAX_SPLITS:
+            return 128, 4, 3
+        return (128, 4, 5) if num_splits <= 4 else (128, 2, 5)
     many = programs > 4 * sms
     if fp8_cache:
         return (64, 1, 5) if many else (128, 2, 5)
