@@ -247,6 +247,33 @@ def test_scaled_mm_quantizes_activations_per_token(gen: torch.Generator) -> None
         assert_matches_dequantized(out[row : row + 1], x[row : row + 1], w, 4e-2, f"row {row}")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
+def test_scaled_mm_writes_fp32_unrounded(gen: torch.Generator, device: str) -> None:
+    """FP32 out (the LM head's logits) comes from the FP32 accumulator, not rounded to BF16
+    and widened: against the product of the same e4m3 activations in FP32, the error is far
+    below BF16's rounding (2^-9 of a value; ~2.7e-3 of the largest here when rounded)."""
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    x = randn(cpu, 256, 512, dtype=torch.bfloat16).to(device)
+    w = quantize(randn(cpu, 1024, 512, dtype=torch.bfloat16, scale=0.05).to(device), "fp8")
+    xq, x_scale = reference.quantize_rows_fp8(x)
+    expected = (xq.float() * x_scale) @ dequantize(w, torch.float32).t()
+    plan = LinearPlan(quantized_many_rows="scaled_mm")
+
+    def product(out_dtype: torch.dtype | None) -> torch.Tensor:
+        # On CUDA through `ops.linear`'s routing; on the CPU it would take the reference.
+        if device == "cuda":
+            return ops.linear(x, w, out_dtype=out_dtype, plan=plan)
+        return quantized_ops.scaled_mm(x, w, out_dtype)
+
+    for out_dtype, bound in ((torch.float32, 5e-4), (None, 1e-2)):
+        out = product(out_dtype)
+        assert out.dtype == (out_dtype or torch.bfloat16)
+        error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
+        assert error < bound, f"out_dtype {out_dtype}: {error:.2e} of the largest"
+    rounded = product(None).float()
+    assert ((rounded - expected).abs().max() / expected.abs().max()).item() > 5e-4
+
+
 def test_ops_linear_swiglu_and_embedding_take_quantized_weights(gen: torch.Generator) -> None:
     cpu = torch.Generator().manual_seed(gen.initial_seed())
     x = randn(cpu, 3, 32, dtype=torch.float32)
@@ -288,6 +315,11 @@ def test_ops_linear_many_rows_on_the_gpu(
     x = randn(gen, 256, k, dtype=torch.bfloat16)
     w = quantize(randn(gen, n, k, dtype=torch.bfloat16, scale=0.02), kind)
     assert_matches_dequantized(ops.linear(x, w), x, w, 1e-2, f"{kind} dequantize + cuBLAS")
+    # FP32 out: cuBLAS's FP32 sums of x and the BF16-dequantized weight, not rounded to BF16.
+    out = ops.linear(x, w, out_dtype=torch.float32)
+    expected = x.float() @ dequantize(w, x.dtype).float().t()
+    assert out.dtype == torch.float32
+    assert ((out - expected).abs().max() / expected.abs().max()).item() < 1e-4
     if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
         out = ops.linear(x, w, plan=LinearPlan(quantized_many_rows="scaled_mm"))
         assert_matches_dequantized(out, x, w, 4e-2, "fp8 scaled_mm")

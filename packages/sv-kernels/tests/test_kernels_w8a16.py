@@ -22,15 +22,20 @@ HALF_STEP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.
 
 
 def assert_rounded_once(
-    out: torch.Tensor, x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor
+    out: torch.Tensor,
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
 ) -> None:
+    out_dtype = out_dtype or x.dtype
     w = data.double() * scale.double()[:, None]
     exact = x.double() @ w.t()
     magnitude = x.double().abs() @ w.abs().t()
-    bound = HALF_STEP[x.dtype] * exact.abs() + 2.0**-16 * magnitude + 1e-30
+    bound = HALF_STEP[out_dtype] * exact.abs() + 2.0**-16 * magnitude + 1e-30
     excess = (out.double() - exact).abs() / bound
     worst = int(excess.argmax())
-    assert out.dtype == x.dtype and out.shape == exact.shape
+    assert out.dtype == out_dtype and out.shape == exact.shape
     assert float(excess.max()) <= 1.0, (
         f"output {divmod(worst, out.shape[1])}: {float(out.flatten()[worst])} against "
         f"{float(exact.flatten()[worst])} (bound {float(bound.flatten()[worst]):.3g})"
@@ -80,6 +85,16 @@ def test_w8a16_default_tiles_at_every_row_count(
     data, scale = weights(gen, kind, 3072, 2048)
     x = randn(gen, rows, 2048, dtype=torch.bfloat16)
     assert_rounded_once(w8a16_matmul(x, data, scale, default_tile(rows)), x, data, scale)
+
+
+@pytest.mark.parametrize("rows", [3, pytest.param(256, marks=GPU)])
+def test_w8a16_writes_fp32_from_its_sums(gen: torch.Generator, rows: int) -> None:
+    """FP32 out (the LM head's logits) of 16-bit x: the FP32 sums themselves, never rounded
+    to x's type (the bound is 2^-24 of each value plus the sums' own error)."""
+    data, scale = weights(gen, "fp8", 256, 512)
+    x = randn(gen, rows, 512, dtype=torch.bfloat16)
+    out = w8a16_matmul(x, data, scale, out_dtype=torch.float32)
+    assert_rounded_once(out, x, data, scale, torch.float32)
 
 
 def test_w8a16_every_int8_value_converts_exactly(gen: torch.Generator) -> None:

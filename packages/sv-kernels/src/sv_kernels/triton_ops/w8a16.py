@@ -110,10 +110,12 @@ def w8a16_matmul(
     data: torch.Tensor,
     scale: torch.Tensor,
     tile: W8A16Tile | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x [M, K] (BF16/FP16; FP32 under the interpreter) times the 8-bit weight `data` [N, K]
     (int8 or float8_e4m3fn) whose row n stands for data[n] * scale[n] (`scale` FP32 [N]):
-    returns [M, N] in x's dtype. `tile` forces a launch shape (for sweeps)."""
+    returns [M, N] in out_dtype (default x's), rounded once from the FP32 sums. `tile` forces
+    a launch shape (for sweeps)."""
     if x.dim() != 2 or data.dim() != 2 or x.shape[1] != data.shape[1]:
         raise KernelError(
             f"w8a16_matmul: x {list(x.shape)} and weight {list(data.shape)} must be [M, K], [N, K]"
@@ -128,7 +130,7 @@ def w8a16_matmul(
     x, data = unit_last_stride(x), unit_last_stride(data)
     scale = scale.contiguous()
     rows, n, k = x.shape[0], data.shape[0], data.shape[1]
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((rows, n), dtype=out_dtype or x.dtype, device=x.device)
     if rows == 0:
         return out
     block_m, block_n, block_k, warps, stages = tile or default_tile(rows)
