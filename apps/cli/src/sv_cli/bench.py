@@ -556,11 +556,13 @@ def bench_quantized(
     quick: bool,
     bf16_throughput: float | None,
     kv_cache_dtype: str = "auto",
+    profile_dir: Path | None = None,
 ) -> None:
     """decode-b1, throughput and the resident weight bytes with the matrices quantized at load
     to `mode` (fp8 or int8), each row tagged [mode]; run beside the BF16 rows of the same call.
     With kv_cache_dtype="fp8" the cache holds FP8 pages too (rows tagged [mode + fp8 KV]), as
-    an engine serving for throughput runs both."""
+    an engine serving for throughput runs both. With `profile_dir`, where a 256-row decode
+    step's GPU time goes, as `--profile` shows it for BF16."""
 
     from sv_cli.bench_runner import weight_bytes_per_decode_step
 
@@ -591,6 +593,8 @@ def bench_quantized(
         )
         if bf16_throughput:
             report.add(Row("throughput vs BF16" + tag, rate / bf16_throughput, "x"))
+    if profile_dir is not None:
+        profile_decode_batch(engine, tag, profile_dir)
     del engine, weights
     free_device_memory()
 
@@ -609,7 +613,7 @@ def profile_steps(label: str, run: Callable[[], object], out_dir: Path) -> None:
     events = [e for e in prof.key_averages() if e.device_time_total > 0]
     gpu_total = sum(e.self_device_time_total for e in events)
     lines = [f"--- profile: {label}: wall {wall * 1e3:.1f} ms, GPU busy {gpu_total / 1e3:.1f} ms"]
-    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:16]:
         share = e.self_device_time_total / max(gpu_total, 1)
         lines.append(
             f"  {e.self_device_time_total / 1e3:8.2f} ms {share:5.1%} {e.count:6d}x  {e.key[:90]}"
@@ -655,8 +659,20 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
         lambda: engine.generate(long, SamplingParams(max_new_tokens=1, ignore_eos=True)),
         out_dir,
     )
-    # 256 sequences decoding together (contexts ~100..1,024): 16 steps, after their prefill.
-    for p in _random_prompts(rng, 256, 100, 1024, _vocab(engine)):
+    profile_decode_batch(engine, "", out_dir, host=True)
+    host_profile(
+        "decode-b1, 32 tokens",
+        lambda: engine.generate(one, SamplingParams(max_new_tokens=32, ignore_eos=True)),
+        out_dir,
+    )
+
+
+def profile_decode_batch(engine: Any, tag: str, out_dir: Path, host: bool = False) -> None:
+    """256 sequences decoding together (contexts ~100..1,024): the GPU (and with `host` the
+    host) profile of 16 steps after their prefill."""
+    from sv_engine import SamplingParams
+
+    for p in _random_prompts(random.Random(6), 256, 100, 1024, _vocab(engine)):
         engine.add_request(p, SamplingParams(max_new_tokens=40, ignore_eos=True), stream_text=False)
     while any(not s.decoding for s in engine.scheduler.running()) or engine.scheduler.num_waiting:
         engine.step()
@@ -665,15 +681,11 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
         for _ in range(16):
             engine.step()
 
-    profile_steps("decode batch 256, 16 steps", decode_steps, out_dir)
-    host_profile("decode batch 256, 16 steps", decode_steps, out_dir)
+    profile_steps("decode batch 256, 16 steps" + tag, decode_steps, out_dir)
+    if host:
+        host_profile("decode batch 256, 16 steps" + tag, decode_steps, out_dir)
     while engine.has_unfinished():
         engine.step()
-    host_profile(
-        "decode-b1, 32 tokens",
-        lambda: engine.generate(one, SamplingParams(max_new_tokens=32, ignore_eos=True)),
-        out_dir,
-    )
 
 
 def bench_peer(report: Report, model_dir: Path, quick: bool) -> None:
@@ -865,11 +877,30 @@ def bench_main(argv: list[str]) -> int:
         del engine
         free_device_memory()
     workloads = {name for name in ("decode", "throughput") if want(name)}
+    profile_dir = Path(args.workdir) if args.profile else None
     for mode in modes:
-        bench_quantized(report, model_dir, roof, mode, workloads, args.quick, bf16_throughput)
+        bench_quantized(
+            report,
+            model_dir,
+            roof,
+            mode,
+            workloads,
+            args.quick,
+            bf16_throughput,
+            "auto",
+            profile_dir,
+        )
     if "fp8" in modes and "throughput" in workloads:
         bench_quantized(
-            report, model_dir, roof, "fp8", {"throughput"}, args.quick, bf16_throughput, "fp8"
+            report,
+            model_dir,
+            roof,
+            "fp8",
+            {"throughput"},
+            args.quick,
+            bf16_throughput,
+            "fp8",
+            profile_dir,
         )
     if only is not None and "spec" in only:
         from sv_cli import bench_spec
