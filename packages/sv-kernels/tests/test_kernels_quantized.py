@@ -13,6 +13,7 @@ import functools
 import importlib
 import itertools
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -274,6 +275,69 @@ def test_scaled_mm_writes_fp32_unrounded(gen: torch.Generator, device: str) -> N
     assert ((rounded - expected).abs().max() / expected.abs().max()).item() > 5e-4
 
 
+@pytest.mark.parametrize("rows", [1, 7, pytest.param(256, marks=GPU)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_scaled_mm_tensorwise_rounds_the_scaled_product_once(
+    gen: torch.Generator, rows: int, out_dtype: torch.dtype
+) -> None:
+    """Unit scales in the matmul, then both scale vectors: each output is the FP64 product of
+    the same e4m3 activations and weights, times both scales, rounded once to out_dtype (up to
+    the sums' own error). Dropping either scale, or applying one twice, fails by far."""
+    cpu = torch.Generator().manual_seed(gen.initial_seed())
+    x = randn(cpu, rows, 512, dtype=torch.bfloat16).to(DEVICE)
+    x[0] *= 50  # rows of different sizes: each keeps its own scale
+    w = quantize(randn(cpu, 1024, 512, dtype=torch.bfloat16, scale=0.05).to(DEVICE), "fp8")
+    xq, x_scale = reference.quantize_rows_fp8(x)
+    exact = (xq.double() * x_scale.double()) @ dequantize(w, torch.float64).t()
+    magnitude = (xq.double() * x_scale.double()).abs() @ dequantize(w, torch.float64).abs().t()
+    half_step = 2.0**-8 if out_dtype == torch.bfloat16 else 2.0**-24
+    # The sums' own error: FP32 on the CPU; on CUDA the FP8 tensor cores keep about 14 bits
+    # of a partial sum before cuBLAS adds it into FP32 (DeepSeek-V3's report measured this).
+    summed = 2.0**-16 if DEVICE.type == "cpu" else 2.0**-12
+    bound = half_step * exact.abs() + summed * magnitude + 1e-30
+    if DEVICE.type == "cuda":  # through ops.linear's routing, as the decoder calls it
+        plan = LinearPlan(quantized_few_rows="scaled_mm_tensorwise")
+        plan = replace(plan, quantized_many_rows="scaled_mm_tensorwise")
+        out = ops.linear(x, w, out_dtype=out_dtype, plan=plan)
+    else:
+        out = quantized_ops.scaled_mm_tensorwise(x, w, out_dtype)
+    assert out.dtype == out_dtype and out.shape == exact.shape
+    excess = float(((out.double() - exact).abs() / bound).max())
+    assert excess <= 1.0, f"{excess:.3g} times the bound"
+
+
+@pytest.mark.parametrize(("rows", "n"), [(1, 5), (3, 1030), pytest.param(256, 16384, marks=GPU)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_scale_product_is_the_reference_bit_for_bit(
+    gen: torch.Generator, rows: int, n: int, dtype: torch.dtype
+) -> None:
+    product = randn(gen, rows, n, dtype=torch.float32, scale=1000.0)
+    row_scale = torch.rand(rows, 1, generator=gen, device=DEVICE) / 448
+    col_scale = torch.rand(n, generator=gen, device=DEVICE) / 448
+    out = triton_ops.scale_product(product, row_scale, col_scale, dtype)
+    want = reference.scale_product(product, row_scale, col_scale, dtype)
+    assert out.dtype == dtype and torch.equal(out, want)
+    # and the reference is what it says, on numbers worked by hand
+    hand = reference.scale_product(
+        torch.tensor([[3.0, -5.0], [7.0, 1.0]]),
+        torch.tensor([[0.5], [2.0]]),
+        torch.tensor([2.0, 0.25]),
+        torch.float32,
+    )
+    assert hand.tolist() == [[3.0, -0.625], [28.0, 0.5]]
+
+
+def test_scaled_mm_tensorwise_is_not_first_run_inside_a_capture(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its unit scale is made on first use; made inside a CUDA graph capture, it would hold 1.0
+    only once the graph ran, so that first use refuses by name instead."""
+    monkeypatch.setattr(quantized_ops, "_UNIT_SCALES", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(KernelError, match="inside a CUDA graph capture"):
+        quantized_ops._unit_scale(torch.device("cuda", 0))
+
+
 def test_ops_linear_swiglu_and_embedding_take_quantized_weights(gen: torch.Generator) -> None:
     cpu = torch.Generator().manual_seed(gen.initial_seed())
     x = randn(cpu, 3, 32, dtype=torch.float32)
@@ -321,8 +385,9 @@ def test_ops_linear_many_rows_on_the_gpu(
     assert out.dtype == torch.float32
     assert ((out - expected).abs().max() / expected.abs().max()).item() < 1e-4
     if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
-        out = ops.linear(x, w, plan=LinearPlan(quantized_many_rows="scaled_mm"))
-        assert_matches_dequantized(out, x, w, 4e-2, "fp8 scaled_mm")
+        for path in ("scaled_mm", "scaled_mm_tensorwise"):
+            out = ops.linear(x, w, plan=LinearPlan(quantized_many_rows=path))
+            assert_matches_dequantized(out, x, w, 4e-2, f"fp8 {path}")
     out = ops.linear(x, w, plan=LinearPlan(quantized_many_rows="w8a16"))
     assert_matches_dequantized(out, x, w, 1e-2, f"{kind} w8a16")
 
@@ -350,6 +415,9 @@ def test_cuda_path_is_the_plans_path_for_the_row_band_where_that_path_fits() -> 
         (fp8, "w8a16", "w8a16", 2, torch.float32, "cublas"),  # w8a16: 16-bit activations only
         (int8, "scaled_mm", "scaled_mm", 2, BF16, "cublas"),  # FP8 tensor cores: fp8 only
         (odd, "scaled_mm", "scaled_mm", 2, BF16, "cublas"),  # nor shapes _scaled_mm refuses
+        (fp8, "w8a16", "scaled_mm_tensorwise", big, BF16, "scaled_mm_tensorwise"),
+        (int8, "scaled_mm_tensorwise", "w8a16", 2, BF16, "cublas"),
+        (odd, "w8a16", "scaled_mm_tensorwise", big, BF16, "cublas"),
         (int8, "w8a16", "w8a16", 100, BF16, "w8a16"),
     ]
     for w, few, many, rows, dtype, want in cases:
@@ -373,11 +441,12 @@ def test_quantized_calls_take_their_path_by_rows_and_plan(
     paths = {
         "w8a16": lambda x: triton_ops.w8a16_matmul(x, w.data, w.scale),
         "scaled_mm": lambda x: quantized_ops.scaled_mm(x, w),
+        "scaled_mm_tensorwise": lambda x: quantized_ops.scaled_mm_tensorwise(x, w),
         "cublas": lambda x: torch.nn.functional.linear(x, dequantize(w, x.dtype)),
     }
     names: list[QuantizedPath] = ["cublas", "w8a16"]
     if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
-        names.append("scaled_mm")
+        names += ["scaled_mm", "scaled_mm_tensorwise"]
     for few, many in itertools.product(names, names):
         plan = LinearPlan(quantized_few_rows=few, quantized_many_rows=many)
         for rows in (1, FEW_ROWS, FEW_ROWS + 1, quantized_ops.W8A16_MAX_ROWS, len(x)):
@@ -393,7 +462,7 @@ def test_quantized_calls_take_their_path_by_rows_and_plan(
 def test_tuner_plans_quantized_weights(kind: QuantKind) -> None:
     w = quantize(torch.randn(3072, 2048, device=DEVICE, dtype=torch.bfloat16), kind)
     (tuned,) = ops.tune_linear([w])
-    paths = ("cublas", "scaled_mm", "w8a16") if kind == "fp8" else ("cublas", "w8a16")
+    paths = ("cublas", "w8a16") + (("scaled_mm", "scaled_mm_tensorwise") if kind == "fp8" else ())
     assert tuned.plan.quantized_few_rows in paths, tuned.summary
     assert tuned.plan.quantized_many_rows in paths, tuned.summary
     for rows in (1, 16, 256):
@@ -537,6 +606,7 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
         (few, "w8a16"): 1.0,
         (few, "scaled_mm"): 2.0,
         (many, "scaled_mm"): 1.0,
+        (many, "scaled_mm_tensorwise"): 0.5,
         (many, "w8a16"): 2.0,
     }
     path_of = {call: path for path, call in quantized_ops.PATH_CALLS.items()}
@@ -557,12 +627,11 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
     cache = TuningCache(tmp_path / "tuning.json")
 
     (tuned,) = GEMV_MODULE.tune_gemv([w], cache)
-    want = LinearPlan(quantized_few_rows="w8a16", quantized_many_rows="scaled_mm")
+    want = LinearPlan(quantized_few_rows="w8a16", quantized_many_rows="scaled_mm_tensorwise")
     assert tuned.plan == want, tuned.summary
     bands = [(rows, path) for rows, path in timed if rows > 1]
-    assert bands == [
-        (rows, path) for rows in (few, many) for path in ("cublas", "scaled_mm", "w8a16")
-    ]
+    paths = ("cublas", "scaled_mm", "scaled_mm_tensorwise", "w8a16")
+    assert bands == [(rows, path) for rows in (few, many) for path in paths]
     assert f"at {few} rows w8a16: 1000.0 us (dequantize + cuBLAS 3000.0 us)" in tuned.summary
 
     timed.clear()
@@ -575,7 +644,7 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
     cache.path.unlink()
     tuning_cache.store(cache.path, "test GPU", kept)
     assert GEMV_MODULE.tune_gemv([w], cache)[0].plan == want
-    assert timed == [(few, "cublas"), (few, "scaled_mm"), (few, "w8a16")]
+    assert timed == [(few, path) for path in paths]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -3,7 +3,7 @@
 cuBLAS runs every matmul except a one-row call (a batch-1 decode step), where a Triton GEMV
 tile may beat it for a weight's shape on a given GPU, and a call of 2 to 16 rows (a verify
 step, a small decode batch), where a Triton split-K tile may; a quantized weight's calls take
-one of three paths per row band (`QuantizedPath`). `ops.tune_linear` measures them all and
+one of four paths per row band (`QuantizedPath`). `ops.tune_linear` measures them all and
 returns one plan per weight; whoever owns the weights (the model runner) keeps the plans and
 hands each to `ops.linear` with its weight. Nothing in the process remembers a choice, so two
 runners (two GPUs, two tunings, two tests) never change each other's kernels. A plan is per
@@ -29,12 +29,19 @@ FEW_ROWS = 16
 # How a quantized weight is multiplied on CUDA when no GEMV tile takes the call: "cublas"
 # dequantizes it to the activations' dtype and calls cuBLAS; "scaled_mm" (FP8 only) quantizes
 # the activations per token to FP8 and multiplies on the FP8 tensor cores (`torch._scaled_mm`),
-# reading the 1-byte weights as they are; "w8a16" reads the 1-byte weights and widens them in
-# registers for the 16-bit tensor cores (`triton_ops.w8a16_matmul`). Which one wins depends on
-# the matrix and the row count (BENCHMARKS.md run 124, fp8 at 16 rows: scaled_mm for gate/up,
-# dequantize + cuBLAS for down, w8a16 for q/k/v and o), so a plan holds one per row band.
-QuantizedPath = Literal["cublas", "scaled_mm", "w8a16"]
-QUANTIZED_PATHS: tuple[QuantizedPath, ...] = ("cublas", "scaled_mm", "w8a16")
+# reading the 1-byte weights as they are; "scaled_mm_tensorwise" the same with unit scales in
+# the matmul and both scale vectors applied by a kernel after it (cuBLAS's faster per-tensor
+# kernels); "w8a16" reads the 1-byte weights and widens them in registers for the 16-bit
+# tensor cores (`triton_ops.w8a16_matmul`). Which one wins depends on the matrix and the row
+# count (BENCHMARKS.md run 124, fp8 at 16 rows: scaled_mm for gate/up, dequantize + cuBLAS for
+# down, w8a16 for q/k/v and o), so a plan holds one per row band.
+QuantizedPath = Literal["cublas", "scaled_mm", "w8a16", "scaled_mm_tensorwise"]
+QUANTIZED_PATHS: tuple[QuantizedPath, ...] = (
+    "cublas",
+    "scaled_mm",
+    "w8a16",
+    "scaled_mm_tensorwise",
+)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,15 @@ def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
     return (x32 / scale).to(torch.float8_e4m3fn), scale
 
 
+def scale_product(
+    product: Tensor, row_scale: Tensor, col_scale: Tensor, dtype: torch.dtype
+) -> Tensor:
+    """An FP32 product [T, N] times its rows' scales [T, 1] and then its columns' [N], in FP32,
+    rounded once to dtype: the per-token and per-channel scales of an FP8 matmul run with unit
+    scales (`quantized_ops.scaled_mm_tensorwise`)."""
+    return ((product * row_scale) * col_scale[None, :]).to(dtype)
+
+
 def rms_norm(
     x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:

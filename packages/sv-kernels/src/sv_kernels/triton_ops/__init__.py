@@ -25,6 +25,7 @@ from .quantize_rows import quantize_rows_fp8
 from .rms_norm import rms_norm
 from .rope_cache import rope_cache_write
 from .sampling import argmax, sample
+from .scale_product import scale_product
 from .swiglu import swiglu
 from .token_bitmask import apply_token_bitmask
 from .token_logprobs import token_logprobs
@@ -48,6 +49,7 @@ __all__ = [
     "rms_norm",
     "rope_cache_write",
     "sample",
+    "scale_product",
     "swiglu",
     "token_logprobs",
     "tune_few_rows",

@@ -414,7 +414,7 @@ def _quantized_paths(w: QuantizedWeight) -> list[QuantizedPath]:
     """The paths `ops.linear` can take for w on its device where no GEMV tile takes a call."""
     paths: list[QuantizedPath] = ["cublas"]
     if scaled_mm_fits(w) and _fp8_tensor_cores(w.device):
-        paths.append("scaled_mm")
+        paths += ["scaled_mm", "scaled_mm_tensorwise"]
     if w.dtype in W8A16_DTYPES:  # the dtype of the activations it will meet
         paths.append("w8a16")
     return paths
