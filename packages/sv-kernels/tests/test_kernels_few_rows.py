@@ -79,10 +79,12 @@ def test_few_rows_swiglu_epilogue_equals_the_two_ops(
     gate_and_up = triton_ops.few_rows_linear(x, gate_up, tile)
     assert_dot_products_close(gate_and_up, x, gate_up, f"few_rows {tile} gate and up")
     unfused = triton_ops.swiglu(gate_and_up)
-    if HAS_CUDA or dtype != torch.float32:
+    if HAS_CUDA:
         assert torch.equal(fused, unfused), f"{tile}: max diff {(fused - unfused).abs().max()}"
-    else:  # the interpreter's FP32 dot is numpy's matmul, whose summation order follows the
-        # layout (the fused tile interleaves gate and up rows); the GPU's is per element
+    else:  # the interpreter's dot is numpy's FP32 matmul (BF16 inputs too), whose summation
+        # order follows the layout (the fused tile interleaves gate and up rows): the sums may
+        # differ in their last bit and, now and then, round to different BF16 values (seed
+        # 129913638); the GPU's order is per element
         assert_close(fused, unfused, "swiglu epilogue against the two ops")
     assert_close(fused, reference.swiglu(gate_and_up), "swiglu epilogue")
 
