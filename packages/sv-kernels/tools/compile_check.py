@@ -105,7 +105,8 @@ def _cases() -> Iterator[tuple[str, Any]]:
 def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
     """Every 1-byte tile the tuner may pick, FP8 and int8, plain, FP32 out and SwiGLU; the
     gather of a quantized tied embedding; the FP8 matmul's row quantization; the 8-bit-weight
-    matmul's tiles; the dequantize kernel."""
+    matmul's tiles (BF16 and FP32 out); the unit-scaled FP8 matmul's epilogue; the dequantize
+    kernel."""
     from sv_kernels import triton_ops as ops
     from sv_kernels.quantized import QuantizedWeight, QuantKind
     from sv_kernels.triton_ops.gemv import QUANTIZED_CONFIGS
@@ -121,6 +122,12 @@ def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
     for k in (hidden, inter):  # the FP8 matmul's activations: each row to e4m3 with its scale
         x = torch.zeros(256, k, dtype=torch.bfloat16)
         yield f"quantize_rows_fp8 K={k}", lambda x=x: ops.quantize_rows_fp8(x)
+    product, row_scale, col_scale = torch.zeros(256, hidden), torch.ones(256, 1), torch.ones(hidden)
+    for dtype in (torch.bfloat16, torch.float32):  # the unit-scaled FP8 matmul's epilogue
+        yield (
+            f"scale_product -> {dtype}",
+            lambda dtype=dtype: ops.scale_product(product, row_scale, col_scale, dtype),
+        )
     for storage, kind in kinds:
         w = torch.zeros(2 * inter, hidden, dtype=storage)
         scale = torch.ones(2 * inter)
@@ -152,6 +159,10 @@ def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
             yield (
                 f"w8a16 {tile} {storage}",
                 lambda x=x, w=w, s=scale: ops.w8a16_matmul(x, w, s),
+            )
+            yield (  # an LM head's FP32 logits
+                f"w8a16 -> fp32 {tile} {storage}",
+                lambda x=x, w=w, s=scale: ops.w8a16_matmul(x, w, s, out_dtype=torch.float32),
             )
 
 

@@ -7,7 +7,9 @@ an FP8 tensor-core matmul (`quantized_ops.scaled_mm`).
 before every FP8 matmul of a decode step at batch 256 those launches cost more than the matmul
 saves. Here a program owns one row: it loads the row once, takes its absolute maximum, and
 writes the e4m3 values and the scale, the same IEEE operations in the same order (the
-division rounded to nearest), so the result is the reference's bit for bit.
+division rounded to nearest), so the result is the reference's bit for bit. It launches under
+PDL like the step's other Triton kernels, so its launch overlaps the kernel before it (the
+RMSNorm, attention or SwiGLU that wrote x).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..quantized import MAX_VALUE
-from ._common import next_pow2, unit_last_stride
+from ._common import next_pow2, unit_last_stride, use_pdl, wait_for_prior_kernels
 
 
 @triton.jit
@@ -30,10 +32,12 @@ def _quantize_rows_kernel(
     stride_o,
     MAX: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_K)
     mask = cols < K
+    wait_for_prior_kernels(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / MAX
     q = tl.math.div_rn(x, scale)
@@ -50,6 +54,7 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if rows == 0:
         return out, scale
     block = max(16, next_pow2(k))
+    pdl = use_pdl(x.device)
     _quantize_rows_kernel[(rows,)](
         x,
         out,
@@ -59,6 +64,8 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out.stride(0),
         MAX=MAX_VALUE["fp8"],
         BLOCK_K=block,
+        USE_PDL=pdl,
         num_warps=8 if block >= 4096 else 4,
+        launch_pdl=pdl,
     )
     return out, scale

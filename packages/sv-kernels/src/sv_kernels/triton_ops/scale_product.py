@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, unit_last_stride
+from ._common import cdiv, unit_last_stride, use_pdl, wait_for_prior_kernels
 
 _BLOCK_N = 1024
 
@@ -29,10 +29,12 @@ def _scale_product_kernel(
     stride_p,
     stride_o,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
+    wait_for_prior_kernels(USE_PDL)
     p = tl.load(product_ptr + row * stride_p + cols, mask=mask, other=0.0)
     r = tl.load(row_scale_ptr + row)
     c = tl.load(col_scale_ptr + cols, mask=mask, other=0.0)
@@ -50,6 +52,7 @@ def scale_product(
     out = torch.empty((rows, n), dtype=dtype, device=product.device)
     if rows == 0 or n == 0:
         return out
+    pdl = use_pdl(product.device)
     _scale_product_kernel[(rows, cdiv(n, _BLOCK_N))](
         product,
         row_scale,
@@ -59,6 +62,8 @@ def scale_product(
         product.stride(0),
         out.stride(0),
         BLOCK_N=_BLOCK_N,
+        USE_PDL=pdl,
         num_warps=4,
+        launch_pdl=pdl,
     )
     return out
