@@ -887,8 +887,7 @@ def bench_main(argv: list[str]) -> int:
             workloads,
             args.quick,
             bf16_throughput,
-            "auto",
-            profile_dir,
+            profile_dir=profile_dir,
         )
     if "fp8" in modes and "throughput" in workloads:
         bench_quantized(
@@ -899,8 +898,8 @@ def bench_main(argv: list[str]) -> int:
             {"throughput"},
             args.quick,
             bf16_throughput,
-            "fp8",
-            profile_dir,
+            kv_cache_dtype="fp8",
+            profile_dir=profile_dir,
         )
     if only is not None and "spec" in only:
         from sv_cli import bench_spec

@@ -158,12 +158,7 @@ def scaled_mm(x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None 
     both scales in the GEMM's epilogue and written in out_dtype (default x's). FP32 comes
     straight from the FP32 accumulator: the LM head's logits at 256 rows written as BF16 and
     widened afterwards took 219 us on the H200, written as FP32 138 (and unrounded)."""
-    if x.device.type == "cuda":
-        from . import triton_ops
-
-        xq, x_scale = triton_ops.quantize_rows_fp8(x)
-    else:
-        xq, x_scale = reference.quantize_rows_fp8(x)
+    xq, x_scale = _quantize_rows_fp8(x)
     want = out_dtype or x.dtype
     written = want if want in _SCALED_MM_OUT_DTYPES else torch.bfloat16
     out = torch._scaled_mm(
@@ -185,19 +180,26 @@ def scaled_mm_tensorwise(
     column by its channel's (`triton_ops.scale_product`). cuBLAS picks other kernels for
     per-tensor scales than for a scale vector: at 256 rows on the H200 the down projection
     (2048 x 8192) took 12.8 us against 22.9, q/k/v 6.8 against 9.2 (run 147)."""
-    if x.device.type == "cuda":
-        from . import triton_ops
-
-        xq, x_scale = triton_ops.quantize_rows_fp8(x)
-        scale_product = triton_ops.scale_product
-    else:
-        xq, x_scale = reference.quantize_rows_fp8(x)
-        scale_product = reference.scale_product
+    xq, x_scale = _quantize_rows_fp8(x)
     unit = _unit_scale(x.device)
     product = torch._scaled_mm(
         xq, weight.data.t(), scale_a=unit, scale_b=unit, out_dtype=torch.float32
     )
-    return scale_product(product, x_scale, weight.scale, out_dtype or x.dtype)
+    if x.device.type == "cuda":
+        from . import triton_ops
+
+        return triton_ops.scale_product(product, x_scale, weight.scale, out_dtype or x.dtype)
+    return reference.scale_product(product, x_scale, weight.scale, out_dtype or x.dtype)
+
+
+def _quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The FP8 matmuls' activations: `triton_ops.quantize_rows_fp8` on CUDA (one kernel, the
+    reference's bits), the reference elsewhere."""
+    if x.device.type == "cuda":
+        from . import triton_ops
+
+        return triton_ops.quantize_rows_fp8(x)
+    return reference.quantize_rows_fp8(x)
 
 
 _UNIT_SCALES: dict[torch.device, Tensor] = {}
@@ -220,13 +222,12 @@ def _unit_scale(device: torch.device) -> Tensor:
 def dequantized_linear(
     x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None = None
 ) -> Tensor:
-    """x @ dequantize(weight)^T by cuBLAS, the weight dequantized to x's dtype first; FP32
-    out of 16-bit x straight from cuBLAS's accumulator (`torch.mm`'s out_dtype)."""
-    w = dequantize(weight, x.dtype)
-    if out_dtype == torch.float32 and x.dtype in W8A16_DTYPES and x.is_cuda:
-        return torch.mm(x, w.t(), torch.float32)
-    out = torch.nn.functional.linear(x, w)
-    return out if out_dtype is None else out.to(out_dtype)
+    """x @ dequantize(weight)^T by cuBLAS, the weight dequantized to x's dtype first and then
+    multiplied as `ops.linear` multiplies a plain weight (FP32 out of 16-bit x straight from
+    cuBLAS's accumulator)."""
+    from . import ops  # ops imports this module
+
+    return ops.linear(x, dequantize(weight, x.dtype), out_dtype)
 
 
 def w8a16(x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None = None) -> Tensor:
