@@ -27,7 +27,7 @@ from sv_kernels import (
     triton_ops,
     tuning_cache,
 )
-from sv_kernels.linear_plan import FEW_ROWS, LinearPlan, QuantizedPath
+from sv_kernels.linear_plan import FEW_ROWS, MANY_ROWS, LinearPlan, QuantizedPath
 from sv_kernels.quantized import (
     FP8_SCALE_STEPS,
     QuantizedWeight,
@@ -401,29 +401,39 @@ def test_cuda_path_is_the_plans_path_for_the_row_band_where_that_path_fits() -> 
     fp8 = weight(32, torch.float8_e4m3fn, "fp8")
     int8 = weight(32, torch.int8, "int8")
     odd = weight(24, torch.float8_e4m3fn, "fp8")  # 24 rows: not a multiple of 16
-    big = quantized_ops.W8A16_MAX_ROWS
-    cases: list[tuple[QuantizedWeight, QuantizedPath, QuantizedPath, int, torch.dtype, str]] = [
-        (fp8, "w8a16", "scaled_mm", 1, BF16, "w8a16"),
-        (fp8, "w8a16", "scaled_mm", FEW_ROWS, BF16, "w8a16"),
-        (fp8, "w8a16", "scaled_mm", FEW_ROWS + 1, BF16, "scaled_mm"),
-        (fp8, "scaled_mm", "w8a16", FEW_ROWS, BF16, "scaled_mm"),
-        (fp8, "scaled_mm", "w8a16", big, BF16, "w8a16"),
-        (fp8, "scaled_mm", "w8a16", big + 1, BF16, "cublas"),  # w8a16 stops at `big` rows
-        (fp8, "cublas", "w8a16", 2, BF16, "cublas"),
-        (fp8, "w8a16", "cublas", 2, torch.float16, "w8a16"),
-        (fp8, "w8a16", "w8a16", 2, torch.float32, "cublas"),  # w8a16: 16-bit activations only
-        (int8, "scaled_mm", "scaled_mm", 2, BF16, "cublas"),  # FP8 tensor cores: fp8 only
-        (odd, "scaled_mm", "scaled_mm", 2, BF16, "cublas"),  # nor shapes _scaled_mm refuses
-        (fp8, "w8a16", "scaled_mm_tensorwise", big, BF16, "scaled_mm_tensorwise"),
-        (int8, "scaled_mm_tensorwise", "w8a16", 2, BF16, "cublas"),
-        (odd, "w8a16", "scaled_mm_tensorwise", big, BF16, "cublas"),
-        (int8, "w8a16", "w8a16", 100, BF16, "w8a16"),
+    big = MANY_ROWS
+    tw = "scaled_mm_tensorwise"
+    cases: list[
+        tuple[QuantizedWeight, QuantizedPath, QuantizedPath, QuantizedPath, int, torch.dtype, str]
+    ] = [
+        (fp8, "w8a16", "scaled_mm", tw, 1, BF16, "w8a16"),
+        (fp8, "w8a16", "scaled_mm", tw, FEW_ROWS, BF16, "w8a16"),
+        (fp8, "w8a16", "scaled_mm", tw, FEW_ROWS + 1, BF16, "scaled_mm"),
+        (fp8, "w8a16", "scaled_mm", tw, big, BF16, "scaled_mm"),
+        (fp8, "w8a16", "scaled_mm", tw, big + 1, BF16, tw),  # the prompt rows' band
+        (fp8, "w8a16", tw, "scaled_mm", 5000, BF16, "scaled_mm"),
+        (fp8, "scaled_mm", "w8a16", "w8a16", FEW_ROWS, BF16, "scaled_mm"),
+        (fp8, "scaled_mm", "w8a16", "w8a16", big, BF16, "w8a16"),
+        (fp8, "scaled_mm", "w8a16", "w8a16", big + 1, BF16, "cublas"),  # w8a16 stops at big
+        (fp8, "cublas", "w8a16", "cublas", 2, BF16, "cublas"),
+        (fp8, "w8a16", "cublas", "cublas", 2, torch.float16, "w8a16"),
+        (fp8, "w8a16", "w8a16", "cublas", 2, torch.float32, "cublas"),  # 16-bit x only
+        (int8, "scaled_mm", "scaled_mm", "scaled_mm", 2, BF16, "cublas"),  # FP8 tensor cores
+        (int8, "w8a16", "w8a16", "scaled_mm", 300, BF16, "cublas"),  # are fp8's only
+        (odd, "scaled_mm", "scaled_mm", "cublas", 2, BF16, "cublas"),  # nor shapes it refuses
+        (fp8, "w8a16", tw, "cublas", big, BF16, tw),
+        (int8, tw, "w8a16", "cublas", 2, BF16, "cublas"),
+        (odd, "w8a16", tw, "cublas", big, BF16, "cublas"),
+        (int8, "w8a16", "w8a16", "cublas", 100, BF16, "w8a16"),
     ]
-    for w, few, many, rows, dtype, want in cases:
-        plan = LinearPlan(quantized_few_rows=few, quantized_many_rows=many)
+    for w, few, many, prompt, rows, dtype, want in cases:
+        plan = LinearPlan(
+            quantized_few_rows=few, quantized_many_rows=many, quantized_prompt_rows=prompt
+        )
         x = torch.zeros(rows, 48, dtype=dtype)
         got = quantized_ops.cuda_path(x, w, plan)
-        assert got == want, f"{w.kind} {list(w.shape)}, plan ({few}, {many}), {rows} {dtype}"
+        where = f"plan ({few}, {many}, {prompt}), {rows} {dtype}"
+        assert got == want, f"{w.kind} {list(w.shape)}, {where}"
 
 
 @gpu_test
@@ -431,12 +441,12 @@ def test_cuda_path_is_the_plans_path_for_the_row_band_where_that_path_fits() -> 
 def test_quantized_calls_take_their_path_by_rows_and_plan(
     gen: torch.Generator, kind: QuantKind
 ) -> None:
-    """Up to FEW_ROWS rows (one row too, with no GEMV tile) the plan's few-row path, above
-    that its many-row path, except that w8a16 gives way to dequantize + cuBLAS past
-    W8A16_MAX_ROWS. Each call's output must be bit for bit the expected path's own, for every
-    pair of paths."""
+    """Up to FEW_ROWS rows (one row too, with no GEMV tile) the plan's few-row path, up to
+    MANY_ROWS its many-row path, above that its prompt-row path, except that w8a16 gives way
+    to dequantize + cuBLAS past W8A16_MAX_ROWS. Each call's output must be bit for bit the
+    expected path's own, for every pair of paths (the prompt band's path the few-row one's)."""
     w = quantize(randn(gen, 3072, 2048, dtype=torch.bfloat16, scale=0.02), kind)
-    x = randn(gen, quantized_ops.W8A16_MAX_ROWS + 1, 2048, dtype=torch.bfloat16)
+    x = randn(gen, MANY_ROWS + 1, 2048, dtype=torch.bfloat16)
     paths = {
         "w8a16": lambda x: triton_ops.w8a16_matmul(x, w.data, w.scale),
         "scaled_mm": lambda x: quantized_ops.scaled_mm(x, w),
@@ -447,9 +457,11 @@ def test_quantized_calls_take_their_path_by_rows_and_plan(
     if kind == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
         names += ["scaled_mm", "scaled_mm_tensorwise"]
     for few, many in itertools.product(names, names):
-        plan = LinearPlan(quantized_few_rows=few, quantized_many_rows=many)
-        for rows in (1, FEW_ROWS, FEW_ROWS + 1, quantized_ops.W8A16_MAX_ROWS, len(x)):
-            path = few if rows <= FEW_ROWS else many
+        plan = LinearPlan(
+            quantized_few_rows=few, quantized_many_rows=many, quantized_prompt_rows=few
+        )
+        for rows in (1, FEW_ROWS, FEW_ROWS + 1, MANY_ROWS, len(x)):
+            path = few if rows <= FEW_ROWS or rows > MANY_ROWS else many
             if path == "w8a16" and rows > quantized_ops.W8A16_MAX_ROWS:
                 path = "cublas"
             out = ops.linear(x[:rows], w, plan=plan)
@@ -464,7 +476,8 @@ def test_tuner_plans_quantized_weights(kind: QuantKind) -> None:
     paths = ("cublas", "w8a16") + (("scaled_mm", "scaled_mm_tensorwise") if kind == "fp8" else ())
     assert tuned.plan.quantized_few_rows in paths, tuned.summary
     assert tuned.plan.quantized_many_rows in paths, tuned.summary
-    for rows in (1, 16, 256):
+    assert tuned.plan.quantized_prompt_rows in paths[:1] + paths[2:], tuned.summary
+    for rows in (1, 16, 256, 700):
         x = torch.randn(rows, 2048, device=DEVICE, dtype=torch.bfloat16)
         out = ops.linear(x, w, plan=tuned.plan)
         assert_matches_dequantized(out, x, w, 1e-2, f"tuned plan, {rows} rows")
@@ -597,16 +610,20 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
     gen: torch.Generator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the graph timing faked (this runs on the CPU): an FP8 weight's paths are timed at
-    FEW_ROWS and at MANY_ROWS rows, each band's fastest goes into the plan, a later tuning
-    takes both from the cache, and a cache that holds only the many-row choice (written
-    before the few-row band was tuned) has the few-row paths timed and nothing else."""
-    few, many = FEW_ROWS, GEMV_MODULE.MANY_ROWS
+    FEW_ROWS, MANY_ROWS and PROMPT_ROWS rows (w8a16, which takes at most W8A16_MAX_ROWS rows,
+    not at PROMPT_ROWS), each band's fastest goes into the plan, a later tuning takes them all
+    from the cache, and a cache that lacks one band's choice (written before that band was
+    tuned) has that band's paths timed and nothing else."""
+    few, many, prompt = FEW_ROWS, MANY_ROWS, GEMV_MODULE.PROMPT_ROWS
+    assert many == quantized_ops.W8A16_MAX_ROWS < prompt
     fake_ms = {
         (few, "w8a16"): 1.0,
         (few, "scaled_mm"): 2.0,
         (many, "scaled_mm"): 1.0,
         (many, "scaled_mm_tensorwise"): 0.5,
         (many, "w8a16"): 2.0,
+        (prompt, "scaled_mm"): 1.0,
+        (prompt, "scaled_mm_tensorwise"): 2.0,
     }
     path_of = {call: path for path, call in quantized_ops.PATH_CALLS.items()}
     timed: list[tuple[int, str]] = []
@@ -626,12 +643,18 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
     cache = TuningCache(tmp_path / "tuning.json")
 
     (tuned,) = GEMV_MODULE.tune_gemv([w], cache)
-    want = LinearPlan(quantized_few_rows="w8a16", quantized_many_rows="scaled_mm_tensorwise")
+    want = LinearPlan(
+        quantized_few_rows="w8a16",
+        quantized_many_rows="scaled_mm_tensorwise",
+        quantized_prompt_rows="scaled_mm",
+    )
     assert tuned.plan == want, tuned.summary
     bands = [(rows, path) for rows, path in timed if rows > 1]
     paths = ("cublas", "scaled_mm", "scaled_mm_tensorwise", "w8a16")
-    assert bands == [(rows, path) for rows in (few, many) for path in paths]
+    expected = [(rows, path) for rows in (few, many) for path in paths]
+    assert bands == expected + [(prompt, path) for path in paths[:3]]
     assert f"at {few} rows w8a16: 1000.0 us (dequantize + cuBLAS 3000.0 us)" in tuned.summary
+    assert f"at {prompt} rows scaled_mm: 1000.0 us" in tuned.summary
 
     timed.clear()
     assert GEMV_MODULE.tune_gemv([w], cache)[0].plan == want

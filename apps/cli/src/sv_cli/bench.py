@@ -331,12 +331,18 @@ def bench_decode_b1(
 
 
 def bench_long_context(
-    report: Report, model_dir: Path, roof: dict[str, float], contexts: list[int], new_tokens: int
+    report: Report,
+    model_dir: Path,
+    roof: dict[str, float],
+    contexts: list[int],
+    new_tokens: int,
+    quantization: list[str],
 ) -> None:
     """One prompt of each length in `contexts`, then `new_tokens` greedy tokens: TTFT and the
     decode rate, for a BF16 and an FP8 KV cache in turn (one engine each, sized for the
-    longest context). Each decode step reads the weights and the context's K and V once: that
-    over the copy bandwidth is the roofline."""
+    longest context), then for each mode of `quantization` its weights with an FP8 KV cache
+    (rows tagged [mode]). Each decode step reads the weights and the context's K and V once:
+    that over the copy bandwidth is the roofline."""
     import torch
     from sv_engine import SamplingParams
 
@@ -345,9 +351,13 @@ def bench_long_context(
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     rng = random.Random(7)
     prompts = {n: _random_prompts(rng, 1, n, n)[0] for n in contexts}
-    for kv_dtype in ("auto", "fp8"):
+    runs = [(None, "auto"), (None, "fp8")] + [(mode, "fp8") for mode in quantization]
+    for mode, kv_dtype in runs:
         engine = _engine(
-            model_dir, max_model_len=max(contexts) + new_tokens, kv_cache_dtype=kv_dtype
+            model_dir,
+            max_model_len=max(contexts) + new_tokens,
+            kv_cache_dtype=kv_dtype,
+            quantization=mode,
         )
         config, kv = engine.runner.config, engine.runner.kv
         weight_bytes = weight_bytes_per_decode_step(engine.runner.model.weights)
@@ -355,7 +365,7 @@ def bench_long_context(
             2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
         ) * kv.k.element_size()
         engine.generate([prompts[min(contexts)][:512]], replace(params, max_new_tokens=8))
-        name = "BF16" if kv_dtype == "auto" else "FP8"
+        name = ("BF16" if kv_dtype == "auto" else "FP8") + ("" if mode is None else f" [{mode}]")
         for n in contexts:
             engine.clear_prefix_cache()
             torch.cuda.synchronize()
@@ -412,7 +422,7 @@ def bench_decode_step(
     )
 
 
-def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
+def bench_prefill(report: Report, engine: Any, roof: dict[str, float], tag: str = "") -> None:
     import torch
     from sv_engine import SamplingParams
 
@@ -440,7 +450,7 @@ def bench_prefill(report: Report, engine: Any, roof: dict[str, float]) -> None:
     flops += 2 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * n * n
     report.add(
         Row(
-            "prefill 2048 tokens (TTFT)",
+            "prefill 2048 tokens (TTFT)" + tag,
             best * 1e3,
             "ms",
             None,
@@ -587,6 +597,8 @@ def bench_quantized(
         # The kernels' own time beside BF16's: what the mode saves where the host is no limit.
         for batch in (1, 256):
             bench_decode_step(report, engine, roof, batch, tag)
+    if "prefill" in workloads:
+        bench_prefill(report, engine, roof, tag)
     if "throughput" in workloads:
         rate = bench_throughput(
             report, engine, "throughput" + tag, 32 if quick else 256, False, 64 if quick else 512
@@ -779,10 +791,10 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument(
         "--quantization",
         default="",
-        help="comma-separated fp8,int8: also run decode-b1 and throughput (as --only allows) "
-        "and report the resident weights with the matrices quantized at load, each tagged "
-        "[fp8] / [int8], beside the BF16 rows; with fp8, throughput also with FP8 KV pages "
-        "([fp8 + fp8 KV])",
+        help="comma-separated fp8,int8: also run decode-b1, prefill and throughput (as --only "
+        "allows) and report the resident weights with the matrices quantized at load, each "
+        "tagged [fp8] / [int8], beside the BF16 rows; with fp8, throughput also with FP8 KV "
+        "pages ([fp8 + fp8 KV]); with --only long, each mode's weights with FP8 KV pages too",
     )
     args = p.parse_args(argv)
     if (args.tensor_parallel_size > 1) != (args.only is not None and "tp" in args.only.split(",")):
@@ -831,7 +843,7 @@ def bench_main(argv: list[str]) -> int:
         kernel_bench.main(["--only", "gemv", "--json", str(Path(args.workdir) / "gemv.json")])
     if only is not None and "long" in only:
         contexts = [4096] if args.quick else [32768, 100000]
-        bench_long_context(report, model_dir, roof, contexts, 32 if args.quick else 128)
+        bench_long_context(report, model_dir, roof, contexts, 32 if args.quick else 128, modes)
     engine_workloads = {"decode", "prefill", "throughput", "plain", "var", "logprobs", "grammar"}
     if args.profile or any(want(name) for name in engine_workloads):
         from sv_cli.bench_runner import kv_pool_bytes
@@ -876,7 +888,7 @@ def bench_main(argv: list[str]) -> int:
             run_profiles(engine, Path(args.workdir))
         del engine
         free_device_memory()
-    workloads = {name for name in ("decode", "throughput") if want(name)}
+    workloads = {name for name in ("decode", "prefill", "throughput") if want(name)}
     profile_dir = Path(args.workdir) if args.profile else None
     for mode in modes:
         bench_quantized(

@@ -26,6 +26,11 @@ FewRowsTile = tuple[int, int, int, int, int]
 # height, and the rows of a verify step of a 15-token draft, the most the decode graphs verify.
 FEW_ROWS = 16
 
+# The most rows of a quantized weight's many-row band: a full decode batch. Calls with more
+# rows (a step holding prompt chunks) take the plan's prompt-row path: writing an FP32 product
+# and scaling it afterwards costs little beside a 256-row matmul and grows with the rows.
+MANY_ROWS = 256
+
 # How a quantized weight is multiplied on CUDA when no GEMV tile takes the call: "cublas"
 # dequantizes it to the activations' dtype and calls cuBLAS; "scaled_mm" (FP8 only) quantizes
 # the activations per token to FP8 and multiplies on the FP8 tensor cores (`torch._scaled_mm`),
@@ -34,7 +39,8 @@ FEW_ROWS = 16
 # kernels); "w8a16" reads the 1-byte weights and widens them in registers for the 16-bit
 # tensor cores (`triton_ops.w8a16_matmul`). Which one wins depends on the matrix and the row
 # count (BENCHMARKS.md run 124, fp8 at 16 rows: scaled_mm for gate/up, dequantize + cuBLAS for
-# down, w8a16 for q/k/v and o), so a plan holds one per row band.
+# down, w8a16 for q/k/v and o), so a plan holds one per row band: up to FEW_ROWS, up to
+# MANY_ROWS, and above.
 QuantizedPath = Literal["cublas", "scaled_mm", "w8a16", "scaled_mm_tensorwise"]
 QUANTIZED_PATHS: tuple[QuantizedPath, ...] = (
     "cublas",
@@ -51,13 +57,23 @@ class LinearPlan:
     `one_row_gemv`: the Triton GEMV tile for a one-row call, or None for cuBLAS there too (the
     default: nothing measured). `few_rows`: the Triton tile for a call of 2 to FEW_ROWS rows of
     an unquantized weight, or None for cuBLAS. A quantized weight's other calls take a
-    `QuantizedPath`: `quantized_few_rows` up to FEW_ROWS rows, `quantized_many_rows` above
-    (`quantized_ops` says past which row count dequantize + cuBLAS runs whatever the plan)."""
+    `QuantizedPath`: `quantized_few_rows` up to FEW_ROWS rows, `quantized_many_rows` up to
+    MANY_ROWS, `quantized_prompt_rows` above (`quantized_ops` says where a path cannot take a
+    call and dequantize + cuBLAS runs instead)."""
 
     one_row_gemv: GemvTile | None = None
     few_rows: FewRowsTile | None = None
     quantized_few_rows: QuantizedPath = "cublas"
     quantized_many_rows: QuantizedPath = "cublas"
+    quantized_prompt_rows: QuantizedPath = "cublas"
+
+    def quantized_path(self, rows: int) -> QuantizedPath:
+        """The quantized path of this plan's row band for a call of `rows` rows."""
+        if rows <= FEW_ROWS:
+            return self.quantized_few_rows
+        if rows <= MANY_ROWS:
+            return self.quantized_many_rows
+        return self.quantized_prompt_rows
 
 
 # The plan of a weight nobody tuned: cuBLAS (or the CPU reference) for every call.

@@ -2,12 +2,12 @@
 
 - CUDA, one row, a plan with a GEMV tile: the Triton GEMV reads the 8-bit values, converts
   them in registers and applies the row scales to its FP32 sums (half BF16's bytes).
-- CUDA, other calls: the plan's path for the row count, `quantized_few_rows` up to FEW_ROWS
-  rows (a verify step, a small decode batch), `quantized_many_rows` above; the tuner times
-  each path per matrix at FEW_ROWS and at 256 rows. The paths: the 1-byte weights widened in
-  registers for the 16-bit tensor cores (`triton_ops.w8a16_matmul`, up to W8A16_MAX_ROWS
-  rows: past them, as in a prompt, dequantizing for cuBLAS is faster and runs instead), FP8
-  tensor cores with per-token activation scales (`scaled_mm`, the scales in cuBLAS's
+- CUDA, other calls: the plan's path for the row count (`LinearPlan.quantized_path`: up to
+  FEW_ROWS rows a verify step or a small decode batch, up to MANY_ROWS a large decode batch,
+  above that a step with prompt chunks); the tuner times each path per matrix at one row
+  count per band. The paths: the 1-byte weights widened in registers for the 16-bit tensor
+  cores (`triton_ops.w8a16_matmul`, up to W8A16_MAX_ROWS rows: past them, as in a prompt,
+  dequantizing for cuBLAS is faster and runs instead), FP8 tensor cores with per-token activation scales (`scaled_mm`, the scales in cuBLAS's
   epilogue; `scaled_mm_tensorwise`, unit scales in cuBLAS and both scale vectors in a kernel
   after it), or the matrix dequantized to x's dtype (by `triton_ops.dequantize`) for cuBLAS.
 - CPU, int8, up to INT8_KERNEL_MAX_ROWS rows (decode steps): torch's int8 weight kernel
@@ -31,7 +31,7 @@ from torch import Tensor
 
 from . import int8_threads, quantized, reference
 from .errors import KernelError
-from .linear_plan import FEW_ROWS, LinearPlan, QuantizedPath
+from .linear_plan import LinearPlan, QuantizedPath
 from .quantized import QuantizedWeight
 
 # torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
@@ -134,7 +134,7 @@ def cuda_path(x: Tensor, weight: QuantizedWeight, plan: LinearPlan) -> Quantized
     band, unless that path cannot take the call (w8a16 past W8A16_MAX_ROWS rows or for other
     activation types, scaled_mm for int8 or shapes `torch._scaled_mm` refuses), when the
     weight is dequantized for cuBLAS instead."""
-    path = plan.quantized_few_rows if x.shape[0] <= FEW_ROWS else plan.quantized_many_rows
+    path = plan.quantized_path(x.shape[0])
     if (path == "w8a16" and not w8a16_fits(x)) or (
         path in ("scaled_mm", "scaled_mm_tensorwise") and not scaled_mm_fits(weight)
     ):

@@ -50,6 +50,7 @@ from ..errors import KernelError
 from ..graphs import copies_to_overflow_l2, graph_ms_per_call
 from ..linear_plan import (
     FEW_ROWS,
+    MANY_ROWS,
     QUANTIZED_PATHS,
     GemvTile,
     LinearPlan,
@@ -57,7 +58,13 @@ from ..linear_plan import (
     TunedLinear,
 )
 from ..quantized import LinearWeight, QuantizedWeight
-from ..quantized_ops import PATH_CALLS, W8A16_DTYPES, dequantized_linear, scaled_mm_fits
+from ..quantized_ops import (
+    PATH_CALLS,
+    W8A16_DTYPES,
+    W8A16_MAX_ROWS,
+    dequantized_linear,
+    scaled_mm_fits,
+)
 from . import few_rows
 from ._common import cdiv, unit_last_stride, use_pdl, wait_for_prior_kernels
 from .w8a16 import TILES as W8A16_TILES
@@ -318,9 +325,9 @@ def tune_gemv(
     seconds in all). Weights of one shape share one result. Remembers nothing itself.
 
     A quantized weight is also timed on each path of `_quantized_paths` (dequantize + cuBLAS,
-    the 8-bit-weight matmul, FP8 tensor cores) at FEW_ROWS rows, for its plan's
-    `quantized_few_rows`, and at MANY_ROWS rows, for its `quantized_many_rows` (each kept under
-    a cache key of its own).
+    the 8-bit-weight matmul, FP8 tensor cores) at each of TUNED_ROWS, for its plan's
+    `quantized_few_rows`, `quantized_many_rows` and `quantized_prompt_rows` (each kept under a
+    cache key of its own).
 
     Must not run while a CUDA graph is being captured (it synchronizes and captures graphs of
     its own).
@@ -356,12 +363,12 @@ def tune_gemv(
         tile = None if tuned.choice is None else tiles[tiles.index(tuned.choice)]
         name = "cuBLAS" if tile is None else f"triton gemv {tile}"
         summary = f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}"
-        paths: dict[int, QuantizedPath] = {FEW_ROWS: "cublas", MANY_ROWS: "cublas"}
-        if isinstance(w, QuantizedWeight) and _quantized_paths(w) != ["cublas"]:
+        paths: dict[int, QuantizedPath] = dict.fromkeys(TUNED_ROWS, "cublas")
+        if isinstance(w, QuantizedWeight) and _quantized_paths(w, FEW_ROWS) != ["cublas"]:
             for rows in paths:
                 key = f"{shape}, {rows} rows"
                 timed = kept.get(key)
-                if timed is None or _quantized_path(timed.choice) not in _quantized_paths(w):
+                if timed is None or _quantized_path(timed.choice) not in _quantized_paths(w, rows):
                     announce("the quantized weights' paths")
                     timed = measured[key] = _time_quantized_paths(w, rows)
                 paths[rows] = _quantized_path(timed.choice)
@@ -373,6 +380,7 @@ def tune_gemv(
             one_row_gemv=tile,
             quantized_few_rows=paths[FEW_ROWS],
             quantized_many_rows=paths[MANY_ROWS],
+            quantized_prompt_rows=paths[PROMPT_ROWS],
         )
         by_shape[shape] = TunedLinear(plan, summary)
     if cache is not None and measured:
@@ -388,9 +396,12 @@ def _shape_key(w: LinearWeight) -> str:
     return f"{w.shape[0]}x{w.shape[1]} {w.dtype}"
 
 
-# The batch at which a quantized weight's many-row path is timed: a large decode batch. (Its
-# few-row path is timed at FEW_ROWS, the most rows that path takes.)
-MANY_ROWS = 256
+# The row counts at which a quantized weight's paths are timed, one per band of its plan: the
+# most rows of the few-row and many-row bands, and for the prompt-row band a quarter of a
+# step's default token budget (its choice held at 2,048 and 8,192 rows alike: BENCHMARKS.md
+# run 152).
+PROMPT_ROWS = 2048
+TUNED_ROWS = (FEW_ROWS, MANY_ROWS, PROMPT_ROWS)
 
 
 def _fp8_tensor_cores(device: torch.device) -> bool:
@@ -410,12 +421,14 @@ def _gemv_call(x: torch.Tensor, w: LinearWeight, config: GemvTile) -> torch.Tens
     return gemv(x, w, config)
 
 
-def _quantized_paths(w: QuantizedWeight) -> list[QuantizedPath]:
-    """The paths `ops.linear` can take for w on its device where no GEMV tile takes a call."""
+def _quantized_paths(w: QuantizedWeight, rows: int) -> list[QuantizedPath]:
+    """The paths `ops.linear` can take for a call of w on its device with `rows` rows that no
+    GEMV tile takes."""
     paths: list[QuantizedPath] = ["cublas"]
     if scaled_mm_fits(w) and _fp8_tensor_cores(w.device):
         paths += ["scaled_mm", "scaled_mm_tensorwise"]
-    if w.dtype in W8A16_DTYPES:  # the dtype of the activations it will meet
+    # the dtype of the activations it will meet, and no more rows than it takes
+    if w.dtype in W8A16_DTYPES and rows <= W8A16_MAX_ROWS:
         paths.append("w8a16")
     return paths
 
@@ -429,7 +442,7 @@ def _quantized_path(choice: tuple[int, ...] | None) -> QuantizedPath:
 
 
 def _time_quantized_paths(w: QuantizedWeight, rows: int) -> tuning_cache.TunedShape:
-    """Every path of `_quantized_paths(w)` at `rows` rows: the fastest path's index in
+    """Every path of `_quantized_paths(w, rows)` at `rows` rows: the fastest path's index in
     QUANTIZED_PATHS as the choice, None when dequantize + cuBLAS wins."""
     copies = copies_to_overflow_l2(w)
     x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
@@ -437,7 +450,7 @@ def _time_quantized_paths(w: QuantizedWeight, rows: int) -> tuning_cache.TunedSh
         path: graph_ms_per_call(
             [functools.partial(PATH_CALLS[path], x, c) for c in copies], _TUNE_CALLS
         )
-        for path in _quantized_paths(w)
+        for path in _quantized_paths(w, rows)
     }
     best = min(times, key=lambda path: times[path])
     choice = None if best == "cublas" else (QUANTIZED_PATHS.index(best),)
