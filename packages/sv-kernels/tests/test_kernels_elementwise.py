@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randint, randn
-from sv_kernels import reference, rope_tables, triton_ops
+from sv_kernels import KernelError, reference, rope_tables, triton_ops
+from sv_kernels.quantized import FP8Rows
 from sv_kernels.reference import kv_pages
 from sv_kernels.rope_tables import Llama3RopeScaling
 
@@ -74,6 +75,39 @@ def test_rms_norm_strided_rows_and_fp32_weight(gen: torch.Generator) -> None:
     assert out.dtype == torch.float32 and out.shape == (2, 5, 96)
     assert torch.equal(s, ref_s)
     assert_close(out, ref_out, "rms_norm strided", tol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize(
+    ("tokens", "hidden"),
+    [(1, 96), (5, 1000), pytest.param(256, 2048, marks=GPU), pytest.param(2048, 2048, marks=GPU)],
+)
+def test_rms_norm_writes_fp8_rows_as_quantizing_its_output_would(
+    gen: torch.Generator, dtype: torch.dtype, with_residual: bool, tokens: int, hidden: int
+) -> None:
+    """The norm's FP8 rows are the reference quantization (`reference.quantize_rows_fp8`) of
+    the kernel's own 16-bit output, bit for bit, rows of very different sizes each with its
+    scale; the residual sum is unchanged."""
+    x = randn(gen, tokens, hidden, dtype=dtype, scale=2.0)
+    residual = randn(gen, tokens, hidden, dtype=dtype) if with_residual else None
+    weight = randn(gen, hidden, dtype=dtype)
+    weight[0] = 300.0  # one channel far above the rest: the row's scale follows it
+    out, s = triton_ops.rms_norm(x, weight, 1e-5, residual)
+    rows, s8 = triton_ops.rms_norm(x, weight, 1e-5, residual, True)
+    values, scale = reference.quantize_rows_fp8(out)
+    assert isinstance(rows, FP8Rows) and rows.dtype == dtype
+    assert torch.equal(s8, s)
+    assert torch.equal(rows.scale, scale)
+    assert torch.equal(rows.values.view(torch.uint8), values.view(torch.uint8))
+
+
+def test_rms_norm_fp8_rows_need_a_2d_x_and_its_dtype(gen: torch.Generator) -> None:
+    x = randn(gen, 2, 3, 64, dtype=torch.bfloat16)
+    with pytest.raises(KernelError, match="FP8 rows need x"):
+        triton_ops.rms_norm(x, randn(gen, 64, dtype=torch.bfloat16), 1e-5, None, True)
+    with pytest.raises(KernelError, match="FP8 rows need x"):
+        triton_ops.rms_norm(x[0], randn(gen, 64, dtype=torch.float32), 1e-5, None, True)
 
 
 # --- swiglu -------------------------------------------------------------------------------

@@ -30,11 +30,13 @@ from sv_kernels import (
 from sv_kernels.linear_plan import FEW_ROWS, MANY_ROWS, LinearPlan, QuantizedPath
 from sv_kernels.quantized import (
     FP8_SCALE_STEPS,
+    FP8Rows,
     QuantizedWeight,
     QuantKind,
     dequantize,
     quantize,
 )
+from sv_kernels.rope_tables import rope_tables
 from sv_kernels.triton_ops.gemv import CONFIGS, QUANTIZED_CONFIGS
 from sv_kernels.tuning_cache import TuningCache
 
@@ -731,3 +733,106 @@ def test_quantize_rows_fp8_is_the_reference_bit_for_bit(
 @pytest.mark.parametrize(("rows", "k"), [(1, 2048), (256, 2048), (256, 8192), (7, 14336)])
 def test_quantize_rows_fp8_serving_shapes(gen: torch.Generator, rows: int, k: int) -> None:
     _quantize_rows_case(randn(gen, rows, k, dtype=torch.bfloat16))
+
+
+def test_takes_fp8_rows_where_the_call_runs_on_the_fp8_tensor_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Against a table written out by hand: FP8 rows for a quantized CUDA weight whose call
+    takes scaled_mm or scaled_mm_tensorwise (not one row with a GEMV tile, not a band whose
+    path is w8a16 or dequantize + cuBLAS, not int8, not a plain weight)."""
+    monkeypatch.setattr(ops, "_on_cuda", lambda t: True)
+
+    def weight(kind: QuantKind) -> QuantizedWeight:
+        storage = torch.float8_e4m3fn if kind == "fp8" else torch.int8
+        return QuantizedWeight(torch.zeros(32, 48, dtype=storage), torch.ones(32), kind, BF16)
+
+    fp8, int8 = weight("fp8"), weight("int8")
+    tw: QuantizedPath = "scaled_mm_tensorwise"
+    plan = LinearPlan(
+        one_row_gemv=(4, 1024, 4),
+        quantized_few_rows="w8a16",
+        quantized_many_rows=tw,
+        quantized_prompt_rows="scaled_mm",
+    )
+    no_tile = LinearPlan(quantized_few_rows=tw)
+    cases = [
+        (fp8, plan, 1, False),  # the GEMV
+        (fp8, no_tile, 1, True),
+        (fp8, plan, FEW_ROWS, False),  # w8a16
+        (fp8, plan, FEW_ROWS + 1, True),
+        (fp8, plan, MANY_ROWS, True),
+        (fp8, plan, 5000, True),
+        (fp8, LinearPlan(quantized_many_rows="cublas"), 100, False),
+        (int8, plan, 100, False),
+    ]
+    for w, p, rows, want in cases:
+        assert ops.takes_fp8_rows(w, p, rows, BF16) is want, (w.kind, p, rows)
+    assert not ops.takes_fp8_rows(torch.zeros(32, 48, dtype=BF16), plan, 100, BF16)
+    monkeypatch.undo()
+    assert not ops.takes_fp8_rows(fp8, plan, 100, BF16), "a CPU weight: the reference"
+
+
+def test_fp8_rows_where_no_fp8_path_runs_raise(gen: torch.Generator) -> None:
+    """The CPU norm's FP8 rows are the reference quantization of its output; a call that
+    would not multiply them on the FP8 tensor cores names what is wrong."""
+    x = randn(gen, 4, 48, dtype=torch.float32)
+    norm = randn(gen, 48, dtype=torch.float32)
+    rows, _ = ops.rms_norm(x, norm, 1e-5, fp8_rows=True)
+    out, _ = ops.rms_norm(x, norm, 1e-5)
+    values, scale = reference.quantize_rows_fp8(out)
+    assert isinstance(rows, FP8Rows) and torch.equal(rows.scale, scale)
+    assert torch.equal(rows.values.view(torch.uint8), values.view(torch.uint8))
+    w = quantize(randn(gen, 32, 48, dtype=torch.float32), "fp8")
+    with pytest.raises(KernelError, match="FP8 tensor-core path; this call's is the CPU"):
+        ops.linear(rows, w)
+    with pytest.raises(KernelError, match="FP8 rows are an FP8 matmul's input"):
+        ops.linear(rows, randn(gen, 32, 48, dtype=torch.float32))
+    bad = FP8Rows(rows.values, rows.scale[:2], rows.dtype)
+    with pytest.raises(KernelError, match=r"scale must be \[T, 1\] = \[4, 1\]"):
+        ops.linear(bad, w)
+    with pytest.raises(KernelError, match="FP8 rows need x"):
+        ops.rms_norm(x[None], norm, 1e-5, fp8_rows=True)
+
+
+@gpu_test
+@pytest.mark.parametrize("rows", [FEW_ROWS, MANY_ROWS, 2048])
+def test_fp8_rows_multiply_as_the_activations_they_stand_for(
+    gen: torch.Generator, rows: int
+) -> None:
+    """linear, linear_swiglu and qkv_rope_cache fed the norm's FP8 rows give, bit for bit,
+    what they give fed its BF16 output, on both FP8 paths: the rows are what either path
+    would have quantized."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 tensor cores need sm_89+")
+    hidden = randn(gen, rows, 2048, dtype=torch.bfloat16)
+    norm = randn(gen, 2048, dtype=torch.bfloat16)
+    x, _ = ops.rms_norm(hidden, norm, 1e-5)
+    fp8, _ = ops.rms_norm(hidden, norm, 1e-5, fp8_rows=True)
+    assert isinstance(fp8, FP8Rows)
+    qkv = quantize(randn(gen, 3072, 2048, dtype=torch.bfloat16, scale=0.02), "fp8")
+    gate_up = quantize(randn(gen, 2 * 1024, 2048, dtype=torch.bfloat16, scale=0.02), "fp8")
+    for path in ("scaled_mm", "scaled_mm_tensorwise"):
+        plan = LinearPlan(
+            quantized_few_rows=path, quantized_many_rows=path, quantized_prompt_rows=path
+        )
+        assert ops.takes_fp8_rows(qkv, plan, rows, torch.bfloat16)
+        assert torch.equal(ops.linear(fp8, qkv, plan=plan), ops.linear(x, qkv, plan=plan))
+        got = ops.linear_swiglu(fp8, gate_up, plan=plan)
+        assert torch.equal(got, ops.linear_swiglu(x, gate_up, plan=plan)), path
+        caches = []
+        for source in (x, fp8):
+            k_cache = torch.zeros(rows // 16 + 1, 16, 8, 64, device=DEVICE, dtype=torch.bfloat16)
+            v_cache = torch.zeros_like(k_cache)
+            cos, sin = rope_tables(64, 4096, 500000.0, device=DEVICE)
+            positions = torch.arange(rows, device=DEVICE)
+            q = ops.qkv_rope_cache(
+                source, qkv, 32, positions, cos, sin, k_cache, v_cache, positions, plan=plan
+            )
+            caches.append((q, k_cache, v_cache))
+        for a, b in zip(*caches, strict=True):
+            assert torch.equal(a, b), path
+    w8a16 = LinearPlan(quantized_few_rows="w8a16", quantized_many_rows="w8a16")
+    if rows <= MANY_ROWS:
+        with pytest.raises(KernelError, match="this call's is w8a16"):
+            ops.linear(fp8, qkv, plan=w8a16)

@@ -176,6 +176,8 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
     yield f"embedding {dtype}", lambda: ops.embedding(ids, torch.zeros(64, hidden, dtype=dtype))
     yield f"rms_norm+residual {dtype}", lambda: ops.rms_norm(x, w, 1e-5, x)
     yield f"rms_norm {dtype}", lambda: ops.rms_norm(x, w, 1e-5)
+    if dtype != torch.float32:  # the FP8 matmuls' activations, from a 16-bit model's norm
+        yield f"rms_norm+residual fp8 rows {dtype}", lambda: ops.rms_norm(x, w, 1e-5, x, True)
     yield f"swiglu {dtype}", lambda: ops.swiglu(torch.zeros(8, 2 * inter, dtype=dtype))
     tables = torch.zeros(9, 8192, dtype=torch.int32)
     yield (

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple, NoReturn
+from typing import Literal, NamedTuple, NoReturn, overload
 
 import torch
 from torch import Tensor
@@ -22,7 +22,7 @@ from torch import Tensor
 from . import cpu_ops, quantized_ops, reference
 from .errors import KernelError
 from .linear_plan import CUBLAS, FEW_ROWS, FewRowsTile, GemvTile, LinearPlan, TunedLinear
-from .quantized import LinearWeight, QuantizedWeight
+from .quantized import FP8Rows, LinearWeight, QuantizedWeight
 from .tuning_cache import TuningCache
 
 
@@ -152,9 +152,33 @@ def embedding(ids: Tensor, weight: LinearWeight) -> Tensor:
     return reference.embedding(ids, weight)
 
 
+@overload
 def rms_norm(
-    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    residual: Tensor | None = None,
+    *,
+    fp8_rows: Literal[False] = False,
+) -> tuple[Tensor, Tensor]: ...
+@overload
+def rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None, *, fp8_rows: bool
+) -> tuple[Tensor | FP8Rows, Tensor]: ...
+
+
+def rms_norm(
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    residual: Tensor | None = None,
+    *,
+    fp8_rows: bool = False,
+) -> tuple[Tensor | FP8Rows, Tensor]:
+    """`reference.rms_norm`; with `fp8_rows` (x [T, H], a weight of x's dtype) the normalized
+    rows as an FP8 matmul's activations (`FP8Rows`, what `reference.quantize_rows_fp8` makes
+    of them): on CUDA written so by the norm's own kernel. Ask for them where
+    `takes_fp8_rows` says the next matmul would quantize them itself."""
     op = "rms_norm"
     if not isinstance(x, Tensor) or x.dim() < 1:
         _fail(op, "x must be a tensor [..., H]")
@@ -166,17 +190,40 @@ def rms_norm(
     if eps < 0:
         _fail(op, f"eps must be >= 0, got {eps}")
     _check_device(op, x=x, weight=weight, residual=residual)
+    if fp8_rows and (x.dim() != 2 or weight.dtype != x.dtype):
+        _fail(
+            op,
+            f"FP8 rows need x [T, H] and a weight of x's dtype, got x {_shape(x)} "
+            f"{x.dtype}, weight {weight.dtype}",
+        )
     if _on_cuda(x):
         from . import triton_ops
 
-        return triton_ops.rms_norm(x, weight, eps, residual)
+        return triton_ops.rms_norm(x, weight, eps, residual, fp8_rows)
     if _on_cpu(x):
-        return cpu_ops.rms_norm(x, weight, eps, residual)
-    return reference.rms_norm(x, weight, eps, residual)
+        out, s = cpu_ops.rms_norm(x, weight, eps, residual)
+    else:
+        out, s = reference.rms_norm(x, weight, eps, residual)
+    if fp8_rows:
+        return FP8Rows(*reference.quantize_rows_fp8(out), x.dtype), s
+    return out, s
+
+
+def takes_fp8_rows(weight: LinearWeight, plan: LinearPlan, rows: int, dtype: torch.dtype) -> bool:
+    """Whether `linear(x, weight, plan=plan)` for x of `rows` rows of `dtype` runs on the FP8
+    tensor cores and would quantize x itself: then the op that makes x can make `FP8Rows`
+    instead (`rms_norm(fp8_rows=True)`), and `linear`, `linear_swiglu` and `qkv_rope_cache`
+    take them."""
+    return (
+        isinstance(weight, QuantizedWeight)
+        and _on_cuda(weight)
+        and not (rows == 1 and plan.one_row_gemv is not None)
+        and quantized_ops.band_path(rows, dtype, weight, plan) in quantized_ops.FP8_PATHS
+    )
 
 
 def linear(
-    x: Tensor,
+    x: Tensor | FP8Rows,
     weight: LinearWeight,
     out_dtype: torch.dtype | None = None,
     plan: LinearPlan = CUBLAS,
@@ -195,13 +242,16 @@ def linear(
     them afterwards was a ~95 us kernel per step on the H200. Those logits are then not rounded
     to BF16 first, unlike the GEMV's (BF16 results may differ across batch sizes anyway).
 
-    A `QuantizedWeight` (FP8 or int8 with per-row scales) goes to `quantized_ops.linear`.
+    A `QuantizedWeight` (FP8 or int8 with per-row scales) goes to `quantized_ops.linear`, which
+    also takes x as `FP8Rows` where the plan multiplies on the FP8 tensor cores.
     """
     if bias is not None:
         _check_bias("linear", bias, weight, x)
     if isinstance(weight, QuantizedWeight):  # the bias after the scaled product, in out's dtype
         out = quantized_ops.linear(x, weight, out_dtype, plan)
         return out if bias is None else out + bias.to(out.dtype)
+    if isinstance(x, FP8Rows):
+        _fail("linear", f"FP8 rows are an FP8 matmul's input; the weight is {weight.dtype}")
     if plan.one_row_gemv is not None and _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
         from . import triton_ops
 
@@ -223,15 +273,15 @@ def linear(
     return out if out_dtype is None else out.to(out_dtype)
 
 
-def _check_bias(op: str, bias: Tensor, weight: LinearWeight, x: Tensor) -> None:
+def _check_bias(op: str, bias: Tensor, weight: LinearWeight, x: Tensor | FP8Rows) -> None:
     _check_dims(op, "bias", bias, 1, "[N]")
     _check_len(op, "bias", bias, 0, weight.shape[0], "one per output feature (weight's rows)")
     if bias.dtype != x.dtype:
         _fail(op, f"bias is {bias.dtype} but x is {x.dtype}")
-    _check_device(op, x=x, bias=bias)
+    _check_device(op, x=x if isinstance(x, Tensor) else x.values, bias=bias)
 
 
-def linear_swiglu(x: Tensor, gate_up: LinearWeight, plan: LinearPlan = CUBLAS) -> Tensor:
+def linear_swiglu(x: Tensor | FP8Rows, gate_up: LinearWeight, plan: LinearPlan = CUBLAS) -> Tensor:
     """swiglu(linear(x, gate_up)) for a packed [gate; up] projection [2I, K] -> [T, I].
 
     A one-row CUDA call whose plan gives the GEMV a tile runs as one kernel: the GEMV applies
@@ -243,6 +293,8 @@ def linear_swiglu(x: Tensor, gate_up: LinearWeight, plan: LinearPlan = CUBLAS) -
     if isinstance(gate_up, QuantizedWeight):
         fused = quantized_ops.linear_swiglu(x, gate_up, plan)
         return swiglu(linear(x, gate_up, plan=plan)) if fused is None else fused
+    if isinstance(x, FP8Rows):
+        return swiglu(linear(x, gate_up, plan=plan))  # which names what is wrong
     tile = plan.one_row_gemv
     one_row = _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1
     if tile is not None and one_row and gate_up.shape[0] % 2 == 0:
@@ -393,7 +445,7 @@ def _rope_cache_write(op: str, q: Tensor, k: Tensor, v: Tensor, args: _RopeCache
 
 
 def qkv_rope_cache(
-    x: Tensor,
+    x: Tensor | FP8Rows,
     qkv: LinearWeight,
     num_q_heads: int,
     positions: Tensor,
@@ -424,12 +476,12 @@ def qkv_rope_cache(
     rows = (num_q_heads + 2 * num_kv_heads) * head_dim
     args = _RopeCacheArgs(positions, cos, sin, k_cache, v_cache, slot_mapping, kv_scales)
     tile: GemvTile | FewRowsTile | None = None
-    if qk_norms is None and _on_cuda(x) and x.dim() == 2:
+    if qk_norms is None and isinstance(x, Tensor) and _on_cuda(x) and x.dim() == 2:
         if x.shape[0] == 1:
             tile = plan.one_row_gemv
         elif _few_rows(x) and not isinstance(qkv, QuantizedWeight):
             tile = plan.few_rows
-    if tile is not None:
+    if tile is not None and isinstance(x, Tensor):
         from . import triton_ops
 
         if triton_ops.qkv_rope_fits(tile[0], head_dim):

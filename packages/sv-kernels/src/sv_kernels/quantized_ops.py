@@ -32,7 +32,7 @@ from torch import Tensor
 from . import int8_threads, quantized, reference
 from .errors import KernelError
 from .linear_plan import LinearPlan, QuantizedPath
-from .quantized import QuantizedWeight
+from .quantized import FP8Rows, QuantizedWeight
 
 # torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
 _INT8PACK_K_MULTIPLE = 8
@@ -44,6 +44,9 @@ INT8_KERNEL_MAX_ROWS = 16
 W8A16_MAX_ROWS = 256
 # The activation types the 8-bit-weight matmul multiplies in (its tensor cores' 16-bit inputs).
 W8A16_DTYPES = (torch.bfloat16, torch.float16)
+# The paths that multiply on the FP8 tensor cores, whose activations are `FP8Rows`.
+FP8_PATHS: tuple[QuantizedPath, ...] = ("scaled_mm", "scaled_mm_tensorwise")
+FP8_DTYPE = torch.float8_e4m3fn
 # torch._scaled_mm needs both matrix dims of the weight to be multiples of 16.
 _SCALED_MM_MULTIPLE = 16
 # The types torch._scaled_mm writes with per-row scales (FP32 checked on the H200, torch 2.11,
@@ -51,9 +54,11 @@ _SCALED_MM_MULTIPLE = 16
 _SCALED_MM_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def check_linear(op: str, x: Tensor, weight: QuantizedWeight) -> None:
+def check_linear(op: str, x: Tensor | FP8Rows, weight: QuantizedWeight) -> None:
     weight.check(op)
-    if not isinstance(x, Tensor) or x.dim() != 2:
+    if isinstance(x, FP8Rows):
+        _check_fp8_rows(op, x)
+    elif not isinstance(x, Tensor) or x.dim() != 2:
         raise KernelError(f"{op}: x must be a 2-D tensor [T, K] with a quantized weight")
     if x.shape[1] != weight.shape[1]:
         raise KernelError(
@@ -66,10 +71,28 @@ def check_linear(op: str, x: Tensor, weight: QuantizedWeight) -> None:
         raise KernelError(f"{op}: x is on {x.device}, the weight on {weight.device}")
 
 
+def _check_fp8_rows(op: str, x: FP8Rows) -> None:
+    values, scale = x.values, x.scale
+    if not isinstance(values, Tensor) or values.dim() != 2 or values.dtype != FP8_DTYPE:
+        raise KernelError(f"{op}: FP8 rows' values must be a 2-D {FP8_DTYPE} tensor [T, K]")
+    if not isinstance(scale, Tensor) or scale.shape != (values.shape[0], 1):
+        raise KernelError(f"{op}: FP8 rows' scale must be [T, 1] = [{values.shape[0]}, 1]")
+    if scale.dtype != torch.float32 or scale.device != values.device:
+        raise KernelError(f"{op}: FP8 rows' scale must be float32 on the values' device")
+
+
 def linear(
-    x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None, plan: LinearPlan
+    x: Tensor | FP8Rows, weight: QuantizedWeight, out_dtype: torch.dtype | None, plan: LinearPlan
 ) -> Tensor:
     check_linear("linear", x, weight)
+    if isinstance(x, FP8Rows):
+        path = cuda_path(x, weight, plan) if x.values.is_cuda else None
+        if path not in FP8_PATHS:
+            raise KernelError(
+                f"linear: FP8 rows are the input of an FP8 tensor-core path; this call's is "
+                f"{path or 'the CPU reference'} (ask ops.takes_fp8_rows first)"
+            )
+        return (scaled_mm if path == "scaled_mm" else scaled_mm_tensorwise)(x, weight, out_dtype)
     if x.is_cuda:
         if plan.one_row_gemv is not None and x.shape[0] == 1:
             from . import triton_ops
@@ -89,12 +112,14 @@ def linear(
     return out if out_dtype is None else out.to(out_dtype)
 
 
-def linear_swiglu(x: Tensor, gate_up: QuantizedWeight, plan: LinearPlan) -> Tensor | None:
+def linear_swiglu(x: Tensor | FP8Rows, gate_up: QuantizedWeight, plan: LinearPlan) -> Tensor | None:
     """The fused one-row GEMV + SwiGLU when the plan and shapes allow it, else None (the
     caller runs linear, then swiglu)."""
     check_linear("linear_swiglu", x, gate_up)
     tile = plan.one_row_gemv
-    if tile is None or not x.is_cuda or x.shape[0] != 1 or gate_up.shape[0] % 2:
+    if isinstance(x, FP8Rows) or tile is None or not x.is_cuda or x.shape[0] != 1:
+        return None
+    if gate_up.shape[0] % 2:
         return None
     from . import triton_ops
 
@@ -129,22 +154,29 @@ def dequantize(weight: QuantizedWeight, dtype: torch.dtype) -> Tensor:
     return quantized.dequantize(weight, dtype)
 
 
-def cuda_path(x: Tensor, weight: QuantizedWeight, plan: LinearPlan) -> QuantizedPath:
-    """The path of a CUDA call of x's rows that no GEMV tile takes: the plan's for the row
-    band, unless that path cannot take the call (w8a16 past W8A16_MAX_ROWS rows or for other
-    activation types, scaled_mm for int8 or shapes `torch._scaled_mm` refuses), when the
-    weight is dequantized for cuBLAS instead."""
-    path = plan.quantized_path(x.shape[0])
-    if (path == "w8a16" and not w8a16_fits(x)) or (
-        path in ("scaled_mm", "scaled_mm_tensorwise") and not scaled_mm_fits(weight)
+def cuda_path(x: Tensor | FP8Rows, weight: QuantizedWeight, plan: LinearPlan) -> QuantizedPath:
+    """The path of a CUDA call of x's rows that no GEMV tile takes: `band_path`."""
+    return band_path(x.shape[0], x.dtype, weight, plan)
+
+
+def band_path(
+    rows: int, dtype: torch.dtype, weight: QuantizedWeight, plan: LinearPlan
+) -> QuantizedPath:
+    """The path of a CUDA call of `rows` rows of `dtype` that no GEMV tile takes: the plan's
+    for the row band, unless that path cannot take the call (w8a16 past W8A16_MAX_ROWS rows or
+    for other activation types, scaled_mm for int8 or shapes `torch._scaled_mm` refuses),
+    when the weight is dequantized for cuBLAS instead."""
+    path = plan.quantized_path(rows)
+    if (path == "w8a16" and not w8a16_fits(rows, dtype)) or (
+        path in FP8_PATHS and not scaled_mm_fits(weight)
     ):
         return "cublas"
     return path
 
 
-def w8a16_fits(x: Tensor) -> bool:
-    """The 8-bit-weight matmul takes x: 16-bit activations, at most W8A16_MAX_ROWS rows."""
-    return x.dtype in W8A16_DTYPES and x.shape[0] <= W8A16_MAX_ROWS
+def w8a16_fits(rows: int, dtype: torch.dtype) -> bool:
+    """The 8-bit-weight matmul takes the call: 16-bit activations, at most W8A16_MAX_ROWS."""
+    return dtype in W8A16_DTYPES and rows <= W8A16_MAX_ROWS
 
 
 def scaled_mm_fits(weight: QuantizedWeight) -> bool:
@@ -152,9 +184,12 @@ def scaled_mm_fits(weight: QuantizedWeight) -> bool:
     return weight.kind == "fp8" and n % _SCALED_MM_MULTIPLE == 0 and k % _SCALED_MM_MULTIPLE == 0
 
 
-def scaled_mm(x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None = None) -> Tensor:
+def scaled_mm(
+    x: Tensor | FP8Rows, weight: QuantizedWeight, out_dtype: torch.dtype | None = None
+) -> Tensor:
     """x @ dequantize(weight)^T on FP8 tensor cores: each row of x quantized to e4m3 with its
-    own scale (absmax / 448, one kernel: `triton_ops.quantize_rows_fp8`), the product scaled by
+    own scale (absmax / 448, one kernel: `triton_ops.quantize_rows_fp8`, unless x comes as
+    `FP8Rows`), the product scaled by
     both scales in the GEMM's epilogue and written in out_dtype (default x's). FP32 comes
     straight from the FP32 accumulator: the LM head's logits at 256 rows written as BF16 and
     widened afterwards took 219 us on the H200, written as FP32 138 (and unrounded)."""
@@ -172,7 +207,7 @@ def scaled_mm(x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None 
 
 
 def scaled_mm_tensorwise(
-    x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None = None
+    x: Tensor | FP8Rows, weight: QuantizedWeight, out_dtype: torch.dtype | None = None
 ) -> Tensor:
     """What `scaled_mm` computes, with the scales applied after the matmul instead of in it:
     the e4m3 activations times the e4m3 weights on the FP8 tensor cores with unit per-tensor
@@ -192,9 +227,12 @@ def scaled_mm_tensorwise(
     return reference.scale_product(product, x_scale, weight.scale, out_dtype or x.dtype)
 
 
-def _quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
-    """The FP8 matmuls' activations: `triton_ops.quantize_rows_fp8` on CUDA (one kernel, the
-    reference's bits), the reference elsewhere."""
+def _quantize_rows_fp8(x: Tensor | FP8Rows) -> tuple[Tensor, Tensor]:
+    """The FP8 matmuls' activations: x's own if it comes quantized, else
+    `triton_ops.quantize_rows_fp8` on CUDA (one kernel, the reference's bits), the reference
+    elsewhere."""
+    if isinstance(x, FP8Rows):
+        return x.values, x.scale
     if x.device.type == "cuda":
         from . import triton_ops
 

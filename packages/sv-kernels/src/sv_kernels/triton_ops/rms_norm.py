@@ -1,6 +1,11 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator"
 # (Triton kernels are typed by Triton when it specializes them, not by Python annotations.)
-"""RMSNorm fused with the residual add: one read of x and residual, one write of each result."""
+"""RMSNorm fused with the residual add: one read of x and residual, one write of each result.
+
+With `fp8_rows` the normalized row is written as the FP8 matmul's activations instead
+(`quantized.FP8Rows`): its e4m3 values and scale, computed from the rounded normalized values
+with `quantize_rows`' operations in its order, so the bits are those of `quantize_rows_fp8`
+applied to the plain output."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..errors import KernelError
+from ..quantized import MAX_VALUE, FP8Rows
 from ._common import next_pow2, rows_2d, use_pdl, wait_for_prior_kernels
 
 
@@ -18,6 +25,7 @@ def _rms_norm_kernel(
     weight_ptr,
     out_ptr,
     sum_ptr,
+    fp8_scale_ptr,
     hidden,
     eps,
     stride_x,
@@ -25,6 +33,8 @@ def _rms_norm_kernel(
     stride_o,
     stride_s,
     HAS_RESIDUAL: tl.constexpr,
+    FP8_ROWS: tl.constexpr,
+    FP8_MAX: tl.constexpr,
     BLOCK_H: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -45,20 +55,40 @@ def _rms_norm_kernel(
     inv_rms = 1.0 / tl.sqrt_rn(mean_square + eps)
     # Round to x's dtype before the weight multiply, as Hugging Face Llama does.
     normed = (s * inv_rms).to(x_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(
-        out_ptr + row * stride_o + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=in_row
-    )
+    if FP8_ROWS:  # out_ptr takes e4m3 values, fp8_scale_ptr the row's scale (x's dtype out)
+        y = (w * normed).to(x_ptr.dtype.element_ty).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
+        q = tl.math.div_rn(y, scale)
+        tl.store(out_ptr + row * stride_o + cols, q.to(out_ptr.dtype.element_ty), mask=in_row)
+        tl.store(fp8_scale_ptr + row, scale)
+    else:
+        y = (w * normed).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row * stride_o + cols, y, mask=in_row)
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm of (x + residual) times weight; returns (normalized, sum). See `reference.rms_norm`."""
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    fp8_rows: bool = False,
+) -> tuple[torch.Tensor | FP8Rows, torch.Tensor]:
+    """RMSNorm of (x + residual) times weight; returns (normalized, sum). See `reference.rms_norm`.
+    With `fp8_rows` (x 2-D, weight of x's dtype) the normalized rows come as `FP8Rows`."""
     hidden = x.shape[-1]
     x2 = rows_2d(x)
     num_rows = x2.shape[0]
     # torch's `weight * normed` promotes (bf16 weight, bf16 x -> bf16; fp32 weight -> fp32).
     out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    fp8_scale = x2  # unused without fp8_rows; any pointer will do
+    if fp8_rows:
+        if x.dim() != 2 or out_dtype != x.dtype:
+            raise KernelError(
+                f"rms_norm: FP8 rows need x [T, H] and a weight of x's dtype, got x "
+                f"{list(x.shape)} {x.dtype}, weight {weight.dtype}"
+            )
+        out_dtype = torch.float8_e4m3fn
+        fp8_scale = torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
     out = torch.empty((num_rows, hidden), dtype=out_dtype, device=x.device)
     if residual is None:
         s2 = x2
@@ -75,6 +105,7 @@ def rms_norm(
             weight.contiguous(),
             out,
             s2,
+            fp8_scale,
             hidden,
             eps,
             x2.stride(0),
@@ -82,10 +113,14 @@ def rms_norm(
             out.stride(0),
             s2.stride(0),
             HAS_RESIDUAL=residual is not None,
+            FP8_ROWS=fp8_rows,
+            FP8_MAX=MAX_VALUE["fp8"],
             BLOCK_H=block_h,
             USE_PDL=pdl,
             num_warps=max(1, min(16, block_h // 256)),
             launch_pdl=pdl,
         )
     s = x if residual is None else s2.view(x.shape)
+    if fp8_rows:
+        return FP8Rows(out, fp8_scale, x.dtype), s
     return out.view(x.shape), s
