@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randint, randn
 from sv_kernels import KernelError, reference, rope_tables, triton_ops
-from sv_kernels.quantized import FP8Rows
+from sv_kernels.quantized import FP8Rows, ScaledProduct
 from sv_kernels.reference import kv_pages
 from sv_kernels.rope_tables import Llama3RopeScaling
 
@@ -102,6 +102,34 @@ def test_rms_norm_writes_fp8_rows_as_quantizing_its_output_would(
     assert torch.equal(rows.values.view(torch.uint8), values.view(torch.uint8))
 
 
+@pytest.mark.parametrize("fp8_rows", [False, True])
+@pytest.mark.parametrize(
+    ("tokens", "hidden"), [(1, 96), (5, 1000), pytest.param(256, 2048, marks=GPU)]
+)
+def test_rms_norm_scales_a_scaled_product_as_scale_product_would(
+    gen: torch.Generator, fp8_rows: bool, tokens: int, hidden: int
+) -> None:
+    """An FP8 matmul's unscaled product read with its row and column scales: the sum and the
+    output of the norm of `reference.scale_product`'s result, bit for bit."""
+    product = randn(gen, tokens, hidden, dtype=torch.float32, scale=300.0)
+    row_scale = randn(gen, tokens, 1, dtype=torch.float32).abs() / 100
+    col_scale = randn(gen, hidden, dtype=torch.float32).abs() / 100
+    residual = randn(gen, tokens, hidden, dtype=torch.bfloat16)
+    weight = randn(gen, hidden, dtype=torch.bfloat16)
+    scaled = reference.scale_product(product, row_scale, col_scale, torch.bfloat16)
+    want_out, want_s = triton_ops.rms_norm(scaled, weight, 1e-5, residual, fp8_rows)
+    x = ScaledProduct(product, row_scale, col_scale, torch.bfloat16)
+    out, s = triton_ops.rms_norm(x, weight, 1e-5, residual, fp8_rows)
+    assert torch.equal(s, want_s)
+    if fp8_rows:
+        assert isinstance(out, FP8Rows) and isinstance(want_out, FP8Rows)
+        assert torch.equal(out.scale, want_out.scale)
+        out, want_out = out.values.view(torch.uint8), want_out.values.view(torch.uint8)
+    assert torch.equal(out, want_out)
+    with pytest.raises(KernelError, match="a scaled product needs a residual"):
+        triton_ops.rms_norm(x, weight, 1e-5)
+
+
 def test_rms_norm_fp8_rows_need_a_2d_x_and_its_dtype(gen: torch.Generator) -> None:
     x = randn(gen, 2, 3, 64, dtype=torch.bfloat16)
     with pytest.raises(KernelError, match="FP8 rows need x"):
@@ -127,6 +155,32 @@ def test_rms_norm_fp8_rows_need_a_2d_x_and_its_dtype(gen: torch.Generator) -> No
 def test_swiglu(gen: torch.Generator, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     gate_up = randn(gen, *shape, dtype=dtype, scale=3.0)
     assert_close(triton_ops.swiglu(gate_up), reference.swiglu(gate_up), "swiglu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("tokens", "inter"),
+    [
+        (1, 40),
+        (5, 300),
+        pytest.param(256, 8192, marks=GPU),
+        pytest.param(2048, 8192, marks=GPU),
+    ],
+)
+def test_swiglu_writes_fp8_rows_as_quantizing_its_output_would(
+    gen: torch.Generator, dtype: torch.dtype, tokens: int, inter: int
+) -> None:
+    """The SwiGLU's FP8 rows (a program per row) are the reference quantization of the
+    kernel's own 16-bit output, bit for bit, with rows of very different sizes."""
+    gate_up = randn(gen, tokens, 2 * inter, dtype=dtype, scale=3.0)
+    gate_up[0, inter:] *= 50  # the up half only: a far larger gate would overflow exp
+    rows = triton_ops.swiglu(gate_up, True)
+    values, scale = reference.quantize_rows_fp8(triton_ops.swiglu(gate_up))
+    assert isinstance(rows, FP8Rows) and rows.dtype == dtype
+    assert torch.equal(rows.scale, scale)
+    assert torch.equal(rows.values.view(torch.uint8), values.view(torch.uint8))
+    with pytest.raises(KernelError, match="FP8 rows need gate_up"):
+        triton_ops.swiglu(gate_up[None], True)
 
 
 # --- rope_cache_write ---------------------------------------------------------------------

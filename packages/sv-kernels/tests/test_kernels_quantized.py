@@ -33,6 +33,7 @@ from sv_kernels.quantized import (
     FP8Rows,
     QuantizedWeight,
     QuantKind,
+    ScaledProduct,
     dequantize,
     quantize,
 )
@@ -793,6 +794,26 @@ def test_fp8_rows_where_no_fp8_path_runs_raise(gen: torch.Generator) -> None:
         ops.linear(bad, w)
     with pytest.raises(KernelError, match="FP8 rows need x"):
         ops.rms_norm(x[None], norm, 1e-5, fp8_rows=True)
+    product = randn(gen, 4, 48, dtype=torch.float32)
+    scaled = ScaledProduct(product, torch.full((4, 1), 0.5), torch.full((48,), 0.25), x.dtype)
+    out, s = ops.rms_norm(scaled, norm, 1e-5, x)
+    want = ops.rms_norm(
+        reference.scale_product(product, scaled.row_scale, scaled.col_scale, x.dtype), norm, 1e-5, x
+    )
+    assert torch.equal(out, want[0]) and torch.equal(s, want[1])
+    with pytest.raises(KernelError, match="a scaled product needs a residual of its dtype"):
+        ops.rms_norm(scaled, norm, 1e-5)
+    with pytest.raises(KernelError, match=r"its column scales must be \[N\] = \[48\]"):
+        ops.rms_norm(
+            ScaledProduct(product, scaled.row_scale, scaled.row_scale, x.dtype), norm, 1e-5, x
+        )
+    gate_up = randn(gen, 4, 96, dtype=torch.float32)
+    rows = ops.swiglu(gate_up, fp8_rows=True)
+    values, scale = reference.quantize_rows_fp8(ops.swiglu(gate_up))
+    assert isinstance(rows, FP8Rows) and torch.equal(rows.scale, scale)
+    assert torch.equal(rows.values.view(torch.uint8), values.view(torch.uint8))
+    with pytest.raises(KernelError, match="FP8 rows need gate_up"):
+        ops.swiglu(gate_up[None], fp8_rows=True)
 
 
 @gpu_test
@@ -812,6 +833,7 @@ def test_fp8_rows_multiply_as_the_activations_they_stand_for(
     assert isinstance(fp8, FP8Rows)
     qkv = quantize(randn(gen, 3072, 2048, dtype=torch.bfloat16, scale=0.02), "fp8")
     gate_up = quantize(randn(gen, 2 * 1024, 2048, dtype=torch.bfloat16, scale=0.02), "fp8")
+    down = quantize(randn(gen, 2048, 1024, dtype=torch.bfloat16, scale=0.02), "fp8")
     for path in ("scaled_mm", "scaled_mm_tensorwise"):
         plan = LinearPlan(
             quantized_few_rows=path, quantized_many_rows=path, quantized_prompt_rows=path
@@ -820,6 +842,17 @@ def test_fp8_rows_multiply_as_the_activations_they_stand_for(
         assert torch.equal(ops.linear(fp8, qkv, plan=plan), ops.linear(x, qkv, plan=plan))
         got = ops.linear_swiglu(fp8, gate_up, plan=plan)
         assert torch.equal(got, ops.linear_swiglu(x, gate_up, plan=plan)), path
+        # the SwiGLU's own FP8 rows into down: the unfused chain's bits
+        mlp = ops.linear_swiglu(fp8, gate_up, plan=plan, fp8_rows=True)
+        assert isinstance(mlp, FP8Rows)
+        want = ops.linear(got, down, plan=plan)
+        assert torch.equal(ops.linear(mlp, down, plan=plan), want), path
+        # down's product with its scales left to the next norm (tensorwise only)
+        deferred = ops.linear(mlp, down, plan=plan, defer_scales=True)
+        assert isinstance(deferred, ScaledProduct) == (path == "scaled_mm_tensorwise"), path
+        normed = ops.rms_norm(deferred, norm, 1e-5, hidden)
+        for a, b in zip(normed, ops.rms_norm(want, norm, 1e-5, hidden), strict=True):
+            assert torch.equal(a, b), path
         caches = []
         for source in (x, fp8):
             k_cache = torch.zeros(rows // 16 + 1, 16, 8, 64, device=DEVICE, dtype=torch.bfloat16)
@@ -836,3 +869,19 @@ def test_fp8_rows_multiply_as_the_activations_they_stand_for(
     if rows <= MANY_ROWS:
         with pytest.raises(KernelError, match="this call's is w8a16"):
             ops.linear(fp8, qkv, plan=w8a16)
+
+
+@gpu_test
+def test_a_fused_one_row_swiglu_asked_for_fp8_rows_quantizes_its_output(
+    gen: torch.Generator,
+) -> None:
+    """The one-row GEMV + SwiGLU computes in one kernel; asked for FP8 rows it quantizes the
+    same output after it (bits of `quantize_rows_fp8` of the fused kernel's output)."""
+    x = randn(gen, 1, 2048, dtype=torch.bfloat16)
+    gate_up = quantize(randn(gen, 2 * 1024, 2048, dtype=torch.bfloat16, scale=0.02), "fp8")
+    plan = LinearPlan(one_row_gemv=QUANTIZED_CONFIGS[0])
+    out = ops.linear_swiglu(x, gate_up, plan=plan)
+    rows = ops.linear_swiglu(x, gate_up, plan=plan, fp8_rows=True)
+    values, scale = reference.quantize_rows_fp8(out)
+    assert isinstance(rows, FP8Rows) and torch.equal(rows.scale, scale)
+    assert torch.equal(rows.values.view(torch.uint8), values.view(torch.uint8))

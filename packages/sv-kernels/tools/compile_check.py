@@ -168,6 +168,7 @@ def _quantized_gemv_cases() -> Iterator[tuple[str, Any]]:
 
 def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
     from sv_kernels import triton_ops as ops
+    from sv_kernels.quantized import ScaledProduct
 
     hidden, inter, vocab = 2048, 8192, 128256
     x = torch.zeros(8, hidden, dtype=dtype)
@@ -178,7 +179,13 @@ def _cases_for(dtype: torch.dtype) -> Iterator[tuple[str, Any]]:
     yield f"rms_norm {dtype}", lambda: ops.rms_norm(x, w, 1e-5)
     if dtype != torch.float32:  # the FP8 matmuls' activations, from a 16-bit model's norm
         yield f"rms_norm+residual fp8 rows {dtype}", lambda: ops.rms_norm(x, w, 1e-5, x, True)
+        # the o and down projections' unscaled FP8 products, scaled as the norm reads them
+        scaled = ScaledProduct(torch.zeros(8, hidden), torch.ones(8, 1), torch.ones(hidden), dtype)
+        yield f"rms_norm scaled product {dtype}", lambda: ops.rms_norm(scaled, w, 1e-5, x, True)
     yield f"swiglu {dtype}", lambda: ops.swiglu(torch.zeros(8, 2 * inter, dtype=dtype))
+    if dtype != torch.float32:
+        gate_up = torch.zeros(8, 2 * inter, dtype=dtype)
+        yield f"swiglu fp8 rows {dtype}", lambda: ops.swiglu(gate_up, True)
     tables = torch.zeros(9, 8192, dtype=torch.int32)
     yield (
         "decode_metadata",

@@ -14,7 +14,7 @@ import contextlib
 import math
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,20 @@ def test_weights_resident_on_the_gpu_are_the_packed_weights_1b(llama_1b_dir: Pat
 OPS = ("embedding", "rms_norm", "swiglu", "rope_cache_write", "prefill_attention")
 
 
+def _reference_op(name: str) -> Callable[..., object]:
+    """`reference.<name>` in place of `ops.<name>`: the model passes `fp8_rows` to the norm,
+    which a BF16 model never sets (its matmuls are not FP8)."""
+    from sv_kernels import reference
+
+    op = getattr(reference, name)
+
+    def call(*args: object, fp8_rows: bool = False, **kwargs: object) -> object:
+        assert not fp8_rows, f"{name}: a BF16 model asked for FP8 rows"
+        return op(*args, **kwargs)
+
+    return call
+
+
 def _long_prefill_logits(runner: object, ids: list[int], chunk: int) -> list[torch.Tensor]:
     """Prefill ids[:-1] in chunks (each attending to the cached prefix), then decode ids[-1]:
     the logits at each chunk's last position and at the decoded one."""
@@ -206,7 +220,7 @@ def test_positions_past_8192_bf16(
     Yardsticks, all against transformers in FP32: transformers in BF16, and our model with every
     op replaced by its plain-torch reference (BF16, on the GPU). If the Triton path is worse,
     each op is swapped alone to name the culprit."""
-    from sv_kernels import ops, reference
+    from sv_kernels import ops
 
     runner = _runner(llama_1b_dir)
     n, chunk = 9000, 4096
@@ -224,7 +238,7 @@ def test_positions_past_8192_bf16(
     hf = errors(list(hf16))
     with monkeypatch.context() as m:
         for name in OPS:
-            m.setattr(ops, name, getattr(reference, name))
+            m.setattr(ops, name, _reference_op(name))
         refs = errors(_long_prefill_logits(runner, ids, chunk))
     print(
         f"positions {rows}\n  ours {ours}\n  torch-reference ops {refs}\n  transformers bf16 {hf}"
@@ -233,7 +247,7 @@ def test_positions_past_8192_bf16(
     if bad:
         for name in OPS:
             with monkeypatch.context() as m:
-                m.setattr(ops, name, getattr(reference, name))
+                m.setattr(ops, name, _reference_op(name))
                 print(
                     f"  with reference {name}: {errors(_long_prefill_logits(runner, ids, chunk))}"
                 )

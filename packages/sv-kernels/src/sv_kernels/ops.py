@@ -22,7 +22,7 @@ from torch import Tensor
 from . import cpu_ops, quantized_ops, reference
 from .errors import KernelError
 from .linear_plan import CUBLAS, FEW_ROWS, FewRowsTile, GemvTile, LinearPlan, TunedLinear
-from .quantized import FP8Rows, LinearWeight, QuantizedWeight
+from .quantized import FP8Rows, LinearWeight, QuantizedWeight, ScaledProduct
 from .tuning_cache import TuningCache
 
 
@@ -154,7 +154,7 @@ def embedding(ids: Tensor, weight: LinearWeight) -> Tensor:
 
 @overload
 def rms_norm(
-    x: Tensor,
+    x: Tensor | ScaledProduct,
     weight: Tensor,
     eps: float,
     residual: Tensor | None = None,
@@ -163,12 +163,17 @@ def rms_norm(
 ) -> tuple[Tensor, Tensor]: ...
 @overload
 def rms_norm(
-    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None, *, fp8_rows: bool
+    x: Tensor | ScaledProduct,
+    weight: Tensor,
+    eps: float,
+    residual: Tensor | None = None,
+    *,
+    fp8_rows: bool,
 ) -> tuple[Tensor | FP8Rows, Tensor]: ...
 
 
 def rms_norm(
-    x: Tensor,
+    x: Tensor | ScaledProduct,
     weight: Tensor,
     eps: float,
     residual: Tensor | None = None,
@@ -178,24 +183,25 @@ def rms_norm(
     """`reference.rms_norm`; with `fp8_rows` (x [T, H], a weight of x's dtype) the normalized
     rows as an FP8 matmul's activations (`FP8Rows`, what `reference.quantize_rows_fp8` makes
     of them): on CUDA written so by the norm's own kernel. Ask for them where
-    `takes_fp8_rows` says the next matmul would quantize them itself."""
+    `takes_fp8_rows` says the next matmul would quantize them itself.
+
+    x may be an FP8 matmul's `ScaledProduct` (with a residual: the o and down projections'
+    outputs): the norm sees `reference.scale_product` of it, on CUDA scaled by its own kernel."""
     op = "rms_norm"
+    if isinstance(x, ScaledProduct):
+        _check_scaled_product(op, x, residual)
+        if _on_cuda(x.product):
+            _check_norm_args(op, x.product.shape, x.dtype, weight, eps, residual, fp8_rows)
+            _check_device(op, x=x.product, weight=weight, residual=residual)
+            from . import triton_ops
+
+            return triton_ops.rms_norm(x, weight, eps, residual, fp8_rows)
+        x = reference.scale_product(x.product, x.row_scale, x.col_scale, x.dtype)
     if not isinstance(x, Tensor) or x.dim() < 1:
         _fail(op, "x must be a tensor [..., H]")
     _check_float(op, "x", x)
-    _check_dims(op, "weight", weight, 1, "[H]")
-    _check_len(op, "weight", weight, 0, x.shape[-1], "the hidden size of x")
-    if residual is not None and residual.shape != x.shape:
-        _fail(op, f"residual {_shape(residual)} must have x's shape {_shape(x)}")
-    if eps < 0:
-        _fail(op, f"eps must be >= 0, got {eps}")
+    _check_norm_args(op, x.shape, x.dtype, weight, eps, residual, fp8_rows)
     _check_device(op, x=x, weight=weight, residual=residual)
-    if fp8_rows and (x.dim() != 2 or weight.dtype != x.dtype):
-        _fail(
-            op,
-            f"FP8 rows need x [T, H] and a weight of x's dtype, got x {_shape(x)} "
-            f"{x.dtype}, weight {weight.dtype}",
-        )
     if _on_cuda(x):
         from . import triton_ops
 
@@ -207,6 +213,50 @@ def rms_norm(
     if fp8_rows:
         return FP8Rows(*reference.quantize_rows_fp8(out), x.dtype), s
     return out, s
+
+
+def _check_norm_args(
+    op: str,
+    shape: torch.Size,
+    dtype: torch.dtype,
+    weight: Tensor,
+    eps: float,
+    residual: Tensor | None,
+    fp8_rows: bool,
+) -> None:
+    """rms_norm's arguments beside x, for an x of `shape` and `dtype`."""
+    _check_dims(op, "weight", weight, 1, "[H]")
+    if weight.shape[0] != shape[-1]:
+        _fail(
+            op, f"weight has {weight.shape[0]} along dim 0, expected {shape[-1]} (x's hidden size)"
+        )
+    if residual is not None and residual.shape != shape:
+        _fail(op, f"residual {_shape(residual)} must have x's shape [{', '.join(map(str, shape))}]")
+    if eps < 0:
+        _fail(op, f"eps must be >= 0, got {eps}")
+    if fp8_rows and (len(shape) != 2 or weight.dtype != dtype):
+        _fail(
+            op,
+            f"FP8 rows need x [T, H] and a weight of x's dtype, got x "
+            f"[{', '.join(map(str, shape))}] {dtype}, weight {weight.dtype}",
+        )
+
+
+def _check_scaled_product(op: str, x: ScaledProduct, residual: Tensor | None) -> None:
+    """A `ScaledProduct` as `quantized_ops.scaled_mm_tensorwise` makes it; the norm takes one
+    only with a residual, whose dtype is the product's nominal dtype."""
+    product, rows, cols = x.product, x.row_scale, x.col_scale
+    if not isinstance(product, Tensor) or product.dim() != 2 or product.dtype != torch.float32:
+        _fail(op, "a scaled product must be an FP32 tensor [T, N]")
+    if not isinstance(rows, Tensor) or rows.shape != (product.shape[0], 1):
+        _fail(op, f"its row scales must be [T, 1] = [{product.shape[0]}, 1]")
+    if not isinstance(cols, Tensor) or cols.shape != (product.shape[1],):
+        _fail(op, f"its column scales must be [N] = [{product.shape[1]}]")
+    if rows.dtype != torch.float32 or cols.dtype != torch.float32:
+        _fail(op, "its scales must be float32")
+    _check_device(op, product=product, row_scale=rows, col_scale=cols)
+    if residual is None or residual.dtype != x.dtype:
+        _fail(op, f"a scaled product needs a residual of its dtype {x.dtype}")
 
 
 def takes_fp8_rows(weight: LinearWeight, plan: LinearPlan, rows: int, dtype: torch.dtype) -> bool:
@@ -222,13 +272,37 @@ def takes_fp8_rows(weight: LinearWeight, plan: LinearPlan, rows: int, dtype: tor
     )
 
 
+@overload
 def linear(
     x: Tensor | FP8Rows,
     weight: LinearWeight,
     out_dtype: torch.dtype | None = None,
     plan: LinearPlan = CUBLAS,
     bias: Tensor | None = None,
-) -> Tensor:
+    *,
+    defer_scales: Literal[False] = False,
+) -> Tensor: ...
+@overload
+def linear(
+    x: Tensor | FP8Rows,
+    weight: LinearWeight,
+    out_dtype: torch.dtype | None = None,
+    plan: LinearPlan = CUBLAS,
+    bias: Tensor | None = None,
+    *,
+    defer_scales: bool,
+) -> Tensor | ScaledProduct: ...
+
+
+def linear(
+    x: Tensor | FP8Rows,
+    weight: LinearWeight,
+    out_dtype: torch.dtype | None = None,
+    plan: LinearPlan = CUBLAS,
+    bias: Tensor | None = None,
+    *,
+    defer_scales: bool = False,
+) -> Tensor | ScaledProduct:
     """x [T, K] @ weight [N, K]^T (+ bias [N]), as `torch.nn.functional.linear` (cuBLAS on
     CUDA), in out_dtype if given (the LM head's FP32 logits; on the CPU, `.to(out_dtype)`
     afterwards). The bias is added to the FP32 accumulator, before the rounding to x's dtype.
@@ -243,13 +317,17 @@ def linear(
     to BF16 first, unlike the GEMV's (BF16 results may differ across batch sizes anyway).
 
     A `QuantizedWeight` (FP8 or int8 with per-row scales) goes to `quantized_ops.linear`, which
-    also takes x as `FP8Rows` where the plan multiplies on the FP8 tensor cores.
+    also takes x as `FP8Rows` where the plan multiplies on the FP8 tensor cores. With
+    `defer_scales` (and no bias) a call that runs `scaled_mm_tensorwise` returns its product
+    with the scales unapplied (`ScaledProduct`), which `rms_norm` applies as it reads it.
     """
     if bias is not None:
         _check_bias("linear", bias, weight, x)
     if isinstance(weight, QuantizedWeight):  # the bias after the scaled product, in out's dtype
+        if bias is None:
+            return quantized_ops.linear(x, weight, out_dtype, plan, defer_scales)
         out = quantized_ops.linear(x, weight, out_dtype, plan)
-        return out if bias is None else out + bias.to(out.dtype)
+        return out + bias.to(out.dtype)
     if isinstance(x, FP8Rows):
         _fail("linear", f"FP8 rows are an FP8 matmul's input; the weight is {weight.dtype}")
     if plan.one_row_gemv is not None and _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
@@ -281,31 +359,55 @@ def _check_bias(op: str, bias: Tensor, weight: LinearWeight, x: Tensor | FP8Rows
     _check_device(op, x=x if isinstance(x, Tensor) else x.values, bias=bias)
 
 
-def linear_swiglu(x: Tensor | FP8Rows, gate_up: LinearWeight, plan: LinearPlan = CUBLAS) -> Tensor:
-    """swiglu(linear(x, gate_up)) for a packed [gate; up] projection [2I, K] -> [T, I].
+@overload
+def linear_swiglu(
+    x: Tensor | FP8Rows,
+    gate_up: LinearWeight,
+    plan: LinearPlan = CUBLAS,
+    *,
+    fp8_rows: Literal[False] = False,
+) -> Tensor: ...
+@overload
+def linear_swiglu(
+    x: Tensor | FP8Rows, gate_up: LinearWeight, plan: LinearPlan = CUBLAS, *, fp8_rows: bool
+) -> Tensor | FP8Rows: ...
+
+
+def linear_swiglu(
+    x: Tensor | FP8Rows,
+    gate_up: LinearWeight,
+    plan: LinearPlan = CUBLAS,
+    *,
+    fp8_rows: bool = False,
+) -> Tensor | FP8Rows:
+    """swiglu(linear(x, gate_up)) for a packed [gate; up] projection [2I, K] -> [T, I]; with
+    `fp8_rows`, as the down projection's FP8 activations (see `swiglu`).
 
     A one-row CUDA call whose plan gives the GEMV a tile runs as one kernel: the GEMV applies
     SwiGLU to its own outputs (same bits as the two ops), and so does the few-row kernel for
     2 to 16 rows when the plan has its tile; anything else runs both ops. The
     fused kernel uses the tile tuned for the plain GEMV of this weight: its programs stream
-    the same number of weight rows (half gate, half up), so the timing carries over.
+    the same number of weight rows (half gate, half up), so the timing carries over. (A fused
+    call asked for FP8 rows quantizes its output in one more kernel.)
     """
+    fused: Tensor | None = None
     if isinstance(gate_up, QuantizedWeight):
         fused = quantized_ops.linear_swiglu(x, gate_up, plan)
-        return swiglu(linear(x, gate_up, plan=plan)) if fused is None else fused
-    if isinstance(x, FP8Rows):
-        return swiglu(linear(x, gate_up, plan=plan))  # which names what is wrong
-    tile = plan.one_row_gemv
-    one_row = _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1
-    if tile is not None and one_row and gate_up.shape[0] % 2 == 0:
-        from . import triton_ops
+    elif isinstance(x, Tensor) and gate_up.shape[0] % 2 == 0:
+        tile = plan.one_row_gemv
+        if tile is not None and _on_cuda(x) and x.dim() == 2 and x.shape[0] == 1:
+            from . import triton_ops
 
-        return triton_ops.gemv(x, gate_up, tile, swiglu=True)
-    if plan.few_rows is not None and _few_rows(x) and gate_up.shape[0] % 2 == 0:
-        from . import triton_ops
+            fused = triton_ops.gemv(x, gate_up, tile, swiglu=True)
+        elif plan.few_rows is not None and _few_rows(x):
+            from . import triton_ops
 
-        return triton_ops.few_rows_linear(x, gate_up, plan.few_rows, swiglu=True)
-    return swiglu(linear(x, gate_up, plan=plan))
+            fused = triton_ops.few_rows_linear(x, gate_up, plan.few_rows, swiglu=True)
+    if fused is None:
+        return swiglu(linear(x, gate_up, plan=plan), fp8_rows=fp8_rows)
+    if fp8_rows:
+        return FP8Rows(*quantized_ops.quantize_rows_fp8(fused), fused.dtype)
+    return fused
 
 
 def _few_rows(x: Tensor) -> bool:
@@ -343,18 +445,30 @@ def tune_linear(
     return [next(on_cuda) if _on_cuda(w) else untimed for w in weights]
 
 
-def swiglu(gate_up: Tensor) -> Tensor:
+@overload
+def swiglu(gate_up: Tensor, *, fp8_rows: Literal[False] = False) -> Tensor: ...
+@overload
+def swiglu(gate_up: Tensor, *, fp8_rows: bool) -> Tensor | FP8Rows: ...
+
+
+def swiglu(gate_up: Tensor, *, fp8_rows: bool = False) -> Tensor | FP8Rows:
+    """`reference.swiglu`; with `fp8_rows` (gate_up [T, 2I]) the result as the next FP8
+    matmul's activations (`FP8Rows`, what `reference.quantize_rows_fp8` makes of it): on CUDA
+    written so by the SwiGLU kernel itself."""
     op = "swiglu"
     if not isinstance(gate_up, Tensor) or gate_up.dim() < 1 or gate_up.shape[-1] % 2 != 0:
         _fail(op, "gate_up must be a tensor [..., 2I] (gate and up packed, an even last dim)")
     _check_float(op, "gate_up", gate_up)
+    if fp8_rows and gate_up.dim() != 2:
+        _fail(op, f"FP8 rows need gate_up [T, 2I], got {_shape(gate_up)}")
     if _on_cuda(gate_up):
         from . import triton_ops
 
-        return triton_ops.swiglu(gate_up)
-    if _on_cpu(gate_up):
-        return cpu_ops.swiglu(gate_up)
-    return reference.swiglu(gate_up)
+        return triton_ops.swiglu(gate_up, fp8_rows)
+    out = cpu_ops.swiglu(gate_up) if _on_cpu(gate_up) else reference.swiglu(gate_up)
+    if fp8_rows:
+        return FP8Rows(*reference.quantize_rows_fp8(out), gate_up.dtype)
+    return out
 
 
 def _check_rope_inputs(

@@ -186,3 +186,26 @@ def dequantize_rows(weight: QuantizedWeight, rows: Tensor) -> Tensor:
     # Gathered as bytes: index_select is not implemented for FP8 on every backend.
     data = weight.data.view(torch.uint8).index_select(0, rows).view(weight.data.dtype)
     return dequantize(replace(weight, data=data, scale=weight.scale.index_select(0, rows)))
+
+
+@dataclass(frozen=True)
+class ScaledProduct:
+    """An FP8 matmul's output with its scales not yet applied: y = (product * row_scale) *
+    col_scale, rounded to `dtype` (`reference.scale_product`), from `product` (FP32 [T, N],
+    the e4m3 operands multiplied with unit scales), `row_scale` (FP32 [T, 1], the
+    activations') and `col_scale` (FP32 [N], the weight's). The RMSNorm after the o and down
+    projections applies them as it reads y (`ops.linear(defer_scales=True)`): one kernel fewer
+    per matrix than `scaled_mm_tensorwise`'s own scaling kernel."""
+
+    product: Tensor
+    row_scale: Tensor
+    col_scale: Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.product.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.product.device

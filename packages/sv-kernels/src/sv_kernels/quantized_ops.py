@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Protocol
+from typing import Literal, Protocol, overload
 
 import torch
 from torch import Tensor
@@ -32,7 +32,7 @@ from torch import Tensor
 from . import int8_threads, quantized, reference
 from .errors import KernelError
 from .linear_plan import LinearPlan, QuantizedPath
-from .quantized import FP8Rows, QuantizedWeight
+from .quantized import FP8Rows, QuantizedWeight, ScaledProduct
 
 # torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
 _INT8PACK_K_MULTIPLE = 8
@@ -81,9 +81,34 @@ def _check_fp8_rows(op: str, x: FP8Rows) -> None:
         raise KernelError(f"{op}: FP8 rows' scale must be float32 on the values' device")
 
 
+@overload
 def linear(
-    x: Tensor | FP8Rows, weight: QuantizedWeight, out_dtype: torch.dtype | None, plan: LinearPlan
-) -> Tensor:
+    x: Tensor | FP8Rows,
+    weight: QuantizedWeight,
+    out_dtype: torch.dtype | None,
+    plan: LinearPlan,
+    defer_scales: Literal[False] = False,
+) -> Tensor: ...
+@overload
+def linear(
+    x: Tensor | FP8Rows,
+    weight: QuantizedWeight,
+    out_dtype: torch.dtype | None,
+    plan: LinearPlan,
+    defer_scales: bool,
+) -> Tensor | ScaledProduct: ...
+
+
+def linear(
+    x: Tensor | FP8Rows,
+    weight: QuantizedWeight,
+    out_dtype: torch.dtype | None,
+    plan: LinearPlan,
+    defer_scales: bool = False,
+) -> Tensor | ScaledProduct:
+    """`ops.linear` for a quantized weight. `defer_scales`: a call that runs
+    `scaled_mm_tensorwise` returns its unscaled product (`ScaledProduct`), for a consumer that
+    scales it as it reads it; any other call returns the tensor."""
     check_linear("linear", x, weight)
     if isinstance(x, FP8Rows):
         path = cuda_path(x, weight, plan) if x.values.is_cuda else None
@@ -92,7 +117,9 @@ def linear(
                 f"linear: FP8 rows are the input of an FP8 tensor-core path; this call's is "
                 f"{path or 'the CPU reference'} (ask ops.takes_fp8_rows first)"
             )
-        return (scaled_mm if path == "scaled_mm" else scaled_mm_tensorwise)(x, weight, out_dtype)
+        if path == "scaled_mm":
+            return scaled_mm(x, weight, out_dtype)
+        return scaled_mm_tensorwise(x, weight, out_dtype, defer_scales)
     if x.is_cuda:
         if plan.one_row_gemv is not None and x.shape[0] == 1:
             from . import triton_ops
@@ -100,7 +127,10 @@ def linear(
             return triton_ops.gemv(
                 x, weight.data, plan.one_row_gemv, out_dtype=out_dtype, scale=weight.scale
             )
-        out = PATH_CALLS[cuda_path(x, weight, plan)](x, weight, out_dtype)
+        path = cuda_path(x, weight, plan)
+        if path == "scaled_mm_tensorwise":
+            return scaled_mm_tensorwise(x, weight, out_dtype, defer_scales)
+        out = PATH_CALLS[path](x, weight, out_dtype)
     elif (
         weight.kind == "int8"
         and weight.shape[1] % _INT8PACK_K_MULTIPLE == 0
@@ -206,20 +236,39 @@ def scaled_mm(
     return out.to(want)
 
 
+@overload
 def scaled_mm_tensorwise(
-    x: Tensor | FP8Rows, weight: QuantizedWeight, out_dtype: torch.dtype | None = None
-) -> Tensor:
+    x: Tensor | FP8Rows,
+    weight: QuantizedWeight,
+    out_dtype: torch.dtype | None = None,
+    defer_scales: Literal[False] = False,
+) -> Tensor: ...
+@overload
+def scaled_mm_tensorwise(
+    x: Tensor | FP8Rows, weight: QuantizedWeight, out_dtype: torch.dtype | None, defer_scales: bool
+) -> Tensor | ScaledProduct: ...
+
+
+def scaled_mm_tensorwise(
+    x: Tensor | FP8Rows,
+    weight: QuantizedWeight,
+    out_dtype: torch.dtype | None = None,
+    defer_scales: bool = False,
+) -> Tensor | ScaledProduct:
     """What `scaled_mm` computes, with the scales applied after the matmul instead of in it:
     the e4m3 activations times the e4m3 weights on the FP8 tensor cores with unit per-tensor
     scales, an FP32 product, then one kernel multiplying each row by its token's scale and each
     column by its channel's (`triton_ops.scale_product`). cuBLAS picks other kernels for
     per-tensor scales than for a scale vector: at 256 rows on the H200 the down projection
-    (2048 x 8192) took 12.8 us against 22.9, q/k/v 6.8 against 9.2 (run 147)."""
+    (2048 x 8192) took 12.8 us against 22.9, q/k/v 6.8 against 9.2 (run 147).
+    `defer_scales` returns the product and its scales unapplied (`ScaledProduct`)."""
     xq, x_scale = _quantize_rows_fp8(x)
     unit = _unit_scale(x.device)
     product = torch._scaled_mm(
         xq, weight.data.t(), scale_a=unit, scale_b=unit, out_dtype=torch.float32
     )
+    if defer_scales:
+        return ScaledProduct(product, x_scale, weight.scale, out_dtype or x.dtype)
     if x.device.type == "cuda":
         from . import triton_ops
 
@@ -228,11 +277,15 @@ def scaled_mm_tensorwise(
 
 
 def _quantize_rows_fp8(x: Tensor | FP8Rows) -> tuple[Tensor, Tensor]:
-    """The FP8 matmuls' activations: x's own if it comes quantized, else
-    `triton_ops.quantize_rows_fp8` on CUDA (one kernel, the reference's bits), the reference
-    elsewhere."""
+    """The FP8 matmuls' activations: x's own if it comes quantized, else `quantize_rows_fp8`."""
     if isinstance(x, FP8Rows):
         return x.values, x.scale
+    return quantize_rows_fp8(x)
+
+
+def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """`reference.quantize_rows_fp8`: on CUDA by `triton_ops.quantize_rows_fp8` (one kernel,
+    the reference's bits), elsewhere by the reference."""
     if x.device.type == "cuda":
         from . import triton_ops
 

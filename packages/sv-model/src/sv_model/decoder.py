@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from sv_kernels import ops
+from sv_kernels.quantized import ScaledProduct
 from sv_kernels.reference import FP8_KV_DTYPE, kv_pages
 from sv_kernels.rope_tables import Llama3RopeScaling, rope_tables
 from sv_weights import ModelConfig
@@ -172,11 +173,11 @@ class DecoderModel:
         # Each torch call costs microseconds on the host (most of a CPU decode step): the
         # layers' cache views are taken in one call each.
         k_caches, v_caches = kv.k.unbind(0), kv.v.unbind(0)
-        hidden = ops.embedding(input_ids, w.embed)
+        hidden: Tensor | ScaledProduct = ops.embedding(input_ids, w.embed)
         residual: Tensor | None = None
         for layer_idx, (layer, plan) in enumerate(zip(w.layers, plans.layers, strict=True)):
-            # Where q/k/v and gate/up multiply on the FP8 tensor cores, the norm before each
-            # writes their FP8 activations itself (one kernel fewer per matrix).
+            # Where q/k/v, gate/up and down multiply on the FP8 tensor cores, the norm or the
+            # SwiGLU before each writes their FP8 activations itself (one kernel fewer each).
             x, residual = ops.rms_norm(
                 hidden,
                 layer.input_norm,
@@ -228,8 +229,14 @@ class DecoderModel:
                     kv_scales=kv_scales,
                     sliding_window=self.sliding_window,
                 )
-            hidden = ops.linear(o.view(num_tokens, q_size), layer.o, plan=plan.o)
-            if tp is not None:
+            # An FP8 product may come with its scales for the next norm to apply as it reads it
+            # (`ScaledProduct`); a partial sum to all-reduce comes scaled.
+            if tp is None:
+                hidden = ops.linear(
+                    o.view(num_tokens, q_size), layer.o, plan=plan.o, defer_scales=True
+                )
+            else:
+                hidden = ops.linear(o.view(num_tokens, q_size), layer.o, plan=plan.o)
                 tp.all_reduce(hidden)
             x, residual = ops.rms_norm(
                 hidden,
@@ -238,9 +245,16 @@ class DecoderModel:
                 residual,
                 fp8_rows=ops.takes_fp8_rows(layer.gate_up, plan.gate_up, num_tokens, hidden.dtype),
             )
-            mlp = ops.linear_swiglu(x, layer.gate_up, plan=plan.gate_up)
-            hidden = ops.linear(mlp, layer.down, plan=plan.down)
-            if tp is not None:
+            mlp = ops.linear_swiglu(
+                x,
+                layer.gate_up,
+                plan=plan.gate_up,
+                fp8_rows=ops.takes_fp8_rows(layer.down, plan.down, num_tokens, hidden.dtype),
+            )
+            if tp is None:
+                hidden = ops.linear(mlp, layer.down, plan=plan.down, defer_scales=True)
+            else:
+                hidden = ops.linear(mlp, layer.down, plan=plan.down)
                 tp.all_reduce(hidden)
         x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
         if logits_indices is not None:
