@@ -113,3 +113,16 @@ def rows_2d(x: torch.Tensor) -> torch.Tensor:
 def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
     """`x` itself when its last dim is contiguous, else a contiguous copy."""
     return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def store_fp8_row(x, values_ptrs, scale_ptr, mask, FP8_MAX: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Store one row of FP32 values x (masked lanes 0) as an FP8 matmul's activations: e4m3
+    values x / scale at `values_ptrs` and scale = max(absmax, 1e-12) / FP8_MAX at `scale_ptr`,
+    the division rounded to nearest: `reference.quantize_rows_fp8`'s operations in its order.
+    The one place the kernels that write those activations (quantize_rows, and rms_norm and
+    swiglu with FP8 rows) quantize them, so they agree bit for bit."""
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / FP8_MAX
+    q = tl.math.div_rn(x, scale)
+    tl.store(values_ptrs, q.to(values_ptrs.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr, scale)

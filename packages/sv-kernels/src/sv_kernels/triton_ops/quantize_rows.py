@@ -19,7 +19,13 @@ import triton
 import triton.language as tl
 
 from ..quantized import MAX_VALUE
-from ._common import next_pow2, unit_last_stride, use_pdl, wait_for_prior_kernels
+from ._common import (
+    next_pow2,
+    store_fp8_row,
+    unit_last_stride,
+    use_pdl,
+    wait_for_prior_kernels,
+)
 
 
 @triton.jit
@@ -39,10 +45,7 @@ def _quantize_rows_kernel(
     mask = cols < K
     wait_for_prior_kernels(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / MAX
-    q = tl.math.div_rn(x, scale)
-    tl.store(out_ptr + row * stride_o + cols, q.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(scale_ptr + row, scale)
+    store_fp8_row(x, out_ptr + row * stride_o + cols, scale_ptr + row, mask, MAX)
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

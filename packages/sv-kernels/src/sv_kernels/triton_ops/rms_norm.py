@@ -19,7 +19,14 @@ import triton.language as tl
 
 from ..errors import KernelError
 from ..quantized import MAX_VALUE, FP8Rows, ScaledProduct
-from ._common import next_pow2, rows_2d, unit_last_stride, use_pdl, wait_for_prior_kernels
+from ._common import (
+    next_pow2,
+    rows_2d,
+    store_fp8_row,
+    unit_last_stride,
+    use_pdl,
+    wait_for_prior_kernels,
+)
 
 
 @triton.jit
@@ -67,10 +74,7 @@ def _rms_norm_kernel(
     normed = (s * inv_rms).to(sum_ptr.dtype.element_ty).to(tl.float32)
     if FP8_ROWS:  # out_ptr takes e4m3 values, fp8_scale_ptr the row's scale (x's dtype out)
         y = (w * normed).to(sum_ptr.dtype.element_ty).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
-        q = tl.math.div_rn(y, scale)
-        tl.store(out_ptr + row * stride_o + cols, q.to(out_ptr.dtype.element_ty), mask=in_row)
-        tl.store(fp8_scale_ptr + row, scale)
+        store_fp8_row(y, out_ptr + row * stride_o + cols, fp8_scale_ptr + row, in_row, FP8_MAX)
     else:
         y = (w * normed).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + row * stride_o + cols, y, mask=in_row)

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..errors import KernelError
 from ..quantized import MAX_VALUE, FP8Rows
-from ._common import cdiv, next_pow2, rows_2d, use_pdl, wait_for_prior_kernels
+from ._common import cdiv, next_pow2, rows_2d, store_fp8_row, use_pdl, wait_for_prior_kernels
 
 # 1024 bf16 per program: 4 warps x 32 threads x one 16-byte vector of gate and one of up.
 _BLOCK = 1024
@@ -43,10 +43,8 @@ def _swiglu_kernel(
     silu = gate / (1.0 + tl.exp(-gate))
     if FP8_ROWS:  # the whole row (one program): e4m3 values to out_ptr, its scale beside
         y = (silu * up).to(gate_up_ptr.dtype.element_ty).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
-        q = tl.math.div_rn(y, scale)
-        tl.store(out_ptr + row * stride_out + cols, q.to(out_ptr.dtype.element_ty), mask=in_row)
-        tl.store(fp8_scale_ptr + row, scale)
+        out = out_ptr + row * stride_out + cols
+        store_fp8_row(y, out, fp8_scale_ptr + row, in_row, FP8_MAX)
     else:
         y = (silu * up).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + row * stride_out + cols, y, mask=in_row)
