@@ -7,9 +7,12 @@
   above that a step with prompt chunks); the tuner times each path per matrix at one row
   count per band. The paths: the 1-byte weights widened in registers for the 16-bit tensor
   cores (`triton_ops.w8a16_matmul`, up to W8A16_MAX_ROWS rows: past them, as in a prompt,
-  dequantizing for cuBLAS is faster and runs instead), FP8 tensor cores with per-token activation scales (`scaled_mm`, the scales in cuBLAS's
-  epilogue; `scaled_mm_tensorwise`, unit scales in cuBLAS and both scale vectors in a kernel
-  after it), or the matrix dequantized to x's dtype (by `triton_ops.dequantize`) for cuBLAS.
+  dequantizing for cuBLAS is faster and runs instead), FP8 tensor cores with per-token
+  activation scales (`scaled_mm`, the scales in cuBLAS's epilogue; `scaled_mm_tensorwise`,
+  unit scales in cuBLAS and both scale vectors in a kernel after it, or in the RMSNorm that
+  reads its product: `ScaledProduct`), or the matrix dequantized to x's dtype (by
+  `triton_ops.dequantize`) for cuBLAS. The FP8 paths take x quantized already (`FP8Rows`) from
+  the kernel that made it where the model asks (`ops.takes_fp8_rows`).
 - CPU, int8, up to INT8_KERNEL_MAX_ROWS rows (decode steps): torch's int8 weight kernel
   (`torch._weight_int8pack_mm`, AVX2/AVX-512 vectorized) on BF16 activations; its batch-1
   matmuls took 2.6-2.9x less time than FP32's at the default model's shapes on the 2-core
