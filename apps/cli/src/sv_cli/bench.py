@@ -365,7 +365,11 @@ def bench_long_context(
             2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
         ) * kv.k.element_size()
         engine.generate([prompts[min(contexts)][:512]], replace(params, max_new_tokens=8))
-        name = ("BF16" if kv_dtype == "auto" else "FP8") + ("" if mode is None else f" [{mode}]")
+        name = (
+            ("BF16" if kv_dtype == "auto" else "FP8")
+            + " KV"
+            + ("" if mode is None else f" [{mode}]")
+        )
         for n in contexts:
             engine.clear_prefix_cache()
             torch.cuda.synchronize()
@@ -376,7 +380,7 @@ def bench_long_context(
             context_bytes = kv_bytes_per_token * (n + new_tokens // 2)
             report.add(
                 Row(
-                    f"long context {n:,}, {name} KV: decode",
+                    f"long context {n:,}, {name}: decode",
                     decode,
                     "tok/s",
                     roof["copy_bw"] / (weight_bytes + context_bytes),
