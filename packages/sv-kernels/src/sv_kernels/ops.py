@@ -211,7 +211,7 @@ def rms_norm(
     else:
         out, s = reference.rms_norm(x, weight, eps, residual)
     if fp8_rows:
-        return FP8Rows(*reference.quantize_rows_fp8(out), x.dtype), s
+        return quantized_ops.fp8_rows(out), s
     return out, s
 
 
@@ -406,7 +406,7 @@ def linear_swiglu(
     if fused is None:
         return swiglu(linear(x, gate_up, plan=plan), fp8_rows=fp8_rows)
     if fp8_rows:
-        return FP8Rows(*quantized_ops.quantize_rows_fp8(fused), fused.dtype)
+        return quantized_ops.fp8_rows(fused)
     return fused
 
 
@@ -467,7 +467,7 @@ def swiglu(gate_up: Tensor, *, fp8_rows: bool = False) -> Tensor | FP8Rows:
         return triton_ops.swiglu(gate_up, fp8_rows)
     out = cpu_ops.swiglu(gate_up) if _on_cpu(gate_up) else reference.swiglu(gate_up)
     if fp8_rows:
-        return FP8Rows(*reference.quantize_rows_fp8(out), gate_up.dtype)
+        return quantized_ops.fp8_rows(out)
     return out
 
 

@@ -152,7 +152,7 @@ def linear_swiglu(x: Tensor | FP8Rows, gate_up: QuantizedWeight, plan: LinearPla
     tile = plan.one_row_gemv
     if isinstance(x, FP8Rows) or tile is None or not x.is_cuda or x.shape[0] != 1:
         return None
-    if gate_up.shape[0] % 2:
+    if gate_up.shape[0] % 2:  # not a packed [gate; up] pair
         return None
     from . import triton_ops
 
@@ -280,20 +280,21 @@ def scaled_mm_tensorwise(
 
 
 def _quantize_rows_fp8(x: Tensor | FP8Rows) -> tuple[Tensor, Tensor]:
-    """The FP8 matmuls' activations: x's own if it comes quantized, else `quantize_rows_fp8`."""
-    if isinstance(x, FP8Rows):
-        return x.values, x.scale
-    return quantize_rows_fp8(x)
+    """The FP8 matmuls' activations: x's own if it comes quantized, else `fp8_rows(x)`'s."""
+    rows = x if isinstance(x, FP8Rows) else fp8_rows(x)
+    return rows.values, rows.scale
 
 
-def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
-    """`reference.quantize_rows_fp8`: on CUDA by `triton_ops.quantize_rows_fp8` (one kernel,
-    the reference's bits), elsewhere by the reference."""
+def fp8_rows(x: Tensor) -> FP8Rows:
+    """x [T, K] as an FP8 matmul's activations (`reference.quantize_rows_fp8`): on CUDA by
+    `triton_ops.quantize_rows_fp8` (one kernel, the reference's bits), elsewhere by the
+    reference. The one place `FP8Rows` are made from a tensor outside the kernels that write
+    them themselves."""
     if x.device.type == "cuda":
         from . import triton_ops
 
-        return triton_ops.quantize_rows_fp8(x)
-    return reference.quantize_rows_fp8(x)
+        return FP8Rows(*triton_ops.quantize_rows_fp8(x), x.dtype)
+    return FP8Rows(*reference.quantize_rows_fp8(x), x.dtype)
 
 
 _UNIT_SCALES: dict[torch.device, Tensor] = {}
