@@ -170,3 +170,75 @@ def test_prefill_attention_serving_shapes(
     _prefill_case(
         gen, q_lens, prefix_lens, 32, 8, 64, torch.bfloat16, tiles=[(None, None), (64, 32)]
     )
+
+
+# --- a mixed step: prompt chunks, then decodes -------------------------------------------
+
+
+def _mixed_case(
+    gen: torch.Generator,
+    prompts: list[tuple[int, int]],
+    decode_lens: list[int],
+    hq: int,
+    hkv: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    fp8: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prefill_attention with the decodes given as its tail, the reference without) for
+    `prompts` (q_len, cached prefix) followed by one-token sequences of `decode_lens`."""
+    q_lens = [q for q, _ in prompts] + [1] * len(decode_lens)
+    seq_lens = [q + p for q, p in prompts] + decode_lens
+    kv = PagedKV.build(gen, seq_lens, hkv, head_dim, dtype)
+    scales = None
+    if fp8:
+        scales = (torch.rand(2, hkv, generator=gen, device=gen.device) + 0.5) / 64
+        kv = kv.quantized(scales)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = randn(gen, sum(q_lens), hq, head_dim, dtype=dtype)
+    args = (q, kv.k_cache, kv.v_cache, cu.to(DEVICE), kv.seq_lens, kv.block_tables, 0.125)
+    n = len(decode_lens)
+    # The tail as a step gives it: tensors of their own.
+    tail = (kv.seq_lens[-n:].clone(), kv.block_tables[-n:].clone())
+    out = triton_ops.prefill_attention(*args, max(q_lens), scales, decode_tail=tail)
+    return out, reference.prefill_attention(*args, max(q_lens), scales)
+
+
+@pytest.mark.parametrize("sms", [1, 10_000])  # the decodes run apart / stay in the prompt kernel
+def test_prefill_attention_with_a_decode_tail(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, sms: int
+) -> None:
+    """A mixed step's decodes give the reference's rows whether they run through the decode
+    kernel (few SMs: the unsplit shape) or with the prompts; the prompts' rows are untouched."""
+    import importlib
+
+    module = importlib.import_module("sv_kernels.triton_ops.prefill_attention")
+    monkeypatch.setattr(module, "num_sms", lambda device: sms)
+    decode_lens = _random_lengths(gen, 3, 1, 70)
+    out, ref = _mixed_case(gen, [(23, 0), (9, 30)], decode_lens, 6, 2, 32, torch.float32)
+    assert_close(out, ref, f"mixed step, decodes {decode_lens}, sms={sms}")
+
+
+def test_prefill_attention_whose_sequences_all_decode(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    module = importlib.import_module("sv_kernels.triton_ops.prefill_attention")
+    monkeypatch.setattr(module, "num_sms", lambda device: 1)
+    out, ref = _mixed_case(gen, [], _random_lengths(gen, 3, 1, 40), 4, 2, 32, torch.float32)
+    assert_close(out, ref, "a packed step of decodes only")
+
+
+@gpu_test
+@pytest.mark.parametrize("fp8", [False, True])
+def test_prefill_attention_with_a_decode_tail_serving_shapes(
+    gen: torch.Generator, fp8: bool
+) -> None:
+    """Llama 3.2 1B's heads, two prompt chunks and 40 decodes of up to 1.5k tokens: on 132
+    SMs the decodes run through the unsplit decode kernel."""
+    decode_lens = _random_lengths(gen, 40, 100, 1500)
+    out, ref = _mixed_case(
+        gen, [(700, 0), (333, 2000)], decode_lens, 32, 8, 64, torch.bfloat16, fp8=fp8
+    )
+    assert_close(out, ref, f"mixed step at 1B shapes, fp8 pages {fp8}")

@@ -206,6 +206,43 @@ def test_bad_inputs_raise_kernel_error_naming_the_problem(
     assert message in str(info.value)
 
 
+def _mixed_step_attention(decode_tail: ops.DecodeTail) -> torch.Tensor:
+    """A packed step of a 3-token prompt chunk and two decodes (contexts 5 and 9)."""
+    cache = torch.zeros(4, 16, 2, 32)
+    return ops.prefill_attention(
+        torch.zeros(5, 4, 32),
+        cache,
+        cache,
+        torch.tensor([0, 3, 4, 5], dtype=torch.int32),
+        torch.tensor([3, 5, 9], dtype=torch.int32),
+        torch.tensor([[0], [1], [2]], dtype=torch.int32),
+        0.1,
+        3,
+        decode_tail=decode_tail,
+    )
+
+
+def test_a_decode_tail_must_be_the_batch_s_last_one_token_sequences() -> None:
+    """On the CPU the tail's promise is checked against the batch (the CUDA path never reads
+    device values): sequences that feed one token each, with their own lengths and pages."""
+    lens, tables = torch.tensor([5, 9], dtype=torch.int32), torch.tensor([[1], [2]]).int()
+    _mixed_step_attention(ops.DecodeTail(lens, tables))  # the true tail
+    _mixed_step_attention(ops.DecodeTail(lens[1:], tables[1:]))  # a shorter one is one too
+    cases = [
+        (ops.DecodeTail(torch.tensor([3, 5, 9]).int(), torch.tensor([[0], [1], [2]]).int()),
+         "must feed one token each, got [3, 1, 1]"),
+        (ops.DecodeTail(torch.tensor([5, 8]).int(), tables), "must hold the seq_lens"),
+        (ops.DecodeTail(lens, torch.tensor([[1], [3]]).int()), "must hold the seq_lens"),
+        (ops.DecodeTail(torch.ones(4).int(), torch.zeros(4, 1).int()), "the batch has 3"),
+        (ops.DecodeTail(lens, tables[:1]), "decode_tail.block_tables has 1 along dim 0"),
+        (ops.DecodeTail(lens.float(), tables), "decode_tail.seq_lens must be an integer"),
+    ]  # fmt: skip
+    for tail, message in cases:
+        with pytest.raises(KernelError, match="prefill_attention: ") as info:
+            _mixed_step_attention(tail)
+        assert message in str(info.value)
+
+
 @gpu_test
 def test_decode_step_ops_capture_in_a_cuda_graph(gen: torch.Generator) -> None:
     """rms_norm, rope_cache_write, decode attention, argmax and sample under graph capture.

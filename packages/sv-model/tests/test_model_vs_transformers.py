@@ -224,3 +224,46 @@ def test_a_chunk_longer_than_the_decode_rows_limit_runs_packed() -> None:
     assert step_packing.decode_rows(step(step_packing.DECODE_ROWS_MAX_CHUNK), 256) is not None
     assert step_packing.decode_rows(step(step_packing.DECODE_ROWS_MAX_CHUNK + 1), 256) is None
     assert step_packing.decode_rows(step(8), 8) is None  # 9 tokens: more than the largest graph
+
+
+def test_decode_tail_length_counts_the_last_one_token_sequences() -> None:
+    import numpy as np
+
+    for query_lens, expected in [
+        ([40, 1, 1], 2),
+        ([1, 40, 1], 1),
+        ([40, 17], 0),
+        ([1, 1, 1], 3),
+        ([1, 1, 40], 0),
+    ]:
+        assert step_packing.decode_tail_length(np.array(query_lens)) == expected, query_lens
+
+
+def test_a_mixed_step_s_decodes_are_its_decode_tail_and_match_transformers(
+    tiny_dir: Path,
+) -> None:
+    """A step of a prompt chunk followed by two decodes runs packed, names the decodes as its
+    tail (the CPU ops check the tail against the batch: one token each, their own lengths and
+    pages) and gives every sequence the oracle's logits."""
+    runner = make_runner(tiny_dir)
+    pages = Pages(runner.num_pages, seed=12)
+    g = torch.Generator().manual_seed(13)
+    seqs = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (37, 21, 30)]
+    runner.set_block_tables([(i, pages.take(len(s))) for i, s in enumerate(seqs)])
+    prefill(runner, [seqs[0][:-20], seqs[1][:-1], seqs[2][:-1]], [0, 1, 2])
+    step = StepInputs(
+        [*seqs[0][-20:], seqs[1][-1], seqs[2][-1]],
+        [*range(17, 37), 20, 29],
+        [0, 1, 2],
+        [20, 1, 1],
+        [37, 21, 30],
+        [0, 1, 2],
+    )
+    assert step_packing.decode_rows(step, runner.max_num_seqs) is None  # a 20-token chunk
+    packed = step_packing.pack_prefill(step, runner.block_tables, PAGE, runner.last_ids)
+    tail = packed.attn.decode_tail
+    assert tail is not None and tail.seq_lens.tolist() == [21, 30]
+    assert torch.equal(tail.block_tables, packed.attn.block_tables[1:])
+    ours = runner.logits(step)
+    for i, s in enumerate(seqs):
+        assert rel(ours[i], hf_logits(tiny_dir, s)[-1]) < 1e-4, f"sequence {i}"

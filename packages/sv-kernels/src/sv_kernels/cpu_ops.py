@@ -194,11 +194,12 @@ def prefill_attention(
     max_seqlen_q: int,
     kv_scales: Tensor | None = None,
     sliding_window: int | None = None,
+    decode_tail: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """`reference.prefill_attention`: sequence b's queries are the last q_len positions of its
     context, so the query at position p sees keys first..p (and none at or before p - W under
     a sliding window W); only the keys from the first query's first visible one are read."""
-    del max_seqlen_q
+    del max_seqlen_q, decode_tail  # the same result: see `reference.prefill_attention`
     num_kv_heads, head_dim = k_cache.shape[2:]
     group = q.shape[1] // num_kv_heads
     out = torch.empty_like(q)

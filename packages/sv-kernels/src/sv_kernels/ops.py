@@ -720,6 +720,48 @@ def _check_window(op: str, sliding_window: int | None) -> None:
         _fail(op, f"sliding_window must be a host int >= 1 or None, got {sliding_window!r}")
 
 
+class DecodeTail(NamedTuple):
+    """The last sequences of a packed batch when each feeds one token, as a mixed step's
+    decodes do: their context lengths [n] and block-table rows [n, max_pages], as tensors of
+    their own (each 16-byte aligned, as a decode step's are, so the decode kernel runs the
+    variant a decode graph compiled). `prefill_attention` may attend their rows with the decode
+    kernel; the result is the same."""
+
+    seq_lens: Tensor
+    block_tables: Tensor
+
+
+def _check_decode_tail(
+    op: str, tail: DecodeTail, cu_seqlens_q: Tensor, seq_lens: Tensor, block_tables: Tensor
+) -> None:
+    _check_dims(op, "decode_tail.seq_lens", tail.seq_lens, 1, "[n]")
+    _check_int(op, "decode_tail.seq_lens", tail.seq_lens)
+    n = tail.seq_lens.shape[0]
+    if n > seq_lens.shape[0]:
+        _fail(op, f"decode_tail names {n} sequences; the batch has {seq_lens.shape[0]}")
+    _check_dims(op, "decode_tail.block_tables", tail.block_tables, 2, "[n, max_pages]")
+    _check_int(op, "decode_tail.block_tables", tail.block_tables)
+    _check_len(op, "decode_tail.block_tables", tail.block_tables, 0, n, "one row per sequence")
+    _check_device(
+        op,
+        cu_seqlens_q=cu_seqlens_q,
+        tail_seq_lens=tail.seq_lens,
+        tail_block_tables=tail.block_tables,
+    )
+    if not _on_cpu(cu_seqlens_q):
+        return  # device values are never read here (see the module doc)
+    # On the CPU the values are at hand: hold the caller to the tail's promise.
+    batch = seq_lens.shape[0]
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1])[batch - n :]
+    if bool((q_lens != 1).any()):
+        _fail(op, f"decode_tail's {n} sequences must feed one token each, got {q_lens.tolist()}")
+    width = tail.block_tables.shape[1]
+    if not torch.equal(tail.seq_lens, seq_lens[batch - n :]) or not torch.equal(
+        tail.block_tables, block_tables[batch - n :, :width]
+    ):
+        _fail(op, "decode_tail must hold the seq_lens and block-table rows of the last sequences")
+
+
 def prefill_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -731,6 +773,7 @@ def prefill_attention(
     max_seqlen_q: int,
     kv_scales: Tensor | None = None,
     sliding_window: int | None = None,
+    decode_tail: DecodeTail | None = None,
 ) -> Tensor:
     op = "prefill_attention"
     _check_dims(op, "q", q, 3, "[T, Hq, D]")
@@ -760,6 +803,8 @@ def prefill_attention(
         block_tables=block_tables,
         kv_scales=kv_scales,
     )
+    if decode_tail is not None:
+        _check_decode_tail(op, decode_tail, cu_seqlens_q, seq_lens, block_tables)
     if _on_cuda(q):
         from . import triton_ops
 
@@ -774,6 +819,7 @@ def prefill_attention(
             max_seqlen_q,
             kv_scales=kv_scales,
             sliding_window=sliding_window,
+            decode_tail=decode_tail,
         )
     attention = cpu_ops.prefill_attention if _on_cpu(q) else reference.prefill_attention
     return attention(
@@ -787,6 +833,7 @@ def prefill_attention(
         max_seqlen_q,
         kv_scales=kv_scales,
         sliding_window=sliding_window,
+        decode_tail=decode_tail,
     )
 
 

@@ -264,6 +264,7 @@ def prefill_attention(
     max_seqlen_q: int,
     kv_scales: Tensor | None = None,
     sliding_window: int | None = None,
+    decode_tail: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Causal attention for several sequences packed into one varlen batch, K/V from the paged cache.
 
@@ -273,9 +274,11 @@ def prefill_attention(
     already in the cache (prefix caching, chunked prefill) is attended to as well. `max_seqlen_q`
     bounds q_len (used by the kernel for its grid). Returns [T, Hq, D]. `kv_scales`: an FP8
     cache's. `sliding_window` as in `paged_decode_attention`: only the pages the first query
-    can see are read.
+    can see are read. `decode_tail` (seq_lens, block_tables): the batch's last sequences, each
+    feeding one token, given apart so that the CUDA kernels may run them as decodes; the result
+    is the same, so the reference does not read it.
     """
-    del max_seqlen_q
+    del max_seqlen_q, decode_tail
     out = torch.empty_like(q)
     k_scales, v_scales = (None, None) if kv_scales is None else (kv_scales[0], kv_scales[1])
     cu = cu_seqlens_q.tolist()

@@ -96,6 +96,8 @@ class AttentionMetadata:
     block_tables [B, max_pages]: each sequence's pages.
     cu_seqlens_q [B+1] and max_seqlen_q: token ranges of each sequence in the packed batch;
       `None` in a decode-only step, where every sequence feeds exactly one token.
+    decode_tail: in a packed step, the last sequences that feed one token each (a mixed
+      step's decodes), which the attention may run as a decode step's (`ops.DecodeTail`).
     """
 
     slot_mapping: Tensor
@@ -103,6 +105,7 @@ class AttentionMetadata:
     block_tables: Tensor
     cu_seqlens_q: Tensor | None = None
     max_seqlen_q: int = 1
+    decode_tail: ops.DecodeTail | None = None
 
 
 class DecoderModel:
@@ -228,6 +231,7 @@ class DecoderModel:
                     attn.max_seqlen_q,
                     kv_scales=kv_scales,
                     sliding_window=self.sliding_window,
+                    decode_tail=attn.decode_tail,
                 )
             # An FP8 product may come with its scales for the next norm to apply as it reads it
             # (`ScaledProduct`); a partial sum to all-reduce comes scaled.

@@ -77,20 +77,36 @@ def pack_prefill(
         logits_rows = cu[1:][sample_rows] - 1
     if step.prompt_logprobs and not every_token:
         logits_rows = np.concatenate([logits_rows, logprob_rows.logits_rows(step, cu)])
-    token_ids, positions, token_seq, cu_q, seq_lens, table_rows, logits_idx, sources = (
-        upload_packed(
-            [
-                np.asarray(step.token_ids, dtype=np.int32),
-                np.asarray(step.positions, dtype=np.int32),
-                np.repeat(np.arange(num_seqs, dtype=np.int32), query_lens),
-                cu,
-                np.asarray(step.seq_lens, dtype=np.int32),
-                np.asarray(step.table_rows, dtype=np.int32),
-                logits_rows,
-                source_rows(step, num_tokens if step.feed else 0),
-            ],
-            block_tables.device,
-        )
+    seq_lens_host = np.asarray(step.seq_lens, dtype=np.int32)
+    table_rows_host = np.asarray(step.table_rows, dtype=np.int32)
+    decodes = decode_tail_length(query_lens)
+    (
+        token_ids,
+        positions,
+        token_seq,
+        cu_q,
+        seq_lens,
+        table_rows,
+        logits_idx,
+        sources,
+        tail_lens,
+        tail_rows,
+    ) = upload_packed(
+        [
+            np.asarray(step.token_ids, dtype=np.int32),
+            np.asarray(step.positions, dtype=np.int32),
+            np.repeat(np.arange(num_seqs, dtype=np.int32), query_lens),
+            cu,
+            seq_lens_host,
+            table_rows_host,
+            logits_rows,
+            source_rows(step, num_tokens if step.feed else 0),
+            # The decode tail's lengths and table rows again, each on a 16-byte boundary
+            # of its own (see upload_packed), as a decode step's are.
+            seq_lens_host[num_seqs - decodes :],
+            table_rows_host[num_seqs - decodes :],
+        ],
+        block_tables.device,
     )
     if step.feed:
         token_ids = ops.feed_tokens(token_ids, sources, last_ids)
@@ -103,7 +119,17 @@ def pack_prefill(
         cu_seqlens_q=cu_q,
         max_seqlen_q=int(query_lens.max()),
     )
+    if decodes:
+        tail_tables = block_tables.tensor.index_select(0, tail_rows)
+        attn.decode_tail = ops.DecodeTail(tail_lens, tail_tables)
     return PackedStep(token_ids, positions, attn, logits_idx)
+
+
+def decode_tail_length(query_lens: np.ndarray) -> int:
+    """How many of a packed step's last sequences feed one token each: its decodes, which the
+    engine packs after the prompt chunks (`AttentionMetadata.decode_tail`)."""
+    longer = np.flatnonzero(query_lens != 1)
+    return len(query_lens) - (int(longer[-1]) + 1 if len(longer) else 0)
 
 
 def decode_attention(

@@ -296,9 +296,12 @@ def paged_decode_attention(
     tile_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its paged K/V. See `reference.paged_decode_attention`.
 
+    `out` ([B, Hq, D], q's dtype, unit last stride): where to write, e.g. the decode rows of a
+    packed step's output (`prefill_attention`'s decode tail); a new tensor by default.
     `num_splits` forces the number of context slices (1 = no flash-decoding merge); by default
     `choose_num_splits` picks it from B, Hkv, the SM count and block_tables' width. `tile_n`
     (tokens per inner step), `num_warps` and `num_stages` are the kernel's launch shape,
@@ -310,7 +313,8 @@ def paged_decode_attention(
     num_pages_max = block_tables.shape[1]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    out = torch.empty((batch, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty((batch, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
     sms = num_sms(q.device)

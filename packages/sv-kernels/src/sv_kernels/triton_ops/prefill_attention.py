@@ -12,6 +12,15 @@ A sliding window of W positions (query p sees keys p - W < k <= p) bounds the ke
 below as well: tiles wholly before every row's window are never visited (so their pages are
 never read and their table entries may be stale), and the tiles at the window's lower edge are
 masked like the diagonal ones.
+
+A mixed step's decodes (sequences feeding one token, packed after the prompt chunks) would each
+cost this kernel Hq programs of TILE_M-row tiles with one live row, every one reading the
+sequence's whole context: 32 reads of it where the decode kernel, one program per KV head,
+makes 8 (Llama 3.2 1B), and 128 rows of tensor-core work per key for one. Given the step's
+`decode_tail`, its last sequences run through `decode_attention` instead, into the same output,
+when there are enough of them that the decode kernel runs unsplit (`choose_num_splits` gives 1:
+the launch shapes every large decode graph has compiled). Fewer stay here: split, the decode
+kernel would compile a variant per slice count mid-run, and a handful of rows costs little.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, dot_dtype, dot_precision, next_pow2, unit_last_stride
+from ._common import cdiv, dot_dtype, dot_precision, next_pow2, num_sms, unit_last_stride
+from .decode_attention import choose_num_splits, paged_decode_attention
 
 
 @triton.jit
@@ -198,14 +208,16 @@ def prefill_attention(
     max_seqlen_q: int,
     kv_scales: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    decode_tail: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
     tile_m: int | None = None,
     tile_n: int | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention over paged K/V. See `reference.prefill_attention`.
 
-    `max_seqlen_q` (a host int, >= every q_len) sizes the grid. `tile_m` / `tile_n` override
-    the query / key tile sizes (powers of two >= 16), for tests.
+    `max_seqlen_q` (a host int, >= every q_len) sizes the grid. `decode_tail`: (seq_lens,
+    block_tables) of the batch's last sequences when each feeds one token (see the module doc).
+    `tile_m` / `tile_n` override the query / key tile sizes (powers of two >= 16), for tests.
     """
     q = unit_last_stride(q)
     block_tables = unit_last_stride(block_tables)
@@ -216,6 +228,32 @@ def prefill_attention(
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0 or batch == 0 or max_seqlen_q <= 0:
         return out
+    if decode_tail is not None:
+        tail_lens, tail_tables = decode_tail
+        decodes = tail_lens.shape[0]
+        max_context = tail_tables.shape[1] * page_size
+        if sliding_window is not None:
+            max_context = min(max_context, sliding_window)
+        if (
+            decodes
+            and choose_num_splits(decodes, num_kv_heads, max_context, num_sms(q.device)) == 1
+        ):
+            first = num_tokens - decodes
+            paged_decode_attention(
+                q[first:],
+                k_cache,
+                v_cache,
+                tail_tables,
+                tail_lens,
+                scale,
+                kv_scales,
+                sliding_window,
+                num_splits=1,
+                out=out[first:],
+            )
+            batch -= decodes
+            if batch == 0:
+                return out
     block_d = max(16, next_pow2(head_dim))  # tl.dot needs K >= 16
     # 128 x 64 tiles for 16-bit inputs. FP32 (tests, mostly) multiplies on the FMA units in
     # full precision and needs far more registers per tile: 32 x 32 tiles over 8 warps.
