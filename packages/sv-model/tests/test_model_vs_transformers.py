@@ -182,6 +182,27 @@ def test_warmup_lengths_reach_every_compile_variant_of_a_single_prompt() -> None
         assert not missed, f"up to {largest}: lengths {missed[:5]}... compile after warm-up"
 
 
+def test_warmup_sampling_counts_reach_every_row_band_in_both_kinds() -> None:
+    """A prompt step's sampled rows (1 to max_num_seqs) run the final norm, the LM head and the
+    sampler at that count: every count compiles nothing the warm-up did not, by the row bands
+    the kernels switch at (a matmul plan's, the 8-bit matmul's tiles) and the kind of integer."""
+    from sv_kernels.linear_plan import FEW_ROWS, MANY_ROWS
+    from sv_kernels.triton_ops.w8a16 import TILES
+
+    thresholds = sorted({FEW_ROWS, MANY_ROWS, *(most for most, _ in TILES)})
+
+    def variant(n: int) -> tuple[int, str]:
+        band = sum(n > t for t in thresholds)
+        return band, "one" if n == 1 else "multiple of 16" if n % 16 == 0 else "other"
+
+    for max_num_seqs in (256, 100, 512, 3):
+        counts = warmup.sampling_counts(max_num_seqs)
+        assert max(counts) == max_num_seqs
+        covered = {variant(n) for n in [1, *counts]}  # one row: the single-prompt steps
+        missed = [n for n in range(1, max_num_seqs + 1) if variant(n) not in covered]
+        assert not missed, f"up to {max_num_seqs}: counts {missed[:5]}... compile after warm-up"
+
+
 def test_a_step_of_short_chunks_runs_as_decode_rows_and_matches_transformers(
     tiny_dir: Path,
 ) -> None:

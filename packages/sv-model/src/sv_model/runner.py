@@ -107,8 +107,8 @@ class ModelRunner:
     def warmup(
         self, max_prefill_tokens: int = 2048, progress: Callable[[str], None] | None = None
     ) -> None:
-        """Compile every kernel variant (the sampler's too), tune the batch-1 GEMVs and capture
-        every decode graph now, not mid-request (see `warmup` for the prompt lengths). Sampling
+        """Tune the matmuls, compile every kernel variant (the sampler's too) and capture
+        every decode graph now, not mid-request (see `warmup` for the prompt steps). Sampling
         graphs are captured on first need (cheap once compiled).
 
         `progress` hears a line as each phase starts and when all is done: on the H200 about
@@ -117,19 +117,21 @@ class ModelRunner:
         """
         say = progress or (lambda message: None)
         started = time.perf_counter()
-        steps = warmup.warmup_steps(max_prefill_tokens, self.scratch_table_row)
+        steps = warmup.warmup_steps(max_prefill_tokens, self.scratch_table_row, self.max_num_seqs)
         lengths = len(warmup.prompt_lengths(max_prefill_tokens))
         device = str(self.device)
         if self.is_cuda:
             device += f" ({torch.cuda.get_device_name(self.device)})"
         say(
-            f"warm-up on {device}: compiling kernels for {lengths} prompt lengths (about half "
-            "a minute in all the first time on a machine, a few seconds once Triton has them "
-            "cached)"
+            f"warm-up on {device}: compiling kernels for {lengths} prompt lengths and "
+            f"{len(steps)} prompt steps in all (about half a minute in all the first time on a "
+            "machine, a few seconds once Triton has them cached)"
         )
+        # Tuned first: the plans decide which kernels the prompt steps run (an FP8 matmul's
+        # norm writes FP8 rows), and a variant first met by a request compiles mid-run.
+        self.tune_linear(progress)
         for step in steps:
             ops.argmax(self._prefill(step))
-        self.tune_linear(progress)
         if self.is_cuda:
             sampler.compile_sampler(self.config.vocab_size, self.device)
         if self.decode_graphs is not None:
