@@ -496,7 +496,7 @@ def bench_throughput(
     t0 = time.perf_counter()
     out_tokens = steps = 0
     pending = set(ids)
-    with collector_time() as collected:
+    with collector_time() as collected, step_times(engine.runner) as times:
         while pending:
             steps += 1
             for event in engine.step():
@@ -512,7 +512,7 @@ def bench_throughput(
             out_tokens / wall,
             "tok/s",
             None,
-            f"{count} requests, {out_tokens} tokens in {wall:.1f} s, {steps} steps; "
+            f"{count} requests, {out_tokens} tokens in {wall:.1f} s, {steps} steps ({times}); "
             f"peak GPU mem {peak:.1f} GiB, KV pool {pool:.1f} GiB; {collected}",
         )
     )
@@ -547,6 +547,55 @@ class CollectorTime:
 
     def __str__(self) -> str:
         return f"garbage collector {self.seconds * 1e3:.0f} ms, {self.full} full collections"
+
+
+class StepTimes:
+    """Each launched step's host time (queueing it) and GPU time (CUDA events around it),
+    apart for steps that feed a chunk of several tokens (prompts; a verify step's drafts too)
+    and for decode steps: a step whose host time reaches its GPU time left the GPU waiting on
+    Python (BENCHMARKS.md, run 162)."""
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[bool, float, Any, Any]] = []
+
+    def record(self, prompt: bool, host_s: float, start: Any, end: Any) -> None:
+        self._steps.append((prompt, host_s, start, end))
+
+    def __str__(self) -> str:
+        parts = []
+        for prompt, name in ((True, "prompt"), (False, "decode")):
+            steps = [s for s in self._steps if s[0] == prompt]
+            if steps:
+                gpu = sum(start.elapsed_time(end) for _, _, start, end in steps)
+                host = sum(s[1] for s in steps) * 1e3
+                parts.append(f"{len(steps)} {name}: GPU {gpu:,.0f} ms, host {host:,.0f} ms")
+        return "; ".join(parts)
+
+
+@contextlib.contextmanager
+def step_times(runner: Any) -> Iterator[StepTimes]:
+    """Time every `runner.launch` while open (the GPU figures are read when printed, after the
+    run: reading them synchronizes)."""
+    import torch
+
+    times = StepTimes()
+    launch = runner.launch
+
+    def timed(step: Any) -> Any:
+        started = time.perf_counter()
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        pending = launch(step)
+        end.record()
+        times.record(any(n > 1 for n in step.query_lens), time.perf_counter() - started, start, end)
+        return pending
+
+    runner.launch = timed
+    try:
+        yield times
+    finally:
+        runner.launch = launch
 
 
 @contextlib.contextmanager
