@@ -184,6 +184,7 @@ def _mixed_case(
     head_dim: int,
     dtype: torch.dtype,
     fp8: bool = False,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(prefill_attention with the decodes given as its tail, the reference without) for
     `prompts` (q_len, cached prefix) followed by one-token sequences of `decode_lens`."""
@@ -200,23 +201,27 @@ def _mixed_case(
     n = len(decode_lens)
     # The tail as a step gives it: tensors of their own.
     tail = (kv.seq_lens[-n:].clone(), kv.block_tables[-n:].clone())
-    out = triton_ops.prefill_attention(*args, max(q_lens), scales, decode_tail=tail)
-    return out, reference.prefill_attention(*args, max(q_lens), scales)
+    out = triton_ops.prefill_attention(*args, max(q_lens), scales, window, decode_tail=tail)
+    return out, reference.prefill_attention(*args, max(q_lens), scales, window)
 
 
 @pytest.mark.parametrize("sms", [1, 10_000])  # the decodes run apart / stay in the prompt kernel
+@pytest.mark.parametrize("window", [None, 20])
 def test_prefill_attention_with_a_decode_tail(
-    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, sms: int
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, sms: int, window: int | None
 ) -> None:
     """A mixed step's decodes give the reference's rows whether they run through the decode
-    kernel (few SMs: the unsplit shape) or with the prompts; the prompts' rows are untouched."""
+    kernel (few SMs: the unsplit shape) or with the prompts, under a sliding window too; the
+    prompts' rows are untouched."""
     import importlib
 
     module = importlib.import_module("sv_kernels.triton_ops.prefill_attention")
     monkeypatch.setattr(module, "num_sms", lambda device: sms)
     decode_lens = _random_lengths(gen, 3, 1, 70)
-    out, ref = _mixed_case(gen, [(23, 0), (9, 30)], decode_lens, 6, 2, 32, torch.float32)
-    assert_close(out, ref, f"mixed step, decodes {decode_lens}, sms={sms}")
+    out, ref = _mixed_case(
+        gen, [(23, 0), (9, 30)], decode_lens, 6, 2, 32, torch.float32, window=window
+    )
+    assert_close(out, ref, f"mixed step, decodes {decode_lens}, sms={sms}, window {window}")
 
 
 def test_prefill_attention_whose_sequences_all_decode(
