@@ -155,8 +155,11 @@ def test_warmup_reports_its_phases_and_touches_only_the_scratch_page(tiny_dir: P
     runner = make_runner(tiny_dir, num_pages=64)
     heard: list[str] = []
     runner.warmup(max_prefill_tokens=64, progress=heard.append)
+    steps = len(warmup.warmup_steps(64, runner.scratch_table_row, runner.max_num_seqs))
     lengths = len(warmup.prompt_lengths(64))
-    assert heard[0].startswith(f"warm-up on cpu: compiling kernels for {lengths} prompt"), heard
+    assert heard[0].startswith(
+        f"warm-up on cpu: compiling kernels in {steps} prompt steps ({lengths} prompt lengths"
+    ), heard
     assert heard[-1].startswith("warm-up done in ") and len(heard) == 2, heard
     assert runner.kv.k[:, runner.scratch_page].abs().sum() > 0  # the prefills did run
     assert not runner.kv.k[:, : runner.num_pages].any() and not runner.kv.v[:, :64].any()

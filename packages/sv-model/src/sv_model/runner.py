@@ -123,9 +123,9 @@ class ModelRunner:
         if self.is_cuda:
             device += f" ({torch.cuda.get_device_name(self.device)})"
         say(
-            f"warm-up on {device}: compiling kernels for {lengths} prompt lengths and "
-            f"{len(steps)} prompt steps in all (about half a minute in all the first time on a "
-            "machine, a few seconds once Triton has them cached)"
+            f"warm-up on {device}: compiling kernels in {len(steps)} prompt steps ({lengths} "
+            "prompt lengths, then many prompts at once; about half a minute in all the first "
+            "time on a machine, a few seconds once Triton has them cached)"
         )
         # Tuned first: the plans decide which kernels the prompt steps run (an FP8 matmul's
         # norm writes FP8 rows), and a variant first met by a request compiles mid-run.
