@@ -291,3 +291,29 @@ def test_a_mixed_step_s_decodes_are_its_decode_tail_and_match_transformers(
     ours = runner.logits(step)
     for i, s in enumerate(seqs):
         assert rel(ours[i], hf_logits(tiny_dir, s)[-1]) < 1e-4, f"sequence {i}"
+
+
+def test_prompt_graphs_take_one_sequence_s_chunk_and_nothing_else() -> None:
+    """Which steps a prompt graph runs (on CUDA): one sequence's chunk longer than a decode-row
+    chunk and within the largest bucket, with no prompt log-probabilities, no token still on
+    the device and at most its own choice."""
+    from sv_model import prompt_graphs
+
+    def step(n: int, **kwargs: object) -> StepInputs:
+        return StepInputs(list(range(n)), list(range(n)), [0], [n], [n], [0], **kwargs)  # type: ignore[arg-type]
+
+    largest = prompt_graphs.BUCKETS[-1]
+    assert prompt_graphs.graph_tokens(step(step_packing.DECODE_ROWS_MAX_CHUNK + 1)) == 17
+    assert prompt_graphs.graph_tokens(step(largest)) == largest
+    assert (
+        prompt_graphs.graph_tokens(StepInputs([1] * 40, list(range(40)), [0], [40], [90], [])) == 40
+    )
+    for refused in (
+        step(step_packing.DECODE_ROWS_MAX_CHUNK),  # decode rows
+        step(largest + 1),
+        StepInputs([1] * 40, [*range(20), *range(20)], [0, 1], [20, 20], [20, 20], [0, 1]),
+        step(100, feed=[(99, 0)]),
+        step(100, prompt_logprobs=[(0, 0, [1])]),
+        step(100, logits_at=[99]),
+    ):
+        assert prompt_graphs.graph_tokens(refused) is None, refused

@@ -66,7 +66,7 @@ class DecodeGraphs:
             self.for_batch(bucket)
 
 
-class _GraphInputs:
+class GraphInputs:
     """The inputs of a captured graph: pinned host buffers, and their device twins that the
     graph reads, refreshed by one asynchronous copy each before every replay. With a step in
     flight that copy may still be queued behind it, so `to_fill` waits for it to finish before
@@ -107,7 +107,7 @@ class DecodeGraph:
         self._forward = forward
         self._last_ids = last_ids
         self._scratch_table_row = scratch_table_row
-        self.inputs = _GraphInputs([torch.zeros((4, batch), dtype=torch.int32)], last_ids.device)
+        self.inputs = GraphInputs([torch.zeros((4, batch), dtype=torch.int32)], last_ids.device)
         self.inputs_to_fill(0)  # every row padding
         self.inputs.upload()
         self._graph, (self.logits, self.ids) = graphs.capture(self._run, warmups=2, pool=pool)
@@ -180,7 +180,7 @@ class _SampleGraph:
 
     def __init__(self, logits: Tensor, any_top_k: bool, any_top_p: bool) -> None:
         bucket = logits.shape[0]
-        self.inputs = _GraphInputs(
+        self.inputs = GraphInputs(
             [
                 torch.zeros((2, bucket), dtype=torch.float32),  # temperature, top_p
                 torch.zeros((bucket,), dtype=torch.int32),  # top_k

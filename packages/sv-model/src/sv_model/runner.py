@@ -5,6 +5,7 @@ It composes the pieces that live on the device across steps, each in its own mod
 - `block_tables`: the block table of every running sequence, one table row each, on the device;
 - `step_packing`: a step's host lists as device tensors (one upload per step);
 - `decode_graphs`: on CUDA, one captured graph per decode batch-size bucket;
+- `prompt_graphs`: on CUDA, one per token-count bucket of a single sequence's prompt chunk;
 - `logit_processing`: penalties, min_p and logit_bias, the one step between logits and sampler;
 - `sampler`: argmax, a sampling graph or an eager `ops.sample`;
 - `logprob_rows`: the log-probabilities of the sampled tokens (and of prompt tokens, for echo);
@@ -29,13 +30,14 @@ from sv_kernels import TuningCache, ops
 from sv_weights import ModelConfig
 from torch import Tensor
 
-from sv_model import linear_plans, logprob_rows, sampler, step_packing, warmup
+from sv_model import linear_plans, logprob_rows, prompt_graphs, sampler, step_packing, warmup
 from sv_model.block_tables import DeviceBlockTables
 from sv_model.decode_graphs import DecodeGraph, DecodeGraphs
-from sv_model.decoder import DecoderModel, KVCache
+from sv_model.decoder import AttentionMetadata, DecoderModel, KVCache
 from sv_model.logit_processing import LogitProcessor
 from sv_model.parallel import TensorParallel
 from sv_model.pending_tokens import PendingTokens
+from sv_model.prompt_graphs import PromptGraphs
 from sv_model.step import StepInputs
 from sv_model.weights import ModelWeights
 
@@ -91,6 +93,19 @@ class ModelRunner:
             if self.use_cuda_graphs
             else None
         )
+        # One sequence's prompt chunk replays a graph too (prompt_graphs.py); not across
+        # tensor-parallel ranks, where it has not been measured.
+        self.prompt_graphs = (
+            PromptGraphs(
+                self._prompt_forward,
+                self.block_tables.tensor,
+                page_size,
+                self.scratch_table_row,
+                self.max_model_len,
+            )
+            if self.use_cuda_graphs and tensor_parallel is None
+            else None
+        )
         self.linear_choices: dict[tuple[int, int], str] = {}  # filled by tune_linear
         # Penalties, min_p, logit_bias: the one step between the logits and the sampler.
         self.logit_processor = LogitProcessor(
@@ -131,7 +146,7 @@ class ModelRunner:
         # norm writes FP8 rows), and a variant first met by a request compiles mid-run.
         self.tune_linear(progress)
         for step in steps:
-            ops.argmax(self._prefill(step))
+            ops.argmax(self._prefill_eager(step))
         if self.is_cuda:
             sampler.compile_sampler(self.config.vocab_size, self.device)
         if self.decode_graphs is not None:
@@ -141,6 +156,13 @@ class ModelRunner:
                 f"{buckets[0]} to {buckets[-1]})"
             )
             self.decode_graphs.capture_all()
+        if self.prompt_graphs is not None:
+            buckets = self.prompt_graphs.buckets
+            say(
+                f"warm-up: capturing {len(buckets)} prompt graphs (one prompt of "
+                f"{buckets[0]} to {buckets[-1]} tokens)"
+            )
+            self.prompt_graphs.capture_all()
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
         say(f"warm-up done in {time.perf_counter() - started:.1f} s")
@@ -217,16 +239,33 @@ class ModelRunner:
             rows = None if every_token else step_packing.decode_rows(step, self.max_num_seqs)
             if rows is not None:
                 return self._decode(rows)[0].clone()
-            return self._prefill(step, every_token=every_token)
+            return self._prefill(step, every_token=every_token).clone()
 
     def _prefill(self, step: StepInputs, every_token: bool = False) -> Tensor:
-        """A step with a long chunk: packed varlen batch, run eagerly."""
+        """A step with a long chunk: one sequence's chunk replays a prompt graph where one
+        holds it (the logits are then its buffer, valid until its next replay); any other
+        runs eagerly."""
+        if self.prompt_graphs is not None and not every_token:
+            tokens = prompt_graphs.graph_tokens(step)
+            graph = None if tokens is None else self.prompt_graphs.for_tokens(tokens)
+            if graph is not None:
+                return graph.replay(step)
+        return self._prefill_eager(step, every_token)
+
+    def _prefill_eager(self, step: StepInputs, every_token: bool = False) -> Tensor:
+        """A step with a long chunk as a packed varlen batch, run eagerly."""
         packed = step_packing.pack_prefill(
             step, self.block_tables, self.page_size, self.last_ids, every_token
         )
         return self.model.forward(
             packed.token_ids, packed.positions, self.kv, packed.attn, packed.logits_indices
         )
+
+    def _prompt_forward(
+        self, token_ids: Tensor, positions: Tensor, attn: AttentionMetadata, logits_rows: Tensor
+    ) -> Tensor:
+        """The forward pass of a packed step on device tensors (what a prompt graph captures)."""
+        return self.model.forward(token_ids, positions, self.kv, attn, logits_rows)
 
     def _decode_forward(self, token_ids: Tensor, positions: Tensor, table_rows: Tensor) -> Tensor:
         """The decode forward pass on device tensors only (what a CUDA graph captures)."""
