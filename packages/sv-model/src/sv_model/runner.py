@@ -150,19 +150,20 @@ class ModelRunner:
         if self.is_cuda:
             sampler.compile_sampler(self.config.vocab_size, self.device)
         if self.decode_graphs is not None:
-            buckets = self.decode_graphs.buckets
+            batches = self.decode_graphs.buckets
+            prompts = self.prompt_graphs.buckets if self.prompt_graphs is not None else []
             say(
-                f"warm-up: capturing {len(buckets)} decode graphs (batch sizes "
-                f"{buckets[0]} to {buckets[-1]})"
+                f"warm-up: capturing {len(batches)} decode graphs (batch sizes {batches[0]} to "
+                f"{batches[-1]})"
+                + (
+                    f" and {len(prompts)} prompt graphs ({prompts[0]} to {prompts[-1]} tokens)"
+                    if prompts
+                    else ""
+                )
             )
             self.decode_graphs.capture_all()
-        if self.prompt_graphs is not None:
-            buckets = self.prompt_graphs.buckets
-            say(
-                f"warm-up: capturing {len(buckets)} prompt graphs (one prompt of "
-                f"{buckets[0]} to {buckets[-1]} tokens)"
-            )
-            self.prompt_graphs.capture_all()
+            if self.prompt_graphs is not None:
+                self.prompt_graphs.capture_all()
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
         say(f"warm-up done in {time.perf_counter() - started:.1f} s")
