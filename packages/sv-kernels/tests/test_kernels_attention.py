@@ -215,7 +215,7 @@ def test_prefill_attention_with_a_decode_tail(
     prompts' rows are untouched."""
     import importlib
 
-    module = importlib.import_module("sv_kernels.triton_ops.prefill_attention")
+    module = importlib.import_module("sv_kernels.triton_ops.decode_attention")
     monkeypatch.setattr(module, "num_sms", lambda device: sms)
     decode_lens = _random_lengths(gen, 3, 1, 70)
     out, ref = _mixed_case(
@@ -229,7 +229,7 @@ def test_prefill_attention_whose_sequences_all_decode(
 ) -> None:
     import importlib
 
-    module = importlib.import_module("sv_kernels.triton_ops.prefill_attention")
+    module = importlib.import_module("sv_kernels.triton_ops.decode_attention")
     monkeypatch.setattr(module, "num_sms", lambda device: 1)
     out, ref = _mixed_case(gen, [], _random_lengths(gen, 3, 1, 40), 4, 2, 32, torch.float32)
     assert_close(out, ref, "a packed step of decodes only")

@@ -240,6 +240,22 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, sms: int)
     return max(1, min(wanted, by_length, _MAX_SPLITS))
 
 
+def default_num_splits(
+    batch: int,
+    num_kv_heads: int,
+    block_tables: torch.Tensor,
+    page_size: int,
+    sliding_window: int | None,
+    device: torch.device,
+) -> int:
+    """`choose_num_splits` for a call of `batch` sequences: the longest context their block
+    tables (or the sliding window) allow, on `device`'s SMs."""
+    max_context = block_tables.shape[1] * page_size
+    if sliding_window is not None:
+        max_context = min(max_context, sliding_window)
+    return choose_num_splits(batch, num_kv_heads, max_context, num_sms(device))
+
+
 def _default_launch(
     block_d: int, fp8_cache: bool, programs: int, num_splits: int, sms: int
 ) -> tuple[int, int, int]:
@@ -310,7 +326,6 @@ def paged_decode_attention(
     q = unit_last_stride(q)
     block_tables, seq_lens = unit_last_stride(block_tables), seq_lens.contiguous()
     batch, num_q_heads, head_dim = q.shape
-    num_pages_max = block_tables.shape[1]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     if out is None:
@@ -319,10 +334,9 @@ def paged_decode_attention(
         return out
     sms = num_sms(q.device)
     if num_splits is None:
-        max_context = num_pages_max * page_size
-        if sliding_window is not None:
-            max_context = min(max_context, sliding_window)
-        num_splits = choose_num_splits(batch, num_kv_heads, max_context, sms)
+        num_splits = default_num_splits(
+            batch, num_kv_heads, block_tables, page_size, sliding_window, q.device
+        )
     num_splits = max(1, int(num_splits))
     if num_splits > 1:
         partial_acc = torch.empty(

@@ -18,7 +18,7 @@ cost this kernel Hq programs of TILE_M-row tiles with one live row, every one re
 sequence's whole context: 32 reads of it where the decode kernel, one program per KV head,
 makes 8 (Llama 3.2 1B), and 128 rows of tensor-core work per key for one. Given the step's
 `decode_tail`, its last sequences run through `decode_attention` instead, into the same output,
-when there are enough of them that the decode kernel runs unsplit (`choose_num_splits` gives 1:
+when there are enough of them that the decode kernel runs unsplit (`default_num_splits` gives 1:
 the launch shapes every large decode graph has compiled). Fewer stay here: split, the decode
 kernel would compile a variant per slice count mid-run, and a handful of rows costs little.
 """
@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, dot_dtype, dot_precision, next_pow2, num_sms, unit_last_stride
-from .decode_attention import choose_num_splits, paged_decode_attention
+from ._common import cdiv, dot_dtype, dot_precision, next_pow2, unit_last_stride
+from .decode_attention import default_num_splits, paged_decode_attention
 
 
 @triton.jit
@@ -231,12 +231,12 @@ def prefill_attention(
     if decode_tail is not None:
         tail_lens, tail_tables = decode_tail
         decodes = tail_lens.shape[0]
-        max_context = tail_tables.shape[1] * page_size
-        if sliding_window is not None:
-            max_context = min(max_context, sliding_window)
         if (
             decodes
-            and choose_num_splits(decodes, num_kv_heads, max_context, num_sms(q.device)) == 1
+            and default_num_splits(
+                decodes, num_kv_heads, tail_tables, page_size, sliding_window, q.device
+            )
+            == 1
         ):
             first = num_tokens - decodes
             paged_decode_attention(
