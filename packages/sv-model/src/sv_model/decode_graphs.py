@@ -11,7 +11,7 @@ filters in use, and one log-probability graph when a step asks for log-probabili
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -35,35 +35,63 @@ def decode_buckets(max_batch: int) -> list[int]:
     return [b for b in buckets if b < max_batch] + [max_batch]
 
 
-class DecodeGraphs:
-    """The decode graph of every bucket, captured on first need (or all by `capture_all`).
-    They share one memory pool: they never run at the same time."""
+class _PooledGraph(Protocol):
+    def memory_pool(self) -> Any: ...
 
-    def __init__(
-        self, forward: DecodeForward, last_ids: Tensor, scratch_table_row: int, max_batch: int
-    ) -> None:
-        self.buckets = decode_buckets(max_batch)
-        self._forward = forward
-        self._last_ids = last_ids
-        self._scratch_table_row = scratch_table_row
-        self._graphs: dict[int, DecodeGraph] = {}
+
+G = TypeVar("G", bound=_PooledGraph)
+
+
+class BucketedGraphs(Generic[G]):
+    """One graph per size bucket (ascending `buckets`), made by `capture(bucket, pool)` on first
+    need (or all by `capture_all`). They share one memory pool: they never run at the same
+    time. The decode graphs (by batch) and the prompt graphs (by tokens, prompt_graphs.py)."""
+
+    def __init__(self, buckets: list[int], capture: Callable[[int, Any], G]) -> None:
+        self.buckets = buckets
+        self._capture = capture
+        self._graphs: dict[int, G] = {}
         self._pool: Any = None
 
-    def for_batch(self, batch: int) -> DecodeGraph:
-        """The graph that runs a decode step of `batch` sequences (captured now if new)."""
-        bucket = next(b for b in self.buckets if b >= batch)
+    def for_size(self, size: int) -> G | None:
+        """The graph of the smallest bucket >= `size` (captured now if new); None past the
+        largest."""
+        bucket = next((b for b in self.buckets if b >= size), None)
+        if bucket is None:
+            return None
         graph = self._graphs.get(bucket)
         if graph is None:
-            graph = DecodeGraph(
-                bucket, self._forward, self._last_ids, self._scratch_table_row, self._pool
-            )
-            self._graphs[bucket] = graph
+            graph = self._graphs[bucket] = self._capture(bucket, self._pool)
             self._pool = graph.memory_pool()
         return graph
 
     def capture_all(self) -> None:
         for bucket in self.buckets:
-            self.for_batch(bucket)
+            self.for_size(bucket)
+
+    @property
+    def captured(self) -> list[int]:
+        """The buckets captured so far."""
+        return sorted(self._graphs)
+
+
+class DecodeGraphs(BucketedGraphs["DecodeGraph"]):
+    """The decode graph of every batch bucket up to `max_batch`."""
+
+    def __init__(
+        self, forward: DecodeForward, last_ids: Tensor, scratch_table_row: int, max_batch: int
+    ) -> None:
+        super().__init__(
+            decode_buckets(max_batch),
+            lambda bucket, pool: DecodeGraph(bucket, forward, last_ids, scratch_table_row, pool),
+        )
+
+    def for_batch(self, batch: int) -> DecodeGraph:
+        """The graph that runs a decode step of `batch` sequences (captured now if new)."""
+        graph = self.for_size(batch)
+        if graph is None:
+            raise ValueError(f"a decode step of {batch} rows; at most {self.buckets[-1]}")
+        return graph
 
 
 class GraphInputs:

@@ -22,7 +22,7 @@ import torch
 from sv_kernels import graphs
 from torch import Tensor
 
-from sv_model.decode_graphs import GraphInputs
+from sv_model.decode_graphs import BucketedGraphs, GraphInputs
 from sv_model.decoder import AttentionMetadata
 from sv_model.step import StepInputs
 from sv_model.step_packing import DECODE_ROWS_MAX_CHUNK
@@ -121,10 +121,9 @@ class PromptGraph:
         return self.logits[: len(step.sample_rows)]
 
 
-class PromptGraphs:
-    """The prompt graph of every bucket up to `max_tokens` (the context limit), captured on
-    first need (or all by `capture_all`); they share one memory pool: they never run at the
-    same time."""
+class PromptGraphs(BucketedGraphs[PromptGraph]):
+    """The prompt graph of every bucket up to `max_tokens` (the context limit); `for_size`
+    gives the one for a chunk of that many tokens, None past the largest bucket."""
 
     def __init__(
         self,
@@ -134,39 +133,9 @@ class PromptGraphs:
         scratch_table_row: int,
         max_tokens: int,
     ) -> None:
-        self.buckets = [b for b in BUCKETS if b <= max_tokens]
-        self._forward = forward
-        self._tables = tables
-        self._page_size = page_size
-        self._scratch_table_row = scratch_table_row
-        self._graphs: dict[int, PromptGraph] = {}
-        self._pool: Any = None
-
-    def for_tokens(self, tokens: int) -> PromptGraph | None:
-        """The graph that runs a chunk of `tokens` tokens (captured now if new); None past the
-        largest bucket."""
-        bucket = next((b for b in self.buckets if b >= tokens), None)
-        if bucket is None:
-            return None
-        graph = self._graphs.get(bucket)
-        if graph is None:
-            graph = PromptGraph(
-                bucket,
-                self._forward,
-                self._tables,
-                self._page_size,
-                self._scratch_table_row,
-                self._pool,
-            )
-            self._graphs[bucket] = graph
-            self._pool = graph.memory_pool()
-        return graph
-
-    def capture_all(self) -> None:
-        for bucket in self.buckets:
-            self.for_tokens(bucket)
-
-    @property
-    def captured(self) -> list[int]:
-        """The buckets captured so far."""
-        return sorted(self._graphs)
+        super().__init__(
+            [b for b in BUCKETS if b <= max_tokens],
+            lambda bucket, pool: PromptGraph(
+                bucket, forward, tables, page_size, scratch_table_row, pool
+            ),
+        )

@@ -248,7 +248,7 @@ class ModelRunner:
         runs eagerly."""
         if self.prompt_graphs is not None and not every_token:
             tokens = prompt_graphs.graph_tokens(step)
-            graph = None if tokens is None else self.prompt_graphs.for_tokens(tokens)
+            graph = None if tokens is None else self.prompt_graphs.for_size(tokens)
             if graph is not None:
                 return graph.replay(step)
         return self._prefill_eager(step, every_token)
