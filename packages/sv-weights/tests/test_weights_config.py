@@ -11,6 +11,7 @@ import pytest
 import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from json_strategies import json_values
 from sv_weights import (
     ModelConfig,
     RopeScaling,
@@ -300,19 +301,6 @@ def test_tiny_config_is_structurally_faithful() -> None:
         tiny_llama_config(layers=3)
     with pytest.raises(WeightsError, match="num_key_value_heads"):
         tiny_llama_config(num_key_value_heads=3)
-
-
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-5, 10**6)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=5),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
 
 
 @settings(max_examples=200, deadline=None)

@@ -8,6 +8,7 @@ dequantized weights are the file's.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -16,6 +17,9 @@ from typing import Any
 import pytest
 import safetensors.torch
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from json_strategies import json_values
 from sv_weights import (
     ModelConfig,
     WeightsError,
@@ -146,3 +150,41 @@ def test_group_scales_are_refused() -> None:
     raw["config_groups"]["group_0"]["weights"]["group_size"] = 128
     with pytest.raises(WeightsError, match="group_size is 128"):
         parse_quantization_config(raw, "config.json")
+
+
+def _paths(node: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every key path of a JSON object, inner objects' keys included."""
+    if not isinstance(node, dict):
+        return []
+    out = []
+    for key, value in node.items():
+        out.append((*prefix, key))
+        out.extend(_paths(value, (*prefix, key)))
+    return out
+
+
+CONFIG_PATHS = _paths(compressed_tensors_config())
+
+
+@settings(max_examples=300, deadline=None)
+@given(path=st.sampled_from(CONFIG_PATHS), value=json_values, drop=st.booleans())
+def test_fuzz_quantization_config_weights_error_or_a_scheme(
+    path: tuple[str, ...], value: Any, drop: bool
+) -> None:
+    """Any one field of a published config replaced by any JSON value, or removed: the parser
+    returns a scheme sv reads or raises WeightsError naming the config, never anything else."""
+    raw = copy.deepcopy(compressed_tensors_config())
+    parent = raw
+    for key in path[:-1]:
+        parent = parent[key]
+    if drop:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    try:
+        scheme = parse_quantization_config(raw, "config.json")
+    except WeightsError as error:
+        assert str(error).startswith("config.json: quantization_config")
+        return
+    assert scheme.strategy in ("channel", "tensor")
+    assert all(isinstance(module, str) for module in scheme.ignore)
