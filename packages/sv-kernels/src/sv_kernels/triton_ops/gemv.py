@@ -234,6 +234,22 @@ QUANTIZED_CONFIGS: tuple[GemvTile, ...] = (
     (2, 2048, 8),
     (4, 2048, 8),
     (2, 4096, 8),  # down: a whole 8192-wide row in the two slices loaded up front
+    # Narrow slices and few warps: each thread walks K over 8 columns of its rows, so the
+    # rows' cross-thread sums (shuffles, and shared memory across warps) come once per 128-512
+    # weights a thread instead of once per 64. A 1-byte weight costs ~2.5 instructions (one
+    # e4m3 -> f16 conversion per two, the widening to FP32, the FMA); at 4.3 TB/s an SM must
+    # take ~16.5 weights a clock, and the wide tiles above spent ~8 instructions a weight in
+    # all (ptxas, sm_90: 528 a thread for 64 weights at (4, 1024, 4)), past the 128 a clock its
+    # schedulers issue. The tuner took (4, 512, 2) for fp8's gate/up (11.6 -> 10.1 us) and LM
+    # head (67 -> 62), (4, 256, 1) for int8's (13.2 -> 11.3, 79 -> 66; the old tiles' times
+    # from earlier runs): decode-b1 fp8 1,681 -> 1,785 tok/s, int8 1,524 -> 1,629
+    # (BENCHMARKS.md runs 174 and 179).
+    (4, 256, 1),
+    (2, 256, 1),
+    (8, 256, 2),
+    (4, 512, 2),
+    (16, 256, 4),
+    (4, 128, 1),
 )
 
 
