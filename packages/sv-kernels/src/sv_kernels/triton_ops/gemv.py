@@ -17,7 +17,8 @@ Quantized weights (FP8 e4m3 or int8, see `sv_kernels.quantized`) stream through 
 kernel: it loads 1-byte values, converts them to FP32 in registers and multiplies each row's
 sum by that row's scale at the end, so a batch-1 step reads half the bytes of BF16. Three
 things differ for them, each for bandwidth: they have their own candidate tiles
-(`QUANTIZED_CONFIGS`: more rows per program, wider slices), they are loaded 8 per thread so that
+(`QUANTIZED_CONFIGS`: more rows per program, wider slices, and narrow slices on one or two
+warps that spend fewer instructions per weight), they are loaded 8 per thread so that
 x needs no trip through shared memory (`_dot_rows`), and int8 converts through FP32 bit
 patterns instead of the quarter-rate int-to-float instruction (`_to_f32`). FP8 uses the
 hardware's e4m3 -> f16 conversion (two values per instruction), then f16 -> f32.
@@ -220,9 +221,10 @@ CONFIGS: tuple[GemvTile, ...] = (
 # The candidates for 1-byte weights (FP8 / int8). With BF16's winner (2, 1024, 4) a program
 # streams half BF16's bytes in the same time (the same grid of programs, each waiting about one
 # DRAM latency), which is how the quantized decode step read half the bytes at half the
-# bandwidth. What bounds a batch-1 GEMV is the weight bytes in flight per SM: programs per SM
-# (registers: an FP32 accumulator per loaded weight, plus x in FP32) times the bytes each
-# program has requested. ptxas (sm_90, 8-byte loads) for the tiles below gives 32-72 registers
+# bandwidth. What bounds a batch-1 GEMV first is the weight bytes in flight per SM: programs
+# per SM (registers: an FP32 accumulator per loaded weight, plus x in FP32) times the bytes each
+# program has requested; past that, for the large matrices, the instructions per weight (the
+# narrow tiles at the end of the list). ptxas (sm_90, 8-byte loads) for the tiles below gives 32-72 registers
 # and 48-72 KB in flight per SM at K = 2048 (BF16's (2, 1024, 4): 40 registers, 96 KB); the
 # wider slices are for down's K = 8192, where 1024-wide slices leave six of eight to the loop.
 QUANTIZED_CONFIGS: tuple[GemvTile, ...] = (
