@@ -223,10 +223,11 @@ CONFIGS: tuple[GemvTile, ...] = (
 # DRAM latency), which is how the quantized decode step read half the bytes at half the
 # bandwidth. What bounds a batch-1 GEMV first is the weight bytes in flight per SM: programs
 # per SM (registers: an FP32 accumulator per loaded weight, plus x in FP32) times the bytes each
-# program has requested; past that, for the large matrices, the instructions per weight (the
-# narrow tiles at the end of the list). ptxas (sm_90, 8-byte loads) for the tiles below gives 32-72 registers
-# and 48-72 KB in flight per SM at K = 2048 (BF16's (2, 1024, 4): 40 registers, 96 KB); the
-# wider slices are for down's K = 8192, where 1024-wide slices leave six of eight to the loop.
+# program has requested. ptxas (sm_90, 8-byte loads) for the wide tiles below gives 32-72
+# registers and 48-72 KB in flight per SM at K = 2048 (BF16's (2, 1024, 4): 40 registers, 96
+# KB); the wider slices are for down's K = 8192, where 1024-wide slices leave six of eight to
+# the loop. Past that, for the large matrices, the instructions per weight: see the narrow
+# tiles at the end of the list (41-78 registers, no spills).
 QUANTIZED_CONFIGS: tuple[GemvTile, ...] = (
     (4, 1024, 4),  # BF16's winner's bytes per program: 4 rows x 2048
     (2, 1024, 4),  # BF16's winner as it is
