@@ -399,20 +399,10 @@ def bench_decode_step(
     how far the end-to-end figure is from what the kernels themselves allow. Twenty replays are
     queued back to back between two events, so the host's speed cannot leave the GPU idle
     inside the timed span (timing `runner.logits` did: its input copy and Python ran in it)."""
-    from sv_model import StepInputs
-
     from sv_cli.bench_runner import decode_replay, weight_bytes_per_decode_step
 
     runner = engine.runner
-    step = StepInputs(
-        token_ids=[1] * batch,
-        positions=[700] * batch,
-        table_rows=[runner.scratch_table_row] * batch,
-        query_lens=[1] * batch,
-        seq_lens=[701] * batch,
-        sample_rows=list(range(batch)),
-    )
-    ms = replayed_ms(decode_replay(runner, step))
+    ms = replayed_ms(decode_replay(runner, _scratch_decode_step(runner, batch)))
     weight_bytes = weight_bytes_per_decode_step(runner.model.weights)
     report.add(
         Row(
@@ -423,6 +413,21 @@ def bench_decode_step(
             f"{batch / ms * 1e3:,.0f} tok/s if the host cost nothing; weights alone "
             f"{weight_bytes / roof['copy_bw'] * 1e6:.0f} us",
         )
+    )
+
+
+def _scratch_decode_step(runner: Any, batch: int) -> Any:
+    """A decode step of `batch` sequences at position 700 of the scratch table row: the step
+    the decode graphs run, without a request (its K/V are one page, read from L2)."""
+    from sv_model import StepInputs
+
+    return StepInputs(
+        token_ids=[1] * batch,
+        positions=[700] * batch,
+        table_rows=[runner.scratch_table_row] * batch,
+        query_lens=[1] * batch,
+        seq_lens=[701] * batch,
+        sample_rows=list(range(batch)),
     )
 
 
@@ -659,6 +664,7 @@ def bench_quantized(
         if bf16_throughput:
             report.add(Row("throughput vs BF16" + tag, rate / bf16_throughput, "x"))
     if profile_dir is not None:
+        profile_decode_path(engine, tag, profile_dir)
         profile_decode_batch(engine, tag, profile_dir)
     del engine, weights
     free_device_memory()
@@ -684,6 +690,38 @@ def profile_steps(label: str, run: Callable[[], object], out_dir: Path) -> None:
             f"  {e.self_device_time_total / 1e3:8.2f} ms {share:5.1%} {e.count:6d}x  {e.key[:90]}"
         )
     text = "\n".join(lines)
+    print(text, flush=True)
+    with (out_dir / "profiles.txt").open("a") as f:
+        f.write(text + "\n")
+
+
+def profile_decode_path(engine: Any, tag: str, out_dir: Path, replays: int = 24) -> None:
+    """What each kernel adds to a batch-1 decode step (`sv_cli.critical_path`): the step's
+    graph replayed `replays` times back to back under the profiler, the first four replays
+    left out. The step is `_scratch_decode_step`'s, so its attention reads one cached page:
+    the attention kernels' shares are their fixed cost, not a real context's reads."""
+    import torch
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    from sv_cli.bench_runner import decode_replay
+    from sv_cli.critical_path import KernelSpan, critical_path, format_path, split_steps
+
+    replay = decode_replay(engine.runner, _scratch_decode_step(engine.runner, 1))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
+    kernels = [
+        KernelSpan(e.name, e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    ]
+    label = "decode-b1 step, 701-token context" + tag
+    try:
+        text = format_path(label, *critical_path(split_steps(kernels, replays)[4:]))
+    except ValueError as e:  # the profiler's records were not whole replays: say so, go on
+        text = f"--- critical path: {label}: not computed: {e}"
     print(text, flush=True)
     with (out_dir / "profiles.txt").open("a") as f:
         f.write(text + "\n")
@@ -724,6 +762,7 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
         lambda: engine.generate(long, SamplingParams(max_new_tokens=1, ignore_eos=True)),
         out_dir,
     )
+    profile_decode_path(engine, "", out_dir)
     profile_decode_batch(engine, "", out_dir, host=True)
     host_profile(
         "decode-b1, 32 tokens",
@@ -828,7 +867,11 @@ def bench_main(argv: list[str]) -> int:
     from sv_engine.options import add_tensor_parallel_argument
 
     add_tensor_parallel_argument(p)
-    p.add_argument("--profile", action="store_true", help="print where GPU time goes, per workload")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="print where GPU time goes, per workload, and what each kernel adds to a batch-1 decode step",
+    )
     p.add_argument(
         "--spec-trace",
         default=[
