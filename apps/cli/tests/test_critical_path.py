@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -91,3 +93,107 @@ def test_format_path_names_each_kernel_with_its_share() -> None:
     assert lines[0] == "--- critical path: decode-b1: 40.0 us a step"
     assert "30.0 us 75.0%" in lines[1] and lines[1].endswith("_gemv_kernel")
     assert "10.0 us 25.0%" in lines[2] and lines[2].endswith("_rms_norm_kernel")
+
+
+# --- `sv bench --profile`'s glue, with the profiler and the decode graph faked -------------
+
+
+class _FakeProfile:
+    """torch.profiler.profile's stand-in: its `events()` are the kernels given."""
+
+    def __init__(self, events: list[object]) -> None:
+        self._events = events
+
+    def __call__(self, **_: object) -> _FakeProfile:
+        return self
+
+    def __enter__(self) -> _FakeProfile:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def events(self) -> list[object]:
+        return self._events
+
+
+def _event(name: str, start: float, end: float, device: object) -> object:
+    return SimpleNamespace(
+        name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end)
+    )
+
+
+def _profile_with(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, events: list[object]
+) -> tuple[str, int]:
+    import torch
+    import torch.profiler
+    from sv_cli import bench, bench_runner
+
+    replays: list[int] = []
+    monkeypatch.setattr(
+        bench_runner, "decode_replay", lambda runner, step: lambda: replays.append(1)
+    )
+    monkeypatch.setattr(torch.profiler, "profile", _FakeProfile(events))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    engine = SimpleNamespace(runner=SimpleNamespace(scratch_table_row=7))
+    bench.profile_decode_path(engine, " [fp8]", tmp_path, replays=6)
+    return (tmp_path / "profiles.txt").read_text(), len(replays)
+
+
+def test_bench_profile_prints_the_path_of_the_replays_after_the_first_four(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torch.profiler import DeviceType
+
+    cuda, cpu = DeviceType.CUDA, DeviceType.CPU
+    events = [_event("cudaGraphLaunch", 0.0, 50.0, cpu)]  # host records are not kernels
+    for r in range(6):  # replay r: 10 us apart; the first four run slower (warming)
+        t, slow = 100.0 * r, 3.0 if r < 4 else 0.0
+        events += [
+            _event("_feed_tokens_kernel", t, t + 1.0, cuda),
+            _event("_gemv_kernel", t + 0.5, t + 5.0 + slow, cuda),
+            _event("_rms_norm_kernel", t + 4.0, t + 6.0 + slow, cuda),
+        ]
+    written, replayed = _profile_with(monkeypatch, tmp_path, events)
+    assert replayed == 6
+    printed = capsys.readouterr().out
+    assert printed.strip() == written.strip()
+    lines = written.splitlines()
+    # the last two replays: feed 0..1, gemv to 5 (+4), norm to 6 (+1)
+    assert lines[0] == "--- critical path: decode-b1 step, 701-token context [fp8]: 6.0 us a step"
+    assert [line.split()[-1] for line in lines[1:]] == [
+        "_gemv_kernel",
+        "_feed_tokens_kernel",
+        "_rms_norm_kernel",
+    ]
+    assert lines[1].split()[0] == "4.0"
+
+
+def test_bench_profile_says_why_when_the_records_are_not_whole_replays(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from torch.profiler import DeviceType
+
+    events = [_event("_gemv_kernel", float(t), t + 1.0, DeviceType.CUDA) for t in range(7)]
+    written, _ = _profile_with(monkeypatch, tmp_path, events)
+    assert written.strip() == (
+        "--- critical path: decode-b1 step, 701-token context [fp8]: not computed: "
+        "split_steps: 7 kernels do not divide into 6 replays of one graph"
+    )
+
+
+def test_the_profiler_records_carry_what_the_bench_reads() -> None:
+    """The fields `profile_decode_path` reads from torch's profiler records, on a real CPU
+    profile (the fakes above assume them)."""
+    import torch
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(64).sum()
+    records = list(prof.events())
+    assert records
+    for e in records:
+        assert isinstance(e.name, str)
+        assert e.device_type in (DeviceType.CPU, DeviceType.CUDA)
+        assert e.time_range.end >= e.time_range.start
