@@ -689,10 +689,7 @@ def profile_steps(label: str, run: Callable[[], object], out_dir: Path) -> None:
         lines.append(
             f"  {e.self_device_time_total / 1e3:8.2f} ms {share:5.1%} {e.count:6d}x  {e.key[:90]}"
         )
-    text = "\n".join(lines)
-    print(text, flush=True)
-    with (out_dir / "profiles.txt").open("a") as f:
-        f.write(text + "\n")
+    _report_profile("\n".join(lines), out_dir)
 
 
 def profile_decode_path(engine: Any, tag: str, out_dir: Path, replays: int = 24) -> None:
@@ -722,9 +719,7 @@ def profile_decode_path(engine: Any, tag: str, out_dir: Path, replays: int = 24)
         text = format_path(label, *critical_path(split_steps(kernels, replays)[4:]))
     except ValueError as e:  # the profiler's records were not whole replays: say so, go on
         text = f"--- critical path: {label}: not computed: {e}"
-    print(text, flush=True)
-    with (out_dir / "profiles.txt").open("a") as f:
-        f.write(text + "\n")
+    _report_profile(text, out_dir)
 
 
 def host_profile(label: str, run: Callable[[], object], out_dir: Path) -> None:
@@ -741,9 +736,14 @@ def host_profile(label: str, run: Callable[[], object], out_dir: Path) -> None:
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
     lines = [ln for ln in text.getvalue().splitlines() if ln.strip()][:22]
     body = "\n".join(f"  {ln}" for ln in lines)
-    print(f"--- host profile: {label}\n{body}", flush=True)
+    _report_profile(f"--- host profile: {label}\n{body}", out_dir)
+
+
+def _report_profile(text: str, out_dir: Path) -> None:
+    """Print one profile's text and append it to out_dir/profiles.txt."""
+    print(text, flush=True)
     with (out_dir / "profiles.txt").open("a") as f:
-        f.write(f"--- host profile: {label}\n{body}\n")
+        f.write(text + "\n")
 
 
 def run_profiles(engine: Any, out_dir: Path) -> None:
