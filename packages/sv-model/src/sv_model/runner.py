@@ -258,14 +258,19 @@ class ModelRunner:
         packed = step_packing.pack_prefill(
             step, self.block_tables, self.page_size, self.last_ids, every_token
         )
-        return self.model.forward(
-            packed.token_ids, packed.positions, self.kv, packed.attn, packed.logits_indices
+        return self._prompt_forward(
+            packed.token_ids, packed.positions, packed.attn, packed.logits_indices
         )
 
     def _prompt_forward(
-        self, token_ids: Tensor, positions: Tensor, attn: AttentionMetadata, logits_rows: Tensor
+        self,
+        token_ids: Tensor,
+        positions: Tensor,
+        attn: AttentionMetadata,
+        logits_rows: Tensor | None,
     ) -> Tensor:
-        """The forward pass of a packed step on device tensors (what a prompt graph captures)."""
+        """The forward pass of a packed step on device tensors: what an eager prompt step runs
+        and a prompt graph captures (logits_rows None: every row's logits)."""
         return self.model.forward(token_ids, positions, self.kv, attn, logits_rows)
 
     def _decode_forward(self, token_ids: Tensor, positions: Tensor, table_rows: Tensor) -> Tensor:
