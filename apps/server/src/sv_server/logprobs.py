@@ -66,10 +66,19 @@ class LogprobsWriter:
             offsets.append(self._offset)
             self._offset += len(text)
             token_logprobs.append(None if lp is None else lp.logprob)
-            top.append(None if lp is None else {self._text(t): v for t, v in lp.top})
+            top.append(None if lp is None else self._completion_top(token_id, lp))
         return {
             "tokens": tokens,
             "token_logprobs": token_logprobs,
             "top_logprobs": top,
             "text_offset": offsets,
         }
+
+    def _completion_top(self, token_id: int, lp: TokenLogprob) -> dict[str, float]:
+        """A position's top alternatives by text, and the chosen token's own entry when it is
+        not among them: OpenAI's completions "always return the logprob of the sampled token",
+        so a position has up to K + 1 entries (vLLM's too)."""
+        top = {self._text(t): v for t, v in lp.top}
+        if all(t != token_id for t, _ in lp.top):
+            top.setdefault(self._text(token_id), lp.logprob)
+        return top
