@@ -103,6 +103,26 @@ def test_chat_max_tokens_must_agree() -> None:
     assert e.value.param == "max_completion_tokens"
 
 
+def test_chat_roles_are_openai_s() -> None:
+    """OpenAI's roles only (an unknown one is a 400 naming the message); "developer", its
+    newer name for the system message, is one."""
+    for role in ("wizard", "ipython", "function", "", None, 3):
+        with pytest.raises(ServerError) as e:
+            parse_chat_request(
+                {"messages": [{"role": "user", "content": "x"}, {"role": role, "content": "y"}]}
+            )
+        assert e.value.status == 400 and e.value.param == "messages[1]"
+    req = parse_chat_request(
+        {
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "x"},
+            ]
+        }
+    )
+    assert req.messages == [Message("system", "Be brief."), Message("user", "x")]
+
+
 def test_chat_refuses_completion_only_fields() -> None:
     with pytest.raises(ServerError) as e:
         parse_chat_request({"messages": [{"role": "user", "content": "x"}], "echo": False})

@@ -288,6 +288,37 @@ def test_bad_tool_requests_are_400(llama_server: Any) -> None:
         assert openai_error(reply)["param"] == field
 
 
+def test_a_chat_format_without_tools_refuses_them(server: Any, oracle_engine: Any) -> None:
+    """The default model's own template (SmolLM2's) has no place for tools or earlier calls:
+    they are refused, naming the field, instead of dropped unseen (the same request without
+    them is answered)."""
+    import httpx
+
+    url = f"{server.url}/v1/chat/completions"
+    called = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
+            }
+        ],
+    }
+    answer = {"role": "tool", "tool_call_id": "call_1", "content": "21"}
+    for body, field in [
+        ({"messages": [QUESTION], "tools": TOOLS}, "tools"),
+        ({"messages": [QUESTION], "tools": TOOLS, "tool_choice": "required"}, "tools"),
+        ({"messages": [QUESTION, called, answer]}, "messages"),
+    ]:
+        reply = httpx.post(url, json={"max_tokens": 2, **body}, timeout=60)
+        error = openai_error(reply, 400)
+        assert error["param"] == field and "does not render" in error["message"]
+    reply = httpx.post(url, json={"messages": [QUESTION], "max_tokens": 2}, timeout=60)
+    assert reply.status_code == 200, reply.text
+
+
 # --- units --------------------------------------------------------------------------------
 
 

@@ -78,3 +78,40 @@ def test_template_gets_tools_and_tool_calls(llama_json: Tokenizer) -> None:
             [Message("user", "w?")],
             tools=[{"type": "function", "function": {"name": "<|eot_id|>"}}],
         )
+
+
+# SmolLM2-Instruct's own template (as its tokenizer_config.json ships it): no place for tools.
+CHATML_WITHOUT_TOOLS = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_template_without_tools_refuses_them(llama_json: Tokenizer) -> None:
+    """Tools, or earlier calls, that a template would leave out of the text are refused (the
+    model would never see them), naming the argument; the same conversation without them is
+    encoded as before."""
+    chat = TemplateChatFormat(llama_json, CHATML_WITHOUT_TOOLS)
+    question = [Message("user", "Weather in Lisbon?")]
+    with pytest.raises(TokenizerError, match="does not render tools") as e:
+        chat.encode_dialog(question, tools=[WEATHER])
+    assert e.value.argument == "tools"
+    called = [
+        *question,
+        Message("assistant", "", tool_calls=(ToolCall("get_weather", '{"city": "Lisbon"}'),)),
+        Message("tool", '{"temp": 21}', tool_call_id="call_1"),
+    ]
+    with pytest.raises(TokenizerError, match="tool_calls") as e:
+        chat.encode_dialog(called)
+    assert e.value.argument == "messages"
+    text = llama_json.decode(chat.encode_dialog(question))
+    assert text == "<|im_start|>user\nWeather in Lisbon?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_template_that_writes_only_tool_names_is_accepted(llama_json: Tokenizer) -> None:
+    """A template whose only trace of the tools is their names still shows them: accepted."""
+    template = "{% for t in tools %}{{ t.function.name }};{% endfor %}" + CHATML_WITHOUT_TOOLS
+    chat = TemplateChatFormat(llama_json, template)
+    text = llama_json.decode(chat.encode_dialog([Message("user", "w?")], tools=[WEATHER]))
+    assert text.startswith("get_weather;<|im_start|>user")

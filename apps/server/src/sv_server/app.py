@@ -366,7 +366,7 @@ def _prepare(
             tools = req.tools.tools if req.tools is not None else None
             return req, [state.tokenizer.chat_format.encode_dialog(req.messages, tools=tools)]
         except TokenizerError as e:
-            raise bad_request(str(e), param="messages") from e
+            raise bad_request(str(e), param=e.argument) from e
     prompts = req.prompts or []
     return req, [_prompt_ids(state, p, _which(i, len(prompts))) for i, p in enumerate(prompts)]
 

@@ -383,6 +383,10 @@ def _prompt(item: Any, where: str) -> str | list[int]:
     )
 
 
+# OpenAI's message roles ("developer": its newer name for "system", which the models here know).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def parse_chat_request(body: Any) -> GenerationRequest:
     """A /v1/chat/completions body: `messages` is a list of {role, content, name?}; content is
     a string or a list of text parts ({"type": "text", "text": ...})."""
@@ -426,8 +430,12 @@ def _message(item: Any, index: int) -> Message:
         raise bad_request(f"{param}.tool_call_id must be a string, on a 'tool' message", param)
     if calls and content is None:  # an assistant turn that only called a tool
         content = ""
-    if not isinstance(role, str):
-        raise bad_request(f"{param}.role must be a string, got {_shown(role)}", param)
+    if role not in CHAT_ROLES:
+        raise bad_request(
+            f"{param}.role must be one of {', '.join(CHAT_ROLES)}, got {_shown(role)}", param
+        )
+    if role == "developer":  # OpenAI's newer name for the system message
+        role = "system"
     if name is not None and not isinstance(name, str):
         raise bad_request(f"{param}.name must be a string, got {_shown(name)}", param)
     if isinstance(content, list):

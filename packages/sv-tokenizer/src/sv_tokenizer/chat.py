@@ -191,7 +191,8 @@ class ChatMLFormat:
         if tools or any(m.tool_calls for m in messages):
             raise TokenizerError(
                 f"{self.tokenizer.source}: the built-in ChatML format has no tool calls; a "
-                "model folder whose chat_template renders tools gets them"
+                "model folder whose chat_template renders tools gets them",
+                argument="tools" if tools else "messages",
             )
         ids: list[int] = []
         if messages and messages[0].role != "system" and self.default_system_prompt is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -194,6 +195,7 @@ class TemplateChatFormat:
                         f"chat message {index}: {field} {value!r} contains the token {forged}"
                     )
         rendered = self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        self._check_tools_rendered(messages, add_generation_prompt, tools, rendered)
         segments = self._segments(messages, add_generation_prompt, rendered, tools)
         if segments is not None:
             return self._encode_segments(segments)
@@ -210,6 +212,41 @@ class TemplateChatFormat:
 
     def encode_user_prompt(self, text: str) -> list[int]:
         return self.encode_dialog([Message("user", text)])
+
+    def _check_tools_rendered(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Tools | None,
+        rendered: str,
+    ) -> None:
+        """Refuse tools, or an assistant's earlier tool calls, that the template leaves out of
+        its text (many templates have no place for them): the model would never see the
+        functions it is offered, or would answer as if the calls had not been made. Left out
+        means the text stays the same when their function names change (a render without them
+        could fail in a template written for tools)."""
+        probe = _renamed_tools(tools or ())
+        if probe and rendered == self.render(
+            messages, add_generation_prompt=add_generation_prompt, tools=probe
+        ):
+            raise TokenizerError(
+                f"{self.source} does not render tools, so the model would never see them; "
+                "use a model whose chat template takes tools",
+                argument="tools",
+            )
+        if any(m.tool_calls for m in messages):
+            renamed = [
+                replace(m, tool_calls=tuple(replace(c, name=c.name + "_") for c in m.tool_calls))
+                for m in messages
+            ]
+            if rendered == self.render(
+                renamed, add_generation_prompt=add_generation_prompt, tools=tools
+            ):
+                raise TokenizerError(
+                    f"{self.source} does not render an assistant message's tool_calls, so the "
+                    "model would not see the calls it made; use a model whose chat template "
+                    "takes them"
+                )
 
     def _segments(
         self,
@@ -264,6 +301,18 @@ class TemplateChatFormat:
                     ids.append(part)
         ids += self.tokenizer.encode("".join(plain), at_start=not ids)
         return ids
+
+
+def _renamed_tools(tools: Tools) -> list[dict[str, Any]] | None:
+    """The tools with another name for each function (a probe of whether a template writes
+    them), or None when none has a name to change."""
+    renamed, changed = [], False
+    for tool in tools:
+        function = tool.get("function")
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            tool, changed = {**tool, "function": {**function, "name": function["name"] + "_"}}, True
+        renamed.append(dict(tool))
+    return renamed if changed else None
 
 
 def _as_dict(message: Message, content: str) -> dict[str, Any]:
