@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from server_test_support import openai_error
 
 RunningServer = Any  # conftest.py
 
@@ -80,6 +81,22 @@ def test_a_short_request_is_answered_while_a_chat_without_max_tokens_streams(
     metrics = server.wait_idle()
     assert metrics["sv_kv_cache_pages_used"] == 0
     assert metrics["sv_kv_cache_pages_free"] == metrics["sv_kv_cache_pages_total"]
+
+
+def test_max_tokens_over_the_pool_is_a_400_naming_it(server: RunningServer) -> None:
+    """An explicit max_tokens within the context but past what the pool could ever hold after
+    the prompt: refused before queueing, naming max_tokens and the most that fits."""
+    pool_tokens = int(server.metrics()["sv_kv_cache_pages_total"]) * 16
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        prompt = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
+        prompt_tokens = prompt.json()["count"]
+        fit = pool_tokens + 1 - prompt_tokens  # the budget's pages: prompt + max_tokens - 1
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": fit + 1}
+        error = openai_error(http.post("/v1/chat/completions", json=body), 400)
+        assert error["param"] == "max_tokens" and error["code"] == "context_length_exceeded"
+        assert f"holds at most {fit} new tokens" in error["message"]
+        assert "request" not in error["message"]  # no engine request number
+    assert server.wait_idle()["sv_kv_cache_pages_used"] == 0
 
 
 def test_without_max_tokens_a_chat_gets_what_the_pool_can_hold(server: RunningServer) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from server_test_support import openai_error
 
 KEY = "dashboard-test-key"
 
@@ -48,7 +49,8 @@ def test_the_page_is_open_and_holds_no_data(keyed: Any) -> None:
 
 def test_events_need_the_key(keyed: Any) -> None:
     before = keyed.metrics()['sv_requests_rejected_total{reason="unauthorized"}']
-    assert httpx.get(f"{keyed.url}/dashboard/events", timeout=10).status_code == 401
+    refused = httpx.get(f"{keyed.url}/dashboard/events", timeout=10)
+    assert openai_error(refused, 401)["code"] == "invalid_api_key"  # every refusal's shape
     wrong = httpx.post(
         f"{keyed.url}/dashboard/session", headers={"Authorization": "Bearer nope"}, timeout=10
     )

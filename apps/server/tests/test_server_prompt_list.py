@@ -89,8 +89,8 @@ def test_streamed_choices_interleave_and_end_once(
 
 
 def test_one_refused_prompt_ends_them_all(make_server: Any) -> None:
-    """A pool of 11 pages: the second prompt's pages could never fit, so the engine refuses
-    it; the request is a 400 naming it, and the first prompt's request is cancelled."""
+    """A pool of 11 pages: the second prompt could never fit, so the request is a 400 naming
+    it (the field and the prompt), and the first prompt does not run either."""
     small = make_server(kv_cache_mib=8)
     try:
         body = {"prompt": [[1000] * 8, [1000] * 400], "max_tokens": 50, "ignore_eos": True}
@@ -99,7 +99,8 @@ def test_one_refused_prompt_ends_them_all(make_server: Any) -> None:
                 f"{small.url}/v1/completions", json=body | {"stream": stream}, timeout=60
             )
             error = openai_error(response, 400)
-            assert error["code"] == "rejected" and error["message"].startswith("prompt[1]: ")
+            assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+            assert error["message"].startswith("prompt[1] has 400 tokens but the KV cache holds")
         m = small.wait_idle()
         assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_total"]
         assert m["sv_generation_tokens_total"] < 2 * 50

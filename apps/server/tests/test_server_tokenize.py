@@ -96,7 +96,7 @@ BAD = [
     ("/tokenize", {"prompt": "x", "return_token_strs": True}, "return_token_strs"),
     ("/tokenize", {"messages": []}, "messages"),
     ("/tokenize", {"messages": [{"role": "user"}]}, "messages[0]"),
-    ("/tokenize", {"messages": [{"role": "<|im_end|>", "content": "x"}]}, "messages"),
+    ("/tokenize", {"messages": [{"role": "<|im_end|>", "content": "x"}]}, "messages[0]"),
     ("/tokenize", {"messages": DIALOG, "prompt": "x"}, "prompt"),
     ("/tokenize", [1], None),
     ("/detokenize", {}, "tokens"),
@@ -114,6 +114,15 @@ def test_bad_bodies_are_400_naming_the_field(
 ) -> None:
     error = openai_error(_post(server, path, body), 400)
     assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_refusals_do_not_say_where_the_model_lives(
+    server: RunningServer, default_model: Path
+) -> None:
+    """A tokenizer's message names its file; the server's answer keeps the file's name only."""
+    error = openai_error(_post(server, "/detokenize", {"tokens": [-1]}), 400)
+    assert str(default_model) not in error["message"]
+    assert "tokenizer.json: token id -1 is not in the vocabulary" in error["message"]
 
 
 def test_other_refusals(server: RunningServer) -> None:

@@ -27,6 +27,7 @@ import contextlib
 import importlib.metadata
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -305,7 +306,7 @@ def _tokenize_body(state: ServerState, raw: bytes) -> list[int]:
             req.messages, add_generation_prompt=req.add_generation_prompt
         )
     except TokenizerError as e:
-        raise bad_request(str(e), param="messages") from e
+        raise bad_request(_client_message(state, e), param="messages") from e
 
 
 async def _detokenize(request: Request, state: ServerState) -> Response:
@@ -322,7 +323,14 @@ def _detokenize_body(state: ServerState, raw: bytes) -> str:
     try:
         return state.tokenizer.decode(tokens)
     except TokenizerError as e:
-        raise bad_request(f"'tokens': {e}", param="tokens") from e
+        raise bad_request(f"'tokens': {_client_message(state, e)}", param="tokens") from e
+
+
+def _client_message(state: ServerState, error: TokenizerError) -> str:
+    """The tokenizer's message without the model folder's path (it names the file, e.g.
+    tokenizer.json): where the model lives on the server is nothing a client needs."""
+    folder = os.path.dirname(state.tokenizer.source)
+    return str(error).replace(folder + os.sep, "") if folder else str(error)
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
@@ -366,7 +374,7 @@ def _prepare(
             tools = req.tools.tools if req.tools is not None else None
             return req, [state.tokenizer.chat_format.encode_dialog(req.messages, tools=tools)]
         except TokenizerError as e:
-            raise bad_request(str(e), param=e.argument) from e
+            raise bad_request(_client_message(state, e), param=e.argument) from e
     prompts = req.prompts or []
     return req, [_prompt_ids(state, p, _which(i, len(prompts))) for i, p in enumerate(prompts)]
 
@@ -418,16 +426,33 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, 
             param="messages" if req.kind == "chat" else "prompt",
             code="context_length_exceeded",
         )
+    config = state.scheduler_config
+    fit = max_new_tokens_that_fit(prompt_tokens, config)
+    if fit < 1:  # the prompt alone is more than the KV pool could ever hold
+        raise bad_request(
+            f"{which} has {prompt_tokens} tokens but the KV cache holds "
+            f"{config.num_pages * config.page_size} tokens in all; start the server with a "
+            "larger --kv-cache-mib",
+            param="messages" if req.kind == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
     if req.max_tokens is None:
-        # Chat without max_tokens: up to the context, as far as the KV pool could ever hold
-        # (a budget over the pool would be refused, though the client asked for no number).
+        # Without max_tokens: up to the context, as far as the KV pool could ever hold (a
+        # budget over the pool would be refused, though the client asked for no number).
         default = DEFAULT_COMPLETION_MAX_TOKENS if req.kind == "completion" else room
-        fit = max_new_tokens_that_fit(prompt_tokens, state.scheduler_config)
-        return min(default, room, fit) if fit >= 1 else min(default, room)
+        return min(default, room, fit)
     if req.max_tokens > room:
         raise bad_request(
             f"max_tokens is {req.max_tokens} but {which} has {prompt_tokens} tokens and the "
             f"context is {state.max_model_len}: at most {room} new tokens fit",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    if req.max_tokens > fit:
+        raise bad_request(
+            f"max_tokens is {req.max_tokens} but after {which}'s {prompt_tokens} tokens the KV "
+            f"cache ({config.num_pages} pages of {config.page_size} tokens) holds at most {fit} "
+            "new tokens; ask for fewer, or start the server with a larger --kv-cache-mib",
             param="max_tokens",
             code="context_length_exceeded",
         )

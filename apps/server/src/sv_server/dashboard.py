@@ -34,6 +34,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from sv_trace.report import page
 
+from sv_server.errors import ServerError
 from sv_server.metrics import Histogram
 
 if TYPE_CHECKING:
@@ -107,11 +108,13 @@ def dashboard_routes(state: ServerState, api_key: str | None) -> list[Route]:
     async def events(request: Request) -> Response:
         if not auth.authorized(request):
             state.metrics.rejected["unauthorized"] += 1
-            return JSONResponse(
-                {"error": "the dashboard needs the API key: open /dashboard and give it there"},
-                status_code=401,
+            error = ServerError(
+                "the dashboard needs the API key: open /dashboard and give it there",
+                status=401,
+                code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+            return JSONResponse(error.body(), status_code=401, headers=error.headers)
         return StreamingResponse(
             _frames(state),
             media_type="text/event-stream",

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,9 @@ log = logging.getLogger("sv_server")
 @dataclass(frozen=True)
 class Accepted:
     """The engine queued the request."""
+
+
+_ENGINE_REQUEST = re.compile(r"^request \S+ rejected: ")
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,8 @@ class EngineLoop:
         try:
             request_id = self.engine.add_request(handle.prompt_ids, handle.params)
         except (EngineError, AdmissionError) as e:
-            batch.append((handle, Rejected(str(e))))
+            # The engine's request number means nothing to the client: its answer leaves it out.
+            batch.append((handle, Rejected(_ENGINE_REQUEST.sub("", str(e)))))
             return
         except Exception as e:  # a bug, not the client's fault: the handler answers 500
             log.exception("add_request failed")
