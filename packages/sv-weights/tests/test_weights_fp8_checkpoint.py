@@ -130,6 +130,21 @@ def test_fp8_checkpoint_errors_name_the_tensor(tmp_path: Path) -> None:
             load_checkpoint(folder)
 
 
+@pytest.mark.parametrize("copy", [False, True])
+@pytest.mark.parametrize("bad", [0.0, -0.01])
+def test_fp8_scales_must_be_positive(tmp_path: Path, copy: bool, bad: float) -> None:
+    """One scale of zero (a silenced output channel) or below (a flipped one) in a layer's
+    down projection: refused, naming the tensor and the value."""
+    config = tiny_llama_config()
+    name = "model.layers.1.mlp.down_proj.weight_scale"
+    scale = write_fp8_checkpoint(tmp_path / "good", config)[name].clone()
+    scale[5, 0] = bad
+    write_fp8_checkpoint(tmp_path / "bad", config, tensors={name: scale})
+    with pytest.raises(WeightsError, match=re.escape(f"tensor {name} holds a scale of {bad:g}")):
+        load_checkpoint(tmp_path / "bad", copy=copy)
+    assert load_checkpoint(tmp_path / "good", copy=copy)[name].shape == scale.shape
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -266,6 +266,7 @@ def load_checkpoint(
                 check_finite(
                     {n: tensors[n] for n in header.tensors if n in tensors}, str(header.path)
                 )
+    _check_scales_positive(tensors, weight_scales, str(model_dir))
     if dtype is not None:
         keep = set(weight_scales)
         tensors = {
@@ -329,6 +330,27 @@ def _all_finite_at_once(data: torch.Tensor, tensors: dict[str, torch.Tensor]) ->
     if data.numel() % dtype.itemsize:
         return False
     return bool(torch.isfinite(data.view(dtype).sum(dtype=torch.float32)))
+
+
+def _check_scales_positive(
+    tensors: dict[str, torch.Tensor], scales: list[str], source: str
+) -> None:
+    """Raise WeightsError naming the first FP8 weight scale that is zero or negative (one
+    minimum over them all, then a look at each only when it fails): a zero scale silences
+    its output channels and a negative one flips them, and the model then answers nonsense
+    with no other sign of the damage."""
+    if not scales:
+        return
+    everything = torch.cat([tensors[name].reshape(-1).float() for name in scales])
+    if bool(everything.min() > 0):
+        return
+    for name in scales:
+        lowest = float(tensors[name].float().min())
+        if not lowest > 0:
+            raise WeightsError(
+                f"{source}: tensor {name} holds a scale of {lowest:g} (expected every FP8 "
+                "weight scale > 0: the file is damaged or was exported wrongly)"
+            )
 
 
 def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
