@@ -257,6 +257,14 @@ BAD_CONFIGS = [
     ),
     (_with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_theta=-1.0), "rope_theta: expected a positive float"),
     (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, max_position_embeddings=1),
+        "max_position_embeddings: expected 2 (a prompt token and an output token) to 16,777,216",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, max_position_embeddings=10**12),
+        "to 16,777,216 (the most positions sv makes RoPE tables for), got 1,000,000,000,000",
+    ),
+    (
         _with(
             LLAMA_3_2_1B_INSTRUCT_JSON,
             rope_scaling={**LLAMA_3_2_1B_INSTRUCT_JSON["rope_scaling"], "high_freq_factor": 0.5},

@@ -31,6 +31,10 @@ CONFIG_FILE = "config.json"
 
 # The dtype names a config may give in `torch_dtype` (or `dtype`, transformers 5).
 TORCH_DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64"})
+# The longest context a config may declare: 2**24 positions, past every published Llama,
+# Mistral and Qwen context (Llama 4 Scout's is 10M). The runner builds its RoPE tables for
+# the whole context at load, so an absurd value would be an allocation failure deep inside.
+MAX_POSITIONS = 1 << 24
 
 # Defaults where a key is absent, as transformers' ModelConfig has them (so a config that
 # transformers accepts means the same thing here). The architectural sizes have no default.
@@ -120,6 +124,12 @@ class ModelConfig:
             value = getattr(self, name)
             if not _is_int(value) or value <= 0:
                 raise WeightsError(f"config {name}: expected a positive integer, got {value!r}")
+        if not 2 <= self.max_position_embeddings <= MAX_POSITIONS:
+            raise WeightsError(
+                f"config max_position_embeddings: expected 2 (a prompt token and an output "
+                f"token) to {MAX_POSITIONS:,} (the most positions sv makes RoPE tables for), "
+                f"got {self.max_position_embeddings:,}"
+            )
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise WeightsError(
                 f"config num_attention_heads ({self.num_attention_heads}) must be a multiple of "
