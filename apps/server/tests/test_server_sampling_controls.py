@@ -88,6 +88,7 @@ def test_skip_special_tokens(
         ({"frequency_penalty": -3}, "frequency_penalty"),
         ({"frequency_penalty": "1"}, "frequency_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"repetition_penalty": 1e-38}, "repetition_penalty"),
         ({"min_p": 1.5}, "min_p"),
         ({"min_tokens": -1}, "min_tokens"),
         ({"min_tokens": 9, "max_tokens": 4}, "min_tokens"),

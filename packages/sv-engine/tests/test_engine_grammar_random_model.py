@@ -78,7 +78,7 @@ def serve_other_work(engine: Engine) -> None:
     engine.generate(prompts[:3], SamplingParams(max_new_tokens=8, ignore_eos=True, logprobs=20))
     for extra in (
         {"logit_bias": {1234: 100.0}},
-        {"presence_penalty": 1e4},
+        {"presence_penalty": 2.0},
         {"temperature": 1.0, "seed": 3, "min_p": 0.5, "logprobs": 1},
         {"min_tokens": 3, "stop_token_ids": frozenset({prompt[-1]})},
         {"n": 2, "temperature": 1.0, "seed": 4},

@@ -207,8 +207,12 @@ def test_skip_special_tokens(engine: Engine) -> None:
     [
         ("repetition_penalty", 0.0),
         ("repetition_penalty", float("inf")),
+        ("repetition_penalty", 1e-38),  # logits divided by it leave FP32's range
         ("presence_penalty", float("nan")),
+        ("presence_penalty", 1e39),  # finite in Python, infinite in the sampler's FP32
+        ("presence_penalty", -2.01),
         ("frequency_penalty", "1"),
+        ("frequency_penalty", 2.5),
         ("min_p", 1.5),
         ("min_p", -0.1),
         ("min_tokens", -1),

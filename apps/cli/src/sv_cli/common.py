@@ -31,14 +31,14 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="F",
-        help="subtract F per earlier occurrence from a token's logit (0 = off)",
+        help="subtract F per earlier occurrence from a token's logit, F in [-2, 2] (0 = off)",
     )
     p.add_argument(
         "--presence-penalty",
         type=float,
         default=0.0,
         metavar="F",
-        help="subtract F from the logit of a token already generated (0 = off)",
+        help="subtract F from the logit of a token already generated, F in [-2, 2] (0 = off)",
     )
     p.add_argument(
         "--min-tokens",

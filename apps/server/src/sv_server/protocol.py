@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from sv_engine import MAX_LOGPROBS
 from sv_engine.grammar import Grammar
+from sv_engine.params import MAX_REPETITION_PENALTY
 from sv_tokenizer import Message, ToolCall
 
 from sv_server.errors import bad_request
@@ -263,8 +264,11 @@ def _repetition_penalty(body: Mapping[str, Any]) -> float:
     value = _get(body, "repetition_penalty", _is_number, "a number")
     if value is None:
         return 1.0
-    if value <= 0:
-        raise bad_request(f"'repetition_penalty' must be > 0, got {value}", "repetition_penalty")
+    if not 1 / MAX_REPETITION_PENALTY <= value <= MAX_REPETITION_PENALTY:
+        raise bad_request(
+            f"'repetition_penalty' must be in [1e-30, 1e30] (> 0; 1 = off), got {value}",
+            "repetition_penalty",
+        )
     return float(value)
 
 

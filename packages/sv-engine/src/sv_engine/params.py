@@ -14,6 +14,8 @@ from sv_engine.errors import EngineError
 from sv_engine.grammar import Grammar
 
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs (sv_kernels.ops has it too)
+MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty, in [-MAX_PENALTY, MAX_PENALTY]
+MAX_REPETITION_PENALTY = 1e30  # and 1 / it, the least
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,11 @@ class SamplingParams:
     logit_bias:  token id -> value added to its logit (OpenAI's: -100 bans, 100 all but forces).
     min_tokens:  the stop tokens (the model's unless ignore_eos, and stop_token_ids) are banned
                  until this many tokens have been generated.
-    repetition_penalty: > 0; a token already in the prompt or the output has a positive logit
-                 divided by it, a negative one multiplied (1 = off).
-    frequency_penalty, presence_penalty: subtract count * frequency + (count > 0) * presence
-                 from each token's logit, count = its occurrences in the output so far (0 = off).
+    repetition_penalty: in [1e-30, 1e30]; a token already in the prompt or the output has a
+                 positive logit divided by it, a negative one multiplied (1 = off).
+    frequency_penalty, presence_penalty: in [-2, 2]; subtract count * frequency + (count > 0)
+                 * presence from each token's logit, count = its occurrences in the output so
+                 far (0 = off).
     min_p:       in [0, 1]; drop tokens less likely than min_p times the most likely one, at the
                  sampling temperature (0 = off; no effect on greedy rows).
     skip_special_tokens: leave special tokens (other than the stop token, never shown) out of
@@ -119,13 +122,18 @@ class SamplingParams:
                 f"min_tokens must be an integer in 0..max_new_tokens ({self.max_new_tokens}), "
                 f"got {self.min_tokens!r}"
             )
-        if not (_is_finite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise EngineError(
-                f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}"
-            )
+        r = self.repetition_penalty
+        # Past these bounds a logit multiplied or divided by it leaves FP32's range (1e-38
+        # turned every logit of the default model into the same token).
+        if not (_is_finite(r) and 1 / MAX_REPETITION_PENALTY <= r <= MAX_REPETITION_PENALTY):
+            raise EngineError(f"repetition_penalty must be in [1e-30, 1e30], got {r!r}")
         for name in ("frequency_penalty", "presence_penalty"):
-            if not _is_finite(getattr(self, name)):
-                raise EngineError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+            # OpenAI's and vLLM's range; past FP32's range a penalty turns logits into NaN.
+            value = getattr(self, name)
+            if not (_is_finite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+                raise EngineError(
+                    f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value!r}"
+                )
         if not (_is_finite(self.min_p) and 0 <= self.min_p <= 1):
             raise EngineError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not isinstance(self.skip_special_tokens, bool):
