@@ -338,6 +338,15 @@ def test_the_chat_template_check_names_the_file_that_holds_it(tmp_path: Path) ->
         "{% for m in messages %}{{ m.content }}{% endfor %}"
     )
     Tokenizer.from_model_dir(tmp_path).check_chat_template()
+    # A template that renders but leaves messages out: every chat prompt would lose them.
+    for template, left_out in [
+        ("", "user message 'Hello.'"),
+        ("{{ messages[0].content }}", "assistant"),
+    ]:
+        (tmp_path / "chat_template.jinja").write_text(template)
+        with pytest.raises(TokenizerError, match=re.escape(left_out)) as e:
+            Tokenizer.from_model_dir(tmp_path).check_chat_template()
+        assert str(e.value).startswith(f"{tmp_path / 'chat_template.jinja'}: the chat template")
 
 
 def test_no_chat_format(tmp_path: Path) -> None:

@@ -328,9 +328,17 @@ class Tokenizer:
     def check_chat_template(self) -> None:
         """Render a sample dialog with the model's own chat template, if it has one, so that a
         template that cannot render (a jinja syntax error, an expression that fails) is a
-        TokenizerError naming its file now, not at the first request."""
+        TokenizerError naming its file now, not at the first request. So is one that leaves a
+        message's text out (an empty template would make every chat prompt empty)."""
         if isinstance(self._chat_format, TemplateChatFormat):
-            self._chat_format.encode_dialog(TEMPLATE_CHECK_DIALOG)
+            rendered = self.decode(self._chat_format.encode_dialog(TEMPLATE_CHECK_DIALOG))
+            for message in TEMPLATE_CHECK_DIALOG:
+                if message.content not in rendered:
+                    raise TokenizerError(
+                        f"{self._chat_format.source}: the chat template leaves the "
+                        f"{message.role} message {message.content!r} out of a sample dialog "
+                        f"(it renders {rendered[:80]!r})"
+                    )
 
     def find_special(self, text: str) -> str | None:
         """The first special or added token's text occurring in `text`, if any."""
