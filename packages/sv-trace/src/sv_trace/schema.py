@@ -1,5 +1,5 @@
 """The trace format's name and version, its JSON Schema (schema.json beside this module), and a
-reader that checks what a report needs."""
+reader that checks what a report needs (sv_trace.check)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sv_trace.check import TraceChecker
 from sv_trace.errors import TraceError
 
 SCHEMA_NAME = "sv-trace"
@@ -23,8 +24,10 @@ def trace_schema() -> dict[str, Any]:
 
 
 def read_trace(path: str | Path) -> list[dict[str, Any]]:
-    """Every record of a trace file, in order. Raises TraceError naming the file and line when it
-    is not a trace of this version (a last line cut short by a killed process is dropped)."""
+    """Every record of a trace file, in order. Raises TraceError naming the file, the line and
+    the field when it is not a trace of this version: a field the report reads is missing or
+    out of its range, or a line contradicts an earlier one (a page outside the pool, a request
+    never queued). A last line cut short by a killed process is dropped."""
     name = str(path)
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -32,7 +35,7 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
         raise TraceError(f"cannot read the trace file {name!r}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise TraceError(f"{name}: not a trace (not UTF-8 text)") from None
-    records: list[dict[str, Any]] = []
+    numbered: list[tuple[int, dict[str, Any]]] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -44,7 +47,8 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
             raise TraceError(f"{name}:{number}: not a JSON object") from None
         if not isinstance(record, dict) or not isinstance(record.get("type"), str):
             raise TraceError(f"{name}:{number}: a trace line is a JSON object with a 'type'")
-        records.append(record)
+        numbered.append((number, record))
+    records = [record for _, record in numbered]
     if not records or records[0]["type"] != "header" or records[0].get("format") != SCHEMA_NAME:
         raise TraceError(f"{name}: not an sv trace (its first line is not an sv-trace header)")
     version = records[0].get("version")
@@ -52,4 +56,7 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
         raise TraceError(
             f"{name}: trace format version {version!r}; this sv reads version {SCHEMA_VERSION}"
         )
+    checker = TraceChecker(name)
+    for number, record in numbered:
+        checker.check(number, record)
     return records
