@@ -98,7 +98,9 @@ def report_data(records: list[dict[str, Any]]) -> dict[str, Any]:
             pools.append({k: pool[k] for k in ("num_pages", "tables", "cached_pages")})
         elif kind == "end":
             end = record
-    for r in requests.values():
+    # Ids are integers (the engine's) or strings: a trace holding both sorts them apart.
+    in_order = sorted(requests.values(), key=lambda r: (isinstance(r["id"], str), r["id"]))
+    for r in in_order:
         # The overlapped loop plans a request into the step after the one it stopped in (its
         # token there is dropped): that row is no part of the request's timeline.
         if r["end_step"] is not None:
@@ -107,7 +109,7 @@ def report_data(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "header": header,
         "stats": None if end is None else end["stats"],
-        "requests": sorted(requests.values(), key=lambda r: r["id"]),
+        "requests": in_order,
         "steps": steps,
         "pools": pools,
         "end_pool": None if end is None else end["pool"],
