@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
 from sv_scheduler import Request, Scheduler, SchedulerConfig, SchedulerStats
 from sv_tokenizer import Tokenizer
 from sv_trace import read_trace
@@ -15,6 +16,7 @@ from sv_trace.recorder import StepRecorder
 
 STOP = 7  # the stop id of every scripted request
 TOKEN = 1000  # what every other sampled token is
+VOCAB = 1024  # the width of the logits rows the recorder is shown
 
 
 class Event(NamedTuple):
@@ -66,9 +68,13 @@ def run(scenario: Scenario, tokenizer: Tokenizer, path: Path) -> Run:
         plan = scheduler.schedule()
         assert not plan.is_empty, "a scripted plan computed nothing"
         recorder.planned(plan)
+        tokens = [token_for(int(seq.request_id)) for seq in plan.sampling]
+        # The runner's logits observer: rows that favour the token each request samples.
+        logits = torch.zeros(len(tokens), VOCAB)
+        logits[range(len(tokens)), tokens] = 4.0
+        recorder.on_logits(logits, torch.tensor(tokens))
         recorder.launched(plan)
         scheduler.advance(plan)
-        tokens = [token_for(int(seq.request_id)) for seq in plan.sampling]
         finished = {f.request_id: f.finish_reason for f in scheduler.resolve(plan, tokens)}
         events = []
         for seq, token in zip(plan.sampling, tokens, strict=True):
