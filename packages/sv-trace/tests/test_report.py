@@ -8,6 +8,7 @@ import re
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -122,15 +123,162 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=300))
-def test_any_bytes_are_a_trace_or_a_trace_error(tmp_path: Path, content: bytes) -> None:
+def test_any_bytes_are_a_trace_or_a_trace_error(
+    trace: Path, tmp_path: Path, content: bytes
+) -> None:
     path = tmp_path / "fuzz.jsonl"
-    path.write_bytes(b'{"type":"header","format":"sv-trace","version":1}\n' + content)
+    header = trace.read_bytes().splitlines(keepends=True)[0]  # a whole one: the bytes get checked
+    path.write_bytes(header + content)
     try:
         records = read_trace(path)
     except TraceError:
         return
     assert records[0]["type"] == "header"
     assert all(isinstance(r["type"], str) for r in records)
+
+
+DELETE = object()  # the field is removed
+
+
+def changed(record: Any, path: tuple[Any, ...], value: Any) -> Any:
+    """`record` with its field at `path` set to `value` (removed if DELETE), or `value` itself
+    if the path is empty."""
+    if not path:
+        return value
+    *parents, last = path
+    holder = record
+    for key in parents:
+        holder = holder[key]
+    if value is DELETE:
+        del holder[last]
+    else:
+        holder[last] = value
+    return record
+
+
+def lines_of(trace: Path) -> list[Any]:
+    return [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+
+
+def written(tmp_path: Path, records: list[Any]) -> Path:
+    out = tmp_path / "bad.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return out
+
+
+# Lines of the fixture's trace (a 5-page pool): 1 header, 2-4 requests 1-3, 5-13 steps 0-8,
+# 14 cancels request 1, 15 end.
+@pytest.mark.parametrize(
+    ("line", "path", "value", "message"),
+    [
+        (6, (), {"type": "step"}, "6: step line: 'step' is missing"),
+        (6, ("timing",), DELETE, "6: step line: 'timing' is missing"),
+        (6, ("pool",), None, "6: step line: 'pool' is null, expected an object"),
+        (6, ("step",), "x", """6: step line: 'step' is "x", expected an integer >= 0"""),
+        (6, ("step",), 0, "6: step line: 'step' is 0, but the step before it was 0"),
+        (2, (), {"type": "request", "request": "x"}, "2: request line: 'at_ms' is missing"),
+        (3, ("request",), 1, "3: request line: 'request' is 1, a request already queued"),
+        (4, ("prompt_ids", 2), -1, "4: request line: 'prompt_ids[2]' is -1, expected an integer >= 0"),
+        (1, ("num_pages",), -1, "1: header line: 'num_pages' is -1, expected an integer >= 1"),
+        (6, ("pages",), "x", """6: step line: 'pages' is "x", expected an array"""),
+        (
+            6, ("pool", "tables", 0, "pages", 1), 999,
+            "6: step line: 'pool.tables[0].pages[1]' is 999, not a page of the 5-page pool",
+        ),
+        (
+            9, ("pages", 0, "assigned", 0), 5,
+            "9: step line: 'pages[0].assigned[0]' is 5, not a page of the 5-page pool",
+        ),
+        (
+            6, ("pool", "free"), 2,
+            "6: step line: 'pool' free + cached + assigned is 6, not 5 pages",
+        ),
+        (
+            6, ("decodes", 0, "request"), 7,
+            "6: step line: 'decodes[0].request' is 7, a request the trace never queued",
+        ),
+        (6, ("waiting", 0), True, "6: step line: 'waiting[0]' is true, expected an integer or a string"),
+        (14, ("request",), 9, "14: cancel line: 'request' is 9, a request the trace never queued"),
+        (
+            6, ("sampled", 0, "top", 0, "logprob"), 0.5,
+            "6: step line: 'sampled[0].top[0].logprob' is 0.5, expected a number <= 0",
+        ),
+        (6, ("wait", "reason"), "x", """6: step line: 'wait.reason' is "x", expected one of credits, pages, static_group, max_num_seqs, token_budget, shared_prefix"""),
+        (6, ("timing", "span_ms"), -1, "6: step line: 'timing.span_ms' is -1, expected a finite number >= 0"),
+        (15, ("stats", "free_pages"), DELETE, "15: end line: 'stats.free_pages' is missing"),
+        (
+            6, ("type",), "header",
+            """6: header line: 'type' is "header", but the header is the first line only""",
+        ),
+        (
+            6, ("type",), "stpe",
+            """6: stpe line: 'type' is "stpe", expected one of request, step, cancel, end""",
+        ),
+    ],
+)  # fmt: skip
+def test_a_bad_field_is_named_by_line_and_path(
+    trace: Path, tmp_path: Path, line: int, path: tuple[Any, ...], value: Any, message: str
+) -> None:
+    records = lines_of(trace)
+    records[line - 1] = changed(records[line - 1], path, value)
+    bad = written(tmp_path, records)
+    with pytest.raises(TraceError) as caught:
+        read_trace(bad)
+    assert str(caught.value) == f"{bad}:{message}"
+
+
+def test_requests_queued_before_the_trace_started(trace: Path, tmp_path: Path) -> None:
+    """A trace started on a busy engine has no request lines for the requests it found: they
+    are running or waiting at its first step."""
+    records = lines_of(trace)
+    requests = report_data(read_trace(written(tmp_path, [records[0], *records[4:]])))["requests"]
+    assert [r["id"] for r in requests] == [1, 2, 3]
+    assert [r["prompt_tokens"] for r in requests] == [None, None, None]
+
+
+def test_integer_and_string_request_ids_are_drawn_apart(trace: Path, tmp_path: Path) -> None:
+    records = lines_of(trace)
+    records[1]["request"] = "a"  # request 1 is then one the trace found running at step 0
+    requests = report_data(read_trace(written(tmp_path, records)))["requests"]
+    assert [r["id"] for r in requests] == [1, 2, 3, "a"]
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every field and item inside a JSON value, as key paths."""
+    keys: list[Any] = []
+    if isinstance(value, dict):
+        keys = list(value)
+    elif isinstance(value, list):
+        keys = list(range(len(value)))
+    return [p for k in keys for p in [(*path, k), *_paths(value[k], (*path, k))]]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 10**6) | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+    max_leaves=4,
+)  # fmt: skip
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_a_mutated_trace_is_a_report_or_a_trace_error(
+    trace: Path, tmp_path: Path, data: st.DataObject
+) -> None:
+    """Fields of real lines removed or replaced by any JSON value: the report is drawn or the
+    reader names the line, never another exception."""
+    records = lines_of(trace)
+    for _ in range(data.draw(st.integers(1, 3))):
+        line = data.draw(st.integers(1, len(records)))
+        paths = _paths(records[line - 1])
+        if paths:  # a line can lose every field
+            path = data.draw(st.sampled_from(paths))
+            records[line - 1] = changed(records[line - 1], path, data.draw(st.just(DELETE) | _JSON))
+    bad = written(tmp_path, records)
+    try:
+        render_report(bad)
+    except TraceError as e:
+        assert str(e).startswith(f"{bad}")
 
 
 def test_the_row_after_a_stop_is_not_on_the_timeline(tokenizer: Tokenizer) -> None:
