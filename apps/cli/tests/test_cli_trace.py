@@ -3,8 +3,10 @@ default model (CPU): the trace against the `--stats` the same run prints."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_test_support import one_line_error, sv
@@ -80,3 +82,63 @@ def test_report_errors_are_one_line(tmp_path: Path, content: str | None, message
 def test_an_unwritable_trace_is_one_line(tmp_path: Path) -> None:
     line = one_line_error(sv("generate", "--trace", str(tmp_path / "none" / "t.jsonl"), "Hi", "2"))
     assert "cannot write the trace file" in line and "none" in line
+
+
+@pytest.fixture(scope="module")
+def real_trace(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    trace = tmp_path_factory.mktemp("trace") / "run.jsonl"
+    assert main(["generate", "--trace", str(trace), "Hi", "4"]) == 0
+    return trace
+
+
+DELETE = object()  # the field is removed
+
+
+# The QA pass's bad lines, in a trace of one request: 1 header, 2 request, 3-6 steps 0-3.
+@pytest.mark.parametrize(
+    ("line", "path", "value", "message"),
+    [
+        (4, (), {"type": "step"}, "4: step line: 'step' is missing"),
+        (4, ("timing",), DELETE, "4: step line: 'timing' is missing"),
+        (4, ("pool",), None, "4: step line: 'pool' is null, expected an object"),
+        (4, ("step",), "x", """4: step line: 'step' is "x", expected an integer >= 0"""),
+        (4, (), {"type": "request", "request": "x"}, "4: request line: 'at_ms' is missing"),
+        (
+            4, ("pool", "tables", 0, "pages", 0), 999,
+            "4: step line: 'pool.tables[0].pages[0]' is 999, not a page of the {pages}-page pool",
+        ),
+        (
+            4, ("decodes", 0, "request"), 9,
+            "4: step line: 'decodes[0].request' is 9, a request the trace never queued",
+        ),
+        (1, ("num_pages",), -1, "1: header line: 'num_pages' is -1, expected an integer >= 1"),
+        (4, ("pages",), "x", """4: step line: 'pages' is "x", expected an array"""),
+    ],
+)  # fmt: skip
+def test_a_bad_trace_line_is_one_error_line(
+    real_trace: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    line: int,
+    path: tuple[Any, ...],
+    value: Any,
+    message: str,
+) -> None:
+    records = [json.loads(text) for text in real_trace.read_text(encoding="utf-8").splitlines()]
+    if not path:
+        records[line - 1] = value
+    else:
+        *parents, last = path
+        holder = records[line - 1]
+        for key in parents:
+            holder = holder[key]
+        if value is DELETE:
+            del holder[last]
+        else:
+            holder[last] = value
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    assert main(["trace", "report", str(bad), "-o", str(tmp_path / "out.html")]) == 2
+    expected = message.format(pages=records[0]["num_pages"])
+    assert capsys.readouterr().err == f"sv trace report: error: {bad}:{expected}\n"
+    assert not (tmp_path / "out.html").exists()
