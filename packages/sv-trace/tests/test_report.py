@@ -4,6 +4,7 @@ the reader's errors (fuzzed)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from html.parser import HTMLParser
@@ -234,6 +235,27 @@ def test_requests_queued_before_the_trace_started(trace: Path, tmp_path: Path) -
     requests = report_data(read_trace(written(tmp_path, [records[0], *records[4:]])))["requests"]
     assert [r["id"] for r in requests] == [1, 2, 3]
     assert [r["prompt_tokens"] for r in requests] == [None, None, None]
+
+
+def test_alternatives_a_grammar_masked_are_left_out(trace: Path, tmp_path: Path) -> None:
+    """A masked alternative's -Infinity is valid in a trace line but not in the page's JSON
+    (JSON.parse refuses it): the page leaves it out and stays strict JSON."""
+    records = lines_of(trace)
+    step = next(r for r in records if r["type"] == "step" and r["sampled"])
+    top = step["sampled"][0]["top"]
+    assert len(top) >= 2
+    top[-1]["logprob"] = -math.inf
+    page = render_report(written(tmp_path, records))
+    blob = re.search(r'<script id="trace-data" type="application/json">(.*?)</script>', page, re.S)
+    assert blob is not None
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"the page's JSON holds {constant}")
+
+    data = json.loads(blob.group(1), parse_constant=refuse)
+    (request,) = [r for r in data["requests"] if r["id"] == step["sampled"][0]["request"]]
+    (token,) = [t for t in request["tokens"] if t[4] == step["step"]]
+    assert [text for text, _ in token[3]] == [t["text"] for t in top[:-1]]
 
 
 def test_integer_and_string_request_ids_are_drawn_apart(trace: Path, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 from importlib import resources
+from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,9 @@ def report_data(records: list[dict[str, Any]]) -> dict[str, Any]:
             for s in record["sampled"]:
                 if s["dropped"]:
                     continue
-                top = [[t["text"], t["logprob"]] for t in s.get("top", [])]
+                # A grammar's mask leaves some of a row's top 5 at -Infinity, which JSON (and
+                # the page's JSON.parse) has no way to write: they had no chance, so no entry.
+                top = [[t["text"], t["logprob"]] for t in s.get("top", []) if t["logprob"] > -inf]
                 request(s["request"])["tokens"].append(
                     [s["token"], s["text"], s.get("logprob"), top, step]
                 )
@@ -141,7 +144,7 @@ def _asset(name: str) -> str:
 def _script_json(data: dict[str, Any]) -> str:
     """JSON safe inside a <script> element: with every '<' escaped (it can only be inside a
     string), no text from the trace can close the element or open a comment in it."""
-    return json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
+    return json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
 
 
 def _page(
