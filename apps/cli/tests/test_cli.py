@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -354,6 +355,50 @@ def test_ctrl_c_while_streaming_puts_the_stats_on_a_line_of_their_own(
     pool = re.search(r"pool size:\s+(\d+)", out)
     free = re.search(r"final free pages:\s+(\d+)", out)
     assert pool and free and pool.group(1) == free.group(1)
+
+
+# `sv ARGV...` as the console script runs it, with SIGINT sent to the process the moment it
+# first looks for the module sys.argv[1]: at a known point of its startup, not at a guessed time.
+_SIGINT_AT_IMPORT = """
+import os, runpy, signal, sys
+
+module, script, sys.argv = sys.argv[1], sys.argv[2], sys.argv[2:]
+
+class SigintAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == module:
+            sys.meta_path.remove(self)
+            print(f"test: SIGINT while importing {name}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, SigintAtImport())
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "torch",  # under sv_engine: the first second or two of every run
+        "numpy._core._exceptions",  # in numpy's C initialisation, which mangles the interrupt
+        "jinja2",  # loading the model (its chat template), after startup
+    ],
+)
+def test_ctrl_c_at_any_point_of_startup_is_interrupted_and_130(
+    default_model: Path, module: str
+) -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", _SIGINT_AT_IMPORT, module, str(SV), "generate", "Hi", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_sigint_at_default,
+    )
+    lines = [line for line in child.stderr.splitlines() if line]
+    assert lines == [f"test: SIGINT while importing {module}", "sv: interrupted"], child.stderr
+    assert child.returncode == 130
+    assert "[request" not in child.stdout
 
 
 def test_nan_weights_in_a_damaged_cached_default_model(default_model: Path, tmp_path: Path) -> None:

@@ -5,17 +5,28 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-from sv_engine.options import OneLineErrorParser
+if TYPE_CHECKING:
+    from sv_engine.options import OneLineErrorParser
+
+# Only the standard library above: the console script imports this module before main() runs,
+# and torch (under sv_engine) takes a second or two to import; main() imports it, so that a
+# Ctrl-C meanwhile ends as any other does (`sv: interrupted`, 130), not with a traceback.
 
 EXIT_INTERRUPTED = 130
+INTERRUPTED = "\nsv: interrupted"
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool killed by a closed pipe exits with
 
 
 def build_parser() -> OneLineErrorParser:
+    from sv_engine.options import OneLineErrorParser
+
     parser = OneLineErrorParser(
         prog="sv",
         description="sv: a from-scratch LLM inference engine (Llama architecture, paged KV cache).",
@@ -67,14 +78,15 @@ def _add_passthrough(sub: Any, name: str, help: str, module: str, function: str)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        _import_engine()
+        args = build_parser().parse_args(argv)
         handler: Callable[[argparse.Namespace], int] = args.handler
         code = handler(args)
         sys.stdout.flush()  # here, where a closed pipe is handled, not at interpreter exit
         return code
     except KeyboardInterrupt:
-        print("\nsv: interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`sv weights inspect DIR | head`): stop quietly, as Unix tools
@@ -82,3 +94,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         # would fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+def _import_engine() -> None:
+    """Import sv_engine (torch, numpy) with a Ctrl-C meanwhile ending the process at once.
+
+    Not as a KeyboardInterrupt: one raised inside numpy's C initialisation (numpy is imported
+    under torch) comes out as an ImportError, or as a half-made numpy that fails later or not
+    at all. Nothing is there to undo yet: no file written, no page held."""
+    if (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        # Not this code's Ctrl-C to handle: SIGINT is ignored (a shell's background job) or
+        # has someone else's handler, or this is not the main thread (which alone runs them).
+        importlib.import_module("sv_engine.options")
+        return
+
+    def exit_interrupted(_signum: int, _frame: FrameType | None) -> None:
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        os._exit(EXIT_INTERRUPTED)
+
+    signal.signal(signal.SIGINT, exit_interrupted)
+    try:
+        importlib.import_module("sv_engine.options")
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
