@@ -228,8 +228,32 @@ def test_a_budget_over_the_pool_is_refused(default_model: Path) -> None:
     )
     line = one_line_error(done)
     assert line.startswith("sv generate: error: request 1 rejected: it needs 512 pages")
+    assert re.search(r"max_new_tokens \d+ \(clamped from 100000 by max_model_len 8192\)", line)
     assert "the KV-cache pool has only 7 pages" in line and "--kv-cache-mib N" in line
     assert re.search(r"final free pages:\s+7", done.stdout)
+
+
+def test_max_new_lowered_to_fit_the_context_is_noted(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MAX_NEW over what the context leaves is lowered, and stderr says so for each request
+    (it used to end at finish=length without a word)."""
+    assert main(["generate", "--max-model-len", "40", "Hi", "16", "Say hello, please."]) == 0
+    out, err = capsys.readouterr()
+    notes = re.findall(
+        r"^sv generate: note: request (\d): MAX_NEW 16 lowered to (\d+), all that the context "
+        r"of 40 tokens leaves after its (\d+)-token prompt$",
+        err,
+        re.MULTILINE,
+    )
+    assert [n[0] for n in notes] == ["1", "2"] and len(err.splitlines()) == 2, err
+    for number, used, prompt in notes:
+        assert int(used) + int(prompt) == 40
+        found = re.search(rf"=== request {number} \(finish=(\w+)\) ===\n.*\nids=(\[.*\])", out)
+        assert found is not None
+        assert found.group(1) == "stop" or len(eval(found.group(2))) == int(used)
+    assert main(["generate", "--max-model-len", "40", "Hi", "4"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_a_prompt_too_long_for_the_default_pool_names_the_pool(default_model: Path) -> None:

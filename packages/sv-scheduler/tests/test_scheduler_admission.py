@@ -134,6 +134,16 @@ def test_rejections_name_the_request_and_the_numbers() -> None:
     assert not sched.has_unfinished()
 
 
+def test_a_rejection_quotes_the_max_new_tokens_asked_for_when_the_context_clamped_it() -> None:
+    sched = make(4, max_model_len=100)
+    with pytest.raises(
+        AdmissionError,
+        match=r"it needs 7 pages \(prompt 60 \+ max_new_tokens 40 \(clamped from 500 by "
+        r"max_model_len 100\) - 1 = 99 tokens, 16 per page\) but the KV-cache pool has only 4",
+    ):
+        sched.add(Request("long", [1] * 60, 500))
+
+
 def test_config_errors() -> None:
     with pytest.raises(SchedulerError, match="max_step_tokens"):
         SchedulerConfig(num_pages=4, max_model_len=64, max_num_seqs=8, max_step_tokens=4)

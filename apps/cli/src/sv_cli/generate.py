@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -118,10 +119,13 @@ def run(args: argparse.Namespace) -> int:
     if engine is None:
         return 2
     try:
+        prompt_ids = [engine.encode_prompt(prompt) for prompt in prompts]
+        events = engine.stream(prompt_ids, params)  # queues them all: a refusal is raised here
+        _note_lowered_max_new(engine, prompt_ids, max_new)
         if len(prompts) == 1:
-            _stream_one(engine, prompts[0], params, sys.stdout)
+            _stream_one(engine, events, sys.stdout)
         else:
-            _run_many(engine, prompts, params)
+            _run_many(engine, events)
     except (EngineError, AdmissionError, TokenizerError) as e:
         print(f"sv generate: error: {e}{pool_hint(e, engine)}", file=sys.stderr)
         return 2
@@ -133,10 +137,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stream_one(engine: Any, prompt: str, params: Any, out: TextIO) -> None:
+def _note_lowered_max_new(engine: Any, prompt_ids: list[list[int]], max_new: int) -> None:
+    """One line on stderr for each request whose MAX_NEW the context cut short (the scheduler
+    clamps it silently): otherwise its finish=length comes early without a word."""
+    from sv_scheduler import clamp_max_new_tokens
+
+    context = engine.scheduler.config.max_model_len
+    for number, ids in enumerate(prompt_ids, start=1):
+        used = clamp_max_new_tokens(len(ids), max_new, context)
+        if used < max_new:
+            print(
+                f"sv generate: note: request {number}: MAX_NEW {max_new} lowered to {used}, all "
+                f"that the context of {context} tokens leaves after its {len(ids)}-token prompt",
+                file=sys.stderr,
+            )
+
+
+def _stream_one(engine: Any, events: Iterator[Any], out: TextIO) -> None:
     line_open = False  # the streamed text has started a line it has not ended
     try:
-        for event in engine.stream([prompt], params):
+        for event in events:
             if event.text:
                 line_open = not event.text.endswith("\n")  # first: Ctrl-C may land in write()
                 out.write(event.text)
@@ -155,8 +175,8 @@ def _stream_one(engine: Any, prompt: str, params: Any, out: TextIO) -> None:
         raise
 
 
-def _run_many(engine: Any, prompts: list[str], params: Any) -> None:
-    for event in engine.stream(prompts, params):
+def _run_many(engine: Any, events: Iterator[Any]) -> None:
+    for event in events:
         c = event.completion
         if c is not None:
             print(f"=== request {c.request_id} (finish={c.finish_reason}) ===")

@@ -123,9 +123,12 @@ def check_request(request: Request, config: SchedulerConfig) -> tuple[int, int]:
                 f"more memory or lower the step's token budget"
             )
     elif credits > config.num_pages:
+        budget = f"max_new_tokens {clamped}"
+        if clamped < max_new:  # the number asked for is the one the reader looks for
+            budget += f" (clamped from {max_new} by max_model_len {config.max_model_len})"
         raise AdmissionError(
             f"request {rid!r} rejected: it needs {credits} pages (prompt {prompt_len} + "
-            f"max_new_tokens {clamped} - 1 = {prompt_len + clamped - 1} tokens, "
+            f"{budget} - 1 = {prompt_len + clamped - 1} tokens, "
             f"{config.page_size} per page) but the KV-cache pool has only {config.num_pages} pages; "
             f"shorten the prompt or max_new_tokens, or give the KV cache more memory"
         )
