@@ -133,6 +133,7 @@ def test_prompts_that_start_alike_share_pages_in_their_first_round(
         (["generate", "  "], "request 1 rejected: the prompt is empty"),
         (["generate", "--no-such-flag", "hello"], "unrecognized arguments"),
         (["generate", "--model", "/nonexistent/model", "hello"], "does not exist"),
+        (["generate", "--model", __file__, "hello"], f"{__file__} is not a folder (expected"),
         (["generate", "--temperature", "-1", "hello"], "temperature"),
         (["generate", "--kv-cache-mib", "-1", "hello"], "must be a positive number"),
         (["generate", "--max-model-len", "0", "hello"], "must be at least 1"),

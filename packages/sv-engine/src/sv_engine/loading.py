@@ -106,6 +106,11 @@ def load_model(
 
 def model_config(model_dir: Path) -> ModelConfig:
     """The config of a model folder (an EngineError when there is none)."""
+    if model_dir.exists() and not model_dir.is_dir():
+        raise EngineError(
+            f"{model_dir} is not a folder (expected a model folder: config.json, "
+            "model.safetensors, tokenizer.json)"
+        )
     if not model_dir.is_dir():
         raise EngineError(f"model folder {model_dir} does not exist")
     try:
