@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -57,20 +58,40 @@ def test_model_folder_shows_config_and_check(tmp_path: Path) -> None:
     assert out.rstrip().endswith("check: tensors match config.json")
 
 
-@pytest.mark.parametrize("problem", ["missing", "not safetensors", "mismatch", "bad config"])
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        ({"model_type": "gpt2"}, "config model_type 'gpt2' is not supported"),
+        ({"quantization_config": {"quant_method": "awq"}}, "quant_method is 'awq'; sv reads only"),
+        ({"hidden_size": None}, "config key 'hidden_size'"),
+    ],
+)
+def test_a_config_sv_cannot_read_is_a_note_after_the_tensors(
+    tmp_path: Path, config: dict[str, object], problem: str
+) -> None:
+    """The tensors are what this command is for: a config.json sv cannot run (another
+    architecture or quantization) or cannot read does not hide them (it used to)."""
+    write_random_checkpoint(tmp_path, tiny_llama_config())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    code, out, err = run([str(tmp_path)])
+    assert code == 0
+    assert "model.layers.1.mlp.down_proj.weight" in out and "total: 20 tensors" in out
+    assert "config:" not in out and "check:" not in out
+    assert err.startswith(f"sv weights inspect: note: {path}: ") and err.count("\n") == 1
+    assert problem in err and err.endswith("; the tensors were not checked against it\n")
+
+
+@pytest.mark.parametrize("problem", ["missing", "not safetensors", "mismatch"])
 def test_bad_input_is_one_line_on_stderr_and_exit_2(tmp_path: Path, problem: str) -> None:
     if problem == "missing":
         target = tmp_path / "absent.safetensors"
     elif problem == "not safetensors":
         target = tmp_path / "junk.safetensors"
         target.write_bytes(b"\xff" * 64)
-    elif problem == "mismatch":
-        write_random_checkpoint(tmp_path, tiny_llama_config())
-        tiny_llama_config(num_hidden_layers=3).write_json(tmp_path / "config.json")
-        target = tmp_path
     else:
         write_random_checkpoint(tmp_path, tiny_llama_config())
-        (tmp_path / "config.json").write_text('{"hidden_size": 64}')
+        tiny_llama_config(num_hidden_layers=3).write_json(tmp_path / "config.json")
         target = tmp_path
     code, _, err = run([str(target)])
     assert code == 2

@@ -1,6 +1,7 @@
 """`sv weights inspect PATH`: list the tensors of a safetensors file or a model folder.
 
-For a folder it also reads config.json, prints its summary and checks the tensors against it.
+For a folder it also reads config.json, prints its summary and checks the tensors against it;
+a config.json sv cannot read (unsupported or malformed) is a note on stderr, after the tensors.
 Bad input prints one line on stderr and exits with status 2 (no traceback).
 """
 
@@ -44,20 +45,32 @@ def inspect_main(
     path = Path(args.path)
     try:
         if path.is_dir():
-            config = ModelConfig.from_model_dir(path)
             headers = read_checkpoint_headers(path)
             _print_table(headers, out)
+            try:
+                config = ModelConfig.from_model_dir(path)
+                quantization = read_quantization(path)
+            except WeightsError as exc:
+                # The tensors are listed whatever config.json says: inspecting a checkpoint sv
+                # cannot run (another architecture, another quantization) is what this is for.
+                print(
+                    f"{PROG}: note: {_one_line(exc)}; the tensors were not checked against it",
+                    file=err,
+                )
+                return 0
             print(f"config: {config.summary()}", file=out)
-            infos = checkpoint_infos(headers)
-            validate_checkpoint(config, infos, str(path), read_quantization(path))
+            validate_checkpoint(config, checkpoint_infos(headers), str(path), quantization)
             print("check: tensors match config.json", file=out)
         else:
             _print_table([read_header(path)], out)
     except WeightsError as exc:
-        message = " ".join(str(exc).split())  # one line, whatever the message holds
-        print(f"{PROG}: error: {message}", file=err)
+        print(f"{PROG}: error: {_one_line(exc)}", file=err)
         return 2
     return 0
+
+
+def _one_line(error: WeightsError) -> str:
+    return " ".join(str(error).split())  # whatever the message holds
 
 
 def _natural_key(name: str) -> list[tuple[int, int | str]]:
