@@ -1,9 +1,12 @@
 """`sv bench --preset`: a name it does not know is refused with the list, and prompts stay the
-DESIGN.md workloads at Llama's vocabulary while fitting a smaller one (Mistral's 32,000)."""
+BENCHMARKS.md workloads at Llama's vocabulary while fitting a smaller one (Mistral's 32,000);
+`sv bench --help` cites only documents the repository has."""
 
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
 import pytest
 from sv_cli import bench
@@ -24,3 +27,14 @@ def test_prompts_are_the_documented_workload_and_fit_the_vocabulary() -> None:
     small = bench._random_prompts(random.Random(0), 4, 100, 1024, vocab=32000)
     assert [len(p) for p in small] == [len(p) for p in documented]
     assert max(max(p) for p in small) < 32000
+
+
+def test_help_cites_only_documents_in_the_repository(capsys: pytest.CaptureFixture[str]) -> None:
+    """It cited DESIGN.md, a document the repository does not have."""
+    with pytest.raises(SystemExit) as caught:
+        bench.bench_main(["--help"])
+    assert caught.value.code == 0
+    cited = re.findall(r"[\w-]+\.md\b", capsys.readouterr().out)
+    root = Path(__file__).resolve().parents[3]
+    assert "BENCHMARKS.md" in cited
+    assert [name for name in cited if not (root / name).is_file()] == []

@@ -1,4 +1,4 @@
-"""`sv bench`: the benchmarks of DESIGN.md §5, measured in one run, each beside its roofline.
+"""`sv bench`: the benchmarks of BENCHMARKS.md, measured in one run, each beside its roofline.
 
 All at Llama-3.2-1B shapes unless `--preset` names another model's published shapes (see
 `sv_weights.PRESETS`), bf16, random weights (seed 0), EOS ignored. The rooflines are
@@ -25,7 +25,7 @@ from typing import Any
 MIB = 1 << 20
 DEFAULT_PRESET = "llama-3.2-1b"
 # Prompt token ids are drawn below this (Llama 3's vocabulary); a smaller vocabulary (Mistral's
-# 32,000) takes them modulo its size, so the 1B workloads stay the ones of DESIGN.md.
+# 32,000) takes them modulo its size, so the 1B workloads stay the ones of BENCHMARKS.md.
 PROMPT_ID_BOUND = 128000
 
 
