@@ -353,6 +353,35 @@ def test_tokenize_defaults_to_the_default_model(default_model: Path) -> None:
     assert done.stdout.split() == [str(i) for i in expected]
 
 
+def _cached_default_model(default_model: Path, cache: Path) -> Path:
+    """A copy of the converted default model under `cache` (for SV_CACHE_DIR) that sv takes
+    as current: its stamp, and a model.safetensors (empty: these runs never read it)."""
+    from sv_engine.default_model import DEFAULT_MODEL_NAME, STAMP_FILE
+
+    (cache / "models").mkdir()
+    cached = _model_copy(default_model, cache / "models" / DEFAULT_MODEL_NAME)
+    shutil.copy(default_model / STAMP_FILE, cached / STAMP_FILE)
+    (cached / "model.safetensors").touch()
+    return cached
+
+
+def test_tokenize_needs_only_the_default_models_tokenizer(
+    default_model: Path, tmp_path: Path
+) -> None:
+    """A damaged config.json does not stop it (it did); a damaged tokenizer.json is an error
+    that says, as sv generate's does, that deleting the folder converts it again."""
+    cached = _cached_default_model(default_model, tmp_path)
+    (cached / "config.json").write_text("{broken")
+    env = {"SV_CACHE_DIR": str(tmp_path)}
+    done = sv("tokenize", "Hello world", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == sv("tokenize", "--model", str(default_model), "Hello world").stdout
+    (cached / "tokenizer.json").write_text("{broken")
+    line = one_line_error(sv("tokenize", "Hello world", env=env))
+    assert line.startswith(f"sv tokenize: error: {cached / 'tokenizer.json'}")
+    assert line.endswith(f"delete the folder {cached} and the next run converts it again)")
+
+
 def _sigint_at_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 

@@ -49,10 +49,10 @@ def test_the_callers_default_model_comes_before_the_llama_tokenizer(
 ) -> None:
     from sv_tokenizer import TokenizerError
 
-    assert tokenize_main(["--decode", "128000"], lambda: llama_dir, "Llama") == 0
+    assert tokenize_main(["--decode", "128000"], lambda: Tokenizer.from_model_dir(llama_dir)) == 0
     assert capsys.readouterr().out == "<|begin_of_text|>\n"
 
-    def unavailable() -> Path:
+    def unavailable() -> Tokenizer:
         raise TokenizerError("the default model is not installed")
 
     assert tokenize_main(["hi"], unavailable, "a missing model") == 2

