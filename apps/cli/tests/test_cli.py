@@ -138,6 +138,11 @@ def test_prompts_that_start_alike_share_pages_in_their_first_round(
         (["generate", "--kv-cache-mib", "-1", "hello"], "must be a positive number"),
         (["generate", "--max-model-len", "0", "hello"], "must be at least 1"),
         (["frobnicate"], "invalid choice"),
+        (["generate", "--spec-k", "3", "hello"], "--spec-k needs --speculate ngram"),
+        (
+            ["chat", "--spec-ngram", "2", "--spec-max-batch", "4"],
+            "--spec-ngram, --spec-max-batch need --speculate ngram",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -142,10 +142,11 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         "the prompt and output, and one step verifies them (same output; faster where the "
         "output repeats its input: summaries, rewrites, code edits)",
     )
+    # The --spec-* defaults are None, so that one given without --speculate can be refused
+    # (speculation_from_args); the help states the values they stand for.
     p.add_argument(
         "--spec-k",
         type=positive_int,
-        default=_SPECULATION.max_draft,
         metavar="K",
         help=f"with --speculate: most draft tokens per step (default {_SPECULATION.max_draft}, "
         "the most a CUDA graph verifies)",
@@ -153,7 +154,6 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
     p.add_argument(
         "--spec-ngram",
         type=positive_int,
-        default=_SPECULATION.ngram,
         metavar="N",
         help=f"with --speculate ngram: longest suffix looked up (default {_SPECULATION.ngram}; "
         "the shortest is 2, or N when smaller)",
@@ -161,7 +161,6 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
     p.add_argument(
         "--spec-max-batch",
         type=non_negative_int,
-        default=_SPECULATION.max_batch,
         metavar="N",
         help="with --speculate: no drafts while more than N requests are running or "
         "waiting (a step with drafts cannot overlap with the one before it, which costs more "
@@ -222,12 +221,25 @@ def default_tuning_cache() -> TuningCache:
 
 def speculation_from_args(args: argparse.Namespace) -> SpeculationConfig | None:
     """The speculation --speculate, --spec-k, --spec-ngram and --spec-max-batch ask for (None:
-    off)."""
+    off). A --spec-* flag without --speculate is an EngineError: it would change nothing."""
     if getattr(args, "speculate", None) is None:
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in ("spec_k", "spec_ngram", "spec_max_batch")
+            if getattr(args, name, None) is not None
+        ]
+        if given:
+            raise EngineError(
+                f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --speculate ngram "
+                "(without it, speculative decoding is off)"
+            )
         return None
+    max_batch = _SPECULATION.max_batch if args.spec_max_batch is None else args.spec_max_batch
     try:
         return SpeculationConfig(
-            max_draft=args.spec_k, ngram=args.spec_ngram, max_batch=args.spec_max_batch or None
+            max_draft=_SPECULATION.max_draft if args.spec_k is None else args.spec_k,
+            ngram=_SPECULATION.ngram if args.spec_ngram is None else args.spec_ngram,
+            max_batch=max_batch or None,  # 0: no limit
         )
     except SchedulerError as e:
         raise EngineError(str(e)) from e
@@ -246,6 +258,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
     if rank is not None and rank != 0:
         serve_torchrun_rank(args.device)
         raise SystemExit(0)
+    speculation = speculation_from_args(args)  # a usage error: before any conversion or load
     if args.model is not None:
         model_dir = Path(args.model)
     else:
@@ -257,7 +270,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         max_model_len=args.max_model_len,
         admission=args.admission,
         kv_cache_dtype=args.kv_cache_dtype,
-        speculation=speculation_from_args(args),
+        speculation=speculation,
         tuning_cache=default_tuning_cache(),
         quantization=resolve_quantization(
             getattr(args, "quantization", "auto"), args.device, model_dir
