@@ -33,12 +33,17 @@ def test_each_token_with_its_alternatives(
         assert p == pytest.approx(alternatives[0], abs=1e-4)
 
 
+@pytest.mark.parametrize("k", ["21", "-1"])
 def test_logprobs_out_of_range_is_one_line_and_exit_2(
-    default_model: Path, capsys: pytest.CaptureFixture[str]
+    k: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["generate", "--logprobs", "21", "Hi"]) == 2
+    """A usage error naming the flag (it quoted the engine's "logprobs must be None or ...")."""
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--logprobs", k, "Hi"])
+    assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "logprobs" in err and len(err.strip().splitlines()) == 1
+    assert f"sv generate: error: argument --logprobs: must be in 0..20, got {k} (" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_sampling_control_flags_reach_the_params() -> None:

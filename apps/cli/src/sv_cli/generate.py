@@ -74,7 +74,7 @@ def add_parser(sub: Any) -> None:
     add_sampling_arguments(p)
     p.add_argument(
         "--logprobs",
-        type=int,
+        type=_logprobs_count,
         default=None,
         metavar="K",
         help=f"after each response, every token's probability and the K most likely "
@@ -82,6 +82,16 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("items", nargs="+", metavar="PROMPT", help="PROMPT [MAX_NEW] [PROMPT ...]")
     p.set_defaults(handler=run)
+
+
+def _logprobs_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_LOGPROBS}, got {value}")
+    return value
 
 
 def split_prompts(items: list[str], max_new_tokens: int | None = None) -> tuple[list[str], int]:
