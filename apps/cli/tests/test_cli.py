@@ -139,6 +139,7 @@ def test_prompts_that_start_alike_share_pages_in_their_first_round(
         (["generate", "--max-model-len", "0", "hello"], "must be at least 1"),
         (["frobnicate"], "invalid choice"),
         (["generate", "--spec-k", "3", "hello"], "--spec-k needs --speculate ngram"),
+        (["chat", "--max-new", "0"], "argument --max-new: must be at least 1, got 0"),
         (
             ["chat", "--spec-ngram", "2", "--spec-max-batch", "4"],
             "--spec-ngram, --spec-max-batch need --speculate ngram",

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from sv_engine.options import add_engine_arguments
+from sv_engine.options import add_engine_arguments, positive_int
 
 from sv_cli.common import add_sampling_arguments, open_engine, pool_hint, sampling_params
 
@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--system", metavar="TEXT", help="a system message for the conversation")
     p.add_argument(
         "--max-new",
-        type=int,
+        type=positive_int,
         default=512,
         metavar="N",
         help="output-token limit per response (default 512)",
