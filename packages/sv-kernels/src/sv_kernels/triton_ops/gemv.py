@@ -20,7 +20,7 @@ things differ for them, each for bandwidth: they have their own candidate tiles
 (`QUANTIZED_CONFIGS`: more rows per program, wider slices, and narrow slices on one or two
 warps that spend fewer instructions per weight), they are loaded 8 per thread so that
 x needs no trip through shared memory (`_dot_rows`), and int8 converts through FP32 bit
-patterns instead of the quarter-rate int-to-float instruction (`_to_f32`). FP8 uses the
+patterns instead of the quarter-rate int-to-float instruction (`_int8_to_f32`). FP8 uses the
 hardware's e4m3 -> f16 conversion (two values per instruction), then f16 -> f32.
 
 `swiglu=True` gives the gate/up projection a SwiGLU epilogue: a program takes gate rows and the
@@ -67,24 +67,54 @@ from ..quantized_ops import (
     scaled_mm_fits,
 )
 from . import few_rows
-from ._common import cdiv, unit_last_stride, use_pdl, wait_for_prior_kernels
+from ._common import INTERPRET, cdiv, unit_last_stride, use_pdl, wait_for_prior_kernels
 from .w8a16 import TILES as W8A16_TILES
+
+# Compiled kernels build int8's FP32 bit patterns with byte permutes (`_int8_to_f32`); the
+# interpreter, which runs no inline PTX, with integer ops that give the same values.
+_BYTE_PERMUTE: tl.constexpr = tl.constexpr(not INTERPRET)
+
+
+@triton.jit
+def _int8_to_f32(w):
+    """int8 weights as FP32, exactly, without an int-to-float conversion (which on Hopper runs
+    at a quarter of the FP32 rate, 16 per SM per clock, where 4.3 TB/s of 1-byte weights needs
+    ~17 a clock).
+
+    The byte b (two's complement v) XOR 0x80 is v + 128 in 0..255; placed in the low mantissa
+    bits of 2^23 (0x4B000000) it reads as the float 2^23 + 128 + v, and subtracting
+    2^23 + 128 leaves v exactly. Compiled, four weights share one XOR, and one byte permute
+    (`prmt`) a weight places the byte under the exponent: ~1.25 instructions a weight before
+    the FP32 add, where sign-extending each byte and adding 0x4B000080 took two."""
+    if _BYTE_PERMUTE:
+        biased = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t, e;
+            xor.b32 t, $4, 0x80808080;
+            mov.b32 e, 0x4B000000;
+            prmt.b32 $0, t, e, 0x7540;
+            prmt.b32 $1, t, e, 0x7541;
+            prmt.b32 $2, t, e, 0x7542;
+            prmt.b32 $3, t, e, 0x7543;
+            }
+            """,
+            constraints="=r,=r,=r,=r,r",
+            args=[w],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=4,
+        )
+    else:
+        biased = (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True)
+    return biased - 8388736.0
 
 
 @triton.jit
 def _to_f32(w, INT8: tl.constexpr):
-    """Weights (BF16/FP32, FP8 e4m3 or int8) as FP32, exactly.
-
-    int8 goes through the FP32 bit pattern instead of an int-to-float conversion, which on
-    Hopper runs at a quarter of the FP32 rate (16 per SM per clock): at 4.3 TB/s of 1-byte
-    weights an H200 SM must convert ~17 values per clock. The byte b (two's complement v)
-    XOR 0x80 is v + 128 in 0..255; placed in the low mantissa bits of 2^23 (0x4B000000), it
-    reads as the float 2^23 + 128 + v, and subtracting 2^23 + 128 leaves v exactly: an
-    integer add and an FP32 add, both full-rate (sign-extending v and adding 0x4B000080
-    builds the same bits; it compiled to fewer instructions than the XOR / OR)."""
+    """Weights (BF16/FP32, FP8 e4m3 or int8) as FP32, exactly."""
     if INT8:
-        biased = w.to(tl.int32) + 0x4B000080
-        return biased.to(tl.float32, bitcast=True) - 8388736.0
+        return _int8_to_f32(w)
     return w.to(tl.float32)
 
 
