@@ -664,7 +664,8 @@ def test_engine_logprobs_within_bf16_tolerance(
 
 def test_engine_logit_controls_on_the_gpu(engine_1b: Any) -> None:
     """Logit processing before the Triton sampler, in the engine on the GPU: a +100 bias
-    forces its token, a huge presence penalty forbids any repeat, min_p 0.5 keeps a sampled
+    forces its token, the largest penalties allowed forbid any repeat (a seen token's positive
+    logit divided by 1e30, its negative one multiplied, then 2 less), min_p 0.5 keeps a sampled
     token at least half as likely as the best (per the engine's own logprobs of the same
     logits), min_tokens holds the stop token off."""
     from sv_engine import SamplingParams
@@ -676,7 +677,10 @@ def test_engine_logit_controls_on_the_gpu(engine_1b: Any) -> None:
     )[0]
     assert forced.output_ids == [1234] * 6
     fresh = engine_1b.generate(
-        [prompt], SamplingParams(max_new_tokens=24, ignore_eos=True, presence_penalty=1e4)
+        [prompt],
+        SamplingParams(
+            max_new_tokens=24, ignore_eos=True, presence_penalty=2.0, repetition_penalty=1e30
+        ),
     )[0]
     assert len(set(fresh.output_ids)) == 24
     greedy = engine_1b.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
@@ -789,8 +793,8 @@ def test_speculation_with_controls_logprobs_and_a_grammar_on_the_gpu(
 ) -> None:
     """Verify steps with logit controls, logprobs and a grammar on the GPU (verify runs through
     the decode graphs, their sampling and logprob graphs): a bias-forced token repeats, so its drafts are accepted and the tokens and raw
-    logprobs are the plain engine's (BF16 tolerance: other batch shapes); a huge presence
-    penalty forbids every repeat through the drafts; a regex's output matches it; every page
+    logprobs are the plain engine's (BF16 tolerance: other batch shapes); the largest
+    penalties allowed forbid every repeat through the drafts; a regex's output matches it; every page
     comes back."""
     import re
 
@@ -818,7 +822,9 @@ def test_speculation_with_controls_logprobs_and_a_grammar_on_the_gpu(
     for a, b in zip(got.logprobs, want.logprobs, strict=True):
         assert abs(a.logprob - b.logprob) < 0.1
         assert math.isfinite(a.logprob)
-    fresh = SamplingParams(max_new_tokens=24, ignore_eos=True, presence_penalty=1e4)
+    fresh = SamplingParams(
+        max_new_tokens=24, ignore_eos=True, presence_penalty=2.0, repetition_penalty=1e30
+    )
     assert len(set(spec.generate([prompt], fresh)[0].output_ids)) == 24
     pattern = "(yes|no)( (yes|no)){5}"
     done = spec.generate(
