@@ -187,7 +187,7 @@ def _merge_splits_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     first, per_split = _context_share(seq_len, window, TILE_N, NUM_SPLITS, SLIDING)
     s_mask = s < tl.cdiv(seq_len - first, tl.maximum(per_split, 1))  # the splits that hold tokens
-    d = tl.arange(0, BLOCK_D)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)  # this program's share of the head
     d_mask = d < HEAD_DIM
     split_max = tl.load(partial_max_ptr + first_row + s, mask=s_mask, other=float("-inf"))
     split_sum = tl.load(partial_sum_ptr + first_row + s, mask=s_mask, other=0.0)
@@ -398,7 +398,12 @@ def paged_decode_attention(
         launch_pdl=pdl,
     )
     if num_splits > 1:
-        _merge_splits_kernel[(batch, num_q_heads)](
+        # Two programs a head, each merging half of head_dim, one warp each: measured on the
+        # H200 at batch 1 (BENCHMARKS.md run 189, attention + merge graph-timed), 1 x 32k
+        # 22.47 -> 22.00 us, 1 x 4k 8.42 -> 7.78, FP8 pages 1 x 32k 18.72 -> 18.28; the 32k
+        # decode row +0.9% (run 190). Four warps stay for heads of 128 and wider (not measured).
+        d_parts = 2 if block_d >= 32 else 1
+        _merge_splits_kernel[(batch, num_q_heads, d_parts)](
             partial_acc,
             partial_max,
             partial_sum,
@@ -408,13 +413,13 @@ def paged_decode_attention(
             out.stride(0),
             out.stride(1),
             HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
+            BLOCK_D=block_d // d_parts,
             NUM_SPLITS=num_splits,
             BLOCK_S=next_pow2(num_splits),
             TILE_N=tile_n,
             SLIDING=sliding_window is not None,
             USE_PDL=pdl,
-            num_warps=4 if block_d >= 128 else 2,
+            num_warps=4 if block_d >= 128 else 1,
             launch_pdl=pdl,
         )
     return out
