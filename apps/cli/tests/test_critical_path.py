@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -124,20 +125,24 @@ def _event(name: str, start: float, end: float, device: object) -> object:
 
 
 def _profile_with(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, events: list[object]
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, events: list[object], batch: int = 1
 ) -> tuple[str, int]:
     import torch
     import torch.profiler
     from sv_cli import bench, bench_runner
 
     replays: list[int] = []
-    monkeypatch.setattr(
-        bench_runner, "decode_replay", lambda runner, step: lambda: replays.append(1)
-    )
+
+    def decode_replay(runner: object, step: Any) -> Any:
+        # the step replayed is a decode step of `batch` rows on the scratch table row
+        assert step.query_lens == [1] * batch and step.table_rows == [7] * batch
+        return lambda: replays.append(1)
+
+    monkeypatch.setattr(bench_runner, "decode_replay", decode_replay)
     monkeypatch.setattr(torch.profiler, "profile", _FakeProfile(events))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     engine = SimpleNamespace(runner=SimpleNamespace(scratch_table_row=7))
-    bench.profile_decode_path(engine, " [fp8]", tmp_path, replays=6)
+    bench.profile_decode_path(engine, " [fp8]", tmp_path, batch, replays=6)
     return (tmp_path / "profiles.txt").read_text(), len(replays)
 
 
@@ -168,6 +173,19 @@ def test_bench_profile_prints_the_path_of_the_replays_after_the_first_four(
         "_rms_norm_kernel",
     ]
     assert lines[1].split()[0] == "4.0"
+
+
+def test_bench_profile_of_a_256_row_step_replays_that_step_and_names_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from torch.profiler import DeviceType
+
+    events = [_event("_gemv_kernel", 10.0 * r, 10.0 * r + 3.0, DeviceType.CUDA) for r in range(6)]
+    written, replayed = _profile_with(monkeypatch, tmp_path, events, batch=256)
+    assert replayed == 6
+    assert written.splitlines()[0] == (
+        "--- critical path: decode step of 256 rows, 701-token context [fp8]: 3.0 us a step"
+    )
 
 
 def test_bench_profile_says_why_when_the_records_are_not_whole_replays(

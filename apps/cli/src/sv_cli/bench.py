@@ -664,7 +664,8 @@ def bench_quantized(
         if bf16_throughput:
             report.add(Row("throughput vs BF16" + tag, rate / bf16_throughput, "x"))
     if profile_dir is not None:
-        profile_decode_path(engine, tag, profile_dir)
+        for batch in (1, 256):
+            profile_decode_path(engine, tag, profile_dir, batch)
         profile_decode_batch(engine, tag, profile_dir)
     del engine, weights
     free_device_memory()
@@ -692,18 +693,22 @@ def profile_steps(label: str, run: Callable[[], object], out_dir: Path) -> None:
     _report_profile("\n".join(lines), out_dir)
 
 
-def profile_decode_path(engine: Any, tag: str, out_dir: Path, replays: int = 24) -> None:
-    """What each kernel adds to a batch-1 decode step (`sv_cli.critical_path`): the step's
-    graph replayed `replays` times back to back under the profiler, the first four replays
-    left out. The step is `_scratch_decode_step`'s, so its attention reads one cached page:
-    the attention kernels' shares are their fixed cost, not a real context's reads."""
+def profile_decode_path(
+    engine: Any, tag: str, out_dir: Path, batch: int = 1, replays: int = 24
+) -> None:
+    """What each kernel adds to a decode step of `batch` rows (`sv_cli.critical_path`): the
+    step's graph replayed `replays` times back to back under the profiler, the first four
+    replays left out. The step is `_scratch_decode_step`'s: every row attends to the same 701
+    cached tokens, which stay in L2, so the attention's share is its fixed cost, not a real
+    context's reads. At 256 rows the table shows what the matmuls and the small kernels between
+    them (FP8 activations and scales, norms, SwiGLU) add to a throughput step."""
     import torch
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
     from sv_cli.bench_runner import decode_replay
     from sv_cli.critical_path import KernelSpan, critical_path, format_path, split_steps
 
-    replay = decode_replay(engine.runner, _scratch_decode_step(engine.runner, 1))
+    replay = decode_replay(engine.runner, _scratch_decode_step(engine.runner, batch))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
@@ -714,7 +719,8 @@ def profile_decode_path(engine: Any, tag: str, out_dir: Path, replays: int = 24)
         for e in prof.events()
         if e.device_type == DeviceType.CUDA
     ]
-    label = "decode-b1 step, 701-token context" + tag
+    rows = "decode-b1 step" if batch == 1 else f"decode step of {batch} rows"
+    label = f"{rows}, 701-token context{tag}"
     try:
         text = format_path(label, *critical_path(split_steps(kernels, replays)[4:]))
     except ValueError as e:  # the profiler's records were not whole replays: say so, go on
@@ -762,7 +768,8 @@ def run_profiles(engine: Any, out_dir: Path) -> None:
         lambda: engine.generate(long, SamplingParams(max_new_tokens=1, ignore_eos=True)),
         out_dir,
     )
-    profile_decode_path(engine, "", out_dir)
+    for batch in (1, 256):
+        profile_decode_path(engine, "", out_dir, batch)
     profile_decode_batch(engine, "", out_dir, host=True)
     host_profile(
         "decode-b1, 32 tokens",
@@ -870,7 +877,7 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument(
         "--profile",
         action="store_true",
-        help="print where GPU time goes, per workload, and what each kernel adds to a batch-1 decode step",
+        help="print where GPU time goes, per workload, and what each kernel adds to a decode step of 1 and of 256 rows",
     )
     p.add_argument(
         "--spec-trace",

@@ -8,7 +8,8 @@ ends before them. Over one step these shares add up to the step's span, from its
 kernel's start to its last kernel's end.
 
 `critical_path` computes that per kernel name over replays of one step; `sv bench --profile`
-prints it for a batch-1 step (the profiler's kernel records go in as `KernelSpan`s).
+prints it for decode steps of 1 and 256 rows (the profiler's kernel records go in as
+`KernelSpan`s).
 """
 
 from __future__ import annotations
