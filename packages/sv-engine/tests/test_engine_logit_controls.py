@@ -225,3 +225,20 @@ def test_skip_special_tokens(engine: Engine) -> None:
 def test_bad_values_refused(field: str, value: object) -> None:
     with pytest.raises(EngineError, match=field):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused_at_add(engine: Engine) -> None:
+    """An id past the logits is refused when the request is added, naming it: found only when
+    the step applies the bias, it failed that step and so ended every other request in flight."""
+    vocab_size = engine.runner.config.vocab_size
+    running = engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    engine.step()
+    with pytest.raises(EngineError, match=f"logit_bias: token id {vocab_size} is outside"):
+        engine.add_request(PROMPTS[1], SamplingParams(logit_bias={5: 1.0, vocab_size: 1.0}))
+    finished = []
+    while engine.has_unfinished():
+        finished += [e.completion for e in engine.step() if e.completion is not None]
+    assert [(c.request_id, c.finish_reason, len(c.output_ids)) for c in finished] == [
+        (running, "length", 8)
+    ]
+    assert engine.stats.free_pages == engine.stats.pool_pages

@@ -280,6 +280,14 @@ class Engine:
         if params.n != 1:
             raise EngineError(f"add_request queues one choice, but n = {params.n}: use add_choices")
         prompt_ids = self.encode_prompt(prompt)
+        vocab_size = self.runner.config.vocab_size
+        outside = sorted(t for t in params.logit_bias if t >= vocab_size)
+        if outside:
+            # Found here, not when the step adds the bias to the logits: a failed step ends
+            # every request in flight, not only this one.
+            raise EngineError(
+                f"logit_bias: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})"
+            )
         request_id = next(self._ids)
         # ignore_eos drops the model's stop ids only: the request's own still stop it. A
         # grammar's end is a stop token too (its mask allows nothing else), so those stay.
