@@ -216,3 +216,26 @@ def test_stop_token_ids_stop_beside_the_models_own(
     assert_all_pages_free(engine)
     with pytest.raises(EngineError, match="stop_token_ids"):
         SamplingParams(stop_token_ids=frozenset({-1}))
+
+
+def test_a_lone_str_is_one_prompt(engine: Engine, oracle: transformers.LlamaForCausalLM) -> None:
+    """generate/stream take a list of prompts, but a str on its own is one prompt (as vLLM's
+    generate takes it), not a prompt per character."""
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    prompt_ids = engine.tokenizer.chat_format.encode_user_prompt(PROMPTS[1])
+    [c] = engine.generate(PROMPTS[1], params)
+    assert c.prompt_ids == prompt_ids
+    assert c.output_ids == hf_greedy(oracle, prompt_ids, 4)
+    events = list(engine.stream(PROMPTS[1], params))
+    assert [e.token_id for e in events] == c.output_ids
+    assert_all_pages_free(engine)
+
+
+@pytest.mark.parametrize("bad", [None, 5, b"Hi", 2.5, [1, "a"]])
+def test_what_is_not_a_prompt_is_refused_by_name(engine: Engine, bad: object) -> None:
+    """An item that is not a prompt is an EngineError naming its type, and the prompts before
+    it are not left queued."""
+    with pytest.raises(EngineError, match="a prompt is a str, a list of Message, or a list of"):
+        engine.generate([PROMPTS[0], bad])  # type: ignore[list-item]
+    assert engine.scheduler.num_waiting == 0
+    assert_all_pages_free(engine)

@@ -253,6 +253,11 @@ class Engine:
             if not prompt.strip():
                 raise EngineError("the prompt is empty")
             return self.tokenizer.chat_format.encode_user_prompt(prompt)
+        if isinstance(prompt, bytes | bytearray) or not isinstance(prompt, Iterable):
+            raise EngineError(
+                "a prompt is a str, a list of Message, or a list of token ids, "
+                f"got {type(prompt).__name__}"
+            )
         items = list(prompt)
         if not items:
             raise EngineError("the prompt is empty")
@@ -266,7 +271,11 @@ class Engine:
                     f"(0..{self.runner.config.vocab_size - 1})"
                 )
             return items  # type: ignore[return-value]
-        raise EngineError("a prompt is a str, a list of Message, or a list of token ids")
+        kinds = sorted({type(item).__name__ for item in items})
+        raise EngineError(
+            "a prompt is a str, a list of Message, or a list of token ids, "
+            f"got a {type(prompt).__name__} of {', '.join(kinds)}"
+        )
 
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, *, stream_text: bool = True
@@ -841,15 +850,16 @@ class Engine:
     def stream(
         self, prompts: Iterable[Prompt], params: SamplingParams | None = None
     ) -> Iterator[StreamEvent]:
-        """Queue every prompt, then yield events as tokens are generated. Closing the iterator
-        early (or Ctrl-C) cancels what is still running, so no page is left held."""
+        """Queue every prompt (a lone str is one prompt), then yield events as tokens are
+        generated. Closing the iterator early (or Ctrl-C) cancels what is still running, so no
+        page is left held."""
         return self._run(self._add_all(prompts, params))
 
     def generate(
         self, prompts: Iterable[Prompt], params: SamplingParams | None = None
     ) -> list[Completion]:
-        """Run every prompt to completion; completions come back in prompt order (with
-        `params.n` > 1, each prompt's choices in turn)."""
+        """Run every prompt (a lone str is one prompt) to completion; completions come back in
+        prompt order (with `params.n` > 1, each prompt's choices in turn)."""
         ids = self._add_all(prompts, params, stream_text=False)
         done = {e.request_id: e.completion for e in self._run(ids) if e.completion is not None}
         return [done[r] for r in ids]
@@ -871,7 +881,10 @@ class Engine:
         self, prompts: Iterable[Prompt], params: SamplingParams | None, stream_text: bool = True
     ) -> list[RequestId]:
         """Add all prompts (each `params.n` times) or none: a prompt that can never run cancels
-        the ones before it."""
+        the ones before it. A str is one prompt, as in vLLM's `generate`: iterated, it would be
+        a prompt per character."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
         ids: list[RequestId] = []
         try:
             for prompt in prompts:
