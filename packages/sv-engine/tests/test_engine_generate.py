@@ -10,6 +10,7 @@ import transformers
 from sv_engine import Engine, EngineError, SamplingParams
 from sv_kernels import reference
 from sv_scheduler import AdmissionError
+from sv_tokenizer import Message, TokenizerError
 
 PROMPTS = [
     "Write a haiku about the sea.",
@@ -237,5 +238,17 @@ def test_what_is_not_a_prompt_is_refused_by_name(engine: Engine, bad: object) ->
     it are not left queued."""
     with pytest.raises(EngineError, match="a prompt is a str, a list of Message, or a list of"):
         engine.generate([PROMPTS[0], bad])  # type: ignore[list-item]
+    assert engine.scheduler.num_waiting == 0
+    assert_all_pages_free(engine)
+
+
+def test_a_prompt_the_chat_format_refuses_leaves_nothing_queued(engine: Engine) -> None:
+    """Adding a list of prompts is all or none whatever the error: here the chat format's
+    TokenizerError (an unknown role) on the second prompt, after the first was queued."""
+    dialog = [Message("user", "Hi"), Message("robot", "beep")]
+    with pytest.raises(TokenizerError, match="role 'robot'"):
+        engine.generate([PROMPTS[0], dialog])
+    with pytest.raises(TokenizerError, match="role 'robot'"):
+        engine.stream([PROMPTS[0], dialog])
     assert engine.scheduler.num_waiting == 0
     assert_all_pages_free(engine)

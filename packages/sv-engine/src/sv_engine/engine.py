@@ -60,7 +60,6 @@ from sv_model import (
 )
 from sv_scheduler import (
     Admission,
-    AdmissionError,
     FinishedRequest,
     Request,
     RequestId,
@@ -370,7 +369,7 @@ class Engine:
         try:
             for choice in params.choices():
                 ids.append(self.add_request(prompt_ids, choice, stream_text=stream_text))
-        except (EngineError, AdmissionError):
+        except BaseException:
             for request_id in ids:
                 self.cancel(request_id)
             raise
@@ -889,7 +888,7 @@ class Engine:
         try:
             for prompt in prompts:
                 ids.extend(self.add_choices(prompt, params, stream_text=stream_text))
-        except (EngineError, AdmissionError):
+        except BaseException:  # any error (a chat template's too) or Ctrl-C: none stays queued
             for request_id in ids:
                 self.cancel(request_id)
             raise
