@@ -118,6 +118,21 @@ def test_closing_a_stream_cancels_and_frees_pages(engine: Engine) -> None:
     assert_all_pages_free(engine)
 
 
+def test_a_stream_dropped_unread_cancels_its_requests(engine: Engine) -> None:
+    """stream() queues its prompts at once; an iterator dropped before its first event (an
+    error between the call and the loop) cancels them as closing a started one does, rather
+    than leaving them to run inside the caller's next generate."""
+    cancelled = engine.stats.cancelled_requests
+    events = engine.stream(PROMPTS, SamplingParams(max_new_tokens=50, ignore_eos=True))
+    assert engine.scheduler.num_waiting == len(PROMPTS)
+    del events
+    assert engine.stats.cancelled_requests == cancelled + len(PROMPTS)
+    assert_all_pages_free(engine)
+    finished = engine.stats.finished_requests
+    engine.generate([PROMPTS[1]], SamplingParams(max_new_tokens=3, ignore_eos=True))
+    assert engine.stats.finished_requests == finished + 1
+
+
 def test_cancel_returns_a_cancelled_completion(engine: Engine) -> None:
     rid = engine.add_request(PROMPTS[1], SamplingParams(max_new_tokens=30, ignore_eos=True))
     for _ in range(3):

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from sv_kernels import TuningCache
@@ -850,9 +850,13 @@ class Engine:
         self, prompts: Iterable[Prompt], params: SamplingParams | None = None
     ) -> Iterator[StreamEvent]:
         """Queue every prompt (a lone str is one prompt), then yield events as tokens are
-        generated. Closing the iterator early (or Ctrl-C) cancels what is still running, so no
-        page is left held."""
-        return self._run(self._add_all(prompts, params))
+        generated. Closing the iterator early, dropping it unread, or Ctrl-C cancels what is
+        still running, so no page is left held."""
+        events = self._run(self._add_all(prompts, params))
+        # Into _run's try block now: an iterator dropped before its first event (never
+        # iterated) is closed by the garbage collector, which cancels its requests too.
+        next(events)
+        return cast(Iterator[StreamEvent], events)
 
     def generate(
         self, prompts: Iterable[Prompt], params: SamplingParams | None = None
@@ -860,12 +864,19 @@ class Engine:
         """Run every prompt (a lone str is one prompt) to completion; completions come back in
         prompt order (with `params.n` > 1, each prompt's choices in turn)."""
         ids = self._add_all(prompts, params, stream_text=False)
-        done = {e.request_id: e.completion for e in self._run(ids) if e.completion is not None}
+        done = {
+            e.request_id: e.completion
+            for e in self._run(ids)
+            if e is not None and e.completion is not None
+        }
         return [done[r] for r in ids]
 
-    def _run(self, ids: list[RequestId]) -> Iterator[StreamEvent]:
+    def _run(self, ids: list[RequestId]) -> Iterator[StreamEvent | None]:
+        """The events of requests `ids`, after a first None (see `stream`); when the iterator
+        is closed or dropped, the requests still running are cancelled."""
         pending = set(ids)
         try:
+            yield None
             while pending:
                 for event in self.step():
                     if event.request_id in pending:
