@@ -96,8 +96,23 @@ def test_block_table_grows_lazily_and_releases() -> None:
     table.release()
     assert table.pages == [] and table.capacity == 0
     assert (pool.num_free, pool.num_assigned) == (4, 0)
-    with pytest.raises(KVCacheError, match="no page left"):
+    with pytest.raises(KVCacheError, match="cannot allocate 5 pages: only 4 of 4"):
         BlockTable(pool).ensure_capacity(5 * 16)
+
+
+def test_block_table_that_cannot_grow_keeps_what_it_had() -> None:
+    """ensure_capacity is all or none: asking for more pages than the pool has left raises and
+    takes none of them, so the table and the pool are as they were."""
+    pool = PagePool(4, page_size=16)
+    first, second = BlockTable(pool), BlockTable(pool)
+    first.ensure_capacity(16)
+    second.ensure_capacity(1)
+    with pytest.raises(KVCacheError, match="cannot allocate 3 pages: only 2 of 4"):
+        second.ensure_capacity(4 * 16)
+    assert (first.pages, second.pages) == ([0], [1])
+    assert (pool.num_free, pool.num_assigned) == (2, 2)
+    assert second.ensure_capacity(3 * 16) == 2
+    assert second.pages == [1, 2, 3]
 
 
 def test_clear_cache_frees_unheld_cached_pages_only() -> None:

@@ -45,11 +45,13 @@ class BlockTable:
         return page
 
     def ensure_capacity(self, num_tokens: int) -> int:
-        """Assign pages until positions 0..num_tokens-1 have slots; returns how many were added."""
+        """Assign pages until positions 0..num_tokens-1 have slots; returns how many were added.
+        All or none: when the pool cannot give them all, KVCacheError and the table is as it was."""
         needed = -(-num_tokens // self.page_size) - len(self.pages)
-        for _ in range(needed):
-            self.pages.append(self.pool.allocate())
-        return max(needed, 0)
+        if needed <= 0:
+            return 0
+        self.pages += self.pool.allocate_many(needed)
+        return needed
 
     def shrink_to(self, num_tokens: int) -> int:
         """Give back the pages past those positions 0..num_tokens-1 need (speculative positions
