@@ -42,7 +42,7 @@ def test_zero_pages_is_a_clear_error() -> None:
         pages_for_free_memory(100_000, 0.5, **LLAMA_1B)
 
 
-@pytest.mark.parametrize("mib", [0, -1, float("nan"), True, "8"])
+@pytest.mark.parametrize("mib", [0, -1, float("nan"), float("inf"), True, "8"])
 def test_bad_mib(mib: object) -> None:
     with pytest.raises(KVCacheError, match="MiB"):
         pages_for_mib(mib, **LLAMA_1B)  # type: ignore[arg-type]

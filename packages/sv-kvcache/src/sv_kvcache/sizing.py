@@ -7,6 +7,8 @@ helpers only do the arithmetic, so they stay stdlib-only and testable by hand.
 
 from __future__ import annotations
 
+import math
+
 from .errors import KVCacheError
 
 DEFAULT_PAGE_SIZE = 16
@@ -59,7 +61,7 @@ def pages_for_mib(
     page_size: int = DEFAULT_PAGE_SIZE,
 ) -> int:
     """Whole pages that fit in `mib` MiB (e.g. the CLI's --kv-cache-mib); raises when that is 0."""
-    if isinstance(mib, bool) or not isinstance(mib, int | float) or not mib > 0:
+    if isinstance(mib, bool) or not isinstance(mib, int | float) or not 0 < mib < math.inf:
         raise KVCacheError(f"the KV-cache size must be a positive number of MiB, got {mib!r}")
     per_page = bytes_per_page(num_layers, num_kv_heads, head_dim, dtype_bytes, page_size)
     return _pages_in(int(mib * MIB), per_page, f"a KV cache of {mib} MiB", page_size)
