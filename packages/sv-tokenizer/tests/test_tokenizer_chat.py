@@ -19,6 +19,7 @@ from sv_tokenizer import (
     TemplateChatFormat,
     Tokenizer,
     TokenizerError,
+    ToolCall,
 )
 from tokenizer_test_support import tiny_tokenizer_document, tricky_text
 
@@ -184,6 +185,35 @@ def test_unknown_roles_are_refused(llama_model: Tokenizer, smollm2: Tokenizer) -
         llama_model.chat_format.encode_dialog([Message("user", "a"), Message("narrator", "b")])
     with pytest.raises(TokenizerError, match="role 'ipython'"):
         smollm2.chat_format.encode_dialog([Message("ipython", "b")])
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"role": "user", "content": None}, "content must be a str, got None"),
+        ({"role": "user", "content": 5}, "content must be a str, got 5"),
+        ({"role": None, "content": "Hi"}, "role must be a str, got None"),
+        ({"role": "user", "content": "Hi", "name": 3}, "name must be a str or None, got 3"),
+        ({"role": "tool", "content": "1", "tool_call_id": 7}, "tool_call_id must be a str or None"),
+        ({"role": "assistant", "content": "", "tool_calls": [1]}, "tool_calls must be a tuple"),
+    ],
+)
+def test_a_message_of_the_wrong_types_is_refused_by_name(
+    llama_model: Tokenizer, smollm2: Tokenizer, fields: dict[str, Any], named: str
+) -> None:
+    """A Message whose fields are not text is refused when it is made, naming the field: the
+    Llama 3 format failed with AttributeError from str.strip, a template with a TypeError."""
+    with pytest.raises(TokenizerError, match=re.escape(f"a chat message's {named}")):
+        dialog = [Message(**fields)]
+        llama_model.chat_format.encode_dialog(dialog)
+        smollm2.chat_format.encode_dialog(dialog)
+
+
+def test_tool_calls_given_as_a_list_are_kept_as_a_tuple() -> None:
+    call = ToolCall("get_weather", '{"city": "Paris"}', "call_1")
+    message = Message("assistant", "", tool_calls=[call])  # type: ignore[arg-type]
+    assert message.tool_calls == (call,)
+    assert message == Message("assistant", "", tool_calls=(call,))
 
 
 # ---------------------------------------------------------------- jinja templates

@@ -43,6 +43,26 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls (content then usually "")
     tool_call_id: str | None = None  # a tool message: the call it answers
 
+    def __post_init__(self) -> None:
+        # Checked here, once, rather than failing inside a format or a template later (a
+        # content of None, OpenAI's for a turn that only calls tools, is "" here).
+        for field_name in ("role", "content"):
+            value = getattr(self, field_name)
+            if not isinstance(value, str):
+                raise TokenizerError(f"a chat message's {field_name} must be a str, got {value!r}")
+        for field_name in ("name", "tool_call_id"):
+            value = getattr(self, field_name)
+            if value is not None and not isinstance(value, str):
+                raise TokenizerError(
+                    f"a chat message's {field_name} must be a str or None, got {value!r}"
+                )
+        calls = self.tool_calls
+        if not isinstance(calls, tuple | list) or not all(isinstance(c, ToolCall) for c in calls):
+            raise TokenizerError(
+                f"a chat message's tool_calls must be a tuple of ToolCall, got {calls!r}"
+            )
+        object.__setattr__(self, "tool_calls", tuple(calls))  # a list, as OpenAI's, is kept too
+
 
 class ChatTokenizer(Protocol):
     """What the Llama 3 and ChatML formats need of a tokenizer (`Tokenizer` is one): its
