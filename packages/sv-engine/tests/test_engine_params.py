@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sv_engine import Engine, SamplingParams
+import pytest
+import torch
+from sv_engine import Engine, EngineError, SamplingParams
 
 
 def test_a_top_k_past_any_integer_type_means_keep_every_token(tiny_llama_dir: Path) -> None:
@@ -21,3 +23,14 @@ def test_a_top_k_past_any_integer_type_means_keep_every_token(tiny_llama_dir: Pa
     assert run(10**30) == everything
     assert run(engine.runner.config.vocab_size) == everything
     assert run(1) != everything  # top-k really filters: greedy differs from these draws
+
+
+@pytest.mark.parametrize("dtype", ["bf16", torch.int8, torch.float8_e4m3fn])
+def test_a_dtype_the_model_cannot_compute_in_is_refused_at_load(
+    tiny_llama_dir: Path, dtype: object
+) -> None:
+    """from_model_dir(dtype=...) takes a floating-point torch dtype; anything else is an
+    EngineError naming it at load (a string failed inside torch, an integer dtype loaded and
+    then failed the first request in a kernel)."""
+    with pytest.raises(EngineError, match=f"dtype must be None .* got {dtype!r}"):
+        Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8, dtype=dtype)  # type: ignore[arg-type]

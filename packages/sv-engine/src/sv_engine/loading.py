@@ -76,6 +76,10 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+# What the weights and activations may be computed in (`Engine.from_model_dir(dtype=...)`).
+MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     # BF16 on the GPU (what the checkpoints ship and the tensor cores want); FP32 on the CPU,
     # where BF16 matmuls are slow and the reference path should be exact.
@@ -133,6 +137,13 @@ def load_runner(
     if cfg.quantization is not None and cfg.quantization not in QUANT_KINDS:
         raise EngineError(
             f"quantization must be one of {', '.join(QUANT_KINDS)}, got {cfg.quantization!r}"
+        )
+    if cfg.dtype is not None and cfg.dtype not in MODEL_DTYPES:
+        # Found here, before the weights load: a string failed deep in torch, an integer dtype
+        # at the first request's first kernel.
+        raise EngineError(
+            f"dtype must be None (the device's default) or one of "
+            f"{', '.join(map(str, MODEL_DTYPES))}, got {cfg.dtype!r}"
         )
     device = resolve_device(cfg.device)
     dtype = cfg.dtype or default_dtype(device)
