@@ -217,3 +217,11 @@ def test_ignore_merges_variant_matches_oracles(
 ) -> None:
     ours, hf = ignore_merges_pair
     assert ours.encode(text) == hf_ids(hf, text) == tiktoken_llama.encode_ordinary(text)
+
+
+@pytest.mark.parametrize("text", [b"Hi", None, 7, ["Hi"]])
+def test_encode_refuses_what_is_not_text_by_name(llama_json: Tokenizer, text: object) -> None:
+    """encode takes a str; bytes failed inside the regex engine ("cannot use a string pattern
+    on a bytes-like object"), None inside the special-token matcher."""
+    with pytest.raises(TokenizerError, match=f"encode takes a str, got {type(text).__name__}"):
+        llama_json.encode(text)  # type: ignore[arg-type]

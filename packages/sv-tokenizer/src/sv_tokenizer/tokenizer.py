@@ -234,6 +234,8 @@ class Tokenizer:
         `at_start=False`: the text continues an input encoded before it (a chat render cut at
         its special tokens), which only a SentencePiece-style tokenizer's leading `▁` heeds.
         """
+        if not isinstance(text, str):  # bytes met the str regex's TypeError deep inside
+            raise TokenizerError(f"encode takes a str, got {type(text).__name__}")
         try:
             return self._encode(text, allow_special, at_start)
         except UnicodeEncodeError:
