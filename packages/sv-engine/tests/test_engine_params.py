@@ -34,3 +34,14 @@ def test_a_dtype_the_model_cannot_compute_in_is_refused_at_load(
     then failed the first request in a kernel)."""
     with pytest.raises(EngineError, match=f"dtype must be None .* got {dtype!r}"):
         Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8, dtype=dtype)  # type: ignore[arg-type]
+
+
+def test_params_that_are_not_sampling_params_are_refused_by_name(tiny_llama_dir: Path) -> None:
+    """A dict of OpenAI's fields as params failed with an AttributeError on its first missing
+    attribute; it is an EngineError naming the type, and nothing stays queued."""
+    engine = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8)
+    for call in (engine.generate, engine.stream):
+        with pytest.raises(EngineError, match="params must be a SamplingParams or None, got dict"):
+            call(["Hi", "Name a colour."], {"max_new_tokens": 4})  # type: ignore[arg-type]
+    assert engine.stats.free_pages == engine.stats.pool_pages
+    assert [c.output_ids for c in engine.generate(["Hi"], SamplingParams(max_new_tokens=2))]

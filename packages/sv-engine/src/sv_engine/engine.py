@@ -133,6 +133,16 @@ class _Launched:
         return self.rows()[id(seq)]
 
 
+def _sampling_params(params: object) -> SamplingParams:
+    """`params`, or the defaults for None; anything else (a dict of OpenAI's fields, say) is
+    refused by name rather than failing on its first missing attribute."""
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise EngineError(f"params must be a SamplingParams or None, got {type(params).__name__}")
+    return params
+
+
 class Engine:
     def __init__(
         self,
@@ -284,7 +294,7 @@ class Engine:
         With `stream_text` False its events carry no text (only token ids) and the text is
         decoded once, into the completion: cheaper for batch work nobody watches token by token.
         """
-        params = params or SamplingParams()
+        params = _sampling_params(params)
         if params.n != 1:
             raise EngineError(f"add_request queues one choice, but n = {params.n}: use add_choices")
         prompt_ids = self.encode_prompt(prompt)
@@ -363,7 +373,7 @@ class Engine:
         share the prompt's full pages (the prefix cache; those admitted in one step wait for
         the page another is computing). Each computes its own last, partial page: at most 16
         positions, where copying the page would be a mechanism of its own for the same work."""
-        params = params or SamplingParams()
+        params = _sampling_params(params)
         prompt_ids = self.encode_prompt(prompt)
         ids: list[RequestId] = []
         try:
@@ -851,7 +861,9 @@ class Engine:
     ) -> Iterator[StreamEvent]:
         """Queue every prompt (a lone str is one prompt), then yield events as tokens are
         generated. Closing the iterator early, dropping it unread, or Ctrl-C cancels what is
-        still running, so no page is left held."""
+        still running, so no page is left held. Only these prompts' events come out: a request
+        queued before with `add_request` runs in the same steps, but its events are not
+        returned here (drive such requests with `step`)."""
         events = self._run(self._add_all(prompts, params))
         # Into _run's try block now: an iterator dropped before its first event (never
         # iterated) is closed by the garbage collector, which cancels its requests too.
@@ -862,7 +874,9 @@ class Engine:
         self, prompts: Iterable[Prompt], params: SamplingParams | None = None
     ) -> list[Completion]:
         """Run every prompt (a lone str is one prompt) to completion; completions come back in
-        prompt order (with `params.n` > 1, each prompt's choices in turn)."""
+        prompt order (with `params.n` > 1, each prompt's choices in turn). As with `stream`,
+        a request queued before with `add_request` runs in the same steps, but its completion
+        is not returned here."""
         ids = self._add_all(prompts, params, stream_text=False)
         done = {
             e.request_id: e.completion
