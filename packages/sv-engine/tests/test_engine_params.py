@@ -45,3 +45,23 @@ def test_params_that_are_not_sampling_params_are_refused_by_name(tiny_llama_dir:
             call(["Hi", "Name a colour."], {"max_new_tokens": 4})  # type: ignore[arg-type]
     assert engine.stats.free_pages == engine.stats.pool_pages
     assert [c.output_ids for c in engine.generate(["Hi"], SamplingParams(max_new_tokens=2))]
+
+
+@pytest.mark.parametrize("ids", [[5, 7], (5, 7), {5, 7}])
+def test_stop_token_ids_as_vllm_passes_them_are_taken(tiny_llama_dir: Path, ids: object) -> None:
+    """vLLM's stop_token_ids is a list: a list, tuple or set is kept as the frozenset, and a
+    generation stops at the first of them as with the frozenset itself."""
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=ids)  # type: ignore[arg-type]
+    assert params.stop_token_ids == frozenset({5, 7})
+    engine = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8)
+    free = engine.generate(["Hi"], SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
+    stop = free.output_ids[3]  # the fourth greedy token: stopping at it ends the output there
+    got = engine.generate(["Hi"], SamplingParams(max_new_tokens=8, stop_token_ids=[stop]))[0]  # type: ignore[arg-type]
+    first = free.output_ids.index(stop)
+    assert got.output_ids == free.output_ids[: first + 1] and got.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+def test_a_bool_is_not_a_temperature_or_top_p(field: str) -> None:
+    with pytest.raises(EngineError, match=f"{field} must be"):
+        SamplingParams(**{field: True})

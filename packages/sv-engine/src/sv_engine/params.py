@@ -28,7 +28,8 @@ class SamplingParams:
     seed:        makes sampling reproducible per request; None draws one.
     ignore_eos:  never stop at the model's stop tokens (benchmarks: always generate max_new_tokens).
     stop_token_ids: more ids to stop at, beside the model's (kept under ignore_eos, as vLLM's);
-                 like those, the stop token ends the output and its text is not shown.
+                 like those, the stop token ends the output and its text is not shown. A
+                 list, tuple or set (vLLM takes a list) is kept as a frozenset.
     n:           how many choices to generate for the prompt (`Engine.add_choices`): each is a
                  request of its own with its own seed stream; they share the prompt's full
                  pages through the prefix cache.
@@ -80,18 +81,20 @@ class SamplingParams:
             raise EngineError(f"max_new_tokens must be an integer, got {self.max_new_tokens!r}")
         if self.max_new_tokens < 1:
             raise EngineError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)):
+        if not _is_finite(self.temperature):
             raise EngineError(f"temperature must be a finite number, got {self.temperature!r}")
         if self.temperature < 0:
             raise EngineError(f"temperature must be >= 0, got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise EngineError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
-        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
+        if not (_is_finite(self.top_p) and 0 < self.top_p <= 1):
             raise EngineError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
             raise EngineError(f"seed must be an integer or None, got {self.seed!r}")
+        if isinstance(self.stop_token_ids, list | tuple | set):  # vLLM's is a list
+            object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
         if not isinstance(self.stop_token_ids, frozenset) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
