@@ -65,3 +65,21 @@ def test_stop_token_ids_as_vllm_passes_them_are_taken(tiny_llama_dir: Path, ids:
 def test_a_bool_is_not_a_temperature_or_top_p(field: str) -> None:
     with pytest.raises(EngineError, match=f"{field} must be"):
         SamplingParams(**{field: True})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_num_seqs", 0),
+        ("max_step_tokens", 0),
+        ("max_step_tokens", -5),
+        ("max_step_tokens", "8"),
+    ],
+)
+def test_step_sizes_below_one_are_refused_by_name(
+    tiny_llama_dir: Path, name: str, value: object
+) -> None:
+    """max_step_tokens 0 was silently raised to max_num_seqs, and max_num_seqs 0 refused by
+    the scheduler (its own error type) only after the weights had loaded."""
+    with pytest.raises(EngineError, match=f"{name} must be an integer of at least 1, got"):
+        Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8, **{name: value})  # type: ignore[arg-type]

@@ -145,6 +145,12 @@ def load_runner(
             f"dtype must be None (the device's default) or one of "
             f"{', '.join(map(str, MODEL_DTYPES))}, got {cfg.dtype!r}"
         )
+    for name in ("max_num_seqs", "max_step_tokens"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            # Before the weights load (the scheduler would refuse max_num_seqs only after it;
+            # max_step_tokens 0 was silently raised to max_num_seqs).
+            raise EngineError(f"{name} must be an integer of at least 1, got {value!r}")
     device = resolve_device(cfg.device)
     dtype = cfg.dtype or default_dtype(device)
     try:
