@@ -66,6 +66,10 @@ class RunningServer:
         self._server.should_exit = True
         self._thread.join(30)
 
+    def requests_in_progress(self) -> int:
+        """Requests whose headers have arrived and that have not been answered yet."""
+        return len(self._server.server_state.tasks)
+
     def metrics(self) -> dict[str, float]:
         """/metrics parsed by Prometheus' own parser: sample name (with labels) -> value."""
         text = httpx.get(f"{self.url}/metrics", timeout=10).text

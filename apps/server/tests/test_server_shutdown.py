@@ -142,3 +142,31 @@ def test_a_drain_lets_requests_in_flight_finish(make_server: Any) -> None:
         httpx.get(f"{server.url}/health", timeout=5)
     engine = server.app.state.server.loop.engine
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+def test_a_body_still_arriving_at_shutdown_gets_a_503(make_server: Any) -> None:
+    server = make_server()
+    stopper = threading.Thread(target=server.stop)
+    port = int(server.url.rsplit(":", 1)[1])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as client:
+            client.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: test\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                b'{"prompt": "Hel'  # and the rest never comes
+            )
+            deadline = time.monotonic() + 30
+            while server.requests_in_progress() == 0:  # the handler is waiting for the body
+                assert time.monotonic() < deadline, "the request never reached the app"
+                time.sleep(0.02)
+            stopper.start()
+            answer = b""
+            while chunk := client.recv(65536):
+                answer += chunk
+        stopper.join(60)
+    finally:
+        server.stop()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), answer
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "shutting_down"

@@ -92,7 +92,8 @@ class ServerState:
     created: int
     max_request_bytes: int
     read_timeout_s: float
-    closing: bool = False  # shutting down: new generations get 503
+    # Set when shutting down: new generations get 503, and so do bodies still arriving.
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
     tokenizer_thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="sv-tokenizer")
     )
@@ -202,7 +203,7 @@ async def shut_down(app: Starlette, drain_s: float) -> None:
     with an error event and `data: [DONE]`, a whole answer with a 503), and the engine thread
     stops, which frees every KV page."""
     state: ServerState = app.state.server
-    state.closing = True
+    state.closing.set()
     deadline = time.monotonic() + drain_s
     while state.loop.in_flight and time.monotonic() < deadline:
         await asyncio.sleep(DRAIN_POLL_S)
@@ -358,8 +359,22 @@ async def _chat_completions(request: Request, state: ServerState) -> Response:
 
 
 async def _read(request: Request, state: ServerState) -> bytes:
+    """The request's body; or a 503 as soon as the server starts shutting down, rather than
+    wait for the rest of a body that is slow to come (shutdown would wait for it, then cut the
+    request off with a bare 500)."""
     check_content_type(request)
-    return await read_body(request, state.max_request_bytes, state.read_timeout_s)
+    reading = asyncio.ensure_future(
+        read_body(request, state.max_request_bytes, state.read_timeout_s)
+    )
+    closing = asyncio.ensure_future(state.closing.wait())
+    try:
+        done, _ = await asyncio.wait({reading, closing}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        closing.cancel()
+        reading.cancel()  # (a no-op once it is done)
+    if reading not in done:
+        raise _shutting_down(headers={"Connection": "close"})  # the body was not all read
+    return reading.result()
 
 
 def _prepare(
@@ -573,10 +588,18 @@ def _close_all(generations: list[_Generation]) -> None:
 def _check_open(state: ServerState) -> None:
     # No await between this check and the submit: once `closing` is set, nothing new reaches
     # the engine thread, so its stop ends every request there is.
-    if state.closing:
-        raise ServerError(
-            "the server is shutting down", status=503, type="server_error", code="shutting_down"
-        )
+    if state.closing.is_set():
+        raise _shutting_down()
+
+
+def _shutting_down(headers: dict[str, str] | None = None) -> ServerError:
+    return ServerError(
+        "the server is shutting down",
+        status=503,
+        type="server_error",
+        code="shutting_down",
+        headers=headers,
+    )
 
 
 class _Generation:

@@ -138,7 +138,7 @@ async def _frames(state: ServerState) -> AsyncIterator[str]:
         if loop.snapshot.view is None:
             loop.refresh()  # an idle engine thread takes a snapshot with the view now
             await asyncio.sleep(0.05)
-        while not state.closing:
+        while not state.closing.is_set():
             yield f"data: {json.dumps(_frame(state, rate), separators=(',', ':'))}\n\n"
             await asyncio.sleep(FRAME_INTERVAL_S)
     finally:
