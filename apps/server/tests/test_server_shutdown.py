@@ -30,11 +30,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_sv_serve(model: Path, port: int) -> subprocess.Popen[str]:
+def _start_sv_serve(model: Path, port: int, *options: str) -> subprocess.Popen[str]:
     command = "import sys; from sv_cli.main import main; sys.exit(main())"
     return subprocess.Popen(
         [sys.executable, "-c", command, "serve", "--port", str(port), "--device", "cpu",
-         "--kv-cache-mib", "32", "--model", str(model)],
+         "--kv-cache-mib", "32", "--model", str(model), *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -117,6 +117,38 @@ def test_sv_serve_ends_requests_cleanly_on_a_signal(default_model: Path, sig: in
     assert whole and whole[0].status_code == 503
     assert whole[0].json()["error"]["code"] == "shutting_down"
     assert process.returncode == 0, out
+    pages = re.search(r"(\d+) of (\d+) KV pages free", out)
+    assert pages and pages[1] == pages[2], out
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_ends_the_drain(default_model: Path) -> None:
+    """As uvicorn says when it stops ("CTRL+C to force quit"): a second SIGINT does not wait
+    out --drain-seconds; the streams still end with the error event, and nothing is left to be
+    cancelled with a traceback at exit."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _start_sv_serve(default_model, port, "--drain-seconds", "600")
+    body = {"prompt": "Count: 1, 2, 3,", "stream": True} | LONG
+    try:
+        _wait_healthy(process, url)
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as stream:
+            events = _events(stream.iter_lines())
+            assert "choices" in json.loads(next(events))
+            process.send_signal(signal.SIGINT)  # the drain: the stream goes on
+            assert "choices" in json.loads(next(events))
+            process.send_signal(signal.SIGINT)
+            rest = list(events)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert rest[-1] == "[DONE]", rest[-3:]
+    assert json.loads(rest[-2])["error"]["code"] == "shutting_down", rest[-3:]
+    assert len(rest) < LONG["max_tokens"]
+    assert process.returncode == 0, out
+    assert "Traceback" not in out, out
     pages = re.search(r"(\d+) of (\d+) KV pages free", out)
     assert pages and pages[1] == pages[2], out
 

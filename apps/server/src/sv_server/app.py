@@ -197,15 +197,18 @@ def create_app(
     return app
 
 
-async def shut_down(app: Starlette, drain_s: float) -> None:
+async def shut_down(
+    app: Starlette, drain_s: float, stop_draining: Callable[[], bool] = lambda: False
+) -> None:
     """Stop the app's generations (before uvicorn's own shutdown): new ones get 503; those in
-    flight may finish for up to `drain_s` seconds; then every one still running ends (a stream
-    with an error event and `data: [DONE]`, a whole answer with a 503), and the engine thread
-    stops, which frees every KV page."""
+    flight may finish for up to `drain_s` seconds, or until `stop_draining()` (a second
+    Ctrl-C); then every one still running ends (a stream with an error event and
+    `data: [DONE]`, a whole answer with a 503), and the engine thread stops, which frees every
+    KV page."""
     state: ServerState = app.state.server
     state.closing.set()
     deadline = time.monotonic() + drain_s
-    while state.loop.in_flight and time.monotonic() < deadline:
+    while state.loop.in_flight and time.monotonic() < deadline and not stop_draining():
         await asyncio.sleep(DRAIN_POLL_S)
     await asyncio.to_thread(state.loop.stop)
 

@@ -117,7 +117,7 @@ def build_parser() -> OneLineErrorParser:
         default=0.0,
         metavar="S",
         help="on SIGINT/SIGTERM, let requests in flight finish for up to S seconds before "
-        "ending them with an error (default 0)",
+        "ending them with an error; a second Ctrl-C ends the wait (default 0)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p

@@ -12,6 +12,7 @@ What uvicorn 0.54 gives and what is added here:
   them after a timeout: a cut stream, with no error event and no `[DONE]`. `GracefulServer`
   first ends the requests itself (`sv_server.app.shut_down`: drain, then an error event and
   `[DONE]` in each stream, 503 for whole answers), so uvicorn only has finished ones to wait for.
+  A second Ctrl-C (uvicorn's `force_exit`) ends the drain at once.
 """
 
 from __future__ import annotations
@@ -89,8 +90,12 @@ class GracefulServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # no new connections during the drain
-        await shut_down(self._app, self._drain_s)
+        await shut_down(self._app, self._drain_s, stop_draining=lambda: self.force_exit)
         await super().shutdown(sockets)
+        if self.force_exit:
+            # uvicorn skips the app's lifespan shutdown when forced; left pending, it is
+            # cancelled at exit with a traceback. Ours is quick: the engine has stopped.
+            await self.lifespan.shutdown()
 
 
 def build_server(
