@@ -202,3 +202,42 @@ def test_a_body_still_arriving_at_shutdown_gets_a_503(make_server: Any) -> None:
     assert head.startswith(b"HTTP/1.1 503 "), answer
     assert b"connection: close" in head.lower()
     assert json.loads(body)["error"]["code"] == "shutting_down"
+
+
+def test_shutdown_waits_out_a_long_engine_step(make_server: Any, monkeypatch: Any) -> None:
+    """On a CPU one step of a long prompt can take minutes. A shutdown that gave up on the
+    engine thread after a fixed time cut the streams (no error event, no [DONE]) and left the
+    step's pages held; it waits for the step instead (a second Ctrl-C would not)."""
+    from sv_server.engine_loop import EngineLoop
+
+    # Any bound on the wait is too short for some step: these make that quick to see.
+    monkeypatch.setattr(EngineLoop.stop, "__defaults__", (0.2,))
+    monkeypatch.setattr("sv_server.serving.GRACEFUL_SHUTDOWN_S", 0.5)
+    server = make_server()
+    engine = server.app.state.server.loop.engine
+    step, in_step, release = engine.step, threading.Event(), threading.Event()
+
+    def long_step() -> Any:
+        in_step.set()
+        release.wait(60)
+        return step()
+
+    body = {"prompt": "Count: 1, 2, 3,", "stream": True} | LONG
+    stopper = threading.Thread(target=server.stop)
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as stream:
+            events = _events(stream.iter_lines())
+            next(events)
+            engine.step = long_step  # the engine thread's next step is a long one
+            assert in_step.wait(60)
+            stopper.start()
+            time.sleep(2.0)  # well past the bounds above: the step is still running
+            release.set()
+            rest = list(events)
+        stopper.join(60)
+    finally:
+        release.set()
+        server.stop()
+    assert rest[-1] == "[DONE]", rest[-3:]
+    assert json.loads(rest[-2])["error"]["code"] == "shutting_down", rest[-3:]
+    assert engine.stats.free_pages == engine.stats.pool_pages

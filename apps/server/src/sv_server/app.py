@@ -202,15 +202,22 @@ async def shut_down(
 ) -> None:
     """Stop the app's generations (before uvicorn's own shutdown): new ones get 503; those in
     flight may finish for up to `drain_s` seconds, or until `stop_draining()` (a second
-    Ctrl-C); then every one still running ends (a stream with an error event and
-    `data: [DONE]`, a whole answer with a 503), and the engine thread stops, which frees every
-    KV page."""
+    Ctrl-C); then, once the engine's current step is over, every one still running ends (a
+    stream with an error event and `data: [DONE]`, a whole answer with a 503), and the engine
+    thread stops, which frees every KV page."""
     state: ServerState = app.state.server
     state.closing.set()
     deadline = time.monotonic() + drain_s
     while state.loop.in_flight and time.monotonic() < deadline and not stop_draining():
         await asyncio.sleep(DRAIN_POLL_S)
-    await asyncio.to_thread(state.loop.stop)
+    # The engine thread ends the requests after its current step. That step may take minutes
+    # (a long prompt on a CPU): wait for it however long, or the streams would be cut off and
+    # its pages left held; a second Ctrl-C stops waiting.
+    state.loop.request_stop()
+    while state.loop.is_alive and not stop_draining():
+        await asyncio.sleep(DRAIN_POLL_S)
+    if not state.loop.is_alive:
+        state.loop.stop()  # the thread has ended: only reaps it
 
 
 # --- errors ---------------------------------------------------------------------------------

@@ -163,9 +163,14 @@ class EngineLoop:
         """Cancel every request (their handlers get Failed) and end the thread."""
         if self._thread is None:
             return
-        self._commands.put(_Stop())
+        self.request_stop()
         self._thread.join(timeout)
         self._thread = None
+
+    def request_stop(self) -> None:
+        """Have the engine thread cancel every request and end, once its current step is over
+        (`is_alive` turns false then); does not wait."""
+        self._commands.put(_Stop())
 
     @property
     def is_alive(self) -> bool:
