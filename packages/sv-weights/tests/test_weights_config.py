@@ -160,6 +160,50 @@ def test_round_trip_through_transformers(tmp_path: Path, config: ModelConfig) ->
     assert dataclasses.replace(back, torch_dtype=config.torch_dtype) == config
 
 
+def _saved_by_transformers_5(tmp_path: Path, config: ModelConfig) -> dict[str, Any]:
+    """`config` as transformers 5 writes it: RoPE in `rope_parameters`, no `rope_scaling`."""
+    config.write_json(tmp_path / "config.json")
+    transformers.LlamaConfig.from_pretrained(tmp_path).save_pretrained(tmp_path / "saved")
+    raw: dict[str, Any] = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert "rope_parameters" in raw and raw.get("rope_scaling") is None
+    return raw
+
+
+def test_rope_scaling_added_to_a_transformers_5_config_is_not_ignored(tmp_path: Path) -> None:
+    """A user adds `rope_scaling` to a config saved with `rope_parameters`: transformers then
+    runs that scaling, so reading `rope_parameters` alone would run another RoPE, silently."""
+    raw = _saved_by_transformers_5(tmp_path, tiny_llama_config(rope_scaling=None))
+    raw["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    path = write_json(tmp_path, raw)
+    assert transformers.LlamaConfig.from_pretrained(tmp_path).rope_parameters["rope_type"] == (
+        "linear"
+    )
+    with pytest.raises(WeightsError, match="rope_scaling: rope_type 'linear' is not supported"):
+        ModelConfig.from_json(path)
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}
+    raw["rope_scaling"] = {
+        **llama3,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    with pytest.raises(WeightsError, match="'rope_scaling' and 'rope_parameters' disagree"):
+        ModelConfig.from_json(write_json(tmp_path, raw))
+
+
+def test_both_rope_spellings_agreeing_are_read(tmp_path: Path) -> None:
+    config = llama_3_2_1b_config()
+    raw = _saved_by_transformers_5(tmp_path, config)
+    raw["rope_scaling"] = dataclasses.asdict(config.rope_scaling)
+    raw["rope_theta"] = config.rope_theta
+    assert (
+        dataclasses.replace(
+            ModelConfig.from_json(write_json(tmp_path, raw)), torch_dtype=config.torch_dtype
+        )
+        == config
+    )
+
+
 def test_defaults_match_transformers(tmp_path: Path) -> None:
     minimal = {
         "hidden_size": 64,

@@ -386,24 +386,45 @@ def _check_supported_architecture(raw: dict[str, Any]) -> Architecture:
 
 
 def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, rope_scaling) from either spelling (module doc)."""
+    """(rope_theta, rope_scaling) from either spelling (module doc).
+
+    A config with both spellings (a transformers 5 file to which `rope_scaling` was added by
+    hand, as model cards tell users to do for longer contexts) is read the way transformers
+    reads it, `rope_scaling` first, and must mean the same under `rope_parameters`: otherwise
+    it is refused rather than run with the RoPE of the spelling transformers ignores."""
     params = raw.get("rope_parameters")
-    if params is not None:
-        if not isinstance(params, dict):
-            raise WeightsError(f"config key 'rope_parameters': expected an object, got {params!r}")
-        theta = _get(params, "rope_theta", float, default=None, where="config rope_parameters")
-        if theta is None:
-            theta = _get(raw, "rope_theta", float, default=_DEFAULT_ROPE_THETA)
-        return theta, _parse_rope_scaling(params, "rope_parameters")
-    theta = _get(raw, "rope_theta", float, default=_DEFAULT_ROPE_THETA)
     scaling = raw.get("rope_scaling")
-    if scaling is None:
-        return theta, None
-    if not isinstance(scaling, dict):
+    if params is None:
+        return _parse_legacy_rope(raw, scaling)
+    if not isinstance(params, dict):
+        raise WeightsError(f"config key 'rope_parameters': expected an object, got {params!r}")
+    theta = _get(params, "rope_theta", float, default=None, where="config rope_parameters")
+    if theta is None:
+        theta = _get(raw, "rope_theta", float, default=_DEFAULT_ROPE_THETA)
+    parsed = (theta, _parse_rope_scaling(params, "rope_parameters"))
+    if scaling:  # transformers 4 reads only `rope_scaling`; 5 puts it in place of `rope_parameters`
+        legacy = _parse_legacy_rope(raw, scaling)
+        if legacy != parsed:
+            raise WeightsError(
+                f"config keys 'rope_scaling' and 'rope_parameters' disagree (rope_theta "
+                f"{legacy[0]:g} and {parsed[0]:g}, scaling {legacy[1]} and {parsed[1]}): "
+                "transformers reads 'rope_scaling'; keep one of the two"
+            )
+    return parsed
+
+
+def _parse_legacy_rope(raw: dict[str, Any], scaling: Any) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, rope_scaling) from the transformers 4.x spelling: a top-level `rope_theta`
+    (or one inside `rope_scaling`, where transformers 5 looks first) and `rope_scaling`."""
+    if scaling is not None and not isinstance(scaling, dict):
         raise WeightsError(
             f"config key 'rope_scaling': expected an object or null, got {scaling!r}"
         )
-    return theta, _parse_rope_scaling(scaling, "rope_scaling")
+    theta = _get(raw, "rope_theta", float, default=_DEFAULT_ROPE_THETA)
+    if scaling is None:
+        return theta, None
+    inner = _get(scaling, "rope_theta", float, default=None, where="config rope_scaling")
+    return (theta if inner is None else inner), _parse_rope_scaling(scaling, "rope_scaling")
 
 
 def _parse_rope_scaling(scaling: dict[str, Any], key: str) -> RopeScaling | None:
