@@ -192,6 +192,26 @@ def test_tied_checkpoint_with_an_lm_head(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.parametrize("copy", [False, True])
+def test_old_checkpoint_rope_buffers_are_ignored_like_transformers(
+    tmp_path: Path, copy: bool
+) -> None:
+    """transformers before 4.31 saved each layer's `rotary_emb.inv_freq` (Llama 2 and its
+    fine-tunes hold them): transformers loads such a file ignoring them, and so must we."""
+    config = tiny_llama_config(tie_word_embeddings=False)
+    weights = random_weights(config, dtype=torch.float32)
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, config.head_dim, 2) / config.head_dim)
+    for layer in range(config.num_hidden_layers):
+        weights[f"model.layers.{layer}.self_attn.rotary_emb.inv_freq"] = inv_freq
+    config.write_json(tmp_path / "config.json")
+    save_file(weights, tmp_path / "model.safetensors")
+    ours = load_checkpoint(tmp_path, copy=copy)
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert sorted(ours) == sorted(theirs.state_dict()) == sorted(expected_tensors(config))
+    for name, tensor in theirs.state_dict().items():
+        assert torch.equal(ours[name], tensor), name
+
+
 # ------------------------------------------------------------------------------------------
 # Sharded checkpoints
 # ------------------------------------------------------------------------------------------

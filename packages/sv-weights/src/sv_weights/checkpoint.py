@@ -10,6 +10,10 @@ matrix, so `lm_head.weight` is not expected. Some exporters write it anyway; it 
 its shape is right and then dropped by `load_checkpoint` (like transformers, which re-ties it to
 `model.embed_tokens.weight`): the model always uses the embedding matrix.
 
+RoPE buffers: checkpoints saved by transformers before 4.31 (Llama 2 and its fine-tunes) hold
+each layer's `self_attn.rotary_emb.inv_freq`, a buffer computed from the config. transformers
+and vLLM ignore it; so does sv, which makes its RoPE tables from the config: accepted, dropped.
+
 Pre-quantized FP8 checkpoints (compressed-tensors, see `sv_weights.quantization`) hold, beside
 each FP8 linear weight, its `weight_scale` (and maybe an `input_scale`, checked and dropped):
 they are validated against the config's `quantization_config` and loaded with the weights.
@@ -79,6 +83,14 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def rope_buffers(config: ModelConfig) -> set[str]:
+    """The names of the RoPE buffers an old checkpoint may hold (module doc), one per layer."""
+    return {
+        f"model.layers.{layer}.self_attn.rotary_emb.inv_freq"
+        for layer in range(config.num_hidden_layers)
+    }
+
+
 def validate_checkpoint(
     config: ModelConfig,
     infos: dict[str, TensorInfo],
@@ -113,7 +125,8 @@ def validate_checkpoint(
             f"{_first(missing)} (config: {config.num_hidden_layers} layers, "
             f"tie_word_embeddings={str(config.tie_word_embeddings).lower()})"
         )
-    unexpected = sorted(name for name in infos if name not in expected and name not in scales)
+    ignored = scales | rope_buffers(config)
+    unexpected = sorted(name for name in infos if name not in expected and name not in ignored)
     if unexpected:
         raise WeightsError(
             f"{source}: {len(unexpected)} tensor(s) not in a {config.model_type} checkpoint of this config, e.g. "
@@ -238,7 +251,8 @@ def load_checkpoint(
     `dtype` converts every weight (e.g. torch.bfloat16 for a float32 file), on the target
     device, into tensors of their own; FP8 weights and their scales stay as they are. A tied
     `lm_head.weight` is dropped (never copied), and so are the `input_scale`s of an FP8
-    checkpoint (activations are scaled per token at run time).
+    checkpoint (activations are scaled per token at run time) and the RoPE buffers of an old
+    one (module doc).
     """
     model_dir = Path(model_dir)
     config = ModelConfig.from_model_dir(model_dir)
@@ -259,6 +273,8 @@ def load_checkpoint(
             tensors.pop(LM_HEAD, None)
         for name in scales.difference(weight_scales):
             tensors.pop(name)
+        for name in rope_buffers(config):
+            tensors.pop(name, None)
     else:
         data, tensors = _copy_in_model_order(config, headers, target, weight_scales)
         if not _all_finite_at_once(data, tensors):
