@@ -172,16 +172,16 @@ def test_validate_names_missing_unexpected_wrong_shape_and_dtype() -> None:
         validate_checkpoint(untied, infos_for(config), "ckpt")
 
 
-def test_tied_checkpoint_with_an_lm_head(tmp_path: Path) -> None:
-    """Accepted when its shape is right, and dropped on load: the embedding is the output layer."""
+@pytest.mark.parametrize("copy", [False, True])
+def test_tied_checkpoint_with_an_lm_head(tmp_path: Path, copy: bool) -> None:
+    """Accepted when it holds the embedding's values (in any float dtype), and dropped on
+    load: the embedding is the output layer."""
     config = tiny_llama_config()
     weights = random_weights(config)
-    weights["lm_head.weight"] = torch.zeros(
-        config.vocab_size, config.hidden_size, dtype=torch.bfloat16
-    )
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].float()
     config.write_json(tmp_path / "config.json")
     save_file(weights, tmp_path / "model.safetensors")
-    loaded = load_checkpoint(tmp_path)
+    loaded = load_checkpoint(tmp_path, copy=copy)
     assert "lm_head.weight" not in loaded and len(loaded) == len(expected_tensors(config))
 
     weights["lm_head.weight"] = torch.zeros(3, config.hidden_size, dtype=torch.bfloat16)
@@ -210,6 +210,26 @@ def test_old_checkpoint_rope_buffers_are_ignored_like_transformers(
     assert sorted(ours) == sorted(theirs.state_dict()) == sorted(expected_tensors(config))
     for name, tensor in theirs.state_dict().items():
         assert torch.equal(ours[name], tensor), name
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_tied_checkpoint_with_another_lm_head_is_refused(tmp_path: Path, copy: bool) -> None:
+    """transformers 5 runs such a head untied (transformers 4 dropped it): dropping it, as
+    before, silently ran another model than transformers' on the same folder."""
+    config = tiny_llama_config()
+    weights = random_weights(config, dtype=torch.float32)
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    weights["lm_head.weight"][300, 5] += 0.5
+    config.write_json(tmp_path / "config.json")
+    save_file(weights, tmp_path / "model.safetensors")
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert torch.equal(theirs.lm_head.weight, weights["lm_head.weight"])
+    with pytest.raises(
+        WeightsError,
+        match=r"tie_word_embeddings true, but the checkpoint's lm_head.weight differs from "
+        r"model.embed_tokens.weight \(first in row 300\)",
+    ):
+        load_checkpoint(tmp_path, copy=copy)
 
 
 # ------------------------------------------------------------------------------------------
@@ -255,7 +275,7 @@ def test_copied_load_is_one_allocation_in_model_order(tmp_path: Path, sharded: b
         weights = write_sharded(tmp_path, config)
     else:
         weights = random_weights(config)
-        weights["lm_head.weight"] = torch.ones(config.vocab_size, config.hidden_size)
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
         config.write_json(tmp_path / "config.json")
         save_file(weights, tmp_path / "model.safetensors")
     ours = load_checkpoint(tmp_path, copy=True)

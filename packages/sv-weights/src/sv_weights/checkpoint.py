@@ -7,8 +7,10 @@ broken download fails in milliseconds with a message naming the file and tensor.
 
 Tied embeddings: when `tie_word_embeddings` is true the output projection is the embedding
 matrix, so `lm_head.weight` is not expected. Some exporters write it anyway; it is accepted when
-its shape is right and then dropped by `load_checkpoint` (like transformers, which re-ties it to
-`model.embed_tokens.weight`): the model always uses the embedding matrix.
+its shape is right and it holds the embedding's values, and then dropped by `load_checkpoint`:
+the model uses the embedding matrix. One that differs is refused: transformers 4 and vLLM
+would then drop it, transformers 5 would run it as an untied head, so the folder does not say
+which model it is.
 
 RoPE buffers: checkpoints saved by transformers before 4.31 (Llama 2 and its fine-tunes) hold
 each layer's `self_attn.rotary_emb.inv_freq`, a buffer computed from the config. transformers
@@ -260,6 +262,8 @@ def load_checkpoint(
     quantization = read_quantization(model_dir)
     scales = validate_checkpoint(config, checkpoint_infos(headers), str(model_dir), quantization)
     weight_scales = sorted(name for name in scales if not name.endswith(INPUT_SCALE))
+    if config.tie_word_embeddings and any(LM_HEAD in header.tensors for header in headers):
+        _check_tied_head_is_the_embedding(headers, str(model_dir))
     target = target_device(device, str(model_dir))
     if dtype is not None and not dtype.is_floating_point:
         raise WeightsError(f"{model_dir}: cannot convert weights to the non-float dtype {dtype}")
@@ -331,6 +335,29 @@ def _copy_in_model_order(
         info.name: data[at : at + info.nbytes].view(DTYPES[info.dtype]).view(info.shape)
         for info, at in placed
     }
+
+
+def _check_tied_head_is_the_embedding(headers: list[SafetensorsHeader], source: str) -> None:
+    """Raise WeightsError unless a tied checkpoint's `lm_head.weight` holds the values of
+    `model.embed_tokens.weight` (module doc). Compared on the mapped files, a slice of rows at
+    a time, so that a head in another dtype costs no copy of the whole matrix."""
+    where = {name: header for header in headers for name in header.tensors}
+    head = load_from_header(where[LM_HEAD], "cpu")[LM_HEAD]
+    embed = load_from_header(where[EMBED_TOKENS], "cpu")[EMBED_TOKENS]
+    rows = max(1, (1 << 24) // max(1, embed.shape[1]))
+    for start in range(0, embed.shape[0], rows):
+        ours, theirs = head[start : start + rows].to(embed.dtype), embed[start : start + rows]
+        if torch.equal(ours, theirs):
+            continue
+        # NaN in both is no difference here (check_finite names it later).
+        differs = (ours != theirs) & ~(ours.isnan() & theirs.isnan())
+        bad = differs.reshape(len(ours), -1).any(dim=1).nonzero()
+        if len(bad):
+            raise WeightsError(
+                f"{source}: config.json has tie_word_embeddings true, but the checkpoint's "
+                f"{LM_HEAD} differs from {EMBED_TOKENS} (first in row {start + int(bad[0])}): "
+                "set tie_word_embeddings to false to use it as the output layer, or remove it"
+            )
 
 
 def _all_finite_at_once(data: torch.Tensor, tensors: dict[str, torch.Tensor]) -> bool:
