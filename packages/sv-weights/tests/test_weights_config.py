@@ -223,6 +223,12 @@ def test_defaults_match_transformers(tmp_path: Path) -> None:
     assert ours.rope_scaling is None and ours.eos_token_ids == () and ours.bos_token_id is None
 
 
+def test_empty_eos_list_means_no_eos_as_in_transformers(tmp_path: Path) -> None:
+    path = write_json(tmp_path, _with(SMOLLM2_135M_JSON, eos_token_id=[]))
+    assert transformers.LlamaConfig.from_pretrained(tmp_path).eos_token_id == []
+    assert ModelConfig.from_json(path).eos_token_ids == ()
+
+
 def _with(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     raw = dict(base)
     for key, value in changes.items():

@@ -344,7 +344,7 @@ def _get_eos(raw: dict[str, Any]) -> tuple[int, ...]:
         return ()
     if _is_int(value):
         return (value,)
-    if isinstance(value, list) and value and all(_is_int(v) for v in value):
+    if isinstance(value, list) and all(_is_int(v) for v in value):  # [] as null: no eos id
         return tuple(value)
     raise WeightsError(
         f"config key 'eos_token_id': expected an integer or a list of integers, got {value!r}"
