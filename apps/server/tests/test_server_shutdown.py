@@ -54,6 +54,18 @@ def _wait_healthy(process: subprocess.Popen[str], url: str) -> None:
         time.sleep(0.2)
 
 
+def _wait_shutting_down(url: str) -> None:
+    """Until the server has taken its first signal: it closes its listening socket then."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+        except httpx.ConnectError:
+            return
+        assert time.monotonic() < deadline, "sv serve still accepts connections after SIGINT"
+        time.sleep(0.05)
+
+
 def _running(url: str) -> float:
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
         if line.startswith("sv_requests_running "):
@@ -136,6 +148,7 @@ def test_a_second_ctrl_c_ends_the_drain(default_model: Path) -> None:
             events = _events(stream.iter_lines())
             assert "choices" in json.loads(next(events))
             process.send_signal(signal.SIGINT)  # the drain: the stream goes on
+            _wait_shutting_down(url)  # else two quick SIGINTs can reach Python's handler as one
             assert "choices" in json.loads(next(events))
             process.send_signal(signal.SIGINT)
             rest = list(events)
