@@ -79,7 +79,21 @@ def test_a_bool_is_not_a_temperature_or_top_p(field: str) -> None:
 def test_step_sizes_below_one_are_refused_by_name(
     tiny_llama_dir: Path, name: str, value: object
 ) -> None:
-    """max_step_tokens 0 was silently raised to max_num_seqs, and max_num_seqs 0 refused by
-    the scheduler (its own error type) only after the weights had loaded."""
+    """max_num_seqs 0 was refused by the scheduler (its own error type) only after the
+    weights had loaded."""
     with pytest.raises(EngineError, match=f"{name} must be an integer of at least 1, got"):
         Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8, **{name: value})  # type: ignore[arg-type]
+
+
+def test_max_step_tokens_below_max_num_seqs_is_refused_not_raised(tiny_llama_dir: Path) -> None:
+    """A step holds one decode token of every running sequence (vLLM refuses the same): 16
+    step tokens with 256 sequences was raised to 256 in silence, so a caller asking for
+    16-token prompt chunks got 256-token ones."""
+    with pytest.raises(
+        EngineError, match=r"max_step_tokens \(16\) must be at least max_num_seqs \(256\)"
+    ):
+        Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8, max_step_tokens=16)
+    engine = Engine.from_model_dir(
+        tiny_llama_dir, device="cpu", kv_cache_mib=8, max_step_tokens=16, max_num_seqs=4
+    )
+    assert engine.scheduler.config.max_step_tokens == 16

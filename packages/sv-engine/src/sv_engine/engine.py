@@ -242,7 +242,7 @@ class Engine:
                 page_size=loaded.runner.page_size,
                 policy=cfg.policy,  # type: ignore[arg-type]
                 max_num_seqs=cfg.max_num_seqs,
-                max_step_tokens=max(cfg.max_step_tokens, cfg.max_num_seqs),
+                max_step_tokens=cfg.max_step_tokens,
                 prefix_caching=cfg.prefix_caching,
                 admission=cfg.admission,
                 sliding_window=loaded.config.sliding_window,

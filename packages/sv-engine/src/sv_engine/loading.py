@@ -148,9 +148,15 @@ def load_runner(
     for name in ("max_num_seqs", "max_step_tokens"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            # Before the weights load (the scheduler would refuse max_num_seqs only after it;
-            # max_step_tokens 0 was silently raised to max_num_seqs).
+            # Before the weights load (the scheduler would refuse max_num_seqs only after it).
             raise EngineError(f"{name} must be an integer of at least 1, got {value!r}")
+    if cfg.max_step_tokens < cfg.max_num_seqs:
+        # vLLM's rule too: a step must hold one decode token of every running sequence. (It
+        # was raised to max_num_seqs in silence: 16 with the default 256 ran 256-token chunks.)
+        raise EngineError(
+            f"max_step_tokens ({cfg.max_step_tokens}) must be at least max_num_seqs "
+            f"({cfg.max_num_seqs}): a step holds one token of every running sequence"
+        )
     device = resolve_device(cfg.device)
     dtype = cfg.dtype or default_dtype(device)
     try:
