@@ -81,7 +81,7 @@ def test_step_sizes_below_one_are_refused_by_name(
 ) -> None:
     """max_num_seqs 0 was refused by the scheduler (its own error type) only after the
     weights had loaded."""
-    with pytest.raises(EngineError, match=f"{name} must be an integer of at least 1, got"):
+    with pytest.raises(EngineError, match=f"{name} must be a positive integer, got"):
         Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8, **{name: value})  # type: ignore[arg-type]
 
 

@@ -14,7 +14,7 @@ from sv_kernels.reference import FP8_KV_DTYPE
 from sv_kvcache import KVCacheError, pages_for_free_memory, pages_for_mib
 from sv_model import ModelRunner, ModelWeights, quantize_weights
 from sv_model.parallel import TensorParallel, rank_config, shard_state
-from sv_scheduler import Admission
+from sv_scheduler import Admission, SchedulerError, check_batch_limits
 from sv_tokenizer import Tokenizer, TokenizerError
 from sv_weights import ModelConfig, WeightsError, load_checkpoint
 
@@ -145,18 +145,10 @@ def load_runner(
             f"dtype must be None (the device's default) or one of "
             f"{', '.join(map(str, MODEL_DTYPES))}, got {cfg.dtype!r}"
         )
-    for name in ("max_num_seqs", "max_step_tokens"):
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            # Before the weights load (the scheduler would refuse max_num_seqs only after it).
-            raise EngineError(f"{name} must be an integer of at least 1, got {value!r}")
-    if cfg.max_step_tokens < cfg.max_num_seqs:
-        # vLLM's rule too: a step must hold one decode token of every running sequence. (It
-        # was raised to max_num_seqs in silence: 16 with the default 256 ran 256-token chunks.)
-        raise EngineError(
-            f"max_step_tokens ({cfg.max_step_tokens}) must be at least max_num_seqs "
-            f"({cfg.max_num_seqs}): a step holds one token of every running sequence"
-        )
+    try:  # the scheduler's own rule (vLLM's too), before the weights load rather than after
+        check_batch_limits(cfg.max_num_seqs, cfg.max_step_tokens)
+    except SchedulerError as e:
+        raise EngineError(str(e)) from None
     device = resolve_device(cfg.device)
     dtype = cfg.dtype or default_dtype(device)
     try:

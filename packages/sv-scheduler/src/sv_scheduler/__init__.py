@@ -16,7 +16,7 @@ from .admission import (
     max_new_tokens_that_fit,
     window_credits_for,
 )
-from .config import Admission, Policy, SchedulerConfig
+from .config import Admission, Policy, SchedulerConfig, check_batch_limits
 from .errors import AdmissionError, SchedulerError
 from .plan import COUNTED_WAITS, PrefillChunk, StepPlan, WaitReason
 from .request import FinishedRequest, FinishReason, Request, RequestId
@@ -47,6 +47,7 @@ __all__ = [
     "SpeculationConfig",
     "StepPlan",
     "WaitReason",
+    "check_batch_limits",
     "check_request",
     "clamp_max_new_tokens",
     "credits_for",

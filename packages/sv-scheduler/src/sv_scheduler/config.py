@@ -47,7 +47,8 @@ class SchedulerConfig:
     speculation: SpeculationConfig | None = None
 
     def __post_init__(self) -> None:
-        for name in ("num_pages", "max_model_len", "page_size", "max_num_seqs", "max_step_tokens"):
+        check_batch_limits(self.max_num_seqs, self.max_step_tokens, "SchedulerConfig.")
+        for name in ("num_pages", "max_model_len", "page_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SchedulerError(
@@ -71,11 +72,6 @@ class SchedulerConfig:
             raise SchedulerError(
                 f"SchedulerConfig.policy must be 'continuous' or 'static', got {self.policy!r}"
             )
-        if self.max_step_tokens < self.max_num_seqs:
-            raise SchedulerError(
-                f"SchedulerConfig.max_step_tokens ({self.max_step_tokens}) must be at least "
-                f"max_num_seqs ({self.max_num_seqs}): every running decode needs one token per step"
-            )
         if self.admission not in ("conservative", "preemptive"):
             raise SchedulerError(
                 f"SchedulerConfig.admission must be 'conservative' or 'preemptive', "
@@ -85,3 +81,17 @@ class SchedulerConfig:
             raise SchedulerError("SchedulerConfig.prefix_caching must be a bool")
         if self.speculation is not None and not isinstance(self.speculation, SpeculationConfig):
             raise SchedulerError("SchedulerConfig.speculation must be a SpeculationConfig or None")
+
+
+def check_batch_limits(max_num_seqs: int, max_step_tokens: int, owner: str = "") -> None:
+    """SchedulerError unless both are positive integers and a step can hold one decode token of
+    every running sequence. `owner` prefixes the names in the message ("SchedulerConfig.");
+    the engine checks its arguments with this before it loads any weights."""
+    for name, value in (("max_num_seqs", max_num_seqs), ("max_step_tokens", max_step_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SchedulerError(f"{owner}{name} must be a positive integer, got {value!r}")
+    if max_step_tokens < max_num_seqs:
+        raise SchedulerError(
+            f"{owner}max_step_tokens ({max_step_tokens}) must be at least max_num_seqs "
+            f"({max_num_seqs}): every running decode needs one token per step"
+        )
