@@ -67,6 +67,34 @@ def test_greedy_chat_equals_engine_generate(
     assert reply.usage.total_tokens == len(expected.prompt_ids) + len(expected.output_ids)
 
 
+def test_a_reply_dumped_whole_goes_back_into_the_history(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """`messages.append(reply.choices[0].message.model_dump())`, a common idiom, sends back
+    every field of the client's reply object, most of them null (refusal, annotations, audio,
+    function_call): the next turn is the same as with the reply written as {role, content}."""
+    first = _chat(client, server, QUESTION, max_tokens=8, temperature=0).choices[0].message
+    dumped = first.model_dump()
+    assert dumped["refusal"] is None and dumped["annotations"] is None  # what the client sends
+
+    def next_turn(reply: dict[str, Any]) -> Any:
+        return client.chat.completions.create(
+            model=server.model_name,
+            messages=[
+                {"role": "user", "content": QUESTION},
+                reply,  # type: ignore[list-item]
+                {"role": "user", "content": "And of Spain?"},
+            ],
+            max_tokens=8,
+            temperature=0,
+        )
+
+    plain = next_turn({"role": "assistant", "content": first.content})
+    whole = next_turn(dumped)
+    assert whole.choices[0].message.content == plain.choices[0].message.content
+    assert whole.usage == plain.usage
+
+
 def test_completion_is_raw_text_not_chat(
     client: openai.OpenAI, server: RunningServer, oracle_engine: Any, default_model: Path
 ) -> None:

@@ -123,6 +123,26 @@ def test_chat_roles_are_openai_s() -> None:
     assert req.messages == [Message("system", "Be brief."), Message("user", "x")]
 
 
+def test_chat_reply_fields_are_accepted_only_empty() -> None:
+    """OpenAI's reply fields that its client sends back with a reply (refusal, annotations,
+    audio, function_call) say nothing when null or empty; anything in them is refused."""
+    user = {"role": "user", "content": "x"}
+    for key, empty in [("refusal", None), ("annotations", []), ("audio", None)]:
+        reply = {"role": "assistant", "content": "y", key: empty}
+        req = parse_chat_request({"messages": [user, reply, user]})
+        assert req.messages == [
+            Message("user", "x"),
+            Message("assistant", "y"),
+            Message("user", "x"),
+        ]
+    for key, value in [("refusal", "I can't."), ("function_call", {"name": "f"}), ("foo", None)]:
+        with pytest.raises(ServerError) as e:
+            parse_chat_request(
+                {"messages": [user, {"role": "assistant", "content": "", key: value}]}
+            )
+        assert e.value.status == 400 and e.value.param == "messages[1]" and key in e.value.message
+
+
 def test_chat_refuses_completion_only_fields() -> None:
     with pytest.raises(ServerError) as e:
         parse_chat_request({"messages": [{"role": "user", "content": "x"}], "echo": False})

@@ -420,13 +420,23 @@ def parse_chat_request(body: Any) -> GenerationRequest:
     return replace(req, tools=tools, grammar=req.grammar or call_grammar)
 
 
+# Fields of OpenAI's assistant reply that its client sends back as they are when a reply is
+# put into the history whole (`message.model_dump()`): accepted empty, as they then say nothing.
+_EMPTY_REPLY_FIELDS = frozenset({"refusal", "annotations", "audio", "function_call"})
+
+
 def _message(item: Any, index: int) -> Message:
     param = f"messages[{index}]"
     if not isinstance(item, dict):
         raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
     unknown = set(item) - {"role", "content", "name", "tool_calls", "tool_call_id"}
-    if unknown:
-        raise bad_request(f"unknown field {_shown(f'{param}.{sorted(unknown)[0]}')}", param)
+    for key in sorted(unknown):
+        if key not in _EMPTY_REPLY_FIELDS:
+            raise bad_request(f"unknown field {_shown(f'{param}.{key}')}", param)
+        if item[key] not in (None, []):
+            raise bad_request(
+                f"{param}.{key} is not supported by this server (got {_shown(item[key])})", param
+            )
     role, content, name = item.get("role"), item.get("content"), item.get("name")
     calls = _tool_calls(item.get("tool_calls"), role, param)
     call_id = item.get("tool_call_id")
