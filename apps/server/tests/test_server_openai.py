@@ -179,6 +179,22 @@ def test_completion_stream_concatenates_and_ends_with_done(server: RunningServer
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
 
 
+def test_a_stream_read_line_by_line_keeps_unicode_line_breaks_in_its_events(
+    server: RunningServer,
+) -> None:
+    """U+0085, U+2028 and U+2029 are line breaks to str.splitlines() and so to httpx's
+    iter_lines(), which many SSE readers use (these tests too), though JSON need not escape
+    them: in a text (here the echoed prompt) they must not cut an event in two."""
+    prompt = "one\u2028two\u2029three\u0085four"
+    body = {"prompt": prompt, "max_tokens": 2, "echo": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines), lines
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks).startswith(prompt)
+
+
 # --- stop strings ----------------------------------------------------------------------------
 
 

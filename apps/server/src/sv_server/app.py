@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
-import json
 import logging
 import os
 import time
@@ -65,6 +64,7 @@ from sv_server.protocol import (
     ChunkEncoder,
     GenerationRequest,
     chunk_body,
+    event_json,
     new_id,
     parse_chat_request,
     parse_completion_request,
@@ -752,7 +752,7 @@ async def _disconnected(receive: Receive) -> None:
 
 
 def _sse(payload: dict[str, Any] | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    data = payload if isinstance(payload, str) else event_json(payload)
     return f"data: {data}\n\n"
 
 

@@ -589,6 +589,21 @@ def chunk_body(
     }
 
 
+# Line breaks to Python's str.splitlines() that JSON leaves as they are: many SSE readers split
+# a stream with it (httpx's iter_lines() does), which would cut an event whose text holds one.
+_UNSPLIT_LINE_BREAKS = ("\u0085", "\u2028", "\u2029")
+
+
+def event_json(value: Any) -> str:
+    """`value` as the JSON of one server-sent event: UTF-8 as is, except the line breaks that
+    only some readers split at, escaped (the same JSON value), so every reader sees one line."""
+    text = json.dumps(value, ensure_ascii=False)
+    for char in _UNSPLIT_LINE_BREAKS:
+        if char in text:
+            text = text.replace(char, f"\\u{ord(char):04x}")
+    return text
+
+
 class ChunkEncoder:
     """The text chunks of one choice of a stream as server-sent events, fast.
 
@@ -608,7 +623,7 @@ class ChunkEncoder:
         self._head, self._tail = template.split(json.dumps(self._MARKER))
 
     def text_event(self, text: str) -> str:
-        return f"data: {self._head}{json.dumps(text, ensure_ascii=False)}{self._tail}\n\n"
+        return f"data: {self._head}{event_json(text)}{self._tail}\n\n"
 
 
 def usage_chunk_body(
