@@ -6,6 +6,7 @@ and healthy afterwards. Raw sockets where a client library would not misbehave e
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import socket
 import subprocess
@@ -153,6 +154,16 @@ def test_a_body_not_declared_json_is_415(guarded: RunningServer, content_type: s
         response, took = _timed_post(guarded.url + path, content=body, headers=headers)
         assert took < REFUSAL_S
         assert openai_error(response, 415)["code"] == "unsupported_media_type"
+
+
+def test_a_compressed_body_is_415_naming_its_encoding(guarded: RunningServer) -> None:
+    """gzip is not taken: the refusal says so, not that the bytes are not UTF-8 JSON."""
+    body = gzip.compress(json.dumps({"prompt": "hi", "max_tokens": 2}).encode())
+    headers = AUTH | {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    response = httpx.post(f"{guarded.url}/v1/completions", content=body, headers=headers)
+    error = openai_error(response, 415)
+    assert error["code"] == "unsupported_media_type" and "gzip" in error["message"]
+    assert response.headers["accept-encoding"] == "identity"
 
 
 def test_json_with_a_charset_is_fine(guarded: RunningServer) -> None:

@@ -1,6 +1,7 @@
 """A request body, from the wire to a checked JSON value: every way it can be wrong is a 4xx.
 
     Content-Type not application/json        415
+    Content-Encoding other than identity     415
     Content-Length or the bytes sent > limit  413, before the rest is read
     body not complete within the read timeout 408
     not JSON, nested too deep, a number too big to convert, NaN/Infinity, a lone surrogate  400
@@ -46,6 +47,15 @@ def check_content_type(request: Request) -> None:
             f"the request body must be JSON (Content-Type: application/json), got {shown}",
             status=415,
             code="unsupported_media_type",
+        )
+    # A compressed body would otherwise be read as JSON text and refused as "not UTF-8".
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise ServerError(
+            f"the request body must not be compressed, got Content-Encoding {encoding!r}",
+            status=415,
+            code="unsupported_media_type",
+            headers={"Accept-Encoding": "identity"},  # RFC 7694: the codings accepted
         )
 
 
