@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import openai
+import pydantic
 import pytest
 import tokenizers
 from server_test_support import openai_error
@@ -91,6 +92,43 @@ def test_a_reply_dumped_whole_goes_back_into_the_history(
 
     plain = next_turn({"role": "assistant", "content": first.content})
     whole = next_turn(dumped)
+    assert whole.choices[0].message.content == plain.choices[0].message.content
+    assert whole.usage == plain.usage
+
+
+# The client warns as it serializes its own reply (its `parsed` field is typed None there).
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+def test_a_parsed_reply_object_goes_back_into_the_history(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """The reply of the client's `.parse()` helper carries `parsed`, the client's own parse of
+    its content; appended to the history as it is, the next turn is the same as with the reply
+    written as {role, content}."""
+
+    class City(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=12)
+
+    question = {"role": "user", "content": "Name a city, as JSON."}
+    first = client.chat.completions.parse(
+        model=server.model_name,
+        messages=[question],  # type: ignore[list-item]
+        response_format=City,
+        max_tokens=32,
+        temperature=0,
+    )
+    reply = first.choices[0].message
+    assert reply.parsed is not None and reply.content is not None
+
+    def next_turn(reply: Any) -> Any:
+        return client.chat.completions.create(
+            model=server.model_name,
+            messages=[question, reply, {"role": "user", "content": "And another?"}],
+            max_tokens=8,
+            temperature=0,
+        )
+
+    plain = next_turn({"role": "assistant", "content": reply.content})
+    whole = next_turn(reply)
     assert whole.choices[0].message.content == plain.choices[0].message.content
     assert whole.usage == plain.usage
 

@@ -125,7 +125,8 @@ def test_chat_roles_are_openai_s() -> None:
 
 def test_chat_reply_fields_are_accepted_only_empty() -> None:
     """OpenAI's reply fields that its client sends back with a reply (refusal, annotations,
-    audio, function_call) say nothing when null or empty; anything in them is refused."""
+    audio, function_call) say nothing when null or empty; anything in them is refused. The
+    client's `parsed` repeats the content: ignored."""
     user = {"role": "user", "content": "x"}
     for key, empty in [("refusal", None), ("annotations", []), ("audio", None)]:
         reply = {"role": "assistant", "content": "y", key: empty}
@@ -135,6 +136,9 @@ def test_chat_reply_fields_are_accepted_only_empty() -> None:
             Message("assistant", "y"),
             Message("user", "x"),
         ]
+    reply = {"role": "assistant", "content": '{"a": 1}', "parsed": {"a": 1}}  # the client's
+    req = parse_chat_request({"messages": [user, reply, user]})
+    assert req.messages is not None and req.messages[1] == Message("assistant", '{"a": 1}')
     for key, value in [("refusal", "I can't."), ("function_call", {"name": "f"}), ("foo", None)]:
         with pytest.raises(ServerError) as e:
             parse_chat_request(

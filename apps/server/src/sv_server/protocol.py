@@ -423,6 +423,9 @@ def parse_chat_request(body: Any) -> GenerationRequest:
 # Fields of OpenAI's assistant reply that its client sends back as they are when a reply is
 # put into the history whole (`message.model_dump()`): accepted empty, as they then say nothing.
 _EMPTY_REPLY_FIELDS = frozenset({"refusal", "annotations", "audio", "function_call"})
+# The client's own parse of `content`, on the replies of its `.parse()` and `.stream()`
+# helpers (the reply object itself is sent back so): it repeats `content`, so it is ignored.
+_DERIVED_REPLY_FIELDS = frozenset({"parsed"})
 
 
 def _message(item: Any, index: int) -> Message:
@@ -430,6 +433,7 @@ def _message(item: Any, index: int) -> Message:
     if not isinstance(item, dict):
         raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
     unknown = set(item) - {"role", "content", "name", "tool_calls", "tool_call_id"}
+    unknown -= _DERIVED_REPLY_FIELDS
     for key in sorted(unknown):
         if key not in _EMPTY_REPLY_FIELDS:
             raise bad_request(f"unknown field {_shown(f'{param}.{key}')}", param)
