@@ -147,6 +147,44 @@ def test_chat_reply_fields_are_accepted_only_empty() -> None:
         assert e.value.status == 400 and e.value.param == "messages[1]" and key in e.value.message
 
 
+def test_openai_chat_fields_for_what_the_server_has_not_are_taken_off_only() -> None:
+    """OpenAI's `store`, `service_tier`, `reasoning_effort`, ... are no unknown fields: at the
+    value that asks for nothing (as a client that sends every field sends them) they pass; any
+    other is refused naming the field; the completions endpoint knows none of them."""
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    off = {
+        "store": False,
+        "metadata": None,
+        "service_tier": "auto",
+        "reasoning_effort": None,
+        "verbosity": None,
+        "modalities": ["text"],
+        "audio": None,
+        "prediction": None,
+        "web_search_options": None,
+        "safety_identifier": "user-1",
+        "prompt_cache_key": "k",
+    }
+    assert parse_chat_request({**chat, **off}).messages == [Message("user", "x")]
+    assert parse_chat_request({**chat, "service_tier": "default"}).messages is not None
+    on = {
+        "store": True,
+        "metadata": {"a": "b"},
+        "service_tier": "flex",
+        "reasoning_effort": "low",
+        "modalities": ["text", "audio"],
+        "prediction": {"type": "content", "content": "x"},
+        "safety_identifier": 3,
+    }
+    for key, value in on.items():
+        with pytest.raises(ServerError) as e:
+            parse_chat_request({**chat, key: value})
+        assert e.value.status == 400 and e.value.param == key
+    with pytest.raises(ServerError) as e:
+        parse_completion_request({"prompt": "x", "store": False})
+    assert e.value.param == "store" and "unknown" in e.value.message
+
+
 def test_chat_refuses_completion_only_fields() -> None:
     with pytest.raises(ServerError) as e:
         parse_chat_request({"messages": [{"role": "user", "content": "x"}], "echo": False})

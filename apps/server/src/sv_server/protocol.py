@@ -85,7 +85,21 @@ class GenerationRequest:
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
+    # OpenAI's chat fields for what this server has not: nothing is stored for later
+    # retrieval (and OpenAI takes `metadata` only to store), there is one service tier, and
+    # the model neither reasons nor speaks.
+    "store": (None, False),
+    "metadata": (None,),
+    "service_tier": (None, "auto", "default"),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "web_search_options": (None,),
 }
+# OpenAI's tags for the operator, as `user` (which they replace): nothing to honour, accepted.
+_TAG_FIELDS = ("user", "safety_identifier", "prompt_cache_key")
 _SAMPLING_FIELDS = frozenset(
     {
         "model",
@@ -115,9 +129,12 @@ _SAMPLING_FIELDS = frozenset(
 )
 _COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo"}
 _CHAT_FIELDS = (
-    _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"} | TOOL_FIELDS
+    _SAMPLING_FIELDS
+    | {"messages", "max_completion_tokens", "top_logprobs", "safety_identifier", "prompt_cache_key"}
+    | TOOL_FIELDS
 )
 _NOT_FOR_CHAT = frozenset({"best_of", "suffix"})
+_NOT_FOR_COMPLETIONS = frozenset(_OFF_VALUES) - _NOT_FOR_CHAT
 
 
 # --- field checks ---------------------------------------------------------------------------
@@ -169,7 +186,7 @@ def _is_off(value: Any, off_values: tuple[Any, ...]) -> bool:
 
 def _check_fields(body: Mapping[str, Any], kind: Kind) -> None:
     allowed = _COMPLETION_FIELDS if kind == "completion" else _CHAT_FIELDS
-    excluded = frozenset() if kind == "completion" else _NOT_FOR_CHAT
+    excluded = _NOT_FOR_COMPLETIONS if kind == "completion" else _NOT_FOR_CHAT
     for key, value in body.items():
         if key in allowed:
             continue
@@ -280,7 +297,8 @@ def _sampling(
     max_tokens: int | None,
 ) -> GenerationRequest:
     model = _get(body, "model", lambda v: isinstance(v, str), "a string")
-    _get(body, "user", lambda v: isinstance(v, str), "a string")
+    for tag in _TAG_FIELDS:
+        _get(body, tag, lambda v: isinstance(v, str), "a string")
     n = _optional_int(body, "n", 1, MAX_N) or 1
     if prompts is not None and len(prompts) * n > MAX_PROMPTS:
         raise bad_request(
