@@ -185,6 +185,22 @@ def test_openai_chat_fields_for_what_the_server_has_not_are_taken_off_only() -> 
     assert e.value.param == "store" and "unknown" in e.value.message
 
 
+def test_stream_options_include_obfuscation_is_taken_false_only() -> None:
+    """OpenAI's `stream_options.include_obfuscation: false` asks for chunks without its
+    random padding, which these chunks never have; true (padding) is refused."""
+    for parse, body in [
+        (parse_chat_request, {"messages": [{"role": "user", "content": "x"}]}),
+        (parse_completion_request, {"prompt": "x"}),
+    ]:
+        for off in (False, None):
+            options = {"include_usage": True, "include_obfuscation": off}
+            req = parse({**body, "stream": True, "stream_options": options})
+            assert req.stream and req.include_usage
+        with pytest.raises(ServerError) as e:
+            parse({**body, "stream": True, "stream_options": {"include_obfuscation": True}})
+        assert e.value.param == "stream_options" and "include_obfuscation" in e.value.message
+
+
 def test_chat_refuses_completion_only_fields() -> None:
     with pytest.raises(ServerError) as e:
         parse_chat_request({"messages": [{"role": "user", "content": "x"}], "echo": False})

@@ -325,12 +325,20 @@ def _sampling(
             raise bad_request(
                 "'stream_options' is only allowed with 'stream': true", "stream_options"
             )
-        unknown = set(options) - {"include_usage"}
+        unknown = set(options) - {"include_usage", "include_obfuscation"}
         if unknown:
             raise bad_request(
                 f"unknown field 'stream_options.{sorted(unknown)[0]}'", "stream_options"
             )
         include_usage = _bool(options, "include_usage")
+        # OpenAI pads its chunks with random `obfuscation` text unless this is false; these
+        # chunks carry none, so false (or null) is what this server does.
+        if _bool(options, "include_obfuscation", default=False):
+            raise bad_request(
+                "'stream_options.include_obfuscation' is not supported by this server "
+                "(its chunks carry no obfuscation padding): leave it out or set it false",
+                "stream_options",
+            )
     stop_token_ids = _stop_token_ids(body)
     include_stop = _bool(body, "include_stop_str_in_output")
     if include_stop and stop_token_ids:
