@@ -84,16 +84,70 @@ class ChatFormat(Protocol):
         self,
         messages: Sequence[Message],
         *,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
         tools: Tools | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """The conversation's ids; with add_generation_prompt, ending in the assistant's header.
-        `tools`: the functions the model may call, written as the format writes them."""
+        """The conversation's ids. `add_generation_prompt` (default: true, unless
+        `continue_final_message`): end in the assistant's header, for a new answer.
+        `continue_final_message`: the last message is the assistant's and is left open (no
+        end-of-turn), for the model to go on writing it (vLLM's and transformers' options of
+        these names; both true is an error). `tools`: the functions the model may call, written
+        as the format writes them. `chat_template_kwargs`: extra variables for a model
+        folder's own jinja template (transformers' `apply_chat_template(**kwargs)`)."""
         ...
 
     def encode_user_prompt(self, text: str) -> list[int]:
         """One user message followed by the assistant's header: a prompt ready to generate from."""
         ...
+
+
+def generation_prompt(
+    messages: Sequence[Message], add_generation_prompt: bool | None, continue_final_message: bool
+) -> bool:
+    """Whether to end in the assistant's header, from vLLM's pair of options: a new answer
+    (the default) or the last message continued, never both."""
+    if not continue_final_message:
+        return True if add_generation_prompt is None else add_generation_prompt
+    if add_generation_prompt:
+        raise TokenizerError(
+            "add_generation_prompt and continue_final_message cannot both be true: the first "
+            "starts a new assistant message, the second continues the last one",
+            argument="continue_final_message",
+        )
+    role = messages[-1].role if messages else None
+    if role != "assistant":
+        raise TokenizerError(
+            "continue_final_message: the last message must be the assistant's (the text to "
+            f"continue), got role {role!r}",
+            argument="continue_final_message",
+        )
+    return False
+
+
+def check_template_kwargs(value: object) -> Mapping[str, Any]:
+    """`chat_template_kwargs` as given: a mapping of variable names (None: none)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise TokenizerError(
+            f"chat_template_kwargs must map variable names to values, got {value!r}",
+            argument="chat_template_kwargs",
+        )
+    return value
+
+
+def _refuse_template_kwargs(chat_template_kwargs: object, format_name: str) -> None:
+    """A built-in format is no jinja template: a variable for it would change nothing."""
+    keys = check_template_kwargs(chat_template_kwargs)
+    if keys:
+        raise TokenizerError(
+            f"chat_template_kwargs {', '.join(map(repr, keys))}: the built-in {format_name} "
+            "chat format is not a jinja template and has no variables to set, so it would "
+            "change nothing; a model folder with its own chat_template takes them",
+            argument="chat_template_kwargs",
+        )
 
 
 def _special_id(tokenizer: ChatTokenizer, name: str, format_name: str) -> int:
@@ -136,28 +190,39 @@ class Llama3ChatFormat:
     def _header(self, role: str) -> list[int]:
         return [self.start_header, *self.tokenizer.encode(role), self.end_header]
 
-    def encode_message(self, message: Message, index: int = 0) -> list[int]:
+    def encode_message(
+        self, message: Message, index: int = 0, *, open_end: bool = False
+    ) -> list[int]:
+        """`open_end`: without its end of turn and trailing whitespace, to be continued (the
+        HF template's text cut where transformers cuts it for continue_final_message)."""
         _check_role(message, index, self.ROLES)
         role = "ipython" if message.role == "tool" else message.role
-        body = self.tokenizer.encode("\n\n" + message.content.strip())
-        return [*self._header(role), *body, self.end_of_turn]
+        body = "\n\n" + message.content.strip()
+        if open_end:
+            return [*self._header(role), *self.tokenizer.encode(body.rstrip())]
+        return [*self._header(role), *self.tokenizer.encode(body), self.end_of_turn]
 
     def encode_dialog(
         self,
         messages: Sequence[Message],
         *,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
         tools: Tools | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Tools and tool calls in Llama 3.x's JSON tool-call format (see tool_format.py)."""
         from .tool_format import with_llama3_tools
 
+        generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
+        _refuse_template_kwargs(chat_template_kwargs, "Llama 3")
         if tools or any(m.tool_calls for m in messages):
             messages = with_llama3_tools(messages, tools)
         ids = [self.begin_of_text]
         for index, message in enumerate(messages):
-            ids += self.encode_message(message, index)
-        if add_generation_prompt:
+            open_end = continue_final_message and index == len(messages) - 1
+            ids += self.encode_message(message, index, open_end=open_end)
+        if generation:
             ids += self._header("assistant") + self.tokenizer.encode("\n\n")
         return ids
 
@@ -193,21 +258,23 @@ class ChatMLFormat:
         self.im_start = _special_id(tokenizer, "<|im_start|>", "ChatML")
         self.im_end = _special_id(tokenizer, "<|im_end|>", "ChatML")
 
-    def _message(self, role: str, content: str) -> list[int]:
-        return [
-            self.im_start,
-            *self.tokenizer.encode(f"{role}\n{content}"),
-            self.im_end,
-            *self.tokenizer.encode("\n"),
-        ]
+    def _message(self, role: str, content: str, *, open_end: bool = False) -> list[int]:
+        """`open_end`: without its end of turn, to be continued (SmolLM2's template writes a
+        content as it is, so transformers' continue_final_message keeps all of it)."""
+        text = [self.im_start, *self.tokenizer.encode(f"{role}\n{content}")]
+        return text if open_end else [*text, self.im_end, *self.tokenizer.encode("\n")]
 
     def encode_dialog(
         self,
         messages: Sequence[Message],
         *,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
         tools: Tools | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
+        generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
+        _refuse_template_kwargs(chat_template_kwargs, "ChatML")
         if tools or any(m.tool_calls for m in messages):
             raise TokenizerError(
                 f"{self.tokenizer.source}: the built-in ChatML format has no tool calls; a "
@@ -219,8 +286,9 @@ class ChatMLFormat:
             ids += self._message("system", self.default_system_prompt)
         for index, message in enumerate(messages):
             _check_role(message, index, self.ROLES)
-            ids += self._message(message.role, message.content)
-        if add_generation_prompt:
+            open_end = continue_final_message and index == len(messages) - 1
+            ids += self._message(message.role, message.content, open_end=open_end)
+        if generation:
             ids += [self.im_start, *self.tokenizer.encode("assistant\n")]
         return ids
 

@@ -3,9 +3,16 @@
 Rendering follows transformers' apply_chat_template: a sandboxed jinja2 environment with
 trim_blocks and lstrip_blocks, the loopcontrols extension, a `{% generation %}` tag, its
 `tojson` (no HTML escaping), `raise_exception()` and `strftime_now()`, and the variables
-`messages`, `add_generation_prompt`, `tools`/`documents` (None) and the folder's special
-token strings (`bos_token`, `eos_token`, …). jinja2 is imported only when a template is
-first rendered (it is the optional `chat-template` extra).
+`messages`, `add_generation_prompt`, `tools`/`documents` (None), the folder's special
+token strings (`bos_token`, `eos_token`, …) and the caller's `chat_template_kwargs` (e.g.
+Qwen3's `enable_thinking`). jinja2 is imported only when a template is first rendered (it is
+the optional `chat-template` extra).
+
+`chat_template_kwargs` may not replace a variable the format sets itself (above, and the
+environment's functions), and a name the template never reads is refused rather than silently
+ignored. `continue_final_message` cuts the render as transformers does: a tag after the last
+message's content marks where its text ends (and whether the template kept its trailing
+whitespace).
 
 Keeping user text out of the control tokens: the rendered string mixes the template's own
 special tokens with message contents, and encoding it with special tokens allowed would let a
@@ -23,18 +30,50 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from .chat import ChatTokenizer, Message, Tools
+from .chat import ChatTokenizer, Message, Tools, check_template_kwargs, generation_prompt
 from .errors import TokenizerError
 
 _OPEN = "\U000f0000"  # Supplementary Private Use Area-A: never in real text, untouched by
 _CLOSE = "\U000f0001"  # upper/lower/trim/escaping filters
 _SENTINEL = re.compile(f"{_OPEN}([0-9]+){_CLOSE}")
+# transformers' continue_final_message tag, as a private-use character: the space after it is
+# dropped by a template that strips the content's end, which then loses its trailing whitespace.
+_CONTINUE = "\U000f0002"
+_CONTINUE_TAG = _CONTINUE + " "
+
+# Variables the format sets itself: what transformers passes besides the caller's kwargs (and
+# vLLM's own request fields), and every special-token name transformers may pass.
+_SET_BY_THE_FORMAT = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "sep_token",
+        "pad_token",
+        "cls_token",
+        "mask_token",
+        "additional_special_tokens",
+    }
+)
 
 RenderFunction = Callable[..., str]
+
+
+@dataclass(frozen=True)
+class CompiledTemplate:
+    render: RenderFunction
+    variables: frozenset[str]  # the names the template reads from its caller
+    functions: frozenset[str]  # the environment's own names (range, namespace, raise_exception…)
 
 
 class TemplateTokenizer(ChatTokenizer, Protocol):
@@ -51,11 +90,12 @@ class TemplateTokenizer(ChatTokenizer, Protocol):
     def split_special(self, text: str) -> list[str | int]: ...
 
 
-def compile_chat_template(template: str, source: str) -> RenderFunction:
-    """Compile the template as transformers does; returns its render function."""
+def compile_chat_template(template: str, source: str) -> CompiledTemplate:
+    """Compile the template as transformers does."""
     try:
         import jinja2
         import jinja2.ext
+        import jinja2.meta
         import jinja2.nodes
         import jinja2.sandbox
     except ImportError:
@@ -108,6 +148,7 @@ def compile_chat_template(template: str, source: str) -> RenderFunction:
     environment.globals["strftime_now"] = strftime_now
     try:
         compiled = environment.from_string(template)
+        variables = jinja2.meta.find_undeclared_variables(environment.parse(template))
     except jinja2.exceptions.TemplateSyntaxError as error:
         raise TokenizerError(
             f"{source}: chat_template line {error.lineno}: {error.message}"
@@ -125,7 +166,16 @@ def compile_chat_template(template: str, source: str) -> RenderFunction:
                 f"{source}: the chat template failed: {type(error).__name__}: {error}"
             ) from None
 
-    return render
+    return CompiledTemplate(render, frozenset(variables), frozenset(environment.globals))
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What a render takes besides the messages."""
+
+    add_generation_prompt: bool
+    tools: Tools | None
+    variables: Mapping[str, Any]
 
 
 class TemplateChatFormat:
@@ -146,30 +196,82 @@ class TemplateChatFormat:
             self.template_tokens["bos_token"] = tokenizer.token_bytes(tokenizer.bos_id).decode(
                 "utf-8", "replace"
             )
-        self._render: RenderFunction | None = None
+        self._compiled: CompiledTemplate | None = None
+
+    def _template(self) -> CompiledTemplate:
+        if self._compiled is None:
+            self._compiled = compile_chat_template(self.template, self.source)
+        return self._compiled
 
     def render(
         self,
         messages: Sequence[Message],
         *,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
         tools: Tools | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The template's text for this conversation, exactly as transformers renders it."""
-        return self._render_dicts(
-            [_as_dict(m, m.content) for m in messages], add_generation_prompt, tools
+        messages, options = self._prepare(
+            messages, add_generation_prompt, continue_final_message, tools, chat_template_kwargs
         )
+        rendered = self._render_messages(messages, options)
+        return rendered[: _continued_end(rendered)] if continue_final_message else rendered
 
-    def _render_dicts(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: Tools | None
-    ) -> str:
-        if self._render is None:
-            self._render = compile_chat_template(self.template, self.source)
-        return self._render(
+    def _prepare(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool | None,
+        continue_final_message: bool,
+        tools: Tools | None,
+        chat_template_kwargs: Mapping[str, Any] | None,
+    ) -> tuple[Sequence[Message], _Options]:
+        """The options checked; with continue_final_message, the tag after the last content."""
+        generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
+        options = _Options(generation, tools, self._variables(chat_template_kwargs))
+        if continue_final_message:
+            last = messages[-1]
+            messages = [*messages[:-1], replace(last, content=last.content + _CONTINUE_TAG)]
+        return messages, options
+
+    def _variables(self, chat_template_kwargs: Mapping[str, Any] | None) -> Mapping[str, Any]:
+        """The caller's template variables, checked: none replaces one the format sets, and
+        each is one the template reads (else it would silently change nothing)."""
+        variables = check_template_kwargs(chat_template_kwargs)
+        if not variables:
+            return variables
+        template = self._template()
+        for key in variables:
+            if (
+                key in _SET_BY_THE_FORMAT
+                or key in self.template_tokens
+                or key in template.functions
+            ):
+                raise TokenizerError(
+                    f"chat_template_kwargs {key!r}: the chat format sets this template variable "
+                    "itself (from the conversation, its own arguments or the model folder); it "
+                    "cannot be replaced",
+                    argument="chat_template_kwargs",
+                )
+            if key not in template.variables:
+                raise TokenizerError(
+                    f"chat_template_kwargs {key!r}: {self.source} never reads this variable, "
+                    "so it would change nothing",
+                    argument="chat_template_kwargs",
+                )
+        return variables
+
+    def _render_messages(self, messages: Sequence[Message], options: _Options) -> str:
+        return self._render_dicts([_as_dict(m, m.content) for m in messages], options)
+
+    def _render_dicts(self, messages: list[dict[str, Any]], options: _Options) -> str:
+        return self._template().render(
             **self.template_tokens,
+            **options.variables,
             messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            tools=list(tools) if tools else None,
+            add_generation_prompt=options.add_generation_prompt,
+            tools=list(options.tools) if options.tools else None,
             documents=None,
         )
 
@@ -177,15 +279,28 @@ class TemplateChatFormat:
         self,
         messages: Sequence[Message],
         *,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
         tools: Tools | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        # Tools and tool calls are rendered as template text, where special-token text counts.
+        messages, options = self._prepare(
+            messages, add_generation_prompt, continue_final_message, tools, chat_template_kwargs
+        )
+        # Tools, tool calls and template variables are rendered as template text, where
+        # special-token text counts.
         calls = [c for m in messages for c in m.tool_calls]
         as_text = json.dumps([list(tools or ()), [(c.name, c.arguments) for c in calls]])
         forged_in_tools = self.tokenizer.find_special(as_text)
         if forged_in_tools is not None:
             raise TokenizerError(f"the tools or tool calls contain the token {forged_in_tools}")
+        for key, value in options.variables.items():
+            forged = self.tokenizer.find_special(json.dumps(value, ensure_ascii=False, default=str))
+            if forged is not None:
+                raise TokenizerError(
+                    f"chat_template_kwargs {key!r} contains the token {forged}",
+                    argument="chat_template_kwargs",
+                )
         for index, message in enumerate(messages):
             # Roles and names are rendered as template text, where special-token text counts.
             for field, value in (("role", message.role), ("name", message.name)):
@@ -194,11 +309,12 @@ class TemplateChatFormat:
                     raise TokenizerError(
                         f"chat message {index}: {field} {value!r} contains the token {forged}"
                     )
-        rendered = self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
-        self._check_tools_rendered(messages, add_generation_prompt, tools, rendered)
-        segments = self._segments(messages, add_generation_prompt, rendered, tools)
+        rendered = self._render_messages(messages, options)
+        self._check_tools_rendered(messages, options, rendered)
+        end = _continued_end(rendered) if continue_final_message else len(rendered)
+        segments = self._segments(messages, options, rendered)
         if segments is not None:
-            return self._encode_segments(segments)
+            return self._encode_segments(_cut(segments, end))
         # The template changes contents beyond trimming: the plain render is only safe when no
         # content holds special-token text (then no content can turn into a control token).
         for index, message in enumerate(messages):
@@ -208,27 +324,21 @@ class TemplateChatFormat:
                     f"chat message {index} contains the special token text {forged!r} and this chat "
                     "template transforms message contents, so it cannot be kept as plain text"
                 )
-        return self.tokenizer.encode(rendered, allow_special=True)
+        return self.tokenizer.encode(rendered[:end], allow_special=True)
 
     def encode_user_prompt(self, text: str) -> list[int]:
         return self.encode_dialog([Message("user", text)])
 
     def _check_tools_rendered(
-        self,
-        messages: Sequence[Message],
-        add_generation_prompt: bool,
-        tools: Tools | None,
-        rendered: str,
+        self, messages: Sequence[Message], options: _Options, rendered: str
     ) -> None:
         """Refuse tools, or an assistant's earlier tool calls, that the template leaves out of
         its text (many templates have no place for them): the model would never see the
         functions it is offered, or would answer as if the calls had not been made. Left out
         means the text stays the same when their function names change (a render without them
         could fail in a template written for tools)."""
-        probe = _renamed_tools(tools or ())
-        if probe and rendered == self.render(
-            messages, add_generation_prompt=add_generation_prompt, tools=probe
-        ):
+        probe = _renamed_tools(options.tools or ())
+        if probe and rendered == self._render_messages(messages, replace(options, tools=probe)):
             raise TokenizerError(
                 f"{self.source} does not render tools, so the model would never see them; "
                 "use a model whose chat template takes tools",
@@ -239,9 +349,7 @@ class TemplateChatFormat:
                 replace(m, tool_calls=tuple(replace(c, name=c.name + "_") for c in m.tool_calls))
                 for m in messages
             ]
-            if rendered == self.render(
-                renamed, add_generation_prompt=add_generation_prompt, tools=tools
-            ):
+            if rendered == self._render_messages(renamed, options):
                 raise TokenizerError(
                     f"{self.source} does not render an assistant message's tool_calls, so the "
                     "model would not see the calls it made; use a model whose chat template "
@@ -249,11 +357,7 @@ class TemplateChatFormat:
                 )
 
     def _segments(
-        self,
-        messages: Sequence[Message],
-        add_generation_prompt: bool,
-        rendered: str,
-        tools: Tools | None,
+        self, messages: Sequence[Message], options: _Options, rendered: str
     ) -> list[tuple[str, bool]] | None:
         """The render cut into (text, is_message_content) pieces, or None if that cannot be trusted."""
         everything = [
@@ -273,7 +377,7 @@ class TemplateChatFormat:
             trailing = content[len(content.rstrip()) :] if core else ""
             cores.append(core)
             placeholders.append(_as_dict(message, f"{leading}{_OPEN}{index}{_CLOSE}{trailing}"))
-        with_placeholders = self._render_dicts(placeholders, add_generation_prompt, tools)
+        with_placeholders = self._render_dicts(placeholders, options)
         pieces = _SENTINEL.split(with_placeholders)
         # split() alternates: template text, message index, template text, ...
         segments = [
@@ -301,6 +405,32 @@ class TemplateChatFormat:
                     ids.append(part)
         ids += self.tokenizer.encode("".join(plain), at_start=not ids)
         return ids
+
+
+def _continued_end(rendered: str) -> int:
+    """Where a render for continue_final_message ends, as transformers cuts it: before the tag
+    after the last message's content, and before that content's trailing whitespace too when
+    the template strips it (it then strips the tag's space)."""
+    count = rendered.count(_CONTINUE)
+    if count != 1:
+        raise TokenizerError(
+            "continue_final_message: the chat template writes the last message "
+            f"{'more than once' if count else 'without its end'}, so it cannot be continued",
+            argument="continue_final_message",
+        )
+    at = rendered.index(_CONTINUE)
+    return at if rendered.startswith(_CONTINUE_TAG, at) else len(rendered[:at].rstrip())
+
+
+def _cut(segments: list[tuple[str, bool]], end: int) -> list[tuple[str, bool]]:
+    """The segments' first `end` characters."""
+    out = []
+    for text, is_content in segments:
+        if end <= 0:
+            break
+        out.append((text[:end], is_content))
+        end -= len(text)
+    return out
 
 
 def _renamed_tools(tools: Tools) -> list[dict[str, Any]] | None:

