@@ -80,7 +80,10 @@ def test_qwen3_template_options_match_transformers(qwen_dir: Path, kwargs: dict[
     assert isinstance(chat, TemplateChatFormat) and "enable_thinking" in chat.template
     hf = transformers.AutoTokenizer.from_pretrained(qwen_dir)
     for messages, generation, continued in _conversations():
-        options = {"add_generation_prompt": generation, "continue_final_message": continued}
+        options: dict[str, Any] = {
+            "add_generation_prompt": generation,
+            "continue_final_message": continued,
+        }
         text, ids = _oracle(hf, messages, **options, **kwargs)
         assert chat.render(messages, **options, chat_template_kwargs=kwargs) == text
         assert chat.encode_dialog(messages, **options, chat_template_kwargs=kwargs) == ids
@@ -113,7 +116,10 @@ def test_a_kwarg_template_matches_transformers(
         llama_model, STYLED_TEMPLATE, template_tokens={"bos_token": "<|begin_of_text|>"}
     )
     for messages, generation, continued in _conversations():
-        options = {"add_generation_prompt": generation, "continue_final_message": continued}
+        options: dict[str, Any] = {
+            "add_generation_prompt": generation,
+            "continue_final_message": continued,
+        }
         text, ids = _oracle(
             hf_llama_chat, messages, chat_template=STYLED_TEMPLATE, **options, **kwargs
         )
@@ -148,7 +154,10 @@ def test_built_in_formats_continue_as_their_templates_do(
         (smollm2, hf_smollm2_chat, smollm2_template),
     ):
         for messages, generation, continued in _conversations():
-            options = {"add_generation_prompt": generation, "continue_final_message": continued}
+            options: dict[str, Any] = {
+                "add_generation_prompt": generation,
+                "continue_final_message": continued,
+            }
             _, ids = _oracle(hf, messages, chat_template=template, **options)
             assert tokenizer.chat_format.encode_dialog(messages, **options) == ids, (
                 messages[-1],
