@@ -52,7 +52,8 @@ VALID = {
 FIELDS = st.sampled_from([*VALID, "max_completion_tokens", "n", "stream_options", "echo",
                           "best_of", "suffix", "logit_bias", "top_logprobs", "tools",
                           "tool_choice", "response_format", "guided_json", "guided_regex",
-                          "guided_choice", "guided_grammar"])  # fmt: skip
+                          "guided_choice", "guided_grammar", "chat_template_kwargs",
+                          "add_generation_prompt", "continue_final_message"])  # fmt: skip
 ODD_FIELD = st.dictionaries(FIELDS, JSON, min_size=1, max_size=1)
 
 
@@ -84,7 +85,12 @@ TOKENIZE_BODIES = (
     )
     | st.fixed_dictionaries(
         {"messages": st.lists(MESSAGE, min_size=1, max_size=3)},
-        optional={"add_generation_prompt": st.booleans(), "add_special_tokens": st.booleans()},
+        optional={
+            "add_generation_prompt": st.booleans(),
+            "continue_final_message": st.booleans(),
+            "chat_template_kwargs": st.just({}) | JSON,
+            "add_special_tokens": st.booleans(),
+        },
     )
     | ODD_FIELD.map(lambda odd: {"prompt": "x"} | odd)
     | JSON

@@ -43,7 +43,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_scheduler import max_new_tokens_that_fit
-from sv_tokenizer import Tokenizer, TokenizerError
+from sv_tokenizer import Message, Tokenizer, TokenizerError, Tools
 
 from sv_server import tools
 from sv_server.auth import ApiKeyMiddleware
@@ -61,6 +61,7 @@ from sv_server.logprobs import LogprobsWriter, Scored
 from sv_server.metrics import CONTENT_TYPE, Metrics
 from sv_server.protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
+    ChatOptions,
     ChunkEncoder,
     GenerationRequest,
     chunk_body,
@@ -312,12 +313,7 @@ def _tokenize_body(state: ServerState, raw: bytes) -> list[int]:
     ids = [bos] if req.add_special_tokens and state.add_bos and bos is not None else []
     if req.messages is None:
         return ids + state.tokenizer.encode(req.prompt or "")
-    try:
-        return ids + state.tokenizer.chat_format.encode_dialog(
-            req.messages, add_generation_prompt=req.add_generation_prompt
-        )
-    except TokenizerError as e:
-        raise bad_request(_client_message(state, e), param="messages") from e
+    return ids + _encode_chat(state, req.messages, req.chat_options)
 
 
 async def _detokenize(request: Request, state: ServerState) -> Response:
@@ -395,13 +391,31 @@ def _prepare(
     req = parse(decode_json(raw))
     _check_model(state, req.model)
     if req.messages is not None:  # chat: the model's chat format
-        try:
-            tools = req.tools.tools if req.tools is not None else None
-            return req, [state.tokenizer.chat_format.encode_dialog(req.messages, tools=tools)]
-        except TokenizerError as e:
-            raise bad_request(_client_message(state, e), param=e.argument) from e
+        tools = req.tools.tools if req.tools is not None else None
+        return req, [_encode_chat(state, req.messages, req.chat_options, tools)]
     prompts = req.prompts or []
     return req, [_prompt_ids(state, p, _which(i, len(prompts))) for i, p in enumerate(prompts)]
+
+
+def _encode_chat(
+    state: ServerState,
+    messages: list[Message],
+    options: ChatOptions | None,
+    tools: Tools | None = None,
+) -> list[int]:
+    """A conversation's ids in the model's chat format; its refusals are 400s naming the
+    field at fault."""
+    options = options or ChatOptions()
+    try:
+        return state.tokenizer.chat_format.encode_dialog(
+            messages,
+            add_generation_prompt=options.add_generation_prompt,
+            continue_final_message=options.continue_final_message,
+            tools=tools,
+            chat_template_kwargs=options.chat_template_kwargs,
+        )
+    except TokenizerError as e:
+        raise bad_request(_client_message(state, e), param=e.argument) from e
 
 
 def _which(index: int, count: int) -> str:

