@@ -262,7 +262,7 @@ def test_a_template_that_drops_the_final_message_cannot_continue_it(
     )
     _refused(
         "continue_final_message",
-        "writes the last message without its end",
+        "leaves the end of the last message out",
         users_only.encode_dialog,
         [Message("user", "Hi"), Message("assistant", "Hel")],
         continue_final_message=True,

@@ -412,10 +412,17 @@ def _continued_end(rendered: str) -> int:
     after the last message's content, and before that content's trailing whitespace too when
     the template strips it (it then strips the tag's space)."""
     count = rendered.count(_CONTINUE)
-    if count != 1:
+    if count == 0:
         raise TokenizerError(
-            "continue_final_message: the chat template writes the last message "
-            f"{'more than once' if count else 'without its end'}, so it cannot be continued",
+            "continue_final_message: the chat template leaves the end of the last message out "
+            "of its text, so it cannot be continued",
+            argument="continue_final_message",
+        )
+    if count > 1:
+        raise TokenizerError(
+            "continue_final_message: the end of the last message is not one place in the "
+            "template's text (the template repeats it, or a message holds U+F0002, the "
+            "private-use character that marks it)",
             argument="continue_final_message",
         )
     at = rendered.index(_CONTINUE)
