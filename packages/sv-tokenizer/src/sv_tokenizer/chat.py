@@ -95,7 +95,8 @@ class ChatFormat(Protocol):
         end-of-turn), for the model to go on writing it (vLLM's and transformers' options of
         these names; both true is an error). `tools`: the functions the model may call, written
         as the format writes them. `chat_template_kwargs`: extra variables for a model
-        folder's own jinja template (transformers' `apply_chat_template(**kwargs)`)."""
+        folder's own jinja template (transformers' `apply_chat_template(**kwargs)`); those it
+        never reads, and every one given to a built-in format, are dropped, as vLLM does."""
         ...
 
     def encode_user_prompt(self, text: str) -> list[int]:
@@ -136,18 +137,6 @@ def check_template_kwargs(value: object) -> Mapping[str, Any]:
             argument="chat_template_kwargs",
         )
     return value
-
-
-def _refuse_template_kwargs(chat_template_kwargs: object, format_name: str) -> None:
-    """A built-in format is no jinja template: a variable for it would change nothing."""
-    keys = check_template_kwargs(chat_template_kwargs)
-    if keys:
-        raise TokenizerError(
-            f"chat_template_kwargs {', '.join(map(repr, keys))}: the built-in {format_name} "
-            "chat format is not a jinja template and has no variables to set, so it would "
-            "change nothing; a model folder with its own chat_template takes them",
-            argument="chat_template_kwargs",
-        )
 
 
 def _special_id(tokenizer: ChatTokenizer, name: str, format_name: str) -> int:
@@ -215,7 +204,7 @@ class Llama3ChatFormat:
         from .tool_format import with_llama3_tools
 
         generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
-        _refuse_template_kwargs(chat_template_kwargs, "Llama 3")
+        check_template_kwargs(chat_template_kwargs)  # no variables: each is dropped
         if tools or any(m.tool_calls for m in messages):
             messages = with_llama3_tools(messages, tools)
         ids = [self.begin_of_text]
@@ -274,7 +263,7 @@ class ChatMLFormat:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
-        _refuse_template_kwargs(chat_template_kwargs, "ChatML")
+        check_template_kwargs(chat_template_kwargs)  # no variables: each is dropped
         if tools or any(m.tool_calls for m in messages):
             raise TokenizerError(
                 f"{self.tokenizer.source}: the built-in ChatML format has no tool calls; a "

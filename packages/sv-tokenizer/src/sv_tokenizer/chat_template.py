@@ -9,8 +9,8 @@ Qwen3's `enable_thinking`). jinja2 is imported only when a template is first ren
 the optional `chat-template` extra).
 
 `chat_template_kwargs` may not replace a variable the format sets itself (above, and the
-environment's functions), and a name the template never reads is refused rather than silently
-ignored. `continue_final_message` cuts the render as transformers does: a tag after the last
+environment's functions); a name the template never reads is dropped, as vLLM drops it, so a
+client that sends one model's option (Qwen3's `enable_thinking`) can talk to any model. `continue_final_message` cuts the render as transformers does: a tag after the last
 message's content marks where its text ends (and whether the template kept its trailing
 whitespace).
 
@@ -236,8 +236,8 @@ class TemplateChatFormat:
         return messages, options
 
     def _variables(self, chat_template_kwargs: Mapping[str, Any] | None) -> Mapping[str, Any]:
-        """The caller's template variables, checked: none replaces one the format sets, and
-        each is one the template reads (else it would silently change nothing)."""
+        """The caller's template variables, checked (none replaces one the format sets), less
+        those the template never reads."""
         variables = check_template_kwargs(chat_template_kwargs)
         if not variables:
             return variables
@@ -254,13 +254,7 @@ class TemplateChatFormat:
                     "cannot be replaced",
                     argument="chat_template_kwargs",
                 )
-            if key not in template.variables:
-                raise TokenizerError(
-                    f"chat_template_kwargs {key!r}: {self.source} never reads this variable, "
-                    "so it would change nothing",
-                    argument="chat_template_kwargs",
-                )
-        return variables
+        return {key: value for key, value in variables.items() if key in template.variables}
 
     def _render_messages(self, messages: Sequence[Message], options: _Options) -> str:
         return self._render_dicts([_as_dict(m, m.content) for m in messages], options)
