@@ -120,6 +120,7 @@ class Tokenizer:
         self._added_ids: dict[str, int] = {t.content: t.id for t in added_tokens}
         plain_added = [t.content for t in added_tokens if not t.special]
         self._special_or_added_regex = _alternation(self._added_ids)
+        self._special_regex = _alternation(self.special_tokens)
         self._plain_added_regex = _alternation(plain_added)
         self._piece_cache: dict[str, tuple[int, ...]] = {}
 
@@ -343,10 +344,12 @@ class Tokenizer:
                     )
 
     def find_special(self, text: str) -> str | None:
-        """The first special or added token's text occurring in `text`, if any."""
-        if self._special_or_added_regex is None:
+        """The first special token's text occurring in `text`, if any: text that only
+        `allow_special=True` turns into a control token. A non-special added token (Qwen3's
+        `<think>`) is not one: plain encoding makes it its token too, as HF does."""
+        if self._special_regex is None:
             return None
-        match = self._special_or_added_regex.search(text)
+        match = self._special_regex.search(text)
         return match.group() if match else None
 
     def split_special(self, text: str) -> list[str | int]:
