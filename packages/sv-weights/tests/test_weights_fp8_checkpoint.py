@@ -203,3 +203,34 @@ def test_fuzz_quantization_config_weights_error_or_a_scheme(
         return
     assert scheme.strategy in ("channel", "tensor")
     assert all(isinstance(module, str) for module in scheme.ignore)
+
+
+@pytest.mark.parametrize(
+    ("plain", "quantized"),
+    [
+        ("model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.q_proj"),
+        ("model.layers.0.mlp.up_proj", "model.layers.0.mlp.gate_proj"),
+    ],
+)
+def test_an_ignore_list_that_splits_a_packed_group_is_refused(
+    tmp_path: Path, plain: str, quantized: str
+) -> None:
+    """sv runs a layer's q/k/v (and gate/up) as one matrix, quantized or not as a whole: an
+    ignore list that leaves one of them BF16 while its siblings are FP8 is refused at the
+    check, naming both modules (it used to pass and crash the model's packing)."""
+    config = tiny_llama_config()
+    good = write_fp8_checkpoint(tmp_path / "good", config)
+    name = plain + ".weight"
+    dequantized = (good[name].float() * good[name + "_scale"].float()).to(torch.bfloat16)
+    raw = compressed_tensors_config()
+    raw["ignore"] = ["lm_head", plain]
+    write_fp8_checkpoint(
+        tmp_path / "split",
+        config,
+        tensors={name: dequantized},
+        drop=[name + "_scale", plain + ".input_scale"],
+        quantization_config=raw,
+    )
+    message = f"leaves {plain!r} unquantized but quantizes {quantized!r}"
+    with pytest.raises(WeightsError, match=re.escape(message)):
+        load_checkpoint(tmp_path / "split")

@@ -16,8 +16,9 @@ activation scales also `X.input_scale` ([1] or []). The weight is `weight * weig
 
 sv reads FP8 weights with channel or tensor scales; activations are always quantized per
 token at run time by the kernels that use them, so an `input_scale` is checked and not used.
-Anything else (int4 packs, group scales, asymmetric weights, regex ignore lists) is refused
-with a message that names the field.
+Anything else (int4 packs, group scales, asymmetric weights, regex ignore lists, an ignore
+list that leaves part of a layer's q/k/v or gate/up unquantized) is refused with a message that
+names the field.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ LINEAR_MODULES = (
     "mlp.down_proj",
 )
 LM_HEAD_MODULE = "lm_head"
+# The modules sv runs as one matrix (sv_model.weights packs their rows): all FP8 or none.
+PACKED_GROUPS = (
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    ("mlp.gate_proj", "mlp.up_proj"),
+)
 
 Strategy = Literal["channel", "tensor"]
 
@@ -69,6 +75,7 @@ class FP8Quantization:
         """Check each quantized linear weight's dtype and its scales (`linear_weights`: weight
         name -> expected shape); return the names of the scale tensors found (the weights'
         `weight_scale`s and any `input_scale`s), which the plain validation must accept."""
+        self._check_packed_groups(linear_weights, source)
         scales: set[str] = set()
         for name, shape in linear_weights.items():
             module = name.removesuffix(".weight")
@@ -116,6 +123,25 @@ class FP8Quantization:
                         f"{', '.join(sorted(SCALE_DTYPES))}"
                     )
         return scales
+
+    def _check_packed_groups(self, linear_weights: dict[str, tuple[int, ...]], source: str) -> None:
+        """Raise WeightsError when `ignore` leaves part of a packed group (PACKED_GROUPS)
+        unquantized and quantizes the rest."""
+        for name in linear_weights:
+            for group in PACKED_GROUPS:
+                if not name.endswith(f".{group[0]}.weight"):
+                    continue
+                layer = name.removesuffix(f"{group[0]}.weight")
+                modules = [layer + member for member in group]
+                quantized = [m for m in modules if self.quantizes(m)]
+                plain = [m for m in modules if not self.quantizes(m)]
+                if quantized and plain:
+                    raise WeightsError(
+                        f"{source}: quantization_config.ignore leaves {plain[0]!r} unquantized "
+                        f"but quantizes {quantized[0]!r}; sv runs "
+                        f"{'/'.join(m.rsplit('.', 1)[-1] for m in group)} of a layer as one "
+                        "matrix, so they must be all FP8 or all left out"
+                    )
 
 
 def read_quantization(model_dir: str | Path) -> FP8Quantization | None:
