@@ -122,6 +122,15 @@ def test_fp8_checkpoint_errors_name_the_tensor(tmp_path: Path) -> None:
         ({"tensors": {q: torch.zeros(64, 64, dtype=torch.bfloat16)}}, "expected F8_E4M3"),
         ({"tensors": {q + "_scale": torch.ones(64, 1, dtype=torch.int32)}}, "has dtype I32"),
         ({"quantization_config": None}, "has no quantization_config"),
+        (  # a weight of the wrong shape with scales that match it: the weight is named
+            {
+                "tensors": {
+                    q: torch.ones(32, 64).to(FP8),
+                    q + "_scale": torch.ones(32, 1, dtype=torch.bfloat16),
+                }
+            },
+            f"tensor {q!r} has shape [32, 64], expected [64, 64] from config.json",
+        ),
     ]
     for i, (edits, message) in enumerate(cases):
         folder = tmp_path / str(i)
