@@ -136,7 +136,8 @@ def load_runner(
     as many pages as the rank with the least memory holds (page ids mean the same on all)."""
     if cfg.quantization is not None and cfg.quantization not in QUANT_KINDS:
         raise EngineError(
-            f"quantization must be one of {', '.join(QUANT_KINDS)}, got {cfg.quantization!r}"
+            f"quantization must be None (unquantized) or one of {', '.join(QUANT_KINDS)}, "
+            f"got {cfg.quantization!r}"
         )
     if cfg.dtype is not None and cfg.dtype not in MODEL_DTYPES:
         # Found here, before the weights load: a string failed deep in torch, an integer dtype
