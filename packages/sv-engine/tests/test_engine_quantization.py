@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
-from sv_engine import Engine, EngineError
+import safetensors.torch
+import torch
+from sv_engine import Engine, EngineError, SamplingParams
+from sv_kernels.quantized import QuantizedWeight
 
 
 @pytest.mark.parametrize("value", ["none", "auto", "FP8"])
@@ -18,3 +23,63 @@ def test_a_quantization_outside_the_api_is_refused_naming_none(
     message = f"quantization must be None (unquantized) or one of fp8, int8, got {value!r}"
     with pytest.raises(EngineError, match=re.escape(message)):
         Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=1, quantization=value)  # type: ignore[arg-type]
+
+
+def _fp8_checkpoint(source: Path, folder: Path) -> dict[str, torch.Tensor]:
+    """`source`'s model as a compressed-tensors FP8 checkpoint (per-channel scales, the LM
+    head left as it is, as published FP8 Llamas do), written by the `safetensors` package;
+    returns the plain matrices the FP8 ones stand for (values times scales, by hand)."""
+    state, plain = {}, {}
+    for name, w in safetensors.torch.load_file(str(source / "model.safetensors")).items():
+        if name.endswith("_proj.weight"):
+            scale = w.float().abs().amax(dim=1, keepdim=True) / 448.0
+            state[name] = (w.float() / scale).to(torch.float8_e4m3fn)
+            state[name + "_scale"] = scale
+            plain[name] = state[name].float() * scale
+        else:
+            state[name] = plain[name] = w
+    folder.mkdir()
+    safetensors.torch.save_file(state, str(folder / "model.safetensors"))
+    raw = json.loads((source / "config.json").read_text())
+    raw["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+    (folder / "config.json").write_text(json.dumps(raw))
+    shutil.copy(source / "tokenizer.json", folder / "tokenizer.json")
+    return plain
+
+
+def test_an_fp8_checkpoint_on_the_cpu(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """The CPU has no FP8 kernel. Unquantized (None), an FP8 checkpoint's matrices are
+    dequantized once at load: the greedy tokens of the same values written as a plain FP32
+    checkpoint (the oracle, through the plain loader). int8 (the apps' CPU default) makes
+    every matrix int8, the FP8 ones from their values."""
+    plain = _fp8_checkpoint(tiny_llama_dir, tmp_path / "fp8")
+    (tmp_path / "plain").mkdir()
+    safetensors.torch.save_file(plain, str(tmp_path / "plain" / "model.safetensors"))
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(tiny_llama_dir / name, tmp_path / "plain" / name)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    prompts = ["Name a colour.", "Count to five."]
+    fp8 = Engine.from_model_dir(tmp_path / "fp8", device="cpu", kv_cache_mib=4)
+    qkv = fp8.runner.model.weights.layers[0].qkv
+    assert isinstance(qkv, torch.Tensor) and qkv.dtype == torch.float32
+    oracle = Engine.from_model_dir(tmp_path / "plain", device="cpu", kv_cache_mib=4)
+    got = [c.output_ids for c in fp8.generate(prompts, params)]
+    assert got == [c.output_ids for c in oracle.generate(prompts, params)]
+    int8 = Engine.from_model_dir(
+        tmp_path / "fp8", device="cpu", kv_cache_mib=4, quantization="int8"
+    )
+    weights = int8.runner.model.weights
+    matrices = [weights.lm_head] + [m for layer in weights.layers for m in vars(layer).values()]
+    quantized = [m for m in matrices if isinstance(m, QuantizedWeight)]
+    assert len(quantized) == 1 + 4 * len(weights.layers)
+    assert all(m.kind == "int8" for m in quantized)

@@ -14,7 +14,14 @@ import pytest
 import safetensors.torch
 import torch
 from sv_kernels.quantized import QuantizedWeight, QuantKind, dequantize
-from sv_model import LayerWeights, ModelRunner, ModelWeights, StepInputs, quantize_weights
+from sv_model import (
+    LayerWeights,
+    ModelRunner,
+    ModelWeights,
+    StepInputs,
+    dequantize_weights,
+    quantize_weights,
+)
 from sv_weights import ModelConfig, load_checkpoint, tiny_llama_config
 from sv_weights.synthetic import random_weights
 
@@ -56,7 +63,9 @@ def test_quantized_model_matches_its_dequantized_weights(tiny_dir: Path, kind: Q
     assert err < (1e-5 if kind == "fp8" else 2e-2), err
 
 
-def test_fp8_checkpoint_packs_values_and_scales(tmp_path: Path) -> None:
+def write_fp8_checkpoint(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A tiny compressed-tensors FP8 checkpoint (per-channel scales, the LM head left BF16),
+    written by the `safetensors` package; returns its config and tensors."""
     config = tiny_llama_config()
     state: dict[str, torch.Tensor] = {}
     for name, w in random_weights(config, seed=5).items():
@@ -66,7 +75,7 @@ def test_fp8_checkpoint_packs_values_and_scales(tmp_path: Path) -> None:
             state[name + "_scale"] = scale
         else:
             state[name] = w
-    safetensors.torch.save_file(state, str(tmp_path / "model.safetensors"))
+    safetensors.torch.save_file(state, str(folder / "model.safetensors"))
     raw = config.to_json_dict()
     raw["quantization_config"] = {
         "quant_method": "compressed-tensors",
@@ -79,16 +88,52 @@ def test_fp8_checkpoint_packs_values_and_scales(tmp_path: Path) -> None:
         },
         "ignore": ["lm_head"],
     }
-    (tmp_path / "config.json").write_text(json.dumps(raw))
+    (folder / "config.json").write_text(json.dumps(raw))
+    return config, state
+
+
+def by_hand_qkv(state: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
+    """Layer `layer`'s packed q/k/v as the checkpoint's FP8 values times their scales."""
+    p = f"model.layers.{layer}.self_attn."
+    return torch.cat(
+        [state[p + f"{n}_proj.weight"].float() * state[p + f"{n}_proj.weight_scale"] for n in "qkv"]
+    )
+
+
+def test_fp8_checkpoint_packs_values_and_scales(tmp_path: Path) -> None:
+    config, state = write_fp8_checkpoint(tmp_path)
     weights = ModelWeights.from_state_dict(config, load_checkpoint(tmp_path), "cpu", torch.bfloat16)
     qkv = weights.layers[1].qkv
     assert isinstance(qkv, QuantizedWeight) and qkv.kind == "fp8" and qkv.dtype == torch.bfloat16
-    p = "model.layers.1.self_attn."
-    by_hand = torch.cat(
-        [state[p + f"{n}_proj.weight"].float() * state[p + f"{n}_proj.weight_scale"] for n in "qkv"]
-    )
-    assert torch.equal(dequantize(qkv, torch.float32), by_hand)
+    assert torch.equal(dequantize(qkv, torch.float32), by_hand_qkv(state, 1))
     assert isinstance(weights.lm_head, torch.Tensor)  # the checkpoint leaves it BF16
+
+
+def test_an_fp8_checkpoint_requantized_to_int8_keeps_its_values(tmp_path: Path) -> None:
+    """`quantize_weights(int8)` on an FP8 checkpoint makes every matrix int8, from the values
+    the FP8 ones stand for: each within half an int8 step of the checkpoint's by hand."""
+    config, state = write_fp8_checkpoint(tmp_path)
+    loaded = ModelWeights.from_state_dict(config, load_checkpoint(tmp_path), "cpu", torch.float32)
+    weights = quantize_weights(loaded, "int8")
+    matrices = [weights.lm_head] + [m for layer in weights.layers for m in (layer.qkv, layer.o)]
+    assert all(isinstance(m, QuantizedWeight) and m.kind == "int8" for m in matrices)
+    qkv = weights.layers[1].qkv
+    assert isinstance(qkv, QuantizedWeight)
+    expected = by_hand_qkv(state, 1)
+    half_step = expected.abs().amax(dim=1, keepdim=True) / 127 / 2
+    assert ((dequantize(qkv) - expected).abs() <= half_step * 1.0001).all()
+
+
+def test_dequantized_fp8_checkpoint_is_its_values_by_hand(tmp_path: Path) -> None:
+    """`dequantize_weights` (what the CPU runs an FP8 checkpoint with under --quantization
+    none): plain FP32 matrices equal to the checkpoint's values times scales."""
+    config, state = write_fp8_checkpoint(tmp_path)
+    loaded = ModelWeights.from_state_dict(config, load_checkpoint(tmp_path), "cpu", torch.float32)
+    weights = dequantize_weights(loaded)
+    qkv = weights.layers[1].qkv
+    assert isinstance(qkv, torch.Tensor) and qkv.dtype == torch.float32
+    assert torch.equal(qkv, by_hand_qkv(state, 1))
+    assert isinstance(weights.lm_head, torch.Tensor)
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])

@@ -12,7 +12,7 @@ from sv_kernels import TuningCache
 from sv_kernels.quantized import QUANT_KINDS, QuantKind
 from sv_kernels.reference import FP8_KV_DTYPE
 from sv_kvcache import KVCacheError, pages_for_free_memory, pages_for_mib
-from sv_model import ModelRunner, ModelWeights, quantize_weights
+from sv_model import ModelRunner, ModelWeights, dequantize_weights, quantize_weights
 from sv_model.parallel import TensorParallel, rank_config, shard_state
 from sv_scheduler import Admission, SchedulerError, check_batch_limits
 from sv_tokenizer import Tokenizer, TokenizerError
@@ -167,6 +167,10 @@ def load_runner(
         weights = quantize_weights(weights, cfg.quantization)
         if device.type == "cuda":  # the unquantized weights' memory, back to the device
             torch.cuda.empty_cache()
+    elif device.type == "cpu":
+        # An FP8 checkpoint's matrices: the CPU has no FP8 kernel, and the reference would
+        # dequantize each at every call; once here, the same values at the plain dtype's speed.
+        weights = dequantize_weights(weights)
     kv_dtype = _kv_cache_dtype(cfg.kv_cache_dtype, dtype)
     num_pages = _pool_pages(config, device, kv_dtype, cfg.kv_cache_mib)
     if tensor_parallel is not None:

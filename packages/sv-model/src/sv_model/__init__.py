@@ -3,7 +3,7 @@
 from sv_model.decoder import AttentionMetadata, DecoderModel, KVCache
 from sv_model.linear_plans import LayerPlans, LinearPlans
 from sv_model.pending_tokens import Logprobs, PendingTokens
-from sv_model.quantize import quantize_weights
+from sv_model.quantize import dequantize_weights, quantize_weights
 from sv_model.runner import ModelRunner
 from sv_model.step import LogitControls, SamplingRows, StepInputs, TokenBitmask
 from sv_model.weights import LayerWeights, ModelWeights
@@ -23,5 +23,6 @@ __all__ = [
     "SamplingRows",
     "StepInputs",
     "TokenBitmask",
+    "dequantize_weights",
     "quantize_weights",
 ]
