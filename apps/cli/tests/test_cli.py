@@ -495,15 +495,32 @@ def test_quantization_flag_generates_on_the_cpu(
         assert "Paris" in out
 
 
-def test_cpu_default_quantization_is_int8() -> None:
-    """auto: int8 on the CPU, an FP8 checkpoint's matrices included (the CPU has no FP8
-    kernel: sv-engine's test_an_fp8_checkpoint_on_the_cpu); the other choices as named."""
+def test_cpu_default_quantization_is_int8(tmp_path: Path) -> None:
+    """auto: int8 on the CPU, except for a checkpoint that comes quantized, whose author chose
+    what stays unquantized (the LM head, here, as published FP8 Llama checkpoints do)."""
     from sv_engine.options import resolve_quantization
+    from sv_weights import tiny_llama_config
 
     assert resolve_quantization("auto", "cpu") == "int8"
     assert resolve_quantization("none", "cpu") is None
     assert resolve_quantization("fp8", "cpu") == "fp8"
-    assert resolve_quantization("int8", "cpu") == "int8"
+    raw = tiny_llama_config().to_json_dict()
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert resolve_quantization("auto", "cpu", tmp_path) == "int8"
+    raw["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert resolve_quantization("auto", "cpu", tmp_path) is None
+    assert resolve_quantization("int8", "cpu", tmp_path) == "int8"  # asked for: every matrix
 
 
 def test_spec_max_batch_flag_sets_the_batch_limit_and_zero_lifts_it() -> None:

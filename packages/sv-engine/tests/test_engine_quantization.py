@@ -60,8 +60,8 @@ def _fp8_checkpoint(source: Path, folder: Path) -> dict[str, torch.Tensor]:
 def test_an_fp8_checkpoint_on_the_cpu(tiny_llama_dir: Path, tmp_path: Path) -> None:
     """The CPU has no FP8 kernel. Unquantized (None), an FP8 checkpoint's matrices are
     dequantized once at load: the greedy tokens of the same values written as a plain FP32
-    checkpoint (the oracle, through the plain loader). int8 (the apps' CPU default) makes
-    every matrix int8, the FP8 ones from their values."""
+    checkpoint (the oracle, through the plain loader). int8, asked for, makes every matrix
+    int8, the FP8 ones from their values."""
     plain = _fp8_checkpoint(tiny_llama_dir, tmp_path / "fp8")
     (tmp_path / "plain").mkdir()
     safetensors.torch.save_file(plain, str(tmp_path / "plain" / "model.safetensors"))

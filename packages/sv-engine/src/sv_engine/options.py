@@ -12,6 +12,8 @@ from typing import Any, NoReturn
 from sv_kernels import TuningCache
 from sv_kernels.quantized import QUANT_KINDS, QuantKind
 from sv_scheduler import Admission, SchedulerError, SpeculationConfig
+from sv_weights import WeightsError
+from sv_weights.quantization import read_quantization
 
 from sv_engine.cache_folder import cache_dir
 from sv_engine.default_model import default_model_dir
@@ -106,11 +108,11 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         choices=("auto", *QUANT_KINDS, "none"),
         default="auto",
         help="quantize the weight matrices at load: fp8 (e4m3) or int8, one scale per output "
-        "channel, half the bytes of BF16 per decode step (int8 re-quantizes an FP8 "
-        "checkpoint's matrices too); none: the checkpoint's own dtypes (on CUDA an FP8 "
-        "checkpoint's matrices stay FP8; the CPU, which has no FP8 kernel, dequantizes them at "
-        "load); auto (default): int8 on the CPU, where its perplexity on the default model is "
-        "within 0.5%% of FP32's (BENCHMARKS.md), none on CUDA",
+        "channel, half the bytes of BF16 per decode step (int8 quantizes an FP8 checkpoint's "
+        "matrices again); none: the checkpoint's own dtypes (an FP8 checkpoint's matrices stay "
+        "FP8 on CUDA; the CPU, which has no FP8 kernel, dequantizes them at load); auto "
+        "(default): int8 on the CPU, where its perplexity on the default model is within "
+        "0.5%% of FP32's (BENCHMARKS.md), none on CUDA and for a checkpoint that comes quantized",
     )
     p.add_argument(
         "--kv-cache-dtype",
@@ -181,18 +183,33 @@ def add_tensor_parallel_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_quantization(choice: str, device: str) -> QuantKind | None:
+def resolve_quantization(
+    choice: str, device: str, model_dir: Path | None = None
+) -> QuantKind | None:
     """What --quantization asks for on `device`: "auto" is int8 on the CPU (a quarter of FP32's
-    bytes per decode step, its perplexity within 1% of FP32's), an FP8 checkpoint's matrices
-    included (the CPU has no FP8 kernel); on CUDA it is none: a checkpoint that comes quantized
-    runs as it comes (its author chose which matrices stay BF16, such as the LM head)."""
+    bytes per decode step, its perplexity within 1% of FP32's) and none on CUDA; and none for
+    a checkpoint in `model_dir` that comes quantized (its author chose which matrices stay
+    BF16, such as the LM head: auto keeps that choice). On the CPU, an FP8 checkpoint
+    re-quantized to int8 measured +1.03% perplexity over its own values (default model,
+    scripts/quality.py), past the 1% the CPU default must keep: it is dequantized at load."""
     if choice == "none":
         return None
     if choice == "auto":
+        if model_dir is not None and _comes_quantized(model_dir):
+            return None
         return "int8" if resolve_device(device).type == "cpu" else None
     if choice not in QUANT_KINDS:
         raise EngineError(f"--quantization must be auto, fp8, int8 or none, got {choice!r}")
     return "fp8" if choice == "fp8" else "int8"
+
+
+def _comes_quantized(model_dir: Path) -> bool:
+    """Whether model_dir's config.json has a quantization_config (one the load then refuses
+    with its own message, if it cannot read it)."""
+    try:
+        return read_quantization(model_dir) is not None
+    except WeightsError:
+        return True
 
 
 GEMV_TUNING_FILE = "gemv-tuning.json"
@@ -258,7 +275,9 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         kv_cache_dtype=args.kv_cache_dtype,
         speculation=speculation,
         tuning_cache=default_tuning_cache(),
-        quantization=resolve_quantization(getattr(args, "quantization", "auto"), args.device),
+        quantization=resolve_quantization(
+            getattr(args, "quantization", "auto"), args.device, model_dir
+        ),
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         **overrides,
