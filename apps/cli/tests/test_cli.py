@@ -138,6 +138,8 @@ def test_prompts_that_start_alike_share_pages_in_their_first_round(
         (["generate", "--kv-cache-mib", "-1", "hello"], "must be a positive number"),
         (["generate", "--max-model-len", "0", "hello"], "must be at least 1"),
         (["frobnicate"], "invalid choice"),
+        (["bench", "--no-such-flag"], "sv bench: error: unrecognized arguments: --no-such-flag"),
+        (["weights", "inspect", "--no-such-flag", "x"], "sv weights inspect: error: unrecognized"),
         (["generate", "--spec-k", "3", "hello"], "--spec-k needs --speculate ngram"),
         (["chat", "--max-new", "0"], "argument --max-new: must be at least 1, got 0"),
         (

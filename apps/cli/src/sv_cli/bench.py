@@ -9,7 +9,6 @@ could do. Needs a CUDA device; `--quick` shrinks every workload (for a smoke tes
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -849,7 +848,9 @@ def _preset_names() -> list[str]:
 
 
 def bench_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="sv bench", description=__doc__)
+    from sv_engine.options import OneLineErrorParser, add_tensor_parallel_argument
+
+    p = OneLineErrorParser(prog="sv bench", description=__doc__)
     p.add_argument("--workdir", default="/tmp/sv-bench", help="where the random checkpoint goes")
     p.add_argument("--tokenizer-dir", help="folder with the Llama 3.2 tokenizer files")
     p.add_argument(
@@ -871,8 +872,6 @@ def bench_main(argv: list[str]) -> int:
         "gemv: every batch-1 GEMV tile on every decode-step matrix in BF16, FP8 and int8, "
         "also part of --kernels; long, spec, tp and gemv are not in the default set)",
     )
-    from sv_engine.options import add_tensor_parallel_argument
-
     add_tensor_parallel_argument(p)
     p.add_argument(
         "--profile",

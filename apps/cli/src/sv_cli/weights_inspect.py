@@ -7,12 +7,12 @@ Bad input prints one line on stderr and exits with status 2 (no traceback).
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 from typing import TextIO
 
+from sv_engine.options import OneLineErrorParser
 from sv_weights import (
     ModelConfig,
     SafetensorsHeader,
@@ -32,7 +32,7 @@ def inspect_main(
     """Run the command with `argv` (the arguments after `inspect`). Returns the exit status."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog=PROG,
         description="List the tensors (name, dtype, shape, bytes) of a .safetensors file or of a "
         "model folder (config.json + model.safetensors or a sharded index), with totals.",
