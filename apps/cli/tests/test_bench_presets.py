@@ -20,6 +20,19 @@ def test_unknown_preset_is_refused_with_the_names(capsys: pytest.CaptureFixture[
     assert "unknown preset 'llama-9b'" in err and "llama-3.1-8b" in err and "mistral-7b" in err
 
 
+@pytest.mark.parametrize("only", ["decod", "decode,throughput,", "load,tps"])
+def test_an_unknown_only_name_is_refused_before_anything_runs(
+    only: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in --only used to run no workload at all (on a GPU: only the rooflines)."""
+    with pytest.raises(SystemExit) as caught:
+        bench.bench_main(["--only", only])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sv bench: error: unknown --only ") and err.count("\n") == 1
+    assert "load,memory,decode,prefill,throughput" in err
+
+
 def test_prompts_are_the_documented_workload_and_fit_the_vocabulary() -> None:
     rng = random.Random(0)
     documented = [[rng.randint(0, 127999) for _ in range(rng.randint(100, 1024))] for _ in range(4)]

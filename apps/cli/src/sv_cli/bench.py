@@ -23,6 +23,12 @@ from typing import Any
 
 MIB = 1 << 20
 DEFAULT_PRESET = "llama-3.2-1b"
+# The names `--only` takes: each selects a workload below (a name it did not know used to
+# run nothing but the rooflines, after the checkpoint had been written).
+ONLY_NAMES = (
+    "load", "memory", "decode", "prefill", "throughput", "plain", "var", "long", "logprobs",
+    "grammar", "spec", "tp", "gemv",
+)  # fmt: skip
 # Prompt token ids are drawn below this (Llama 3's vocabulary); a smaller vocabulary (Mistral's
 # 32,000) takes them modulo its size, so the 1B workloads stay the ones of BENCHMARKS.md.
 PROMPT_ID_BOUND = 128000
@@ -901,6 +907,9 @@ def bench_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if (args.tensor_parallel_size > 1) != (args.only is not None and "tp" in args.only.split(",")):
         p.error("--tensor-parallel-size N (N > 1) and --only tp go together")
+    unknown_only = [name for name in (args.only or "").split(",") if name not in ONLY_NAMES]
+    if args.only is not None and unknown_only:
+        p.error(f"unknown --only {unknown_only[0]!r} (names: {','.join(ONLY_NAMES)})")
     if args.preset not in _preset_names():
         p.error(f"unknown preset {args.preset!r} (presets: {', '.join(_preset_names())})")
     modes = [m for m in args.quantization.split(",") if m]
