@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,23 @@ def test_missing_model_folder_is_one_line_and_exit_2(
     assert serve_main(["--model", str(tmp_path / "nope"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "host.invalid"])
+def test_a_port_in_use_or_a_bad_host_is_one_line_and_exit_1(
+    host: str, default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """uvicorn found these after the model load, logged them over several lines and exited
+    with its own status 3 (a SystemExit out of serve_main)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["--model", str(default_model), "--device", "cpu", "--host", host]
+        assert serve_main([*argv, "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"sv serve: error: cannot listen on {host} port {port} (--host, --port)")
 
 
 def test_sv_serve_is_wired_into_the_sv_command(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -149,8 +151,18 @@ def serve_main(argv: list[str]) -> int:
     from sv_server.serving import build_server
 
     try:
+        listener = _listen(args.host, args.port)
+    except OSError as e:
+        print(
+            f"sv serve: error: cannot listen on {args.host} port {args.port} "
+            f"(--host, --port): {e.strerror or e}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    try:
         engine, model_dir = engine_from_args(args)
     except EngineError as e:
+        listener.close()
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or model_dir.resolve().name
@@ -164,7 +176,7 @@ def serve_main(argv: list[str]) -> int:
         read_timeout_s=args.read_timeout,
     )
     print(
-        f"sv serve: '{name}' on http://{args.host}:{args.port}/v1 "
+        f"sv serve: '{name}' on http://{args.host}:{listener.getsockname()[1]}/v1 "
         f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages"
         f"{', API key required' if args.api_key else ''})",
         file=sys.stderr,
@@ -178,7 +190,7 @@ def serve_main(argv: list[str]) -> int:
         max_connections=args.max_connections,
         drain_s=args.drain_seconds,
     )
-    status = _run_until_stopped(server)
+    status = _run_until_stopped(server, listener)
     stop_trace(engine)  # the engine thread has stopped: nothing writes to the trace any more
     stats = engine.stats
     print(
@@ -188,18 +200,29 @@ def serve_main(argv: list[str]) -> int:
     return status
 
 
-def _run_until_stopped(server: GracefulServer) -> int:
-    """Serve until SIGINT or SIGTERM (exit status 0), or until the port cannot be had (1)."""
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound as uvicorn binds one (SO_REUSEADDR; IPv6 for a host with a
+    colon), before the model loads: a port in use or a host not of this machine is refused at
+    once in one line. Left to uvicorn, it came after the load, as uvicorn's log lines and its
+    exit status 3."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _run_until_stopped(server: GracefulServer, listener: socket.socket) -> int:
+    """Serve on `listener` until SIGINT or SIGTERM (exit status 0)."""
     # uvicorn shuts down cleanly on SIGINT and SIGTERM, then raises the signal again: let
     # SIGTERM be a KeyboardInterrupt too, so that both are a normal stop (exit 0), not a kill.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    except OSError as e:
-        print(f"sv serve: error: {e}", file=sys.stderr)
-        return EXIT_FAILURE
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[listener])
     return 0
 
 
