@@ -352,6 +352,22 @@ def test_a_closed_pipe_ends_output_quietly(default_model: Path) -> None:
     assert err == b""
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    "argv", [["tokenize", "hi"], ["weights", "inspect", "MODEL"], ["generate", "-n", "2", "Hi"]]
+)
+def test_stdout_on_a_full_disk_is_one_line_and_exit_1(default_model: Path, argv: list[str]) -> None:
+    """`sv ... > out.txt` on a full disk (/dev/full fails every write with ENOSPC) ended in a
+    traceback."""
+    argv = [str(default_model) if a == "MODEL" else a for a in argv]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [str(SV), *argv], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "sv: error: [Errno 28] No space left on device\n"
+
+
 def test_tokenize_defaults_to_the_default_model(default_model: Path) -> None:
     from sv_tokenizer import Tokenizer
 

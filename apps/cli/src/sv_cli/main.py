@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 EXIT_INTERRUPTED = 130
 INTERRUPTED = "\nsv: interrupted"
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool killed by a closed pipe exits with
+EXIT_WRITE_FAILED = 1  # as `cat` to a full disk
 
 
 def build_parser() -> OneLineErrorParser:
@@ -90,10 +91,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`sv weights inspect DIR | head`): stop quietly, as Unix tools
-        # do. What is still buffered for stdout goes to /dev/null, or flushing it at exit
-        # would fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # do.
+        _drop_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as e:
+        # A write that failed: stdout's on a full disk (`sv generate ... > out.txt`), or a
+        # --trace file's. One line, as other errors, not a traceback.
+        try:
+            sys.stdout.flush()  # what it holds, if it can still take it
+        except OSError:
+            _drop_stdout()
+        print(f"sv: error: {e}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
+
+
+def _drop_stdout() -> None:
+    """Send stdout to /dev/null: what is still buffered for it would fail again when the
+    interpreter flushes it at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _import_engine() -> None:
