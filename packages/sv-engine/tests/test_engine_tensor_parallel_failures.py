@@ -107,3 +107,57 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+CTRL_C_MID_CALL = """
+import os, signal, sys, time
+from sv_engine import Engine, SamplingParams
+from sv_model.parallel import TensorParallel
+
+engine = Engine.from_model_dir(sys.argv[1], device="cpu", kv_cache_mib=2, tensor_parallel_size=2)
+(rank_1,) = engine.runner.rank_pids
+print(rank_1, flush=True)
+with open(f"/proc/{rank_1}/status") as status:  # the signals rank 1 ignores, as a bit mask
+    ignored = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
+print("SIGINT ignored" if ignored >> (signal.SIGINT - 1) & 1 else "SIGINT taken", flush=True)
+reduce = TensorParallel.all_reduce
+
+def interrupted(self, x):  # Ctrl-C lands after the first all-reduce of a forward
+    reduce(self, x)
+    TensorParallel.all_reduce = reduce
+    os.kill(rank_1, signal.SIGINT)  # a terminal sends it to the whole process group
+    raise KeyboardInterrupt
+
+TensorParallel.all_reduce = interrupted
+try:
+    engine.generate([[9, 8, 7, 6, 5]], SamplingParams(max_new_tokens=4))
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+engine.cancel_all()
+start = time.monotonic()
+engine.runner.close()
+print(f"closed in {time.monotonic() - start:.0f} s", flush=True)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_ctrl_c_inside_a_call_ends_the_ranks_without_a_hang(tiny_llama_dir: Path) -> None:
+    """Rank 1 waits in the forward's next all-reduce that rank 0 will never make: closing
+    used to ask it to stop over the control group and hang there until the model group's
+    timeout (5 minutes). Rank 1 leaves Ctrl-C to rank 0 (it printed a traceback)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_MID_CALL, str(tiny_llama_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+    pid, sigint, interrupted, closed = done.stdout.splitlines()
+    assert sigint == "SIGINT ignored"
+    assert interrupted == "interrupted"
+    assert closed in {f"closed in {s} s" for s in range(11)}, closed
+    assert not _alive(int(pid)), f"rank 1 (pid {pid}) outlived the close"

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -68,6 +70,8 @@ class LeaderRunner(ModelRunner):
         self._depth = 0  # calls in progress: only the outermost is sent (warmup calls launch)
         self.in_call = False  # inside a call that the other ranks must join (the watchdog's)
         self.closed = False
+        # A call left midway by Ctrl-C: the other ranks may wait inside it for rank 0 for good.
+        self.interrupted = False
         self.rank_pids: list[int] = []  # the processes of ranks 1..N-1 when this one started them
 
     def set_block_tables(self, rows: Sequence[tuple[int, Sequence[int]]]) -> None:
@@ -108,7 +112,11 @@ class LeaderRunner(ModelRunner):
         if self.closed:
             return
         self.closed = True
-        if self._rank_failure() is None:
+        if self.interrupted:  # they would not hear a stop: end them
+            for pid in self.rank_pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        elif self._rank_failure() is None:
             with contextlib.suppress(RuntimeError):  # a rank already gone: on_close ends the rest
                 self.tensor_parallel.broadcast((STOP,))
         self._on_close()
@@ -130,6 +138,9 @@ class LeaderRunner(ModelRunner):
             if failure is None:
                 raise
             raise EngineError(f"tensor parallelism: {failure} ({_first_line(e)})") from e
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise
         finally:
             self._depth -= 1
             self.in_call = self._depth > 0
@@ -149,6 +160,10 @@ class LeaderRunner(ModelRunner):
     def _check(self) -> None:
         if self.closed:
             raise EngineError("tensor parallelism: the ranks were stopped (the runner is closed)")
+        if self.interrupted:
+            raise EngineError(
+                "tensor parallelism: a call was interrupted; the ranks are out of step"
+            )
         failure = self._rank_failure()
         if failure is not None:
             raise EngineError(f"tensor parallelism: {failure}")

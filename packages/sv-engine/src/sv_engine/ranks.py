@@ -126,6 +126,9 @@ def start_leader(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
         raise EngineError(
             f"tensor parallelism: {watch.failure() or 'joining the ranks failed'} ({e})"
         ) from e
+    except KeyboardInterrupt:
+        watch.stop(at_once=True)  # the ranks, which ignore Ctrl-C, wait on a load it left
+        raise
     except BaseException:
         watch.stop()
         raise
@@ -181,10 +184,14 @@ class RankWatch:
     def failure(self) -> str | None:
         return self._failure
 
-    def stop(self) -> None:
+    def stop(self, *, at_once: bool = False) -> None:
         """End every rank process (asked: not a failure) and destroy the process groups (a
-        runner's close then drops its hold on them: TensorParallel.leave)."""
+        runner's close then drops its hold on them: TensorParallel.leave). The processes get
+        10 s each to end by themselves, unless `at_once`."""
         self._stopping = True
+        for process in self.processes:
+            if at_once:
+                process.terminate()
         for process in self.processes:
             try:
                 process.wait(timeout=10)
@@ -245,6 +252,9 @@ def _spawn(cfg: EngineConfig, size: int, init_method: str) -> list[subprocess.Po
 def run_worker(spec: RankSpec) -> None:
     """A started rank's process: join, then serve rank 0's calls until it says stop."""
     _exit_with_parent(spec.parent_pid)
+    # A terminal's Ctrl-C goes to the whole process group: rank 0 handles it and ends this
+    # process (a KeyboardInterrupt here printed a traceback per rank).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     device = torch.device(spec.device)
     if device.type == "cpu":  # the ranks share the cores; rank 0 keeps torch's default
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
