@@ -151,7 +151,7 @@ def serve_main(argv: list[str]) -> int:
     from sv_server.serving import build_server
 
     try:
-        listener = _listen(args.host, args.port)
+        listeners = _listen(args.host, args.port)
     except OSError as e:
         print(
             f"sv serve: error: cannot listen on {args.host} port {args.port} "
@@ -162,7 +162,8 @@ def serve_main(argv: list[str]) -> int:
     try:
         engine, model_dir = engine_from_args(args)
     except EngineError as e:
-        listener.close()
+        for listener in listeners:
+            listener.close()
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or model_dir.resolve().name
@@ -176,7 +177,7 @@ def serve_main(argv: list[str]) -> int:
         read_timeout_s=args.read_timeout,
     )
     print(
-        f"sv serve: '{name}' on http://{args.host}:{listener.getsockname()[1]}/v1 "
+        f"sv serve: '{name}' on http://{args.host}:{listeners[0].getsockname()[1]}/v1 "
         f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages"
         f"{', API key required' if args.api_key else ''})",
         file=sys.stderr,
@@ -190,7 +191,7 @@ def serve_main(argv: list[str]) -> int:
         max_connections=args.max_connections,
         drain_s=args.drain_seconds,
     )
-    status = _run_until_stopped(server, listener)
+    status = _run_until_stopped(server, listeners)
     stop_trace(engine)  # the engine thread has stopped: nothing writes to the trace any more
     stats = engine.stats
     print(
@@ -200,29 +201,35 @@ def serve_main(argv: list[str]) -> int:
     return status
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The server's socket, bound as uvicorn binds one (SO_REUSEADDR; IPv6 for a host with a
-    colon), before the model loads: a port in use or a host not of this machine is refused at
-    once in one line. Left to uvicorn, it came after the load, as uvicorn's log lines and its
-    exit status 3."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """The server's sockets, bound as uvicorn's asyncio binds them (one per address `host`
+    resolves to, SO_REUSEADDR), before the model loads: a port in use or a host not of this
+    machine is refused at once in one line. Left to uvicorn, it came after the load, as
+    uvicorn's log lines and its exit status 3."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # this address only, as asyncio binds it
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
     except OSError:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         raise
-    return sock
+    return sockets
 
 
-def _run_until_stopped(server: GracefulServer, listener: socket.socket) -> int:
-    """Serve on `listener` until SIGINT or SIGTERM (exit status 0)."""
+def _run_until_stopped(server: GracefulServer, listeners: list[socket.socket]) -> int:
+    """Serve on `listeners` until SIGINT or SIGTERM (exit status 0)."""
     # uvicorn shuts down cleanly on SIGINT and SIGTERM, then raises the signal again: let
     # SIGTERM be a KeyboardInterrupt too, so that both are a normal stop (exit 0), not a kill.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with contextlib.suppress(KeyboardInterrupt):
-        server.run(sockets=[listener])
+        server.run(sockets=listeners)
     return 0
 
 
