@@ -131,7 +131,11 @@ def test_prompts_that_start_alike_share_pages_in_their_first_round(
         (["generate", "Hi", "3", "  "], "request 2 rejected: the prompt is empty"),
         (["generate", "--kv-cache-mib", "1e300", "Hi"], "a KV cache of 1e+300 MiB does not fit"),
         (["generate", "  "], "request 1 rejected: the prompt is empty"),
-        (["generate", "--no-such-flag", "hello"], "unrecognized arguments"),
+        (
+            ["generate", "--no-such-flag", "hello"],  # the subcommand's help lists its options
+            "sv generate: error: unrecognized arguments: --no-such-flag (see sv generate --help)",
+        ),
+        (["trace", "report", "t", "-o", "r", "x"], "(see sv trace report --help)"),
         (["generate", "--model", "/nonexistent/model", "hello"], "does not exist"),
         (["generate", "--model", __file__, "hello"], f"{__file__} is not a folder (expected"),
         (["generate", "--temperature", "-1", "hello"], "temperature"),

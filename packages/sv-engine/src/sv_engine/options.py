@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,6 +33,31 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and not hasattr(parsed, _EXTRAS_PARSER):
+            setattr(parsed, _EXTRAS_PARSER, self)  # the innermost subcommand's, first
+        return parsed, extras
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an unknown argument is reported by the subcommand that did not
+        know it (`sv generate: error: ... (see sv generate --help)`), not by `sv`, whose help
+        does not list the subcommand's options."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser: OneLineErrorParser = getattr(parsed, _EXTRAS_PARSER)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        if hasattr(parsed, _EXTRAS_PARSER):
+            delattr(parsed, _EXTRAS_PARSER)
+        return parsed
+
+
+_EXTRAS_PARSER = "_sv_extras_parser"  # the parser that met unknown arguments (in a Namespace)
 
 
 def positive_int(text: str) -> int:
