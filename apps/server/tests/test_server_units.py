@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from sv_scheduler import SchedulerStats
-from sv_server.cli import serve_main, wants_bos
+from sv_server.cli import base_url, serve_main, wants_bos
 from sv_server.engine_loop import LoopSnapshot
 from sv_server.metrics import Histogram, Metrics
 from sv_tokenizer import Tokenizer
@@ -182,6 +182,13 @@ def test_a_port_in_use_or_a_bad_host_is_one_line_and_exit_1(
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert err.startswith(f"sv serve: error: cannot listen on {host} port {port} (--host, --port)")
+
+
+def test_the_banner_url_brackets_an_ipv6_host() -> None:
+    """`sv serve --host ::1` announced http://::1:8000/v1, which no client parses."""
+    assert base_url("::1", 8000) == "http://[::1]:8000"
+    assert base_url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
+    assert base_url("localhost", 0) == "http://localhost:0"
 
 
 def test_sv_serve_is_wired_into_the_sv_command(capsys: pytest.CaptureFixture[str]) -> None:

@@ -177,7 +177,7 @@ def serve_main(argv: list[str]) -> int:
         read_timeout_s=args.read_timeout,
     )
     print(
-        f"sv serve: '{name}' on http://{args.host}:{listeners[0].getsockname()[1]}/v1 "
+        f"sv serve: '{name}' on {base_url(args.host, listeners[0].getsockname()[1])}/v1 "
         f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages"
         f"{', API key required' if args.api_key else ''})",
         file=sys.stderr,
@@ -199,6 +199,11 @@ def serve_main(argv: list[str]) -> int:
         file=sys.stderr,
     )
     return status
+
+
+def base_url(host: str, port: int) -> str:
+    """The URL of the server at `host`:`port`, an IPv6 address in brackets (RFC 3986)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _listen(host: str, port: int) -> list[socket.socket]:
