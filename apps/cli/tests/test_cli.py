@@ -145,7 +145,10 @@ def test_prompts_that_start_alike_share_pages_in_their_first_round(
         (["bench", "--no-such-flag"], "sv bench: error: unrecognized arguments: --no-such-flag"),
         (["weights", "inspect", "--no-such-flag", "x"], "sv weights inspect: error: unrecognized"),
         (["generate", "--spec-k", "3", "hello"], "--spec-k needs --speculate ngram"),
-        (["chat", "--max-new", "0"], "argument --max-new: must be at least 1, got 0"),
+        (
+            ["chat", "--max-new", "0"],
+            "argument -n/--max-new-tokens/--max-new: must be at least 1, got 0",
+        ),
         (
             ["chat", "--spec-ngram", "2", "--spec-max-batch", "4"],
             "--spec-ngram, --spec-max-batch need --speculate ngram",
@@ -210,6 +213,30 @@ def test_chat_two_turns_and_reset(default_model: Path) -> None:
     # the second turn re-used the first turn's pages from the prefix cache
     assert engine.stats.prefix_cache_hit_tokens > 0
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+def test_chat_commands_and_cut_replies(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/help lists the commands; a mistyped command is refused, not sent to the model; /quit
+    ends the chat (the line after it is never read); a reply cut short says why, on stderr:
+    the per-response limit, or the context's end."""
+    from sv_cli.chat import HELP, chat_loop
+    from sv_engine import Engine, SamplingParams
+
+    engine = Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=16)
+    inp = io.StringIO("/help\n/exti\nName three rivers.\n/quit\nNever read.\n")
+    out = io.StringIO()
+    assert chat_loop(engine, SamplingParams(max_new_tokens=3), None, inp, out) == 0
+    err = capsys.readouterr().err
+    assert HELP in out.getvalue()
+    assert "sv chat: unknown command /exti" in err
+    assert engine.stats.finished_requests == 1  # the river question alone reached the engine
+    assert "the reply stopped at the limit of 3 new tokens (--max-new-tokens)" in err
+    small = Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=16, max_model_len=40)
+    inp = io.StringIO("Write a long poem about the sea.\n")
+    assert chat_loop(small, SamplingParams(max_new_tokens=100), None, inp, io.StringIO()) == 0
+    assert "the end of the model's context (40 tokens): /reset to go on" in capsys.readouterr().err
 
 
 def test_the_sv_entry_point_runs(default_model: Path) -> None:

@@ -7,6 +7,7 @@ before, so only the new turn is prefilled.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any, TextIO
 
@@ -14,7 +15,10 @@ from sv_engine.options import add_engine_arguments, positive_int
 
 from sv_cli.common import add_sampling_arguments, open_engine, pool_hint, sampling_params
 
-HELP = "commands: /reset (start over), /exit (or Ctrl-D). Ctrl-C stops a response."
+HELP = "commands: /reset (start over), /exit or /quit (or Ctrl-D), /help. Ctrl-C stops a response."
+# A line that is one word after a slash is a command: known ones run, others are refused (a
+# mistyped /exit must not reach the model as a message). Text with spaces is a message.
+COMMAND = re.compile(r"/[A-Za-z?]+")
 
 
 def add_parser(sub: Any) -> None:
@@ -27,11 +31,14 @@ def add_parser(sub: Any) -> None:
     add_sampling_arguments(p)
     p.add_argument("--system", metavar="TEXT", help="a system message for the conversation")
     p.add_argument(
+        "-n",
+        "--max-new-tokens",
         "--max-new",
+        dest="max_new",
         type=positive_int,
         default=512,
         metavar="N",
-        help="output-token limit per response (default 512)",
+        help="output-token limit per response (default 512); --max-new is the older name",
     )
     p.set_defaults(handler=run)
 
@@ -80,24 +87,43 @@ def chat_loop(engine: Any, params: Any, system: str | None, inp: TextIO, out: Te
         text = line.strip()
         if not text:
             continue
-        if text == "/exit":
-            return 0
-        if text == "/reset":
-            dialog = fresh()
-            print("(conversation reset)", file=out)
+        if COMMAND.fullmatch(text):
+            if text in ("/exit", "/quit"):
+                return 0
+            if text == "/reset":
+                dialog = fresh()
+                print("(conversation reset)", file=out)
+            elif text in ("/help", "/?"):
+                print(HELP, file=out)
+            else:
+                print(f"sv chat: unknown command {text} ({HELP})", file=sys.stderr)
             continue
         dialog.append(Message("user", text))
         reply: list[str] = []
+        finished = None
         try:
             for event in engine.stream([dialog], params):
                 reply.append(event.text)
                 out.write(event.text)
                 out.flush()
+                finished = event.completion if event.finished else finished
         except KeyboardInterrupt:
             out.write(" [stopped]")
         except (EngineError, AdmissionError, TokenizerError) as e:
             dialog.pop()
-            print(f"sv chat: {e}{pool_hint(e, engine)} (try /reset)", file=out)
+            print(f"sv chat: {e}{pool_hint(e, engine)} (try /reset)", file=sys.stderr)
             continue
         print(file=out)
+        if finished is not None and finished.finish_reason == "length":
+            _note_cut(finished, params.max_new_tokens, engine.runner.max_model_len)
         dialog.append(Message("assistant", "".join(reply)))
+
+
+def _note_cut(completion: Any, max_new: int, context: int) -> None:
+    """Say why a reply stopped short: the per-response limit, or a full context (where only
+    /reset lets the conversation go on)."""
+    if len(completion.output_ids) >= max_new:
+        why = f"the limit of {max_new} new tokens (--max-new-tokens)"
+    else:
+        why = f"the end of the model's context ({context} tokens): /reset to go on"
+    print(f"sv chat: note: the reply stopped at {why}", file=sys.stderr)
