@@ -1,0 +1,139 @@
+"""Reasoning output (vLLM's `--reasoning-parser`): a chat answer's thinking apart from its answer.
+
+Models such as Qwen3 and DeepSeek-R1 think first, between `<think>` and `</think>`, then answer.
+With `sv serve --reasoning-parser qwen3` (or `deepseek_r1`) a chat answer's text is split into
+`message.reasoning_content` (the thinking, without the tags) and `message.content` (the rest);
+streamed, the thinking comes as `delta.reasoning_content` and the answer as `delta.content`.
+
+The rule, one for both parsers, over the answer's text (after stop strings, before tool calls):
+
+- The thinking is open from the start when the prompt leaves a `<think>` open (its last
+  `<think>` token has no `</think>` token after it: Qwen3-2507 and DeepSeek-R1 templates end the
+  prompt so, and so does a prefilled `<think>...` with `continue_final_message`), or always
+  under `deepseek_r1` (vLLM's rule: "R1 doesn't generate <think> now"). Otherwise it opens only
+  if the answer starts with `<think>`: Qwen3 with `enable_thinking: false` (the prompt holds an
+  empty, closed think block) or a model that chose not to think answers in `content` alone,
+  with `reasoning_content: null`.
+- A leading `<think>` is dropped; the thinking is the text up to the first `</think>`, the
+  content is all after it, whitespace included (vLLM keeps Qwen3's "\\n\\n" after `</think>`),
+  or null when nothing follows. Later tags are content text.
+- No `</think>` (the answer ran out of `max_tokens` mid-thought): all of it is thinking, content
+  null. (vLLM's streamed output does this; its non-streamed qwen3 parser returns the text as
+  content instead. Here both agree.)
+
+Streamed, text that may be the start of a tag is held back until it is known, so a tag is never
+split across the two fields and the concatenated deltas equal the whole answer's fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sv_tokenizer import Tokenizer
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+REASONING_PARSERS = ("qwen3", "deepseek_r1")
+
+
+@dataclass(frozen=True)
+class ReasoningParser:
+    """`name`: one of REASONING_PARSERS; the ids of the model's `<think>` and `</think>`."""
+
+    name: str
+    start_id: int
+    end_id: int
+
+    def opens_in_thinking(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the answer to `prompt_ids` is thinking from its first character."""
+        if self.name == "deepseek_r1":
+            return True
+        last_start = last_end = -1
+        for position, token in enumerate(prompt_ids):
+            if token == self.start_id:
+                last_start = position
+            elif token == self.end_id:
+                last_end = position
+        return last_start > last_end
+
+
+def parser_for(name: str, tokenizer: Tokenizer) -> ReasoningParser:
+    """The parser `name` for a model with this tokenizer; a ValueError naming the flag when
+    the tokenizer has no `<think>` / `</think>` tokens whose text answers show."""
+    if name not in REASONING_PARSERS:
+        raise ValueError(
+            f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, got {name!r}"
+        )
+    ids = []
+    for tag in (THINK_START, THINK_END):
+        encoded = tokenizer.encode(tag)
+        if len(encoded) != 1:
+            raise ValueError(
+                f"--reasoning-parser {name}: the model's tokenizer has no {tag!r} token "
+                f"({tokenizer.source}); this model does not think between <think> and "
+                "</think>: leave the flag out"
+            )
+        if tag in tokenizer.special_tokens:
+            raise ValueError(
+                f"--reasoning-parser {name}: {tag!r} is a special token of the model's "
+                f"tokenizer ({tokenizer.source}), left out of the answer's text, so the "
+                "thinking cannot be told apart"
+            )
+        ids.append(encoded[0])
+    return ReasoningParser(name, ids[0], ids[1])
+
+
+def split_reasoning(text: str, opens_in_thinking: bool) -> tuple[str | None, str | None]:
+    """A whole answer as (reasoning_content, content). reasoning_content is None when the
+    answer has no thinking; content is None when nothing follows the thinking."""
+    if text.startswith(THINK_START):
+        text = text[len(THINK_START) :]
+    elif not opens_in_thinking:
+        return None, text
+    reasoning, _, content = text.partition(THINK_END)
+    return reasoning, content or None
+
+
+class ReasoningStream:
+    """One streamed answer's text, piece by piece, as (reasoning, content) pieces."""
+
+    def __init__(self, opens_in_thinking: bool) -> None:
+        self._thinking = opens_in_thinking
+        self._at_start = True  # nothing shown yet: a `<think>` here opens the thinking
+        self._held = ""
+
+    def push(self, text: str) -> tuple[str, str]:
+        """The next piece of the answer -> the (reasoning, content) text now safe to show."""
+        held = self._held + text
+        if self._at_start:
+            if len(held) < len(THINK_START) and THINK_START.startswith(held):
+                self._held = held  # may still become `<think>`
+                return "", ""
+            self._at_start = False
+            if held.startswith(THINK_START):
+                held = held[len(THINK_START) :]
+                self._thinking = True
+        self._held = ""
+        if not self._thinking:
+            return "", held
+        reasoning, tag, content = held.partition(THINK_END)
+        if tag:
+            self._thinking = False
+            return reasoning, content
+        kept = _partial_tag(held, THINK_END)
+        self._held = held[len(held) - kept :]
+        return held[: len(held) - kept], ""
+
+    def finish(self) -> tuple[str, str]:
+        """The text held back, once the answer has ended."""
+        held, self._held = self._held, ""
+        return (held, "") if self._thinking else ("", held)
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """The length of the longest tail of `text` that is a proper prefix of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

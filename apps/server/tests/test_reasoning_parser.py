@@ -1,0 +1,109 @@
+"""The reasoning split (`--reasoning-parser`) over crafted answers: hand-written expected splits
+of whole answers, and every chunking of a streamed answer giving the same fields."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sv_server.reasoning import ReasoningParser, ReasoningStream, split_reasoning
+
+# (answer text, whether the prompt left <think> open) -> (reasoning_content, content)
+CASES: list[tuple[str, bool, tuple[str | None, str | None]]] = [
+    # Qwen3 thinking: the tags dropped, "\n\n" after </think> kept (as vLLM keeps it)
+    ("<think>\nLet me add.\n</think>\n\n4", False, ("\nLet me add.\n", "\n\n4")),
+    ("<think>\nLet me add.\n</think>\n\n4", True, ("\nLet me add.\n", "\n\n4")),
+    # the prompt opened the thinking (Qwen3-2507, DeepSeek-R1 templates, a prefill)
+    ("Let me add.\n</think>\n\n4", True, ("Let me add.\n", "\n\n4")),
+    # enable_thinking=false (the prompt closed an empty block), or no thinking at all
+    ("4", False, (None, "4")),
+    ("The tag </think> here is text", False, (None, "The tag </think> here is text")),
+    (" <think>x</think>y", False, (None, " <think>x</think>y")),  # only at the very start
+    ("", False, (None, "")),
+    # an empty think block (Qwen3's /no_think), and nothing after the thinking
+    ("<think>\n\n</think>\n\n4", False, ("\n\n", "\n\n4")),
+    ("<think></think>", False, ("", None)),
+    ("<think>a</think>", True, ("a", None)),
+    # max_tokens mid-thought: all thinking, no content
+    ("<think>\nStill thinking", False, ("\nStill thinking", None)),
+    ("Still thinking </thi", True, ("Still thinking </thi", None)),
+    ("", True, ("", None)),
+    # a prefix of <think> that never became one
+    ("<thi", False, (None, "<thi")),
+    ("<thi", True, ("<thi", None)),
+    ("<think", False, (None, "<think")),
+    # only the first </think> ends the thinking; later tags are content
+    ("<think>a</think>b</think>c<think>d", False, ("a", "b</think>c<think>d")),
+    ("<think><think>a</think>b", False, ("<think>a", "b")),
+    ("a</think></think>", True, ("a", "</think>")),
+]
+
+
+@pytest.mark.parametrize(("text", "opened", "expected"), CASES)
+def test_whole_answers_split_as_written(
+    text: str, opened: bool, expected: tuple[str | None, str | None]
+) -> None:
+    assert split_reasoning(text, opened) == expected
+
+
+def _streamed(pieces: list[str], opened: bool) -> tuple[list[str], list[str]]:
+    stream = ReasoningStream(opened)
+    reasoning, content = [], []
+    for piece in pieces:
+        r, c = stream.push(piece)
+        reasoning.append(r)
+        content.append(c)
+    r, c = stream.finish()
+    return [*reasoning, r], [*content, c]
+
+
+def _every_split(text: str) -> list[list[str]]:
+    """Each way to cut `text` into two or three pieces (every split point, and pairs)."""
+    cuts = [[text[:i], text[i:]] for i in range(len(text) + 1)]
+    cuts += [
+        [text[:i], text[i:j], text[j:]]
+        for i in range(len(text) + 1)
+        for j in range(i, len(text) + 1)
+    ]
+    return cuts
+
+
+@pytest.mark.parametrize(("text", "opened", "expected"), CASES)
+def test_every_split_point_streams_the_same_fields(
+    text: str, opened: bool, expected: tuple[str | None, str | None]
+) -> None:
+    for pieces in _every_split(text):
+        reasoning, content = _streamed(pieces, opened)
+        assert ("".join(reasoning), "".join(content)) == (
+            expected[0] or "",
+            expected[1] or "",
+        ), pieces
+        assert all("</think>" not in r for r in reasoning), pieces
+
+
+TAGGY = st.text(alphabet=st.sampled_from(["<", "/", "t", "h", "i", "n", "k", ">", "a", "\n"]))
+PIECES = st.lists(st.one_of(TAGGY, st.sampled_from(["<think>", "</think>", "</", "<th", "k>"])))
+
+
+@given(PIECES, st.booleans())
+def test_any_chunking_concatenates_to_the_whole_answers_fields(
+    pieces: list[str], opened: bool
+) -> None:
+    text = "".join(pieces)
+    expected_reasoning, expected_content = split_reasoning(text, opened)
+    reasoning, content = _streamed(pieces, opened)
+    assert "".join(reasoning) == (expected_reasoning or "")
+    assert "".join(content) == (expected_content or "")
+    # the thinking never shows its closing tag, whole or in part at its end
+    joined = "".join(reasoning)
+    assert "</think>" not in joined
+
+
+def test_the_prompt_decides_whether_the_answer_opens_in_thinking() -> None:
+    qwen3, r1 = ReasoningParser("qwen3", 10, 11), ReasoningParser("deepseek_r1", 10, 11)
+    assert not qwen3.opens_in_thinking([1, 2, 3])  # Qwen3 hybrid: the model writes <think>
+    assert qwen3.opens_in_thinking([1, 10, 5])  # Qwen3-2507: the prompt ends with <think>\n
+    assert not qwen3.opens_in_thinking([1, 10, 5, 11, 5])  # enable_thinking=false
+    assert qwen3.opens_in_thinking([10, 11, 3, 10])  # an earlier turn's block, then a new one
+    assert r1.opens_in_thinking([1, 2, 3])  # vLLM's R1 rule: thinking comes first
+    assert r1.opens_in_thinking([1, 10, 5, 11, 5])
