@@ -3,10 +3,13 @@ of whole answers, and every chunking of a streamed answer giving the same fields
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from sv_server.reasoning import ReasoningParser, ReasoningStream, split_reasoning
+from sv_server.tools import ToolCallStream, ToolRequest, apply_to_response
 
 # (answer text, whether the prompt left <think> open) -> (reasoning_content, content)
 CASES: list[tuple[str, bool, tuple[str | None, str | None]]] = [
@@ -107,3 +110,41 @@ def test_the_prompt_decides_whether_the_answer_opens_in_thinking() -> None:
     assert qwen3.opens_in_thinking([10, 11, 3, 10])  # an earlier turn's block, then a new one
     assert r1.opens_in_thinking([1, 2, 3])  # vLLM's R1 rule: thinking comes first
     assert r1.opens_in_thinking([1, 10, 5, 11, 5])
+
+
+def _reply(reasoning: str | None, content: str | None) -> dict[str, Any]:
+    message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+
+CALL = '{"name": "add", "parameters": {"a": 2}}'
+ADD = ToolRequest([{"type": "function", "function": {"name": "add"}}], "auto")
+
+
+def test_a_tool_call_is_read_from_the_content_only() -> None:
+    body = _reply("I will call add.", "\n\n" + CALL)
+    apply_to_response(body, ADD)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning_content"] == "I will call add."  # kept
+    assert choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "add"
+
+    for reasoning, content in ((CALL, "No call."), (CALL, None)):
+        body = _reply(reasoning, content)
+        apply_to_response(body, ADD)
+        assert body == _reply(reasoning, content)  # a call in the thinking is no call
+
+
+def test_a_streamed_call_after_the_thinking() -> None:
+    """What the server does per piece: the split first, only the content to the call parser."""
+    split, calls = ReasoningStream(False), ToolCallStream(ADD)
+    reasoning, deltas = "", []
+    for piece in ["<think>", "x", "</think>", "\n\n", CALL[:5], CALL[5:]]:
+        r, c = split.push(piece)
+        reasoning += r
+        deltas += calls.push(c) if c else []
+    r, c = split.finish()
+    deltas += (calls.push(c) if c else []) + calls.finish()
+    assert reasoning + r == "x" and calls.called
+    assert [d for d in deltas if "content" in d and d["content"].strip()] == []

@@ -28,7 +28,7 @@ import importlib.metadata
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -74,7 +74,9 @@ from sv_server.protocol import (
     response_body,
     usage_chunk_body,
 )
+from sv_server.reasoning import ReasoningParser, ReasoningStream, parser_for, split_reasoning
 from sv_server.stops import StopStringMatcher
+from sv_server.structured import STRUCTURED_FIELDS
 
 log = logging.getLogger("sv_server")
 
@@ -93,6 +95,7 @@ class ServerState:
     created: int
     max_request_bytes: int
     read_timeout_s: float
+    reasoning: ReasoningParser | None = None  # --reasoning-parser: chat answers' thinking apart
     # Set when shutting down: new generations get 503, and so do bodies still arriving.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     tokenizer_thread: ThreadPoolExecutor = field(
@@ -126,15 +129,21 @@ def create_app(
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+    reasoning_parser: str | None = None,
 ) -> Starlette:
     """The server for one engine. The engine thread starts and stops with the app's lifespan,
     so an app is served once. `add_bos`: put the BOS token before /v1/completions text prompts
     (see `sv_server.cli.wants_bos`). `api_key`: required as a bearer token on /v1/*.
-    `max_request_bytes` and `read_timeout_s` bound a request body's size and arrival time."""
+    `max_request_bytes` and `read_timeout_s` bound a request body's size and arrival time.
+    `reasoning_parser`: split chat answers into thinking and content (see reasoning.py);
+    a ValueError naming --reasoning-parser when the model's tokenizer has no think tags."""
     if max_queue < 1:
         raise ValueError(f"max_queue must be at least 1, got {max_queue}")
     if max_request_bytes < 1 or not read_timeout_s > 0:
         raise ValueError("max_request_bytes and read_timeout_s must be positive")
+    reasoning = (
+        parser_for(reasoning_parser, engine.tokenizer) if reasoning_parser is not None else None
+    )
     metrics = Metrics()
     state = ServerState(
         loop=EngineLoop(engine, observer=metrics.observe),
@@ -145,6 +154,7 @@ def create_app(
         created=int(time.time()),
         max_request_bytes=max_request_bytes,
         read_timeout_s=read_timeout_s,
+        reasoning=reasoning,
     )
 
     @contextlib.asynccontextmanager
@@ -388,13 +398,33 @@ def _prepare(
 ) -> tuple[GenerationRequest, list[list[int]]]:
     """The CPU-heavy part of a request, for the tokenizer thread: the body as a checked
     request, and the token ids of each of its prompts (a chat has one)."""
-    req = parse(decode_json(raw))
+    body = decode_json(raw)
+    req = parse(body)
     _check_model(state, req.model)
+    if state.reasoning is not None and req.kind == "chat" and req.grammar is not None:
+        _refuse_constrained_thinking(state.reasoning, req, body)
     if req.messages is not None:  # chat: the model's chat format
         tools = req.tools.tools if req.tools is not None else None
         return req, [_encode_chat(state, req.messages, req.chat_options, tools)]
     prompts = req.prompts or []
     return req, [_prompt_ids(state, p, _which(i, len(prompts))) for i, p in enumerate(prompts)]
+
+
+def _refuse_constrained_thinking(
+    parser: ReasoningParser, req: GenerationRequest, body: Any
+) -> None:
+    """A grammar would hold from the first token, thinking included: vLLM applies it after the
+    thinking ends; this server does not (yet), so it refuses rather than answer broken JSON."""
+    if req.tools is not None and req.tools.choice not in ("auto", "none"):
+        field = "tool_choice"
+    else:
+        field = next(k for k in sorted(STRUCTURED_FIELDS) if body.get(k) is not None)
+    raise bad_request(
+        f"'{field}' cannot be used on this server, started with --reasoning-parser "
+        f"{parser.name}: its output constraint would bind the model's thinking too (the "
+        "constraint does not wait for </think>); leave it out",
+        param=field,
+    )
 
 
 def _encode_chat(
@@ -568,12 +598,13 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
         raise
     prompt_tokens = sum(map(len, prompts))  # once per prompt, however many choices
     state.metrics.prompt_tokens += prompt_tokens
+    thinking = state.reasoning if req.kind == "chat" else None  # completions: the raw text
     if req.stream:
         return _EventStream(
-            _stream(req, state.model_name, generations, prompt_tokens),
+            _stream(req, state.model_name, generations, prompt_tokens, thinking),
             on_close=partial(_close_all, generations),
         )
-    return await _collect(request, req, state.model_name, generations, prompt_tokens)
+    return await _collect(request, req, state.model_name, generations, prompt_tokens, thinking)
 
 
 def _logit_bias(state: ServerState, req: GenerationRequest) -> dict[int, float]:
@@ -721,8 +752,10 @@ async def _collect(
     model: str,
     generations: list[_Generation],
     prompt_tokens: int,
+    thinking: ReasoningParser | None,
 ) -> Response:
-    """A non-streamed answer; a client that hangs up meanwhile cancels every request of it."""
+    """A non-streamed answer; a client that hangs up meanwhile cancels every request of it.
+    With a reasoning parser (`thinking`), each choice's text is split on its own."""
 
     async def collect() -> list[str]:
         async def text_of(generation: _Generation) -> str:
@@ -746,18 +779,39 @@ async def _collect(
     finally:
         hangup.cancel()
         _close_all(generations)
+    contents: list[str | None] = list(texts)
+    reasoning = None
+    if thinking is not None:
+        splits = [
+            split_reasoning(text, opened)
+            for text, opened in zip(texts, _opens_in_thinking(thinking, generations), strict=True)
+        ]
+        reasoning = [r for r, _ in splits]
+        contents = [c for _, c in splits]
     body = response_body(
         req.kind,
         new_id(req.kind),
         model,
-        [(text, g.finish_reason or "") for text, g in zip(texts, generations, strict=True)],
+        [(text, g.finish_reason or "") for text, g in zip(contents, generations, strict=True)],
         prompt_tokens,
         sum(g.completion_tokens for g in generations),
         logprobs=[g.take_logprobs() for g in generations] if req.logprobs is not None else None,
+        reasoning=reasoning,
     )
     if req.tools is not None:
         tools.apply_to_response(body, req.tools)
     return JSONResponse(body)
+
+
+def _opens_in_thinking(thinking: ReasoningParser, generations: list[_Generation]) -> list[bool]:
+    """Whether each choice's answer is thinking from its start: looked up once per prompt (a
+    prompt's `n` choices share its ids), as it scans the prompt."""
+    opened: dict[int, bool] = {}
+    for g in generations:
+        ids = g.handle.prompt_ids
+        if id(ids) not in opened:
+            opened[id(ids)] = thinking.opens_in_thinking(ids)
+    return [opened[id(g.handle.prompt_ids)] for g in generations]
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -798,11 +852,16 @@ async def _pieces(generations: list[_Generation]) -> AsyncIterator[tuple[int, st
 
 
 async def _stream(
-    req: GenerationRequest, model: str, generations: list[_Generation], prompt_tokens: int
+    req: GenerationRequest,
+    model: str,
+    generations: list[_Generation],
+    prompt_tokens: int,
+    thinking: ReasoningParser | None,
 ) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk schema, ending with `data: [DONE]`. Each choice's
     chunks carry its index (for chat, its first one the role); a choice's last chunk carries
-    its finish_reason."""
+    its finish_reason. With a reasoning parser (`thinking`), each choice's thinking comes as
+    `delta.reasoning_content` and only the rest goes on as content (to the tool-call parser)."""
     response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
     if kind == "chat":
         for index in range(len(generations)):
@@ -815,47 +874,80 @@ async def _stream(
     calls = None
     if req.tools is not None and req.tools.parses:
         calls = [tools.ToolCallStream(req.tools) for _ in generations]
+    splits = None
+    if thinking is not None:
+        splits = [ReasoningStream(o) for o in _opens_in_thinking(thinking, generations)]
+
+    def content_events(index: int, text: str | None) -> Iterator[str]:
+        """The events of a piece of choice `index`'s content (None: the choice has ended)."""
+        generation = generations[index]
+        logprobs = None
+        if calls is not None:
+            deltas = calls[index].push(text) if text is not None else calls[index].finish()
+            for i, delta in enumerate(deltas):
+                yield _sse(
+                    tools.delta_chunk(
+                        response_id,
+                        model,
+                        created,
+                        delta,
+                        index=index,
+                        logprobs=generation.take_logprobs() if i == 0 else None,
+                    )
+                )
+            if text is not None:
+                return
+            logprobs = generation.take_logprobs()
+        elif text is not None and generation.logprobs is None:
+            yield encoders[index].text_event(text)
+            return
+        else:
+            logprobs = generation.take_logprobs()
+            if text is not None:
+                yield _sse(
+                    chunk_body(
+                        kind, response_id, model, created, text, index=index, logprobs=logprobs
+                    )
+                )
+                return
+        last = None if kind == "chat" else ""
+        reason = generation.finish_reason
+        if calls is not None and calls[index].called:
+            reason = "tool_calls"
+        yield _sse(
+            chunk_body(
+                kind, response_id, model, created, last, reason, index=index, logprobs=logprobs
+            )
+        )
+
     try:
         async for index, text in _pieces(generations):
-            generation = generations[index]
-            logprobs = None
-            if calls is not None:
-                deltas = calls[index].push(text) if text is not None else calls[index].finish()
-                for i, delta in enumerate(deltas):
-                    yield _sse(
-                        tools.delta_chunk(
-                            response_id,
-                            model,
-                            created,
-                            delta,
-                            index=index,
-                            logprobs=generation.take_logprobs() if i == 0 else None,
-                        )
-                    )
-                if text is not None:
-                    continue
-                logprobs = generation.take_logprobs()
-            elif text is not None and generation.logprobs is None:
-                yield encoders[index].text_event(text)
+            if splits is None:
+                for event in content_events(index, text):
+                    yield event
                 continue
-            else:
-                logprobs = generation.take_logprobs()
-                if text is not None:
-                    yield _sse(
-                        chunk_body(
-                            kind, response_id, model, created, text, index=index, logprobs=logprobs
-                        )
+            split = splits[index]
+            reasoning, content = split.push(text) if text is not None else split.finish()
+            if reasoning:
+                logprobs = generations[index].take_logprobs()
+                yield _sse(
+                    chunk_body(
+                        kind,
+                        response_id,
+                        model,
+                        created,
+                        None,
+                        index=index,
+                        logprobs=logprobs,
+                        reasoning=reasoning,
                     )
-                    continue
-            last = None if kind == "chat" else ""
-            reason = generation.finish_reason
-            if calls is not None and calls[index].called:
-                reason = "tool_calls"
-            yield _sse(
-                chunk_body(
-                    kind, response_id, model, created, last, reason, index=index, logprobs=logprobs
                 )
-            )
+            if content:
+                for event in content_events(index, content):
+                    yield event
+            if text is None:
+                for event in content_events(index, None):
+                    yield event
     except ServerError as e:  # the status line is gone already: the error goes in the stream
         _close_all(generations)
         yield _sse(e.body())

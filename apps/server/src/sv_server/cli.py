@@ -59,6 +59,7 @@ def _api_key(text: str) -> str:
 def build_parser() -> OneLineErrorParser:
     from sv_server.app import DEFAULT_MAX_QUEUE
     from sv_server.body import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
+    from sv_server.reasoning import REASONING_PARSERS
     from sv_server.serving import DEFAULT_MAX_CONNECTIONS
 
     p = OneLineErrorParser(
@@ -121,6 +122,16 @@ def build_parser() -> OneLineErrorParser:
         help="on SIGINT/SIGTERM, let requests in flight finish for up to S seconds before "
         "ending them with an error; a second Ctrl-C ends the wait (default 0)",
     )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        metavar="NAME",
+        help="split each chat answer's thinking (between <think> and </think>) into "
+        "message.reasoning_content, streamed as delta.reasoning_content, and the rest into "
+        f"content, as vLLM's flag of that name: {' or '.join(REASONING_PARSERS)} (the same "
+        "split; deepseek_r1 also takes an answer without <think> as thinking); the model's "
+        "tokenizer must have the two tags; /v1/completions stays raw text (default: off)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -167,15 +178,21 @@ def serve_main(argv: list[str]) -> int:
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or model_dir.resolve().name
-    app = create_app(
-        engine,
-        model_name=name,
-        max_queue=args.max_queue,
-        add_bos=wants_bos(model_dir, engine.tokenizer),
-        api_key=args.api_key,
-        max_request_bytes=args.max_request_bytes,
-        read_timeout_s=args.read_timeout,
-    )
+    try:
+        app = create_app(
+            engine,
+            model_name=name,
+            max_queue=args.max_queue,
+            add_bos=wants_bos(model_dir, engine.tokenizer),
+            api_key=args.api_key,
+            max_request_bytes=args.max_request_bytes,
+            read_timeout_s=args.read_timeout,
+            reasoning_parser=args.reasoning_parser,
+        )
+    except ValueError as e:  # a flag the model cannot honour (--reasoning-parser)
+        stop_trace(engine)
+        print(f"sv serve: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     print(
         f"sv serve: '{name}' on {base_url(args.host, listeners[0].getsockname()[1])}/v1 "
         f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages"

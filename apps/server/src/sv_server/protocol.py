@@ -592,13 +592,16 @@ def response_body(
     kind: Kind,
     response_id: str,
     model: str,
-    choices: Sequence[tuple[str, str]],
+    choices: Sequence[tuple[str | None, str]],
     prompt_tokens: int,
     completion_tokens: int,
     logprobs: Sequence[dict[str, Any] | None] | None = None,
+    reasoning: Sequence[str | None] | None = None,
 ) -> dict[str, Any]:
-    """The whole (non-streamed) answer: `choices` are (text, finish_reason), in index order;
-    the token counts are their sums; `logprobs`: each choice's, if asked for."""
+    """The whole (non-streamed) answer: `choices` are (text, finish_reason), in index order
+    (chat's text None: no content); the token counts are their sums; `logprobs`: each
+    choice's, if asked for; `reasoning`: chat with a reasoning parser, each choice's
+    `reasoning_content` (None: it did not think)."""
     bodies = []
     for index, (text, finish_reason) in enumerate(choices):
         choice: dict[str, Any] = {
@@ -610,6 +613,8 @@ def response_body(
             choice["text"] = text
         else:
             choice["message"] = {"role": "assistant", "content": text}
+            if reasoning is not None:
+                choice["message"]["reasoning_content"] = reasoning[index]
         bodies.append(choice)
     return {
         "id": response_id,
@@ -632,9 +637,11 @@ def chunk_body(
     index: int = 0,
     first: bool = False,
     logprobs: dict[str, Any] | None = None,
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk, of choice `index`. For chat, the first chunk carries the role, the
-    last an empty delta. `logprobs`: those of the chunk's tokens."""
+    last an empty delta. `logprobs`: those of the chunk's tokens. `reasoning`: chat, a piece
+    of the thinking (`delta.reasoning_content`)."""
     choice: dict[str, Any] = {
         "index": index,
         "logprobs": logprobs,
@@ -644,6 +651,8 @@ def chunk_body(
         choice["text"] = text or ""
     else:
         delta: dict[str, str] = {"role": "assistant"} if first else {}
+        if reasoning is not None:
+            delta["reasoning_content"] = reasoning
         if text is not None:
             delta["content"] = text
         choice["delta"] = delta

@@ -49,13 +49,12 @@ class ReasoningParser:
         """Whether the answer to `prompt_ids` is thinking from its first character."""
         if self.name == "deepseek_r1":
             return True
-        last_start = last_end = -1
-        for position, token in enumerate(prompt_ids):
+        for token in reversed(prompt_ids):  # the last tag decides
+            if token == self.end_id:
+                return False
             if token == self.start_id:
-                last_start = position
-            elif token == self.end_id:
-                last_end = position
-        return last_start > last_end
+                return True
+        return False
 
 
 def parser_for(name: str, tokenizer: Tokenizer) -> ReasoningParser:

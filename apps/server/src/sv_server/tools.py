@@ -203,17 +203,18 @@ def delta_chunk(
 
 
 def apply_to_response(body: dict[str, Any], tools: ToolRequest) -> None:
-    """A whole chat answer: its message becomes a tool call when the text is one."""
+    """A whole chat answer: its message becomes a tool call when the text is one. Only the
+    content is read (with a reasoning parser, a call written in the thinking is no call); the
+    message's `reasoning_content`, if any, stays."""
     if not tools.parses:
         return
     for choice in body["choices"]:
-        call = parse_tool_call(choice["message"]["content"], tools.names)
+        message = choice["message"]
+        content = message["content"]
+        call = parse_tool_call(content, tools.names) if content is not None else None
         if call is not None:
-            choice["message"] = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": tool_calls_body(call),
-            }
+            message["content"] = None
+            message["tool_calls"] = tool_calls_body(call)
             choice["finish_reason"] = "tool_calls"
 
 
