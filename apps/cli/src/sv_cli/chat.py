@@ -9,11 +9,17 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from sv_engine.options import add_engine_arguments, positive_int
 
 from sv_cli.common import add_sampling_arguments, open_engine, pool_hint, sampling_params
+
+if TYPE_CHECKING:
+    from sv_server.reasoning import ReasoningParser
+
+# ANSI faint and reset: the thinking of a reasoning model, shown dimmed on a terminal.
+DIM, UNDIM = "\x1b[2m", "\x1b[0m"
 
 HELP = "commands: /reset (start over), /exit or /quit (or Ctrl-D), /help. Ctrl-C stops a response."
 # A line that is one word after a slash is a command: known ones run, others are refused (a
@@ -40,6 +46,13 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="output-token limit per response (default 512); --max-new is the older name",
     )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=("qwen3", "deepseek_r1"),
+        metavar="NAME",
+        help="on a terminal, show a thinking model's <think>...</think> dimmed, without the "
+        "tags, split as `sv serve --reasoning-parser NAME` splits it: qwen3 or deepseek_r1",
+    )
     p.set_defaults(handler=run)
 
 
@@ -55,13 +68,34 @@ def run(args: argparse.Namespace) -> int:
     engine = open_engine(args)
     if engine is None:
         return 2
+    thinking = None
+    if args.reasoning_parser is not None:
+        from sv_server.reasoning import parser_for
+
+        try:
+            thinking = parser_for(args.reasoning_parser, engine.tokenizer)
+        except ValueError as e:
+            stop_trace(engine)
+            print(f"sv chat: error: {e}", file=sys.stderr)
+            return 2
+    if not sys.stdout.isatty():
+        thinking = None  # no terminal to dim on: the text as the model wrote it
     try:
-        return chat_loop(engine, params, args.system, sys.stdin, sys.stdout)
+        return chat_loop(engine, params, args.system, sys.stdin, sys.stdout, thinking)
     finally:
         stop_trace(engine)
 
 
-def chat_loop(engine: Any, params: Any, system: str | None, inp: TextIO, out: TextIO) -> int:
+def chat_loop(
+    engine: Any,
+    params: Any,
+    system: str | None,
+    inp: TextIO,
+    out: TextIO,
+    thinking: ReasoningParser | None = None,
+) -> int:
+    """Read turns from `inp`, stream the answers to `out`. `thinking`: show each answer's
+    thinking dimmed and without its tags (the history keeps the text as written)."""
     from sv_engine import EngineError
     from sv_scheduler import AdmissionError
     from sv_tokenizer import Message, TokenizerError
@@ -101,18 +135,26 @@ def chat_loop(engine: Any, params: Any, system: str | None, inp: TextIO, out: Te
         dialog.append(Message("user", text))
         reply: list[str] = []
         finished = None
+        show = _ThinkingDimmer(engine, dialog, thinking, out) if thinking else None
         try:
             for event in engine.stream([dialog], params):
                 reply.append(event.text)
-                out.write(event.text)
+                if show is not None:
+                    show.push(event.text)
+                else:
+                    out.write(event.text)
                 out.flush()
                 finished = event.completion if event.finished else finished
         except KeyboardInterrupt:
+            if show is not None:
+                show.finish()
             out.write(" [stopped]")
         except (EngineError, AdmissionError, TokenizerError) as e:
             dialog.pop()
             print(f"sv chat: {e}{pool_hint(e, engine)} (try /reset)", file=sys.stderr)
             continue
+        if show is not None:
+            show.finish()
         print(file=out)
         if finished is not None and finished.finish_reason == "length":
             _note_cut(finished, params.max_new_tokens, engine.runner.max_model_len)
@@ -127,3 +169,37 @@ def _note_cut(completion: Any, max_new: int, context: int) -> None:
     else:
         why = f"the end of the model's context ({context} tokens): /reset to go on"
     print(f"sv chat: note: the reply stopped at {why}", file=sys.stderr)
+
+
+class _ThinkingDimmer:
+    """One answer's text to the terminal: its thinking (split as the server splits it) between
+    DIM and UNDIM, the rest as is."""
+
+    def __init__(self, engine: Any, dialog: Any, thinking: ReasoningParser, out: TextIO) -> None:
+        from sv_server.reasoning import ReasoningStream
+
+        prompt = engine.tokenizer.chat_format.encode_dialog(dialog)
+        self._split = ReasoningStream(thinking.opens_in_thinking(prompt))
+        self._out = out
+        self._dimmed = False
+
+    def push(self, text: str) -> None:
+        self._write(*self._split.push(text))
+
+    def finish(self) -> None:
+        self._write(*self._split.finish())
+        if self._dimmed:
+            self._out.write(UNDIM)
+            self._dimmed = False
+
+    def _write(self, reasoning: str, content: str) -> None:
+        if reasoning:
+            if not self._dimmed:
+                self._out.write(DIM)
+                self._dimmed = True
+            self._out.write(reasoning)
+        if content:
+            if self._dimmed:
+                self._out.write(UNDIM)
+                self._dimmed = False
+            self._out.write(content)
