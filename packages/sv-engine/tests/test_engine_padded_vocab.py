@@ -51,3 +51,25 @@ def test_a_spare_row_is_an_output_id_without_text(engine: Engine) -> None:
     assert spare.logprobs is not None and all(lp.token_id == SPARE for lp in spare.logprobs)
     assert other is not None and other.output_ids == alone.output_ids
     assert other.text == engine.tokenizer.decode(alone.output_ids) == alone.text
+
+
+def test_a_grammar_masks_the_spare_rows(engine: Engine) -> None:
+    """The grammar's token mask spans every logit row, the spare ones never allowed: requests
+    biased hard toward a spare row still write what their grammar allows (they failed at the
+    first step, the mask sized by the tokenizer's vocabulary alone)."""
+    import json
+
+    from sv_engine.grammar import Grammar
+
+    params = SamplingParams(
+        max_new_tokens=24, logit_bias={SPARE: 100.0}, grammar=Grammar.choice(["red", "blue"])
+    )
+    done = engine.generate([engine.tokenizer.encode("Pick a colour")], params)[0]
+    assert SPARE not in done.output_ids
+    assert done.text in ("red", "blue")
+    params = SamplingParams(
+        max_new_tokens=40, logit_bias={SPARE: 100.0}, grammar=Grammar.regex(r'\{"a": [0-9]\}')
+    )
+    done = engine.generate([engine.tokenizer.encode("Some JSON")], params)[0]
+    assert SPARE not in done.output_ids and done.finish_reason == "stop"
+    assert set(json.loads(done.text)) == {"a"}

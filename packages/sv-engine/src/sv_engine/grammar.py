@@ -219,11 +219,16 @@ class _Vocabulary:
         self._tokenizer = tokenizer
         self.eos_token_id = stop_ids[0]
         self.bos_token_id = tokenizer.bos_id
-        # Ids the model cannot produce (beyond its logits) are left out; ids the tokenizer
-        # lacks (the model's padding) are added by the library as never allowed.
+        # Ids the model cannot produce (beyond its logits) are left out. Ids the tokenizer
+        # lacks (the model's padding rows: Qwen pads 151,669 tokens to 151,936) are named as
+        # special tokens no text or grammar matches: the library sizes its bitmask by this
+        # list (its n_vocab does not), and the mask must span every logit.
         size = min(tokenizer.vocab_size, vocab_size)
+        padding = range(size, vocab_size)
         self.tokens = [tokenizer.shown_bytes(i) for i in range(size)]
-        self.special_token_ids = sorted(i for i in tokenizer.special_tokens.values() if i < size)
+        self.tokens += [f"<|sv padding {i}|>".encode() for i in padding]
+        special = [i for i in tokenizer.special_tokens.values() if i < size]
+        self.special_token_ids = sorted([*special, *padding])
 
     def __call__(self, text: bytes) -> list[int]:
         return self._tokenizer.encode(text.decode("utf-8", errors="replace"))
