@@ -197,6 +197,13 @@ def test_split_prompts() -> None:
             split_prompts(["a", text])
     with pytest.raises(ValueError, match="request 3 rejected: the prompt is empty"):
         split_prompts(["a", "5", "b", " "])
+    # "-": standard input's text, less its final newline, once
+    assert split_prompts(["-", "5"], stdin=io.StringIO("Two\nlines.\n")) == (["Two\nlines."], 5)
+    assert split_prompts(["a", "-"], stdin=io.StringIO("b")) == (["a", "b"], 128)
+    with pytest.raises(ValueError, match=r'"-" .* may be given once'):
+        split_prompts(["-", "-"], stdin=io.StringIO("x"))
+    with pytest.raises(ValueError, match="request 1 rejected: the prompt is empty"):
+        split_prompts(["-"], stdin=io.StringIO("\n"))
 
 
 def test_chat_two_turns_and_reset(default_model: Path) -> None:
@@ -244,6 +251,9 @@ def test_the_sv_entry_point_runs(default_model: Path) -> None:
     done = sv("generate", "Say hello.", "4")
     assert done.returncode == 0, done.stderr
     assert re.search(r"\[request 1\] finish=(stop|length) ids=\[(\d+, ){0,3}\d+\]", done.stdout)
+    piped = sv("generate", "-", "4", input="Say hello.\n")  # the prompt from a pipe
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout == done.stdout
 
 
 def test_tokenize_and_inspect_are_wired(

@@ -25,7 +25,8 @@ GRAMMAR = (
     "The second argument is MAX_NEW, the output-token limit of every prompt (default "
     f"{DEFAULT_MAX_NEW}), when it starts like a number (a digit, or a sign or point and a digit) "
     "and has no spaces; it must then be a positive integer (`Hi 1e3`, `Hi 0` are errors). Any "
-    "other argument is a prompt. With -n/--max-new-tokens every argument is a prompt."
+    "other argument is a prompt. With -n/--max-new-tokens every argument is a prompt. A "
+    'PROMPT of "-" is read from standard input (`cat question.txt | sv generate - 64`).'
 )
 
 
@@ -94,10 +95,18 @@ def _logprobs_count(text: str) -> int:
     return value
 
 
-def split_prompts(items: list[str], max_new_tokens: int | None = None) -> tuple[list[str], int]:
+def split_prompts(
+    items: list[str], max_new_tokens: int | None = None, stdin: TextIO | None = None
+) -> tuple[list[str], int]:
     """The prompts and MAX_NEW of `PROMPT [MAX_NEW] [PROMPT ...]` (see GRAMMAR); with
-    `max_new_tokens` (-n) given, every item is a prompt."""
+    `max_new_tokens` (-n) given, every item is a prompt. A PROMPT of "-" is `stdin`'s whole
+    text (as for cat; once: a second "-" would read nothing), less its final newline."""
     prompts = list(items)
+    if prompts.count("-") > 1:
+        raise ValueError('"-" (the prompt from standard input) may be given once')
+    if "-" in prompts:
+        text = (stdin or sys.stdin).read()
+        prompts[prompts.index("-")] = text[:-1] if text.endswith("\n") else text
     max_new = DEFAULT_MAX_NEW if max_new_tokens is None else max_new_tokens
     if max_new_tokens is None and len(prompts) >= 2 and _NUMBER_LIKE.fullmatch(prompts[1]):
         text = prompts.pop(1)
@@ -120,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from sv_tokenizer import TokenizerError
 
     try:
-        prompts, max_new = split_prompts(args.items, args.max_new_tokens)
+        prompts, max_new = split_prompts(args.items, args.max_new_tokens, sys.stdin)
         params = replace(sampling_params(args, max_new), logprobs=args.logprobs)
     except (ValueError, EngineError) as e:
         print(f"sv generate: error: {e}", file=sys.stderr)
