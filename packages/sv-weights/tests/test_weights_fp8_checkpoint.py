@@ -243,3 +243,152 @@ def test_an_ignore_list_that_splits_a_packed_group_is_refused(
     message = f"leaves {plain!r} unquantized but quantizes {quantized!r}"
     with pytest.raises(WeightsError, match=re.escape(message)):
         load_checkpoint(tmp_path / "split")
+
+
+KV_SCHEME = {
+    "num_bits": 8,
+    "type": "float",
+    "strategy": "tensor",
+    "dynamic": False,
+    "symmetric": True,
+}
+
+
+def kv_cache_config() -> dict[str, Any]:
+    """The quantization_config of an llm-compressor FP8 checkpoint with a calibrated KV cache."""
+    return compressed_tensors_config() | {"kv_cache_scheme": dict(KV_SCHEME)}
+
+
+def kv_scales(config: ModelConfig, old_names: bool = False) -> dict[str, torch.Tensor]:
+    """A K and a V scale per layer, each a different value: [1] FP32 (llm-compressor's), or
+    under the older names `k_proj.output_scale` / `v_proj.output_scale`, [] BF16."""
+    out = {}
+    for layer in range(config.num_hidden_layers):
+        for i, which in enumerate("kv"):
+            value = 0.01 * (1 + 2 * layer + i)
+            if old_names:
+                name = f"model.layers.{layer}.self_attn.{which}_proj.output_scale"
+                out[name] = torch.tensor(value, dtype=torch.bfloat16)
+            else:
+                out[f"model.layers.{layer}.self_attn.{which}_scale"] = torch.tensor([value])
+    return out
+
+
+@pytest.mark.parametrize("old_names", [False, True])
+@pytest.mark.parametrize("copy", [False, True])
+def test_kv_cache_scales_load_under_one_name(tmp_path: Path, old_names: bool, copy: bool) -> None:
+    """Each layer's K and V cache scale is loaded with the weights, its value the file's,
+    under `self_attn.k_scale` / `v_scale` whichever spelling the file has."""
+    config = tiny_llama_config()
+    scales = kv_scales(config, old_names)
+    write_fp8_checkpoint(tmp_path, config, tensors=scales, quantization_config=kv_cache_config())
+    loaded = load_checkpoint(tmp_path, copy=copy, dtype=torch.float32 if copy else None)
+    by_value = sorted(float(t.float()) for t in scales.values())
+    for layer in range(config.num_hidden_layers):
+        for i, which in enumerate("kv"):
+            got = loaded[f"model.layers.{layer}.self_attn.{which}_scale"]
+            assert got.dtype == (torch.bfloat16 if old_names else torch.float32)  # as written
+            assert float(got.float()) == by_value[2 * layer + i]
+    assert not any(name.endswith("output_scale") for name in loaded)
+
+
+def test_kv_cache_scale_errors_name_the_tensor(tmp_path: Path) -> None:
+    config = tiny_llama_config()
+    good = kv_scales(config)
+    k0 = "model.layers.0.self_attn.k_scale"
+    v1 = "model.layers.1.self_attn.v_scale"
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"tensors": {n: t for n, t in good.items() if n != v1}}, f"tensor {v1!r} is missing"),
+        ({"tensors": good | {k0: torch.ones(2)}}, f"{k0!r} has shape [2], expected [1] or []"),
+        ({"tensors": good | {k0: torch.ones(1, dtype=torch.int32)}}, f"{k0!r} has dtype I32"),
+        ({"tensors": good | {k0: torch.tensor([float("nan")])}}, f"tensor {k0} holds NaN"),
+        ({"tensors": good | {k0: torch.tensor([float("inf")])}}, f"tensor {k0} holds NaN"),
+        ({"tensors": good | {k0: torch.zeros(1)}}, f"tensor {k0} holds a scale of 0"),
+        ({"tensors": good | {v1: torch.tensor([-0.5])}}, f"tensor {v1} holds a scale of -0.5"),
+        (
+            {"tensors": good | {"model.layers.0.self_attn.k_proj.output_scale": torch.ones(1)}},
+            f"tensors {k0!r} and 'model.layers.0.self_attn.k_proj.output_scale' are the same",
+        ),
+        (  # scales with no kv_cache_scheme saying what they are
+            {"tensors": good, "quantization_config": compressed_tensors_config()},
+            f"tensor {k0!r} is a KV-cache scale, but quantization_config has no kv_cache_scheme",
+        ),
+    ]
+    for i, (edits, message) in enumerate(cases):
+        edits.setdefault("quantization_config", kv_cache_config())
+        folder = tmp_path / str(i)
+        write_fp8_checkpoint(folder, config, **copy_edits(edits))
+        for copied in (False, True):
+            with pytest.raises(WeightsError, match=re.escape(message)) as caught:
+                load_checkpoint(folder, copy=copied)
+            assert "\n" not in str(caught.value)
+
+
+def copy_edits(edits: dict[str, Any]) -> dict[str, Any]:
+    return {k: copy.deepcopy(v) if k == "quantization_config" else v for k, v in edits.items()}
+
+
+def test_kv_cache_scales_in_a_plain_checkpoint_are_refused(tmp_path: Path) -> None:
+    from sv_weights import write_random_checkpoint
+
+    config = tiny_llama_config()
+    write_random_checkpoint(tmp_path, config, seed=0, dtype=torch.float32)
+    state = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    state["model.layers.0.self_attn.k_proj.output_scale"] = torch.ones(1)
+    safetensors.torch.save_file(state, str(tmp_path / "model.safetensors"))
+    message = (
+        "tensor 'model.layers.0.self_attn.k_proj.output_scale' is a KV-cache scale, but "
+        "config.json has no quantization_config with a kv_cache_scheme"
+    )
+    with pytest.raises(WeightsError, match=re.escape(message)):
+        load_checkpoint(tmp_path)
+
+
+def test_a_kv_cache_without_its_scales_loads(tmp_path: Path) -> None:
+    """A kv_cache_scheme and no scale tensors: loads (the FP8 pool's scales are then 1)."""
+    config = tiny_llama_config()
+    write_fp8_checkpoint(tmp_path, config, quantization_config=kv_cache_config())
+    assert not any(name.endswith("k_scale") for name in load_checkpoint(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"strategy": "attn_head"}, "kv_cache_scheme.strategy is 'attn_head'"),
+        ({"strategy": "channel"}, "kv_cache_scheme.strategy is 'channel'"),
+        ({"type": "int"}, "kv_cache_scheme.type is 'int'"),
+        ({"num_bits": 4}, "kv_cache_scheme.num_bits is 4"),
+        ({"dynamic": True}, "kv_cache_scheme.dynamic is True"),
+        ({"symmetric": False}, "kv_cache_scheme.symmetric is False"),
+    ],
+)
+def test_kv_cache_schemes_sv_cannot_honour_are_refused(
+    change: dict[str, Any], message: str
+) -> None:
+    raw = kv_cache_config()
+    raw["kv_cache_scheme"] |= change
+    with pytest.raises(
+        WeightsError, match=re.escape(f"config.json: quantization_config.{message}")
+    ):
+        parse_quantization_config(raw, "config.json")
+    assert parse_quantization_config(kv_cache_config(), "config.json").kv_cache
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=st.sampled_from(_paths(kv_cache_config())), value=json_values, drop=st.booleans())
+def test_fuzz_kv_cache_scheme_weights_error_or_a_scheme(
+    path: tuple[str, ...], value: Any, drop: bool
+) -> None:
+    """As the fuzz above, with a kv_cache_scheme: a scheme or a WeightsError naming the config."""
+    raw = kv_cache_config()
+    parent = raw
+    for key in path[:-1]:
+        parent = parent[key]
+    if drop:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    try:
+        parse_quantization_config(raw, "config.json")
+    except WeightsError as error:
+        assert str(error).startswith("config.json: quantization_config")

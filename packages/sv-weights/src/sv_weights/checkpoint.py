@@ -19,6 +19,9 @@ and vLLM ignore it; so does sv, which makes its RoPE tables from the config: acc
 Pre-quantized FP8 checkpoints (compressed-tensors, see `sv_weights.quantization`) hold, beside
 each FP8 linear weight, its `weight_scale` (and maybe an `input_scale`, checked and dropped):
 they are validated against the config's `quantization_config` and loaded with the weights.
+One with a calibrated FP8 KV cache (`kv_cache_scheme`) also holds each layer's K and V cache
+scales, loaded under one name whichever spelling the file uses
+(`sv_weights.quantization.kv_scale_name`): the model's FP8 KV pool uses them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ import torch
 from sv_weights.config import ModelConfig
 from sv_weights.device_load import FileSpan, copy_file_spans_to
 from sv_weights.errors import WeightsError
-from sv_weights.quantization import FP8_DTYPE, INPUT_SCALE, FP8Quantization, read_quantization
+from sv_weights.quantization import (
+    FP8_DTYPE,
+    INPUT_SCALE,
+    FP8Quantization,
+    kv_scales_in,
+    read_quantization,
+)
 from sv_weights.safetensors import (
     DTYPES,
     FLOAT_DTYPES,
@@ -104,7 +113,8 @@ def validate_checkpoint(
     `source` (a file or folder) starts every message. A tied config also accepts an
     `lm_head.weight` of the embedding's shape (see the module doc). With `quantization` (the
     config's FP8 scheme) the quantized linear weights must be FP8 with their scales beside
-    them; without it no tensor may be FP8. Returns the names of the scale tensors.
+    them, and a calibrated KV cache's scales (`kv_cache_scheme`) are checked; without it no
+    tensor may be FP8 and none may be a KV-cache scale. Returns the names of the scale tensors.
     """
     expected = expected_tensors(config)
     if config.tie_word_embeddings and LM_HEAD in infos:
@@ -113,12 +123,19 @@ def validate_checkpoint(
     if quantization is not None:
         linear = {n: s for n, s in expected.items() if n.endswith("_proj.weight") or n == LM_HEAD}
         scales = quantization.check_tensors(linear, infos, source)
+        scales |= set(quantization.check_kv_scales(config.num_hidden_layers, infos, source))
     else:
         fp8 = sorted(name for name, info in infos.items() if info.dtype == FP8_DTYPE)
         if fp8:
             raise WeightsError(
                 f"{source}: tensor {fp8[0]!r} is {FP8_DTYPE}, but config.json has no "
                 "quantization_config saying how to scale it"
+            )
+        kv_scales = kv_scales_in(config.num_hidden_layers, infos, source)
+        if kv_scales:
+            raise WeightsError(
+                f"{source}: tensor {min(kv_scales)!r} is a KV-cache scale, but config.json has "
+                "no quantization_config with a kv_cache_scheme saying how to use it"
             )
     missing = [name for name in expected if name not in infos]
     if missing:
@@ -254,14 +271,21 @@ def load_checkpoint(
     device, into tensors of their own; FP8 weights and their scales stay as they are. A tied
     `lm_head.weight` is dropped (never copied), and so are the `input_scale`s of an FP8
     checkpoint (activations are scaled per token at run time) and the RoPE buffers of an old
-    one (module doc).
+    one (module doc). A calibrated KV cache's scales are returned under sv's names
+    (`kv_scale_name`: "model.layers.N.self_attn.k_scale" and "...v_scale"), whichever
+    spelling the file uses, in the file's dtype.
     """
     model_dir = Path(model_dir)
     config = ModelConfig.from_model_dir(model_dir)
     headers = read_checkpoint_headers(model_dir)
     quantization = read_quantization(model_dir)
-    scales = validate_checkpoint(config, checkpoint_infos(headers), str(model_dir), quantization)
-    weight_scales = sorted(name for name in scales if not name.endswith(INPUT_SCALE))
+    infos = checkpoint_infos(headers)
+    scales = validate_checkpoint(config, infos, str(model_dir), quantization)
+    kv_scales = kv_scales_in(config.num_hidden_layers, infos, str(model_dir))  # file -> sv name
+    weight_scales = sorted(
+        name for name in scales if not name.endswith(INPUT_SCALE) and name not in kv_scales
+    )
+    kept_scales = weight_scales + sorted(kv_scales)
     if config.tie_word_embeddings and any(LM_HEAD in header.tensors for header in headers):
         _check_tied_head_is_the_embedding(headers, str(model_dir))
     target = target_device(device, str(model_dir))
@@ -275,20 +299,23 @@ def load_checkpoint(
             tensors.update(loaded)
         if config.tie_word_embeddings:
             tensors.pop(LM_HEAD, None)
-        for name in scales.difference(weight_scales):
+        for name in scales.difference(kept_scales):
             tensors.pop(name)
         for name in rope_buffers(config):
             tensors.pop(name, None)
     else:
-        data, tensors = _copy_in_model_order(config, headers, target, weight_scales)
+        data, tensors = _copy_in_model_order(config, headers, target, kept_scales)
         if not _all_finite_at_once(data, tensors):
             for header in headers:
                 check_finite(
                     {n: tensors[n] for n in header.tensors if n in tensors}, str(header.path)
                 )
-    _check_scales_positive(tensors, weight_scales, str(model_dir))
+    _check_scales_positive(tensors, weight_scales, str(model_dir), "FP8 weight scale")
+    _check_scales_positive(tensors, sorted(kv_scales), str(model_dir), "KV-cache scale")
+    for name, ours in kv_scales.items():
+        tensors[ours] = tensors.pop(name)
     if dtype is not None:
-        keep = set(weight_scales)
+        keep = set(weight_scales) | set(kv_scales.values())
         tensors = {
             name: t if name in keep or t.dtype == DTYPES[FP8_DTYPE] else t.to(dtype)
             for name, t in tensors.items()
@@ -311,7 +338,7 @@ def _copy_in_model_order(
     scales: list[str],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The copied load of `load_checkpoint`: one allocation, the tensors in `expected_tensors`
-    order and then the FP8 weights' `scales`, gathered from the validated shards `headers`.
+    order and then the `scales` (FP8 weights', KV cache's), gathered from the validated shards `headers`.
     Returns the allocation and the views of it; the padding between tensors is zeroed."""
     where = {name: header for header in headers for name in header.tensors}
     placed: list[tuple[TensorInfo, int]] = []
@@ -376,11 +403,12 @@ def _all_finite_at_once(data: torch.Tensor, tensors: dict[str, torch.Tensor]) ->
 
 
 def _check_scales_positive(
-    tensors: dict[str, torch.Tensor], scales: list[str], source: str
+    tensors: dict[str, torch.Tensor], scales: list[str], source: str, kind: str
 ) -> None:
-    """Raise WeightsError naming the first FP8 weight scale that is zero or negative (one
-    minimum over them all, then a look at each only when it fails): a zero scale silences
-    its output channels and a negative one flips them, and the model then answers nonsense
+    """Raise WeightsError naming the first of `scales` (each an FP8 weight scale or a
+    KV-cache scale: `kind`) that is zero or negative (one minimum over them all, then a
+    look at each only when it fails): a zero scale silences its output channels (or makes
+    its K or V infinite) and a negative one flips them, and the model then answers nonsense
     with no other sign of the damage."""
     if not scales:
         return
@@ -391,8 +419,8 @@ def _check_scales_positive(
         lowest = float(tensors[name].float().min())
         if not lowest > 0:
             raise WeightsError(
-                f"{source}: tensor {name} holds a scale of {lowest:g} (expected every FP8 "
-                "weight scale > 0: the file is damaged or was exported wrongly)"
+                f"{source}: tensor {name} holds a scale of {lowest:g} (expected every {kind} "
+                "> 0: the file is damaged or was exported wrongly)"
             )
 
 

@@ -19,6 +19,17 @@ token at run time by the kernels that use them, so an `input_scale` is checked a
 Anything else (int4 packs, group scales, asymmetric weights, regex ignore lists, an ignore
 list that leaves part of a layer's q/k/v or gate/up unquantized) is refused with a message that
 names the field.
+
+A calibrated FP8 KV cache (llm-compressor's `kv_cache_scheme`, e.g. `{"num_bits": 8, "type":
+"float", "strategy": "tensor", "dynamic": false, "symmetric": true}`) adds one K and one V
+scale per layer: `model.layers.N.self_attn.k_scale` and `.v_scale` ([] or [1]), named
+`self_attn.k_proj.output_scale` and `self_attn.v_proj.output_scale` by older exports (both
+spellings are vLLM's too). K and V are stored as e4m3 of K / k_scale and V / v_scale: with an
+FP8 KV cache sv uses them as the pool's scales (`sv_model.KVCache`), for every KV head of the
+layer; with a BF16 or FP32 cache they are not needed and are ignored, as vLLM ignores them.
+They are in every layer or in none (none: the scales are 1, as vLLM's default). sv honours
+only that scheme: per-head or per-channel KV scales, integer KV caches and dynamic scales are
+refused, naming the field.
 """
 
 from __future__ import annotations
@@ -57,12 +68,20 @@ PACKED_GROUPS = (
 Strategy = Literal["channel", "tensor"]
 
 
+# A calibrated KV cache's per-layer scales: the name sv uses (llm-compressor's) and the older
+# compressed-tensors name of the same tensor, under "model.layers.N.self_attn.".
+KV_SCALES = {"k_scale": "k_proj.output_scale", "v_scale": "v_proj.output_scale"}
+
+
 @dataclass(frozen=True)
 class FP8Quantization:
-    """A checkpoint's FP8 weight scheme: scale strategy and the modules left unquantized."""
+    """A checkpoint's FP8 weight scheme: scale strategy and the modules left unquantized;
+    `kv_cache`: the config declares a static per-tensor FP8 KV cache (`kv_cache_scheme`), so
+    each layer may hold its K and V scales (module doc)."""
 
     strategy: Strategy
     ignore: frozenset[str]
+    kv_cache: bool = False
 
     def quantizes(self, module: str) -> bool:
         """Whether the linear module `module` (e.g. "model.layers.0.mlp.up_proj") is FP8."""
@@ -129,6 +148,45 @@ class FP8Quantization:
                     )
         return scales
 
+    def check_kv_scales(
+        self, num_layers: int, infos: dict[str, TensorInfo], source: str
+    ) -> dict[str, str]:
+        """Check a calibrated KV cache's scales (module doc): in every layer or in none, one
+        name each, [] or [1], a scale dtype. Returns file name -> sv's name
+        (`kv_scale_name`) of those found."""
+        found = kv_scales_in(num_layers, infos, source)
+        if found and not self.kv_cache:
+            raise WeightsError(
+                f"{source}: tensor {min(found)!r} is a KV-cache scale, but "
+                "quantization_config has no kv_cache_scheme saying how to use it"
+            )
+        if found and len(found) != 2 * num_layers:
+            have = set(found.values())
+            missing = next(
+                kv_scale_name(layer, which)
+                for layer in range(num_layers)
+                for which in KV_SCALES
+                if kv_scale_name(layer, which) not in have
+            )
+            raise WeightsError(
+                f"{source}: tensor {missing!r} is missing: a calibrated KV cache has k_scale and "
+                f"v_scale in every layer or in none, and this one has {len(found)} of "
+                f"{2 * num_layers} (e.g. {min(found)!r})"
+            )
+        for name in sorted(found):
+            info = infos[name]
+            if info.shape not in ((), (1,)):
+                raise WeightsError(
+                    f"{source}: {name!r} has shape {list(info.shape)}, expected [1] or [] "
+                    "(one KV-cache scale per layer)"
+                )
+            if info.dtype not in SCALE_DTYPES:
+                raise WeightsError(
+                    f"{source}: {name!r} has dtype {info.dtype}, expected one of "
+                    f"{', '.join(sorted(SCALE_DTYPES))}"
+                )
+        return found
+
     def _check_packed_groups(self, linear_weights: dict[str, tuple[int, ...]], source: str) -> None:
         """Raise WeightsError when `ignore` leaves part of a packed group (PACKED_GROUPS)
         unquantized and quantizes the rest."""
@@ -147,6 +205,29 @@ class FP8Quantization:
                         f"{'/'.join(m.rsplit('.', 1)[-1] for m in group)} of a layer as one "
                         "matrix, so they must be all FP8 or all left out"
                     )
+
+
+def kv_scale_name(layer: int, which: str) -> str:
+    """sv's name of layer `layer`'s K ("k_scale") or V ("v_scale") cache scale."""
+    return f"model.layers.{layer}.self_attn.{which}"
+
+
+def kv_scales_in(num_layers: int, infos: dict[str, TensorInfo], source: str) -> dict[str, str]:
+    """The KV-cache scales among `infos`, file name -> sv's name (either spelling, module doc);
+    a WeightsError when a layer holds both spellings of one."""
+    found: dict[str, str] = {}
+    for layer in range(num_layers):
+        for which, old in KV_SCALES.items():
+            name = kv_scale_name(layer, which)
+            spellings = [n for n in (name, f"model.layers.{layer}.self_attn.{old}") if n in infos]
+            if len(spellings) > 1:
+                raise WeightsError(
+                    f"{source}: tensors {spellings[0]!r} and {spellings[1]!r} are the same "
+                    "KV-cache scale under two names; keep one"
+                )
+            if spellings:
+                found[spellings[0]] = name
+    return found
 
 
 def read_quantization(model_dir: str | Path) -> FP8Quantization | None:
@@ -195,7 +276,23 @@ def parse_quantization_config(qc: Any, source: str) -> FP8Quantization:
     patterns = [m for m in ignore if m.startswith("re:")]
     if patterns:
         raise WeightsError(f"{where}.ignore holds patterns ({patterns[0]!r}); sv reads only names")
-    return FP8Quantization("channel" if strategy == "channel" else "tensor", frozenset(ignore))
+    kv_scheme = qc.get("kv_cache_scheme")
+    if kv_scheme is not None:
+        _check_kv_cache_scheme(kv_scheme, f"{where}.kv_cache_scheme")
+    return FP8Quantization(
+        "channel" if strategy == "channel" else "tensor", frozenset(ignore), kv_scheme is not None
+    )
+
+
+def _check_kv_cache_scheme(scheme: Any, where: str) -> None:
+    """Refuse a KV cache scheme sv cannot honour: it uses one static FP8 scale per layer for
+    K and one for V (module doc)."""
+    _check_fp8_args(scheme, where, ("tensor",))
+    if scheme.get("dynamic", False) is not False:
+        raise WeightsError(
+            f"{where}.dynamic is {scheme['dynamic']!r}; sv reads only false (calibrated scales "
+            "in the checkpoint)"
+        )
 
 
 def _check_fp8_args(args: Any, where: str, strategies: tuple[str, ...]) -> str:
