@@ -4,14 +4,23 @@ and decode, with every page back at the end."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import safetensors.torch
 import torch
 import transformers
 from sv_engine import Engine, EngineError, SamplingParams
 from sv_model import StepInputs
 from sv_weights import ModelConfig
+from torch import Tensor
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.models.llama.modeling_llama import eager_attention_forward
 
 TEXT = (
     "The river runs past the old mill, where the wheel has not turned for forty years. "
@@ -69,3 +78,182 @@ def test_fp8_greedy_generation_frees_every_page(default_model: Path) -> None:
     )
     assert all(c.output_ids for c in done)
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+# --- a checkpoint's calibrated KV-cache scales (llm-compressor's kv_cache_scheme) --------------
+
+E4M3 = torch.float8_e4m3fn
+
+
+def fp8_weights(source: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """`source`'s weights as compressed-tensors FP8 (per-channel scales, the LM head left as it
+    is) and, by hand, the plain FP32 matrices those stand for (values times scales)."""
+    fp8, plain = {}, {}
+    for name, w in safetensors.torch.load_file(str(source / "model.safetensors")).items():
+        if name.endswith("_proj.weight"):
+            scale = w.float().abs().amax(dim=1, keepdim=True) / 448.0
+            fp8[name] = (w.float() / scale).to(E4M3)
+            fp8[name + "_scale"] = scale
+            plain[name] = fp8[name].float() * scale
+        else:
+            fp8[name] = plain[name] = w
+    return fp8, plain
+
+
+def write_model(
+    source: Path, folder: Path, state: dict[str, torch.Tensor], kv_cache_scheme: bool | None
+) -> Path:
+    """`state` written by the `safetensors` package, with `source`'s config and tokenizer;
+    kv_cache_scheme None: no quantization_config (plain weights), else an FP8 one, with the
+    kv_cache_scheme of llm-compressor's calibrated FP8 KV cache when True."""
+    folder.mkdir()
+    safetensors.torch.save_file(state, str(folder / "model.safetensors"))
+    raw = json.loads((source / "config.json").read_text())
+    if kv_cache_scheme is not None:
+        weights = {"num_bits": 8, "type": "float", "strategy": "channel"}
+        raw["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+            "ignore": ["lm_head"],
+        }
+        if kv_cache_scheme:
+            raw["quantization_config"]["kv_cache_scheme"] = {
+                "num_bits": 8,
+                "type": "float",
+                "strategy": "tensor",
+                "dynamic": False,
+                "symmetric": True,
+            }
+    (folder / "config.json").write_text(json.dumps(raw))
+    shutil.copy(source / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+def fp8_kv_attention(
+    module: Any, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any
+) -> Any:
+    """transformers' eager attention over K and V as an FP8 cache holds them: divided by the
+    layer's scales (`module.kv_scales`, set by `transformers_run`), e4m3, multiplied back."""
+    k_scale, v_scale = module.kv_scales
+    key = (key / k_scale).to(E4M3).float() * k_scale
+    value = (value / v_scale).to(E4M3).float() * v_scale
+    return eager_attention_forward(module, query, key, value, *args, **kwargs)
+
+
+AttentionInterface.register("fp8_kv_test", fp8_kv_attention)
+AttentionMaskInterface.register("fp8_kv_test", eager_mask)
+
+
+def transformers_run(
+    plain_dir: Path, ids: list[int], scales: Tensor | None = None
+) -> tuple[Tensor, list[Tensor]]:
+    """transformers' FP32 logits of `ids` and each layer's K (after RoPE) and V as its cache
+    holds them, [2, T, Hkv, D]; with `scales` [layers, 2], attention reads K and V through an
+    FP8 cache of those scales (`fp8_kv_attention`)."""
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        plain_dir,
+        dtype=torch.float32,
+        attn_implementation="eager" if scales is None else "fp8_kv_test",
+    )
+    if scales is not None:
+        for layer, layer_scales in zip(model.model.layers, scales, strict=True):
+            layer.self_attn.kv_scales = layer_scales.tolist()
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+    layers = out.past_key_values.layers
+    return out.logits[0], [torch.stack([c.keys[0], c.values[0]]).transpose(1, 2) for c in layers]
+
+
+@dataclass
+class ScaledCheckpoint:
+    scaled_dir: Path  # FP8 weights, a kv_cache_scheme and each layer's k_scale / v_scale
+    unscaled_dir: Path  # the same weights, no KV-cache scales
+    ids: list[int]
+    scales: Tensor  # the file's scales, [layers, 2]
+    logits: Tensor  # transformers' FP32 logits of ids on the plain weights
+    fp8_logits: Tensor  # and through an FP8 cache of the file's scales
+    fp8_kv: list[Tensor]  # and its K and V of each layer then, [2, T, Hkv, D]
+
+
+@pytest.fixture(scope="module")
+def scaled_checkpoint(
+    tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> ScaledCheckpoint:
+    """The tiny Llama as an FP8 checkpoint with a calibrated KV cache: each layer's scales are
+    its K's and V's absmax on the test prompt over 400 (well away from 1, which would hide
+    them; below e4m3's 448, so nothing saturates)."""
+    tmp = tmp_path_factory.mktemp("kv-scales")
+    fp8, plain = fp8_weights(tiny_llama_dir)
+    plain_dir = write_model(tiny_llama_dir, tmp / "plain", plain, None)
+    ids = torch.randint(0, 128000, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    logits, kv = transformers_run(plain_dir, ids)
+    tensors = {}
+    for layer, k_v in enumerate(kv):
+        k_scale, v_scale = (k_v.abs().amax(dim=(1, 2, 3)) / 400).tolist()
+        tensors[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor([k_scale])
+        tensors[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor([v_scale])
+    scales = torch.cat(list(tensors.values())).view(len(kv), 2)
+    fp8_logits, fp8_kv = transformers_run(plain_dir, ids, scales)
+    return ScaledCheckpoint(
+        write_model(tiny_llama_dir, tmp / "fp8-kv", fp8 | tensors, True),
+        write_model(tiny_llama_dir, tmp / "fp8", fp8, False),
+        ids,
+        scales,
+        logits,
+        fp8_logits,
+        fp8_kv,
+    )
+
+
+def teacher_forced(engine: Engine, ids: list[int], cut: int | None = None) -> Tensor:
+    """Every position's logits of `ids` on pages 0, 1, 2, ...: one prefill of the first `cut`
+    tokens (all by default), then the rest one decode step each, so that both attention paths
+    read pages written by earlier steps."""
+    n = len(ids)
+    cut = n if cut is None else cut
+    runner = engine.runner
+    runner.set_block_tables([(0, list(range(-(-n // 16))))])
+    chunk = StepInputs(ids[:cut], list(range(cut)), [0], [cut], [cut], [0])
+    logits = [runner.logits(chunk, every_token=True)]
+    for p in range(cut, n):
+        logits.append(runner.logits(StepInputs([ids[p]], [p], [0], [1], [p + 1], [0])))
+    return torch.cat(logits)
+
+
+def test_an_fp8_pool_uses_the_checkpoint_kv_scales(scaled_checkpoint: ScaledCheckpoint) -> None:
+    """With an FP8 cache the pool's scales are the file's, every KV head of a layer its
+    layer's. The pages then hold K (after RoPE) and V divided by them, in e4m3: those of
+    transformers on the plain weights with attention reading such an FP8 cache, by hand; the
+    logits are that run's, and close to transformers' FP32 ones."""
+    c = scaled_checkpoint
+    engine = Engine.from_model_dir(c.scaled_dir, device="cpu", kv_cache_mib=4, kv_cache_dtype="fp8")
+    kv = engine.runner.kv
+    assert kv.scales is not None
+    heads = kv.scales.shape[2]
+    assert torch.equal(kv.scales, c.scales[:, :, None].expand(-1, -1, heads))
+    n = len(c.ids)
+    logits = teacher_forced(engine, c.ids, cut=n // 2)
+    for layer, want in enumerate(c.fp8_kv):
+        pages = torch.stack([kv.k[layer], kv.v[layer]]).flatten(1, 2)[:, :n]  # [2, T, Hkv, D]
+        by_hand = (want / c.scales[layer][:, None, None, None]).to(E4M3)  # quantize_kv's rule
+        same = pages.view(torch.uint8) == by_hand.view(torch.uint8)
+        # FP32 rounding may move a value across an e4m3 rounding boundary (here none did):
+        # by one e4m3 step (an eighth of the value) at most.
+        assert same.float().mean() > 0.99, (layer, float(same.float().mean()))
+        assert torch.allclose(pages.float(), by_hand.float(), rtol=0.13, atol=2**-9)
+    assert float((logits - c.fp8_logits).norm() / c.fp8_logits.norm()) < 1e-4
+    err = float((logits - c.logits).norm() / c.logits.norm())
+    print(f"fp8 KV with the checkpoint's scales vs FP32 transformers: relative error {err:.4f}")
+    assert err < 0.03
+    assert (logits.argmax(-1) == c.logits.argmax(-1)).float().mean() >= 0.9
+
+
+def test_a_plain_cache_ignores_the_kv_scales(scaled_checkpoint: ScaledCheckpoint) -> None:
+    """With the default (FP32) cache the scales are not needed: the checkpoint loads, and its
+    logits are those of the same weights without scales, exactly."""
+    c = scaled_checkpoint
+    scaled = Engine.from_model_dir(c.scaled_dir, device="cpu", kv_cache_mib=4)
+    assert scaled.runner.kv.scales is None and scaled.runner.kv.k.dtype == torch.float32
+    plain = Engine.from_model_dir(c.unscaled_dir, device="cpu", kv_cache_mib=4)
+    assert torch.equal(teacher_forced(scaled, c.ids), teacher_forced(plain, c.ids))

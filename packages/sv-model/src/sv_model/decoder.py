@@ -35,10 +35,12 @@ class KVCache:
 
     A page id names the same 16 token slots in every layer, so one block table serves all layers.
     An FP8 (e4m3) pool has `scales` [layers, 2, kv_heads] (FP32): K and V are stored divided by
-    their layer's and head's scale (see `sv_kernels.reference.quantize_kv`). The scales are 1:
-    e4m3 reaches +-448 with 3 mantissa bits at every magnitude down to 2^-6, which holds the K
-    and V of Llama-family models (as vLLM's uncalibrated default); a checkpoint's calibrated
-    scales would go here.
+    their layer's and head's scale (see `sv_kernels.reference.quantize_kv`). A checkpoint with
+    a calibrated FP8 KV cache brings one K and one V scale per layer (`ModelWeights.kv_scales`),
+    which every KV head of the layer gets (as in vLLM). Without them the scales are 1: e4m3
+    reaches +-448 with 3 mantissa bits at every magnitude down to 2^-6, which holds the K and V
+    of Llama-family models (as vLLM's uncalibrated default). A BF16 or FP32 pool needs no
+    scales and ignores a checkpoint's.
     """
 
     k: Tensor
@@ -53,14 +55,18 @@ class KVCache:
         page_size: int,
         device: torch.device | str,
         dtype: torch.dtype,
+        layer_scales: Tensor | None = None,
     ) -> KVCache:
+        """A zeroed pool; an FP8 one with `layer_scales` [layers, 2] (each layer's K and V
+        scale, for all its KV heads) or else scales of 1."""
         scales = None
         if dtype == FP8_KV_DTYPE:
-            scales = torch.ones(
-                (config.num_hidden_layers, 2, config.num_key_value_heads),
-                device=device,
-                dtype=torch.float32,
-            )
+            shape = (config.num_hidden_layers, 2, config.num_key_value_heads)
+            if layer_scales is None:
+                scales = torch.ones(shape, device=device, dtype=torch.float32)
+            else:
+                per_layer = layer_scales.to(device=device, dtype=torch.float32)
+                scales = per_layer[:, :, None].expand(shape).contiguous()
 
         def pool() -> Tensor:
             return kv_pages(

@@ -60,7 +60,7 @@ def quantize_weights(weights: ModelWeights, kind: QuantKind) -> ModelWeights:
     embed = lm_head if tied else weights.embed
     if isinstance(embed, Tensor) and not tied:
         embed = own(embed)
-    return ModelWeights(embed, layers, own(weights.final_norm), lm_head)
+    return ModelWeights(embed, layers, own(weights.final_norm), lm_head, weights.kv_scales)
 
 
 def dequantize_weights(weights: ModelWeights) -> ModelWeights:
@@ -77,4 +77,4 @@ def dequantize_weights(weights: ModelWeights) -> ModelWeights:
     ]  # fmt: skip
     lm_head = plain(weights.lm_head)
     embed = lm_head if weights.lm_head is weights.embed else plain(weights.embed)
-    return ModelWeights(embed, layers, weights.final_norm, lm_head)
+    return ModelWeights(embed, layers, weights.final_norm, lm_head, weights.kv_scales)

@@ -46,7 +46,8 @@ class ModelRunner:
     """Runs steps of a `DecoderModel` over a paged KV pool of `num_pages` pages of `page_size`
     tokens, for up to `max_num_seqs` sequences (table rows). `tuning_cache`: where the batch-1 GEMV
     tuning of `warmup` keeps its results between processes (None: timed in each process).
-    `kv_cache_dtype`: the pool's (None: the weights'; torch.float8_e4m3fn: FP8 pages).
+    `kv_cache_dtype`: the pool's (None: the weights'; torch.float8_e4m3fn: FP8 pages, scaled by
+    the checkpoint's calibrated `weights.kv_scales` where it has them).
     `tensor_parallel`: this rank's place among several (sv_model.parallel; `config` and
     `weights` are then the rank's slice, and every rank runs the same steps)."""
 
@@ -78,7 +79,7 @@ class ModelRunner:
         self.scratch_page = num_pages
         self.kv_cache_dtype = kv_cache_dtype or self.dtype
         self.kv = KVCache.allocate(
-            config, num_pages + 1, page_size, self.device, self.kv_cache_dtype
+            config, num_pages + 1, page_size, self.device, self.kv_cache_dtype, weights.kv_scales
         )
         self.block_tables = DeviceBlockTables(
             max_num_seqs, self.max_model_len, page_size, self.scratch_page, self.device

@@ -15,6 +15,9 @@ A matrix may be quantized (`sv_kernels.quantized.QuantizedWeight`: 8-bit values 
 scale per row): a pre-quantized checkpoint's FP8 matrices come in so (their `weight_scale`
 beside them), and `sv_model.quantize.quantize_weights` turns the others into FP8 or int8 at
 load. A packed group of quantized matrices stacks their values and their scales.
+
+A checkpoint with a calibrated FP8 KV cache also brings each layer's K and V cache scales
+(`kv_scales`), which an FP8 KV pool divides K and V by (`sv_model.KVCache`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from sv_kernels.quantized import LinearWeight, QuantizedWeight
 from sv_weights import ModelConfig, WeightsError
+from sv_weights.quantization import kv_scale_name
 from torch import Tensor
 
 # The suffix of a pre-quantized matrix's scales (compressed-tensors): "...q_proj.weight_scale".
@@ -49,6 +53,9 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: Tensor  # [H]
     lm_head: LinearWeight  # [V, H]; the same object as `embed` when the embeddings are tied
+    # [layers, 2] FP32: each layer's K and V cache scale from a checkpoint with a calibrated
+    # FP8 KV cache (the same for every KV head, so on every tensor-parallel rank); None: 1.
+    kv_scales: Tensor | None = None
 
     @classmethod
     def from_state_dict(
@@ -103,7 +110,18 @@ class ModelWeights:
             lm_head = embed
         else:
             lm_head = matrix("lm_head.weight")
-        return cls(embed, layers, take("model.norm.weight"), lm_head)
+        kv_scales = None
+        if kv_scale_name(0, "k_scale") in state:  # in every layer or none (sv_weights checks)
+            kv_scales = torch.stack(
+                [
+                    state[kv_scale_name(i, which)]
+                    .to(device=device, dtype=torch.float32)
+                    .reshape(())
+                    for i in range(config.num_hidden_layers)
+                    for which in ("k_scale", "v_scale")
+                ]
+            ).view(config.num_hidden_layers, 2)
+        return cls(embed, layers, take("model.norm.weight"), lm_head, kv_scales)
 
     def tensors(self) -> list[Tensor]:
         """Every weight tensor once (a tied LM head is the embedding; a quantized matrix is
