@@ -257,3 +257,26 @@ def test_a_plain_cache_ignores_the_kv_scales(scaled_checkpoint: ScaledCheckpoint
     assert scaled.runner.kv.scales is None and scaled.runner.kv.k.dtype == torch.float32
     plain = Engine.from_model_dir(c.unscaled_dir, device="cpu", kv_cache_mib=4)
     assert torch.equal(teacher_forced(scaled, c.ids), teacher_forced(plain, c.ids))
+
+
+def test_two_tensor_parallel_ranks_use_the_kv_scales(scaled_checkpoint: ScaledCheckpoint) -> None:
+    """TP=2 (gloo, this process rank 0): each rank's pool holds half the KV heads, each with
+    its layer's scale from the file; the logits are still those of transformers through an
+    FP8 cache of those scales (rank 1 with scales of 1 would miss them: its heads' K and V
+    would round differently)."""
+    from sv_engine.rank_steps import LeaderRunner
+
+    c = scaled_checkpoint
+    tp2 = Engine.from_model_dir(
+        c.scaled_dir, device="cpu", kv_cache_mib=2, kv_cache_dtype="fp8", tensor_parallel_size=2
+    )
+    runner = tp2.runner
+    assert isinstance(runner, LeaderRunner)
+    try:
+        kv = runner.kv
+        assert kv.scales is not None and kv.scales.shape[2] == 1  # of the model's 2 KV heads
+        assert torch.equal(kv.scales, c.scales[:, :, None])
+        logits = teacher_forced(tp2, c.ids, cut=len(c.ids) // 2)
+        assert float((logits - c.fp8_logits).norm() / c.fp8_logits.norm()) < 1e-4
+    finally:
+        runner.close()
