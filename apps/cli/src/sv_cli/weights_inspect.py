@@ -2,6 +2,8 @@
 
 For a folder it also reads config.json, prints its summary and checks the tensors against it;
 a config.json sv cannot read (unsupported or malformed) is a note on stderr, after the tensors.
+A checkpoint calibrated for an FP8 KV cache (`kv_cache_scheme`) gets a line on its K and V
+scales: their range, and that only `--kv-cache-dtype fp8` uses them.
 Bad input prints one line on stderr and exits with status 2 (no traceback).
 """
 
@@ -21,7 +23,8 @@ from sv_weights import (
     validate_checkpoint,
 )
 from sv_weights.checkpoint import checkpoint_infos, read_checkpoint_headers
-from sv_weights.quantization import read_quantization
+from sv_weights.quantization import FP8Quantization, read_quantization
+from sv_weights.safetensors import load_from_header
 
 PROG = "sv weights inspect"
 
@@ -61,12 +64,40 @@ def inspect_main(
             print(f"config: {config.summary()}", file=out)
             validate_checkpoint(config, checkpoint_infos(headers), str(path), quantization)
             print("check: tensors match config.json", file=out)
+            if quantization is not None and quantization.kv_cache:
+                print(f"kv cache: {_kv_scales(config, headers, quantization, str(path))}", file=out)
         else:
             _print_table([read_header(path)], out)
     except WeightsError as exc:
         print(f"{PROG}: error: {_one_line(exc)}", file=err)
         return 2
     return 0
+
+
+def _kv_scales(
+    config: ModelConfig,
+    headers: list[SafetensorsHeader],
+    quantization: FP8Quantization,
+    source: str,
+) -> str:
+    """What a calibrated KV cache's scales are (validated) and what uses them."""
+    found = quantization.check_kv_scales(
+        config.num_hidden_layers, checkpoint_infos(headers), source
+    )
+    if not found:
+        return "kv_cache_scheme without scales: --kv-cache-dtype fp8 uses scales of 1"
+    values: dict[str, list[float]] = {"k_scale": [], "v_scale": []}
+    for header in headers:
+        names = [name for name in header.tensors if name in found]
+        if names:
+            tensors = load_from_header(header, "cpu")  # mapped: only these few values are read
+            for name in names:
+                values[found[name].rsplit(".", 1)[1]].append(float(tensors[name].float()))
+    ranges = ", ".join(f"{which[0]} {min(v):.4g}-{max(v):.4g}" for which, v in values.items())
+    return (
+        f"FP8 scales in all {config.num_hidden_layers} layers ({ranges}), used by "
+        "--kv-cache-dtype fp8; a BF16 or FP32 cache does not need them"
+    )
 
 
 def _one_line(error: WeightsError) -> str:
