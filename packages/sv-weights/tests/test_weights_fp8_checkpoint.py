@@ -27,7 +27,7 @@ from sv_weights import (
     load_checkpoint,
     tiny_llama_config,
 )
-from sv_weights.quantization import parse_quantization_config
+from sv_weights.quantization import parse_quantization_config, read_quantization
 from sv_weights.synthetic import random_weights
 
 FP8 = torch.float8_e4m3fn
@@ -348,6 +348,8 @@ def test_a_kv_cache_without_its_scales_loads(tmp_path: Path) -> None:
     """A kv_cache_scheme and no scale tensors: loads (the FP8 pool's scales are then 1)."""
     config = tiny_llama_config()
     write_fp8_checkpoint(tmp_path, config, quantization_config=kv_cache_config())
+    scheme = read_quantization(tmp_path)
+    assert scheme is not None and scheme.kv_cache
     assert not any(name.endswith("k_scale") for name in load_checkpoint(tmp_path))
 
 
@@ -389,6 +391,8 @@ def test_fuzz_kv_cache_scheme_weights_error_or_a_scheme(
     else:
         parent[path[-1]] = value
     try:
-        parse_quantization_config(raw, "config.json")
+        scheme = parse_quantization_config(raw, "config.json")
     except WeightsError as error:
         assert str(error).startswith("config.json: quantization_config")
+        return
+    assert scheme.kv_cache == (raw.get("kv_cache_scheme") is not None)
