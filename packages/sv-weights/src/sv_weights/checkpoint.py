@@ -338,8 +338,9 @@ def _copy_in_model_order(
     scales: list[str],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The copied load of `load_checkpoint`: one allocation, the tensors in `expected_tensors`
-    order and then the `scales` (FP8 weights', KV cache's), gathered from the validated shards `headers`.
-    Returns the allocation and the views of it; the padding between tensors is zeroed."""
+    order and then the `scales` (FP8 weights', KV cache's), gathered from the validated shards
+    `headers`. Returns the allocation and the views of it; the padding between tensors is
+    zeroed."""
     where = {name: header for header in headers for name in header.tensors}
     placed: list[tuple[TensorInfo, int]] = []
     spans: list[FileSpan] = []
