@@ -31,7 +31,7 @@ class RunningServer:
 
         engine_options = {
             k: options.pop(k)
-            for k in ("kv_cache_mib", "max_model_len", "admission", "speculation")
+            for k in ("kv_cache_mib", "max_model_len", "admission", "speculation", "chat_template")
             if k in options
         }
         engine_options.setdefault("admission", "preemptive")  # as `sv serve`

@@ -71,6 +71,30 @@ def test_tokenize_a_conversation(
         assert reply.json()["usage"]["prompt_tokens"] == len(expected)
 
 
+def test_a_chat_template_option_replaces_the_folders(make_server: Any, default_model: Path) -> None:
+    """`sv serve --chat-template` (Engine.from_model_dir's chat_template): /tokenize and chat
+    completions render the given template, as transformers renders it."""
+    import transformers
+
+    template = (
+        "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}[ASSISTANT] {% endif %}"
+    )
+    hf_chat = transformers.AutoTokenizer.from_pretrained(default_model)
+    text = hf_chat.apply_chat_template(
+        DIALOG, chat_template=template, tokenize=False, add_generation_prompt=True
+    )
+    expected = hf_chat.encode(text, add_special_tokens=False)
+    running = make_server(chat_template=template, kv_cache_mib=8)
+    try:
+        got = _post(running, "/tokenize", {"messages": DIALOG}).json()
+        assert got["tokens"] == expected
+        reply = _post(running, "/v1/chat/completions", {"messages": DIALOG, "max_tokens": 1})
+        assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+    finally:
+        running.stop()
+
+
 def test_detokenize_round_trip(server: RunningServer, hf: tokenizers.Tokenizer) -> None:
     ids = _post(server, "/tokenize", {"prompt": TEXT}).json()["tokens"]
     response = _post(server, "/detokenize", {"tokens": ids, "model": server.model_name})

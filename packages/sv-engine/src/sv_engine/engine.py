@@ -195,6 +195,9 @@ class Engine:
         progress: Callable[[str], None] | None = None,
         quantization: QuantKind | None = None,
         tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+        chat_template: str | None = None,
+        chat_template_source: str | None = None,
     ) -> Engine:
         """Load a Llama checkpoint folder (config.json, safetensors, tokenizer) into a ready engine.
 
@@ -214,6 +217,10 @@ class Engine:
         load (see `sv_model.quantize`); a pre-quantized checkpoint's come quantized anyway.
         `tensor_parallel_size` > 1 splits the model over that many ranks, one process each
         (this one is rank 0; see sv_engine.ranks): `kv_cache_mib` is then each rank's pool.
+        `gpu_memory_utilization` (CUDA only, not with `kv_cache_mib`): the share of the GPU's
+        whole memory the engine may use, weights included (see `loading.gpu_kv_budget`).
+        `chat_template` replaces the model folder's chat template (checked at load as the
+        folder's is; `chat_template_source` names it in messages).
         """
         cfg = EngineConfig(
             device=device,
@@ -230,6 +237,9 @@ class Engine:
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            chat_template=chat_template,
+            chat_template_source=chat_template_source,
         )
         if tensor_parallel_size == 1:
             loaded = load_model(Path(model_dir), cfg)

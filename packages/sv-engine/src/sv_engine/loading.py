@@ -26,7 +26,8 @@ MIB = 1 << 20
 # On the CPU the pool defaults to this many MiB: enough for a few thousand tokens of the
 # default model, small enough for any laptop.
 CPU_DEFAULT_KV_MIB = 256
-# On CUDA the pool takes this fraction of the memory left free once the weights are loaded;
+# On CUDA the pool takes this fraction of the memory left free once the weights are loaded
+# (or, with gpu_memory_utilization, of what the engine may still use: gpu_kv_budget);
 # the rest is for activations (a prefill chunk of 8,192 tokens) and CUDA graphs.
 GPU_KV_FRACTION = 0.85
 
@@ -51,6 +52,12 @@ class EngineConfig:
     kv_cache_dtype: KVCacheDtype = "auto"  # "auto": the weights' dtype; "fp8": e4m3 pages
     # Ranks the model is split over (sv_engine.ranks; a KV pool of kv_cache_mib on each).
     tensor_parallel_size: int = 1
+    # On CUDA: the share of the device's whole memory the engine may use (gpu_kv_budget);
+    # None: the pool takes GPU_KV_FRACTION of the memory free after the weights.
+    gpu_memory_utilization: float | None = None
+    # A chat template that replaces the model folder's, and what to call it in messages.
+    chat_template: str | None = None
+    chat_template_source: str | None = None
 
 
 @dataclass
@@ -100,10 +107,20 @@ def load_model(
     try:
         config = model_config(model_dir)
         max_model_len = _context_limit(config, model_dir, cfg.max_model_len)
-        tokenizer = Tokenizer.from_model_dir(model_dir)
-        tokenizer.check_chat_template()
+        tokenizer = Tokenizer.from_model_dir(
+            model_dir,
+            chat_template=cfg.chat_template,
+            chat_template_source=cfg.chat_template_source,
+        )
     except (WeightsError, TokenizerError) as e:
         raise EngineError(f"{e}{damaged_default_model_hint(model_dir)}") from e
+    try:
+        tokenizer.check_chat_template()
+    except TokenizerError as e:
+        # A template the caller gave is the caller's to fix: converting the default model
+        # again would not help.
+        hint = "" if cfg.chat_template is not None else damaged_default_model_hint(model_dir)
+        raise EngineError(f"{e}{hint}") from e
     runner = load_runner(model_dir, cfg, config, max_model_len, tensor_parallel, make_runner)
     return LoadedModel(config, tokenizer, runner, runner.num_pages, max_model_len)
 
@@ -151,6 +168,7 @@ def load_runner(
     except SchedulerError as e:
         raise EngineError(str(e)) from None
     device = resolve_device(cfg.device)
+    _check_gpu_memory_utilization(cfg, device)
     dtype = cfg.dtype or default_dtype(device)
     try:
         if tensor_parallel is None:
@@ -172,7 +190,7 @@ def load_runner(
         # dequantize each at every call; once here, the same values at the plain dtype's speed.
         weights = dequantize_weights(weights)
     kv_dtype = _kv_cache_dtype(cfg.kv_cache_dtype, dtype)
-    num_pages = _pool_pages(config, device, kv_dtype, cfg.kv_cache_mib)
+    num_pages = _pool_pages(config, device, kv_dtype, cfg.kv_cache_mib, cfg.gpu_memory_utilization)
     if tensor_parallel is not None:
         num_pages = tensor_parallel.minimum(num_pages)
     return make_runner(
@@ -216,14 +234,62 @@ def _context_limit(config: ModelConfig, model_dir: Path, asked: int | None) -> i
     return asked
 
 
+def _check_gpu_memory_utilization(cfg: EngineConfig, device: torch.device) -> None:
+    """gpu_memory_utilization in (0, 1], on CUDA, without kv_cache_mib (found before the
+    weights load)."""
+    utilization = cfg.gpu_memory_utilization
+    if utilization is None:
+        return
+    if isinstance(utilization, bool) or not isinstance(utilization, int | float):
+        raise EngineError(f"gpu_memory_utilization must be a number, got {utilization!r}")
+    if not 0 < utilization <= 1:
+        raise EngineError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
+    if cfg.kv_cache_mib is not None:
+        raise EngineError("give kv_cache_mib or gpu_memory_utilization, not both")
+    if device.type != "cuda":
+        raise EngineError(
+            f"gpu_memory_utilization sizes the KV pool from a GPU's memory; on {device} the "
+            "pool is kv_cache_mib"
+        )
+
+
+def gpu_kv_budget(utilization: float, *, free: int, total: int, weights: int) -> int:
+    """Bytes of KV pool on a GPU of `total` bytes, `free` of them free, of which the engine may
+    use `utilization` (vLLM's --gpu-memory-utilization), the weights already holding `weights`
+    (what torch's allocator holds once they are loaded).
+
+    The engine may still use `utilization * total - weights`, and no more than is `free` (what
+    other processes hold is not the engine's to take); of that the pool takes GPU_KV_FRACTION,
+    the same share it takes of the free memory without the flag, leaving the rest for
+    activations and CUDA graphs (these are measured only by the warm-up, after the pool is
+    allocated). So the flag never gives a larger pool than the default: it lowers the ceiling,
+    to share a GPU. The CUDA context (outside torch's allocator) is not counted."""
+    allowed = min(int(utilization * total) - weights, free)
+    if allowed <= 0:
+        raise EngineError(
+            f"gpu_memory_utilization {utilization:g} lets the engine use "
+            f"{utilization * total / MIB:,.0f} MiB of the GPU's {total / MIB:,.0f} MiB, and the "
+            f"weights alone take {weights / MIB:,.0f} MiB: nothing is left for the KV cache"
+        )
+    return int(allowed * GPU_KV_FRACTION)
+
+
 def _pool_pages(
-    config: ModelConfig, device: torch.device, dtype: torch.dtype, kv_cache_mib: float | None
+    config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    kv_cache_mib: float | None,
+    gpu_memory_utilization: float | None = None,
 ) -> int:
     shape = (config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype.itemsize)
     if device.type == "cuda" and kv_cache_mib is None:
-        free, _total = torch.cuda.mem_get_info(device)
+        free, total = torch.cuda.mem_get_info(device)
         try:
-            return pages_for_free_memory(free, GPU_KV_FRACTION, *shape, page_size=PAGE_SIZE)
+            if gpu_memory_utilization is None:
+                return pages_for_free_memory(free, GPU_KV_FRACTION, *shape, page_size=PAGE_SIZE)
+            weights = torch.cuda.memory_allocated(device)
+            budget = gpu_kv_budget(gpu_memory_utilization, free=free, total=total, weights=weights)
+            return pages_for_mib(budget / MIB, *shape, page_size=PAGE_SIZE)
         except KVCacheError as e:
             raise EngineError(str(e)) from e
     mib = CPU_DEFAULT_KV_MIB if kv_cache_mib is None else kv_cache_mib

@@ -165,17 +165,29 @@ class Tokenizer:
         return cls._load(Path(path), ModelDirConfig())
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> Tokenizer:
+    def from_model_dir(
+        cls,
+        model_dir: str | Path,
+        *,
+        chat_template: str | None = None,
+        chat_template_source: str | None = None,
+    ) -> Tokenizer:
         """Load the tokenizer of a model folder (an HF download or sv's converted default model).
 
         Picks tokenizer.json, else tokenizer.model (also under original/), and reads
         tokenizer_config.json / chat_template.jinja / generation_config.json when present for
-        the chat template, the BOS/EOS tokens and the special tokens' names.
+        the chat template, the BOS/EOS tokens and the special tokens' names. `chat_template`
+        (named by `chat_template_source` in error messages) replaces the folder's template,
+        rendered with the folder's special tokens all the same.
         """
         directory = Path(model_dir)
         if not directory.is_dir():
             raise TokenizerError(f"{directory}: not a directory")
-        return cls._load(find_tokenizer_file(directory), read_model_dir_config(directory))
+        config = read_model_dir_config(directory)
+        if chat_template is not None:
+            config.chat_template = chat_template
+            config.chat_template_source = chat_template_source
+        return cls._load(find_tokenizer_file(directory), config)
 
     @classmethod
     def _load(cls, path: Path, config: ModelDirConfig) -> Tokenizer:
