@@ -6,13 +6,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch
 from sv_kernels import TuningCache
 from sv_kernels.quantized import QUANT_KINDS, QuantKind
-from sv_scheduler import Admission, SchedulerError, SpeculationConfig
+from sv_scheduler import Admission, SchedulerError, SpeculationConfig, check_batch_limits
 from sv_weights import WeightsError
 from sv_weights.quantization import read_quantization
 
@@ -20,12 +22,22 @@ from sv_engine.cache_folder import cache_dir
 from sv_engine.default_model import default_model_dir
 from sv_engine.engine import Engine
 from sv_engine.errors import EngineError
-from sv_engine.loading import KV_CACHE_DTYPES, resolve_device
+from sv_engine.loading import KV_CACHE_DTYPES, EngineConfig, resolve_device
 from sv_engine.ranks import serve_torchrun_rank, torchrun_rank
 from sv_engine.tracing import start_trace
 
 EXIT_USAGE = 2
 _SPECULATION = SpeculationConfig()  # the defaults --spec-k and --spec-ngram show
+_ENGINE = EngineConfig()  # the defaults --max-num-seqs and --max-num-batched-tokens show
+# --dtype's names (vLLM's): None is the device's default (BF16 on CUDA, FP32 on the CPU).
+DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -78,6 +90,17 @@ def _int_at_least(text: str, least: int) -> int:
     return value
 
 
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 1, got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -97,9 +120,11 @@ ADMISSION_HELP = {
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) -> None:
-    """--model, --kv-cache-mib, --kv-cache-dtype, --device, --max-model-len, --admission,
-    --trace, --no-overlap, --quantization, --speculate with --spec-k, --spec-ngram and
-    --spec-max-batch, --tensor-parallel-size.
+    """--model, --kv-cache-mib, --gpu-memory-utilization, --kv-cache-dtype, --device,
+    --dtype, --max-model-len, --max-num-seqs, --max-num-batched-tokens, --admission,
+    --[no-]enable-prefix-caching, --chat-template, --trace, --no-overlap, --quantization,
+    --speculate with --spec-k, --spec-ngram and --spec-max-batch, --tensor-parallel-size
+    (those vLLM has too take its names and meanings).
     `admission` is this app's default policy."""
     p.add_argument(
         "--model",
@@ -114,13 +139,62 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         help="KV-cache pool size in MiB (default: most free GPU memory, or 256 MiB on the CPU)",
     )
     p.add_argument(
+        "--gpu-memory-utilization",
+        type=fraction,
+        metavar="F",
+        help="on CUDA, the share (0 < F <= 1) of the GPU's whole memory the engine may use, "
+        "weights included: the KV pool takes 0.85 of what is left of F times the GPU's memory "
+        "once the weights are loaded (no more than is free), the rest is for activations "
+        "(default: 0.85 of the memory free after the weights, which F never exceeds; not with "
+        "--kv-cache-mib, and not on the CPU, where --kv-cache-mib sizes the pool)",
+    )
+    p.add_argument(
         "--device", default="auto", help="auto (default: CUDA when present), cuda or cpu"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default="auto",
+        help="the weights' and activations' dtype: auto (default: bfloat16 on CUDA, float32 on "
+        "the CPU), bfloat16, float16 (or half), float32 (or float)",
     )
     p.add_argument(
         "--max-model-len",
         type=positive_int,
         metavar="N",
         help="context limit in tokens (default: the model's max_position_embeddings)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=_ENGINE.max_num_seqs,
+        metavar="N",
+        help=f"most requests running at once, the largest decode batch "
+        f"(default {_ENGINE.max_num_seqs}); the others wait",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=_ENGINE.max_step_tokens,
+        metavar="N",
+        help=f"most tokens one step computes, prompt chunks and decodes together (default "
+        f"{_ENGINE.max_step_tokens}); longer prompts are computed in chunks; at least "
+        "--max-num-seqs",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=_ENGINE.prefix_caching,
+        help="reuse the KV pages of a prompt's opening that an earlier or running request "
+        "already computed (default on; --no-enable-prefix-caching computes every prompt whole)",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEXT",
+        help="a jinja chat template, as a file or (when no such file exists and it holds "
+        "'{', '}' or a newline) the text itself, with backslash escapes such as \\n "
+        "decoded: replaces the model folder's for every chat prompt, checked at load as the "
+        "folder's is",
     )
     p.add_argument(
         "--admission",
@@ -274,6 +348,67 @@ def speculation_from_args(args: argparse.Namespace) -> SpeculationConfig | None:
         raise EngineError(str(e)) from e
 
 
+def check_batch_limits_args(args: argparse.Namespace) -> None:
+    """--max-num-batched-tokens below --max-num-seqs is an EngineError naming both flags (the
+    scheduler's rule: one decode token of every running request fits in a step)."""
+    seqs = getattr(args, "max_num_seqs", _ENGINE.max_num_seqs)
+    tokens = getattr(args, "max_num_batched_tokens", _ENGINE.max_step_tokens)
+    try:
+        check_batch_limits(seqs, tokens)
+    except SchedulerError:
+        raise EngineError(
+            f"--max-num-batched-tokens ({tokens}) must be at least --max-num-seqs ({seqs}): "
+            "every running request decodes one token per step"
+        ) from None
+
+
+def check_gpu_memory_utilization_args(args: argparse.Namespace) -> None:
+    """--gpu-memory-utilization with --kv-cache-mib, or on the CPU, is an EngineError. On the
+    CPU it is refused rather than ignored: the pool would stay at its 256 MiB default while
+    the user believes it follows the flag."""
+    if getattr(args, "gpu_memory_utilization", None) is None:
+        return
+    if args.kv_cache_mib is not None:
+        raise EngineError(
+            "--gpu-memory-utilization and --kv-cache-mib both size the KV pool: give one"
+        )
+    device = resolve_device(args.device)
+    if device.type != "cuda":
+        raise EngineError(
+            f"--gpu-memory-utilization sizes the KV pool from a GPU's memory, and the device "
+            f"is the {device.type.upper()}: size it with --kv-cache-mib"
+        )
+
+
+JINJA_CHARACTERS = "{}\n"  # vLLM's test: a --chat-template holding one is text, not a path
+
+
+def chat_template_from_args(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The --chat-template text and how messages name it, as vLLM reads the flag: the file
+    it names; else, when it holds a jinja character, the text itself with backslash escapes
+    decoded (a shell passes \\n as two characters); else an EngineError."""
+    value: str | None = getattr(args, "chat_template", None)
+    if value is None:
+        return None
+    try:
+        return Path(value).read_text(encoding="utf-8"), f"--chat-template {value}"
+    except UnicodeDecodeError:
+        raise EngineError(f"--chat-template {value}: not UTF-8 text") from None
+    except OSError as e:
+        if not any(character in value for character in JINJA_CHARACTERS):
+            raise EngineError(
+                f"--chat-template {value}: cannot read the file ({e.strerror or e}); a "
+                "template given as text holds '{', '}' or a newline"
+            ) from None
+    try:  # non-ASCII characters survive as escapes, and come back as themselves
+        with warnings.catch_warnings():  # an unknown escape (\\q) stays as it is, as in vLLM
+            warnings.simplefilter("ignore", DeprecationWarning)
+            text = value.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError as e:
+        raise EngineError(f"--chat-template (text): a bad backslash escape: {e.reason}") from None
+    return text, "--chat-template (text)"
+
+
 def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine, Path]:
     """The engine the options of `add_engine_arguments` ask for, and its model folder.
 
@@ -287,7 +422,11 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
     if rank is not None and rank != 0:
         serve_torchrun_rank(args.device)
         raise SystemExit(0)
-    speculation = speculation_from_args(args)  # a usage error: before any conversion or load
+    # Usage errors: found before any conversion or load.
+    speculation = speculation_from_args(args)
+    check_batch_limits_args(args)
+    check_gpu_memory_utilization_args(args)
+    chat_template = chat_template_from_args(args)
     if args.model is not None:
         model_dir = Path(args.model)
     else:
@@ -306,6 +445,13 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         ),
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+        max_num_seqs=getattr(args, "max_num_seqs", _ENGINE.max_num_seqs),
+        max_step_tokens=getattr(args, "max_num_batched_tokens", _ENGINE.max_step_tokens),
+        dtype=DTYPES[getattr(args, "dtype", "auto")],
+        prefix_caching=getattr(args, "enable_prefix_caching", _ENGINE.prefix_caching),
+        gpu_memory_utilization=getattr(args, "gpu_memory_utilization", None),
+        chat_template=None if chat_template is None else chat_template[0],
+        chat_template_source=None if chat_template is None else chat_template[1],
         **overrides,
     )
     engine.overlap = getattr(args, "overlap", True)
