@@ -14,9 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_test_support import openai_error
-
-RunningServer = Any  # conftest.py
+from server_test_support import RunningServer, openai_error
 
 LONG_CHAT = {
     "messages": [{"role": "user", "content": "Tell me a very long story about a dragon."}],

@@ -11,11 +11,9 @@ import httpx
 import openai
 import pytest
 import tokenizers
-from server_test_support import openai_error
+from server_test_support import RunningServer, openai_error
 from sv_engine import SamplingParams
 from sv_tokenizer import Message
-
-RunningServer = Any  # conftest.RunningServer
 
 
 @pytest.fixture(scope="module")

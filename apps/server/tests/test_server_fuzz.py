@@ -13,8 +13,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-
-RunningServer = Any  # conftest.RunningServer
+from server_test_support import RunningServer
 
 ANSWER_S = 60.0  # generous for a 2-core CI machine; a hang is what this catches
 EXAMPLES = 30

@@ -19,9 +19,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from server_test_support import openai_error
-
-RunningServer = Any  # conftest.RunningServer
+from server_test_support import RunningServer, openai_error
 
 KEY = "sv-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -11,10 +11,10 @@ import openai
 import pytest
 import torch
 import transformers
+from server_test_support import RunningServer
 from sv_engine import SamplingParams
 from sv_tokenizer import Message
 
-RunningServer = Any  # conftest.py's
 TOL = 1e-4
 QUESTION = "What is the capital of France?"
 

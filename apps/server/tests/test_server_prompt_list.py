@@ -12,10 +12,8 @@ import httpx
 import openai
 import pytest
 import tokenizers
-from server_test_support import openai_error
+from server_test_support import RunningServer, openai_error
 from sv_engine import SamplingParams
-
-RunningServer = Any  # conftest.RunningServer
 
 TEXTS = ["The capital of France is", "One, two, three,", "Water boils at"]
 

@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from server_test_support import RunningServer
 from sv_engine import SamplingParams
 from sv_tokenizer import Message
 
-RunningServer = Any  # conftest.py's
 QUESTION = "Say 'cat' ten times."
 
 

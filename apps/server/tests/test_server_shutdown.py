@@ -19,8 +19,6 @@ from typing import Any
 import httpx
 import pytest
 
-RunningServer = Any  # conftest.RunningServer
-
 LONG = {"max_tokens": 200, "ignore_eos": True}  # runs for a minute on the CPU unless ended
 
 

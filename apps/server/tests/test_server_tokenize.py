@@ -10,9 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import tokenizers
-from server_test_support import openai_error
-
-RunningServer = Any  # conftest.RunningServer
+from server_test_support import RunningServer, openai_error
 
 TEXT = "Tokenizers split text: naïve café, 12345, and spaces  ."
 DIALOG = [

@@ -70,7 +70,7 @@ def tools_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llama_server(tools_model_dir: Path) -> Iterator[Any]:
-    from conftest import RunningServer
+    from server_test_support import RunningServer
 
     running = RunningServer(tools_model_dir, kv_cache_mib=64)
     yield running
