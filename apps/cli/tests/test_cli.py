@@ -559,6 +559,7 @@ def test_cpu_default_quantization_is_int8(tmp_path: Path) -> None:
     what stays unquantized (the LM head, here, as published FP8 Llama checkpoints do)."""
     from sv_engine.options import resolve_quantization
     from sv_weights import tiny_llama_config
+    from sv_weights.synthetic import fp8_quantization_config
 
     assert resolve_quantization("auto", "cpu") == "int8"
     assert resolve_quantization("none", "cpu") is None
@@ -566,17 +567,7 @@ def test_cpu_default_quantization_is_int8(tmp_path: Path) -> None:
     raw = tiny_llama_config().to_json_dict()
     (tmp_path / "config.json").write_text(json.dumps(raw))
     assert resolve_quantization("auto", "cpu", tmp_path) == "int8"
-    raw["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "float-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-            }
-        },
-        "ignore": ["lm_head"],
-    }
+    raw["quantization_config"] = fp8_quantization_config()
     (tmp_path / "config.json").write_text(json.dumps(raw))
     assert resolve_quantization("auto", "cpu", tmp_path) is None
     assert resolve_quantization("int8", "cpu", tmp_path) == "int8"  # asked for: every matrix

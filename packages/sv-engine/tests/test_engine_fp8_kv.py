@@ -18,6 +18,7 @@ import transformers
 from sv_engine import Engine, EngineError, SamplingParams
 from sv_model import StepInputs
 from sv_weights import ModelConfig
+from sv_weights.synthetic import fp8_quantization_config
 from torch import Tensor
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -111,13 +112,7 @@ def write_model(
     safetensors.torch.save_file(state, str(folder / "model.safetensors"))
     raw = json.loads((source / "config.json").read_text())
     if kv_cache_scheme is not None:
-        weights = {"num_bits": 8, "type": "float", "strategy": "channel"}
-        raw["quantization_config"] = {
-            "quant_method": "compressed-tensors",
-            "format": "float-quantized",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
-            "ignore": ["lm_head"],
-        }
+        raw["quantization_config"] = fp8_quantization_config()
         if kv_cache_scheme:
             raw["quantization_config"]["kv_cache_scheme"] = {
                 "num_bits": 8,

@@ -12,6 +12,7 @@ import safetensors.torch
 import torch
 from sv_engine import Engine, EngineError, SamplingParams
 from sv_kernels.quantized import QuantizedWeight
+from sv_weights.synthetic import fp8_quantization_config
 
 
 @pytest.mark.parametrize("value", ["none", "auto", "FP8"])
@@ -41,17 +42,7 @@ def _fp8_checkpoint(source: Path, folder: Path) -> dict[str, torch.Tensor]:
     folder.mkdir()
     safetensors.torch.save_file(state, str(folder / "model.safetensors"))
     raw = json.loads((source / "config.json").read_text())
-    raw["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "float-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-            }
-        },
-        "ignore": ["lm_head"],
-    }
+    raw["quantization_config"] = fp8_quantization_config()
     (folder / "config.json").write_text(json.dumps(raw))
     shutil.copy(source / "tokenizer.json", folder / "tokenizer.json")
     return plain

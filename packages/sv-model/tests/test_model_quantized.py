@@ -23,7 +23,7 @@ from sv_model import (
     quantize_weights,
 )
 from sv_weights import ModelConfig, load_checkpoint, tiny_llama_config
-from sv_weights.synthetic import random_weights
+from sv_weights.synthetic import fp8_quantization_config, random_weights
 
 
 def plain(w: torch.Tensor | QuantizedWeight) -> torch.Tensor:
@@ -77,17 +77,7 @@ def write_fp8_checkpoint(folder: Path) -> tuple[ModelConfig, dict[str, torch.Ten
             state[name] = w
     safetensors.torch.save_file(state, str(folder / "model.safetensors"))
     raw = config.to_json_dict()
-    raw["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "float-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-            }
-        },
-        "ignore": ["lm_head"],
-    }
+    raw["quantization_config"] = fp8_quantization_config()
     (folder / "config.json").write_text(json.dumps(raw))
     return config, state
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,3 +84,20 @@ def write_random_checkpoint(
     save_file(weights, out_dir / SINGLE_FILE, metadata={"format": "pt"})
     config.write_json(out_dir / CONFIG_FILE)
     return out_dir
+
+
+def fp8_quantization_config() -> dict[str, Any]:
+    """The config.json `quantization_config` of a compressed-tensors checkpoint whose linear
+    weights are FP8 (e4m3) with one scale per output channel (`weight_scale` [N, 1]) and whose
+    LM head is left unquantized, as published FP8 Llama 3.x checkpoints are."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+            }
+        },
+        "ignore": ["lm_head"],
+    }
