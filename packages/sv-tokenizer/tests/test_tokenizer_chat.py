@@ -21,19 +21,9 @@ from sv_tokenizer import (
     TokenizerError,
     ToolCall,
 )
-from tokenizer_test_support import tiny_tokenizer_document, tricky_text
+from tokenizer_test_support import LLAMA3_TEMPLATE, tiny_tokenizer_document, tricky_text
 
 BOS, START, END, EOT = 128000, 128006, 128007, 128009
-
-# The Llama 3 Instruct template (the one transformers' Llama 3 converter writes).
-LLAMA3_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
-    "+ message['content'] | trim + '<|eot_id|>' %}"
-    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
-    "{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
-)
 
 # A template in the style of Llama 3.2's: a dated system header, the system message pulled out of
 # the list, raise_exception for unknown roles, whitespace control, strftime_now, {% generation %}.

@@ -12,18 +12,10 @@ from typing import Any
 
 import pytest
 from sv_tokenizer import Message, TemplateChatFormat, Tokenizer, TokenizerError
+from tokenizer_test_support import LLAMA3_TEMPLATE
 
 transformers = pytest.importorskip("transformers")
 
-# The Llama 3 Instruct template, which Llama3ChatFormat writes (test_tokenizer_chat.py).
-LLAMA3_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
-    "+ message['content'] | trim + '<|eot_id|>' %}"
-    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
-    "{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
-)
 # A template of our own that reads two variables: a string and an object.
 STYLED_TEMPLATE = (
     "{{ bos_token }}{% if persona is defined %}<|start_header_id|>system<|end_header_id|>\n\n"

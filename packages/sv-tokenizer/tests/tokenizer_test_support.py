@@ -133,3 +133,14 @@ def tiny_tiktoken_file(
 
     tokens = [bytes([b]) for b in range(256)] + list(extra)
     return b"".join(base64.b64encode(t) + b" %d\n" % rank for rank, t in enumerate(tokens))
+
+
+# The Llama 3 Instruct template (the one transformers' Llama 3 converter writes).
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
