@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+
+# Without a GPU the Triton kernels run under Triton's interpreter (sv-kernels' tests). Triton
+# reads TRITON_INTERPRET when it is first imported, and test modules of other packages can
+# import it while they are collected (transformers' modeling code imports torch._dynamo, which
+# imports triton), before sv-kernels' conftest: so it is set here, in the first conftest.
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:  # a bare environment (sv-tokenizer, sv-kvcache alone): no Triton either
+        return False
+    return torch.cuda.is_available()
+
+
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

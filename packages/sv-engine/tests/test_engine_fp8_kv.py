@@ -20,9 +20,6 @@ from sv_model import StepInputs
 from sv_weights import ModelConfig
 from sv_weights.synthetic import fp8_quantization_config
 from torch import Tensor
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
-from transformers.models.llama.modeling_llama import eager_attention_forward
 
 TEXT = (
     "The river runs past the old mill, where the wheel has not turned for forty years. "
@@ -131,14 +128,12 @@ def fp8_kv_attention(
 ) -> Any:
     """transformers' eager attention over K and V as an FP8 cache holds them: divided by the
     layer's scales (`module.kv_scales`, set by `transformers_run`), e4m3, multiplied back."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
     k_scale, v_scale = module.kv_scales
     key = (key / k_scale).to(E4M3).float() * k_scale
     value = (value / v_scale).to(E4M3).float() * v_scale
     return eager_attention_forward(module, query, key, value, *args, **kwargs)
-
-
-AttentionInterface.register("fp8_kv_test", fp8_kv_attention)
-AttentionMaskInterface.register("fp8_kv_test", eager_mask)
 
 
 def transformers_run(
@@ -147,6 +142,14 @@ def transformers_run(
     """transformers' FP32 logits of `ids` and each layer's K (after RoPE) and V as its cache
     holds them, [2, T, Hkv, D]; with `scales` [layers, 2], attention reads K and V through an
     FP8 cache of those scales (`fp8_kv_attention`)."""
+    # Imported here, not at the top: transformers' modeling code imports torch._dynamo, which
+    # imports triton, and at collection that comes before sv-kernels' conftest can put triton
+    # in interpreter mode (its CPU tests then fail in the same process).
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register("fp8_kv_test", fp8_kv_attention)
+    AttentionMaskInterface.register("fp8_kv_test", eager_mask)
     model = transformers.LlamaForCausalLM.from_pretrained(
         plain_dir,
         dtype=torch.float32,

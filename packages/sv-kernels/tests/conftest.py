@@ -1,8 +1,8 @@
 """Test setup for sv-kernels.
 
-Without a GPU the Triton kernels run under the Triton interpreter (TRITON_INTERPRET=1, set here
-before anything imports triton) on CPU tensors at small shapes (sv_kernels.triton_ops then
-applies its two interpreter fixes, see triton_ops/_interpreter.py). With a GPU they run compiled,
+Without a GPU the Triton kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by
+the repository's conftest.py before anything imports triton) on CPU tensors at small shapes
+(sv_kernels.triton_ops then applies its two interpreter fixes, see triton_ops/_interpreter.py). With a GPU they run compiled,
 and the `gpu`-marked tests add the serving shapes of Llama 3.2 1B.
 
 Every test draws fresh random inputs: the `seed` fixture picks a new seed per test and prints it
@@ -21,9 +21,7 @@ import torch
 # The shared helpers (kernels_testing.py) live beside this file; importlib mode needs the path.
 sys.path.insert(0, os.path.dirname(__file__))
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+HAS_CUDA = torch.cuda.is_available()  # without it, the repository's conftest set TRITON_INTERPRET
 
 
 @pytest.fixture
