@@ -168,7 +168,7 @@ def load_runner(
     except SchedulerError as e:
         raise EngineError(str(e)) from None
     device = resolve_device(cfg.device)
-    _check_gpu_memory_utilization(cfg, device)
+    check_gpu_memory_utilization(cfg.gpu_memory_utilization, cfg.kv_cache_mib, device)
     dtype = cfg.dtype or default_dtype(device)
     try:
         if tensor_parallel is None:
@@ -234,22 +234,29 @@ def _context_limit(config: ModelConfig, model_dir: Path, asked: int | None) -> i
     return asked
 
 
-def _check_gpu_memory_utilization(cfg: EngineConfig, device: torch.device) -> None:
+def check_gpu_memory_utilization(
+    utilization: object,
+    kv_cache_mib: float | None,
+    device: torch.device,
+    names: tuple[str, str] = ("gpu_memory_utilization", "kv_cache_mib"),
+) -> None:
     """gpu_memory_utilization in (0, 1], on CUDA, without kv_cache_mib (found before the
-    weights load)."""
-    utilization = cfg.gpu_memory_utilization
+    weights load); `names` are what messages call the two (the command line's flags there).
+    On the CPU it is refused rather than ignored: the pool would stay at its default while
+    the user believes it follows the share."""
     if utilization is None:
         return
+    share, mib = names
     if isinstance(utilization, bool) or not isinstance(utilization, int | float):
-        raise EngineError(f"gpu_memory_utilization must be a number, got {utilization!r}")
+        raise EngineError(f"{share} must be a number, got {utilization!r}")
     if not 0 < utilization <= 1:
-        raise EngineError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
-    if cfg.kv_cache_mib is not None:
-        raise EngineError("give kv_cache_mib or gpu_memory_utilization, not both")
+        raise EngineError(f"{share} must be in (0, 1], got {utilization!r}")
+    if kv_cache_mib is not None:
+        raise EngineError(f"give {mib} or {share}, not both: both size the KV pool")
     if device.type != "cuda":
         raise EngineError(
-            f"gpu_memory_utilization sizes the KV pool from a GPU's memory; on {device} the "
-            "pool is kv_cache_mib"
+            f"{share} sizes the KV pool from a GPU's memory, and the device is the "
+            f"{device.type.upper()}: on {device} the pool is {mib}"
         )
 
 

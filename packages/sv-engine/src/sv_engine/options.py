@@ -22,7 +22,12 @@ from sv_engine.cache_folder import cache_dir
 from sv_engine.default_model import default_model_dir
 from sv_engine.engine import Engine
 from sv_engine.errors import EngineError
-from sv_engine.loading import KV_CACHE_DTYPES, EngineConfig, resolve_device
+from sv_engine.loading import (
+    KV_CACHE_DTYPES,
+    EngineConfig,
+    check_gpu_memory_utilization,
+    resolve_device,
+)
 from sv_engine.ranks import serve_torchrun_rank, torchrun_rank
 from sv_engine.tracing import start_trace
 
@@ -362,24 +367,6 @@ def check_batch_limits_args(args: argparse.Namespace) -> None:
         ) from None
 
 
-def check_gpu_memory_utilization_args(args: argparse.Namespace) -> None:
-    """--gpu-memory-utilization with --kv-cache-mib, or on the CPU, is an EngineError. On the
-    CPU it is refused rather than ignored: the pool would stay at its 256 MiB default while
-    the user believes it follows the flag."""
-    if getattr(args, "gpu_memory_utilization", None) is None:
-        return
-    if args.kv_cache_mib is not None:
-        raise EngineError(
-            "--gpu-memory-utilization and --kv-cache-mib both size the KV pool: give one"
-        )
-    device = resolve_device(args.device)
-    if device.type != "cuda":
-        raise EngineError(
-            f"--gpu-memory-utilization sizes the KV pool from a GPU's memory, and the device "
-            f"is the {device.type.upper()}: size it with --kv-cache-mib"
-        )
-
-
 JINJA_CHARACTERS = "{}\n"  # vLLM's test: a --chat-template holding one is text, not a path
 
 
@@ -425,7 +412,14 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
     # Usage errors: found before any conversion or load.
     speculation = speculation_from_args(args)
     check_batch_limits_args(args)
-    check_gpu_memory_utilization_args(args)
+    share = getattr(args, "gpu_memory_utilization", None)
+    if share is not None:  # the engine's own check, in the flags' names
+        check_gpu_memory_utilization(
+            share,
+            args.kv_cache_mib,
+            resolve_device(args.device),
+            names=("--gpu-memory-utilization", "--kv-cache-mib"),
+        )
     chat_template = chat_template_from_args(args)
     if args.model is not None:
         model_dir = Path(args.model)
