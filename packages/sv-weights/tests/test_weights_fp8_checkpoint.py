@@ -191,13 +191,9 @@ CONFIG_PATHS = _paths(compressed_tensors_config())
 
 
 @settings(max_examples=300, deadline=None)
-@given(path=st.sampled_from(CONFIG_PATHS), value=json_values, drop=st.booleans())
-def test_fuzz_quantization_config_weights_error_or_a_scheme(
-    path: tuple[str, ...], value: Any, drop: bool
-) -> None:
-    """Any one field of a published config replaced by any JSON value, or removed: the parser
-    returns a scheme sv reads or raises WeightsError naming the config, never anything else."""
-    raw = copy.deepcopy(compressed_tensors_config())
+def _mutated(config: dict[str, Any], path: tuple[str, ...], value: Any, drop: bool) -> Any:
+    """A copy of `config` with the field at `path` replaced by `value`, or removed."""
+    raw = copy.deepcopy(config)
     parent = raw
     for key in path[:-1]:
         parent = parent[key]
@@ -205,6 +201,16 @@ def test_fuzz_quantization_config_weights_error_or_a_scheme(
         del parent[path[-1]]
     else:
         parent[path[-1]] = value
+    return raw
+
+
+@given(path=st.sampled_from(CONFIG_PATHS), value=json_values, drop=st.booleans())
+def test_fuzz_quantization_config_weights_error_or_a_scheme(
+    path: tuple[str, ...], value: Any, drop: bool
+) -> None:
+    """Any one field of a published config replaced by any JSON value, or removed: the parser
+    returns a scheme sv reads or raises WeightsError naming the config, never anything else."""
+    raw = _mutated(compressed_tensors_config(), path, value, drop)
     try:
         scheme = parse_quantization_config(raw, "config.json")
     except WeightsError as error:
@@ -382,14 +388,7 @@ def test_fuzz_kv_cache_scheme_weights_error_or_a_scheme(
     path: tuple[str, ...], value: Any, drop: bool
 ) -> None:
     """As the fuzz above, with a kv_cache_scheme: a scheme or a WeightsError naming the config."""
-    raw = kv_cache_config()
-    parent = raw
-    for key in path[:-1]:
-        parent = parent[key]
-    if drop:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
+    raw = _mutated(kv_cache_config(), path, value, drop)
     try:
         scheme = parse_quantization_config(raw, "config.json")
     except WeightsError as error:
