@@ -172,3 +172,14 @@ def smollm2(smollm2_dir: Path) -> Tokenizer:
 @pytest.fixture(scope="session")
 def hf_smollm2(smollm2_dir: Path) -> Any:
     return _hf_tokenizer(smollm2_dir / "tokenizer.json", special_tokens_as_text=True)
+
+
+@pytest.fixture(scope="session")
+def hf_llama_chat(llama_dir: Path) -> Any:
+    """transformers' tokenizer over the Llama 3.2 files, for apply_chat_template as the oracle."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(llama_dir / "tokenizer.json"),
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+    )

@@ -380,16 +380,6 @@ def test_no_chat_format(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def hf_llama_chat(llama_dir: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(llama_dir / "tokenizer.json"),
-        bos_token="<|begin_of_text|>",
-        eos_token="<|eot_id|>",
-    )
-
-
-@pytest.fixture(scope="module")
 def hf_smollm2_chat(smollm2_dir: Path) -> Any:
     transformers = pytest.importorskip("transformers")
     return transformers.PreTrainedTokenizerFast(

@@ -76,15 +76,6 @@ def test_qwen3_template_options_match_transformers(
 # ---------------------------------------------------------------- a template of our own
 
 
-@pytest.fixture(scope="module")
-def hf_llama_chat(llama_dir: Path) -> Any:
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(llama_dir / "tokenizer.json"),
-        bos_token="<|begin_of_text|>",
-        eos_token="<|eot_id|>",
-    )
-
-
 @pytest.mark.parametrize(
     "kwargs",
     [{}, {"persona": "a pirate"}, {"persona": "terse", "limits": {"words": 5, "tags": ["a", "é"]}}],
