@@ -4,13 +4,13 @@ see `Case.assert_same_bits`) and the references."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import torch
 from kernels_testing import DEVICE, GPU, assert_close, gpu_test, randint, randn
 from sv_kernels import KernelError, ops, reference, rope_tables, triton_ops
-from sv_kernels.linear_plan import FewRowsTile, GemvTile, LinearPlan
+from sv_kernels.linear_plan import FewRowsTile, GemvTile, LinearPlan, QuantizedPath
 from sv_kernels.quantized import QuantKind, quantize
 from sv_kernels.reference import kv_pages
 from sv_kernels.rope_tables import Llama3RopeScaling
@@ -267,6 +267,40 @@ def test_fused_quantized_weights_equal_the_unfused_ops(
         case.assert_same_bits(fused_q, case.unfused(qkv))
 
 
+@pytest.mark.parametrize("fp8_cache", [False, True])
+@pytest.mark.parametrize("tokens", [1, 5, pytest.param(256, marks=GPU)])
+def test_rope_cache_write_scales_an_fp8_product_as_scale_product_does(
+    gen: torch.Generator, fp8_cache: bool, tokens: int
+) -> None:
+    """q/k/v as views of an FP8 matmul's unscaled FP32 product with its row and column scales
+    (`product_scales`): the same bits as `reference.scale_product` (rounded to BF16) and then
+    `rope_cache_write` of its views, a padding token among them. Scales of very different
+    sizes per row and per column: a scale applied to the wrong row or column, or not at all,
+    changes most values."""
+    case = Case(gen, 4, 2, 32, 16, torch.bfloat16, fp8_cache, tokens=tokens, slot=-1)
+    rows = (case.hq + 2 * case.hkv) * case.head_dim
+    product = randn(gen, tokens, rows, dtype=torch.float32, scale=300.0)
+    row_scale = torch.rand(tokens, 1, generator=gen, device=DEVICE) * 2.0**-9 + 2.0**-12
+    col_scale = torch.rand(rows, generator=gen, device=DEVICE) * 2.0**-6 + 2.0**-10
+    scales = (row_scale, col_scale, torch.bfloat16)
+    q, k, v = case.split(product)
+    fused_q = triton_ops.rope_cache_write(
+        q, k, v, *case.rope_args(*case.caches[:2]), product_scales=scales
+    )
+    scaled = reference.scale_product(product, row_scale, col_scale, torch.bfloat16)
+    want_q = case.unfused(scaled)
+    assert fused_q.dtype == torch.bfloat16
+    for name, got, want in (
+        ("q", fused_q, want_q),
+        ("k", *case.caches[0::2]),
+        ("v", *case.caches[1::2]),
+    ):
+        got, want = got.float(), want.float()
+        same = (got == want) | (got.isnan() & want.isnan())
+        assert same.all(), f"{name}: {int((~same).sum())} of {same.numel()} values differ"
+    assert not fused_q.isnan().any()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_writes_an_fp8_cache_as_rope_cache_write_does(
     gen: torch.Generator, dtype: torch.dtype
@@ -365,6 +399,36 @@ def test_the_op_runs_the_fused_kernel_where_the_plan_has_a_tile(
         args = case.rope_args(*case.caches[:2])
         ops.qkv_rope_cache(case.x, w, 32, *args, plan=a_plan, qk_norms=qk_norms)
     assert len(calls) == 4
+
+
+@gpu_test
+@pytest.mark.parametrize("tokens", [9, 256])
+def test_the_op_leaves_an_fp8_products_scales_to_the_rope_kernel(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, tokens: int
+) -> None:
+    """Rows that multiply on the FP8 tensor cores with the scales after the matmul
+    (`scaled_mm_tensorwise`): the RoPE kernel scales the product as it reads it, no scaling
+    kernel runs, and q and both caches hold the bits of the scaled projection then RoPE."""
+    path: QuantizedPath = "scaled_mm_tensorwise"
+    plan = LinearPlan(quantized_few_rows=path, quantized_many_rows=path)
+    scalings: list[int] = []
+    scale_product = triton_ops.scale_product
+
+    def recording(product: torch.Tensor, *args: Any) -> torch.Tensor:
+        scalings.append(product.shape[0])
+        return scale_product(product, *args)
+
+    monkeypatch.setattr(triton_ops, "scale_product", recording)
+    case = Case(gen, 32, 8, 64, 2048, torch.bfloat16, tokens=tokens, slot=-1)
+    w = quantize(case.w, "fp8")
+    got = ops.qkv_rope_cache(case.x, w, 32, *case.rope_args(*case.caches[:2]), plan=plan)
+    assert scalings == [], "the op ran a scaling kernel of its own"
+    want = case.unfused(ops.linear(case.x, w, plan=plan))
+    assert scalings == [tokens]  # the unfused path did
+    for name, a, b in (("q", got, want), ("k", *case.caches[0::2]), ("v", *case.caches[1::2])):
+        a, b = a.float(), b.float()
+        same = (a == b) | (a.isnan() & b.isnan())
+        assert same.all(), f"{name}: {int((~same).sum())} values differ"
 
 
 @gpu_test

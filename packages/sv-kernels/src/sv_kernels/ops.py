@@ -600,11 +600,20 @@ def qkv_rope_cache(
 
         if triton_ops.qkv_rope_fits(tile[0], head_dim):
             return _fused_qkv_rope_cache(op, x, qkv, tile, num_q_heads, rows, bias, args)
-    out = linear(x, qkv, plan=plan, bias=bias)
-    if out.dim() != 2 or out.shape[1] != rows:
+    # An FP8 product's scales are applied by the RoPE kernel as it reads q, k and v (one
+    # scaling kernel fewer per layer); a bias or q/k norms need the scaled values first.
+    out = linear(x, qkv, plan=plan, bias=bias, defer_scales=bias is None and qk_norms is None)
+    product = out.product if isinstance(out, ScaledProduct) else out
+    if product.dim() != 2 or product.shape[1] != rows:
         _fail_qkv_rows(op, qkv, num_q_heads, rows)
     heads = [num_q_heads, num_kv_heads, num_kv_heads]
-    q, k, v = out.view(out.shape[0], -1, head_dim).split_with_sizes(heads, dim=1)
+    q, k, v = product.view(product.shape[0], -1, head_dim).split_with_sizes(heads, dim=1)
+    if isinstance(out, ScaledProduct):  # only CUDA's scaled_mm_tensorwise defers its scales
+        from . import triton_ops
+
+        _check_rope_cache_args(op, product.shape[0], args, product=product)
+        scales = (out.row_scale, out.col_scale, out.dtype)
+        return triton_ops.rope_cache_write(q, k, v, *args, product_scales=scales)
     if qk_norms is not None:
         q_norm, k_norm, eps = qk_norms
         q, _ = rms_norm(q, q_norm, eps)

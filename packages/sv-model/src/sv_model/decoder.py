@@ -266,7 +266,13 @@ class DecoderModel:
             else:
                 hidden = ops.linear(mlp, layer.down, plan=plan.down)
                 tp.all_reduce(hidden)
-        x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
-        if logits_indices is not None:
+        if logits_indices is not None:  # a prompt's rows: only those named reach the head
+            x, _ = ops.rms_norm(hidden, w.final_norm, self.config.rms_norm_eps, residual)
             x = x.index_select(0, logits_indices)
-        return ops.linear(x, w.lm_head, out_dtype=torch.float32, plan=plans.lm_head)
+            return ops.linear(x, w.lm_head, out_dtype=torch.float32, plan=plans.lm_head)
+        # A decode step: every row; an FP8 head's activations come from the norm's kernel.
+        head_rows = ops.takes_fp8_rows(w.lm_head, plans.lm_head, num_tokens, hidden.dtype)
+        x_rows, _ = ops.rms_norm(
+            hidden, w.final_norm, self.config.rms_norm_eps, residual, fp8_rows=head_rows
+        )
+        return ops.linear(x_rows, w.lm_head, out_dtype=torch.float32, plan=plans.lm_head)

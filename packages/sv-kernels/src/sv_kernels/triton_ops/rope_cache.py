@@ -39,10 +39,33 @@ _FP8_MAX = tl.constexpr(FP8_KV_MAX)
 
 
 @triton.jit
-def _rotated_halves(src_ptr, offsets, mask, cos, sin, HALF: tl.constexpr):
-    """Load the two halves of a [tokens, heads, D/2] tile at `offsets` and rotate them (FP32)."""
+def _load_halves(
+    src_ptr,
+    offsets,
+    mask,
+    row_scale,
+    col_scale_ptr,
+    cols,
+    DTYPE: tl.constexpr,
+    HALF: tl.constexpr,
+    SCALED: tl.constexpr,
+):
+    """The two halves of a [tokens, heads, D/2] tile at `offsets` (its columns of the q/k/v
+    projection: `cols`), in FP32. SCALED: src is an FP8 matmul's unscaled FP32 product (a
+    `ScaledProduct`); each value is (p * its token's scale) * its column's, rounded to DTYPE,
+    which is what `reference.scale_product` hands the unfused path."""
     x1 = tl.load(src_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src_ptr + offsets + HALF, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:
+        c1 = tl.load(col_scale_ptr + cols, mask=mask, other=0.0)
+        c2 = tl.load(col_scale_ptr + cols + HALF, mask=mask, other=0.0)
+        x1 = ((x1 * row_scale) * c1).to(DTYPE).to(tl.float32)
+        x2 = ((x2 * row_scale) * c2).to(DTYPE).to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _rotate(x1, x2, cos, sin):
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
 
@@ -64,6 +87,8 @@ def _rope_cache_kernel(
     v_cache_ptr,
     slots_ptr,
     kv_scales_ptr,
+    row_scale_ptr,
+    col_scale_ptr,
     q_out_ptr,
     num_tokens,
     num_q_heads,
@@ -91,12 +116,20 @@ def _rope_cache_kernel(
     BLOCK_HQ: tl.constexpr,
     BLOCK_HKV: tl.constexpr,
     FP8_CACHE: tl.constexpr,
+    SCALED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_for_prior_kernels(USE_PDL)
     part = tl.program_id(1)
     tokens = tl.program_id(0).to(tl.int64) * TILE_T + tl.arange(0, TILE_T)
     t_mask = tokens < num_tokens
+    DTYPE: tl.constexpr = q_out_ptr.dtype.element_ty  # q's, and the rotated k's before the cache
+    HEAD_DIM: tl.constexpr = 2 * HALF
+    row_scale = 1.0
+    if SCALED:
+        row_scale = tl.load(row_scale_ptr + tokens, mask=t_mask, other=0.0)[:, None, None]
+    # The columns of a head's first half in the q/k/v projection, per (token, head, pair).
+    no_cols = tl.zeros([TILE_T, 1, 1], tl.int32)
     positions = tl.load(positions_ptr + tokens, mask=t_mask, other=0).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
     d_mask = d < HALF
@@ -117,10 +150,14 @@ def _rope_cache_kernel(
         )
         kv = kv_heads[None, :, None]
         k_offsets = tokens[:, None, None] * stride_kt + kv * stride_kh + d[None, None, :]
-        k1, k2 = _rotated_halves(k_ptr, k_offsets, kv_mask, cos, sin, HALF)
+        k_cols = no_cols + (num_q_heads + kv) * HEAD_DIM + d[None, None, :]
+        k1, k2 = _load_halves(
+            k_ptr, k_offsets, kv_mask, row_scale, col_scale_ptr, k_cols, DTYPE, HALF, SCALED
+        )
+        k1, k2 = _rotate(k1, k2, cos, sin)
         # Round to k's dtype first (the rotated k), then to the cache's, as the reference does.
-        k1 = k1.to(k_ptr.dtype.element_ty)
-        k2 = k2.to(k_ptr.dtype.element_ty)
+        k1 = k1.to(DTYPE)
+        k2 = k2.to(DTYPE)
         if FP8_CACHE:  # x / scale of its head, saturated (see reference.quantize_kv)
             head_ok = kv_heads < num_kv_heads
             k_scale = tl.load(kv_scales_ptr + kv_heads, mask=head_ok, other=1.0)[None, :, None]
@@ -140,11 +177,13 @@ def _rope_cache_kernel(
         v_offsets = tokens[:, None, None] * stride_vt + kv * stride_vh + d[None, None, :]
         vc_offsets = (pages * stride_vc_page + in_page * stride_vc_slot)[:, None, None]
         vc_offsets += kv * stride_vc_head + d[None, None, :]
-        v1 = tl.load(v_ptr + v_offsets, mask=kv_mask, other=0.0)
-        v2 = tl.load(v_ptr + v_offsets + HALF, mask=kv_mask, other=0.0)
+        v_cols = no_cols + (num_q_heads + num_kv_heads + kv) * HEAD_DIM + d[None, None, :]
+        v1, v2 = _load_halves(
+            v_ptr, v_offsets, kv_mask, row_scale, col_scale_ptr, v_cols, DTYPE, HALF, SCALED
+        )
         if FP8_CACHE:
-            v1 = _saturate(v1.to(tl.float32) / v_scale)
-            v2 = _saturate(v2.to(tl.float32) / v_scale)
+            v1 = _saturate(v1 / v_scale)
+            v2 = _saturate(v2 / v_scale)
         tl.store(v_cache_ptr + vc_offsets, v1.to(v_cache_ptr.dtype.element_ty), mask=kv_mask)
         tl.store(v_cache_ptr + vc_offsets + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=kv_mask)
     else:
@@ -154,7 +193,11 @@ def _rope_cache_kernel(
             t_mask[:, None, None] & (q_heads < num_q_heads)[None, :, None] & d_mask[None, None, :]
         )
         q_offsets = tokens[:, None, None] * stride_qt + qh * stride_qh + d[None, None, :]
-        q1, q2 = _rotated_halves(q_ptr, q_offsets, q_mask, cos, sin, HALF)
+        q_cols = no_cols + qh * HEAD_DIM + d[None, None, :]
+        q1, q2 = _load_halves(
+            q_ptr, q_offsets, q_mask, row_scale, col_scale_ptr, q_cols, DTYPE, HALF, SCALED
+        )
+        q1, q2 = _rotate(q1, q2, cos, sin)
         out = q_out_ptr + tokens[:, None, None] * stride_qo_t + qh * stride_qo_h + d[None, None, :]
         tl.store(out, q1.to(q_out_ptr.dtype.element_ty), mask=q_mask)
         tl.store(out + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=q_mask)
@@ -334,6 +377,7 @@ def rope_cache_write(
     slot_mapping: torch.Tensor,
     kv_scales: torch.Tensor | None = None,
     *,
+    product_scales: tuple[torch.Tensor, torch.Tensor, torch.dtype] | None = None,
     tile_tokens: int | None = None,
     num_warps: int = _NUM_WARPS,
 ) -> torch.Tensor:
@@ -342,6 +386,10 @@ def rope_cache_write(
     Returns the rotated q. q, k and v may be strided views (e.g. slices of a fused QKV output)
     as long as their last dim is contiguous. See `reference.rope_cache_write`; an FP8 cache
     takes `kv_scales` [2, Hkv].
+    `product_scales` (row scales [T, 1], column scales [Hq*D + 2*Hkv*D], dtype): q, k and v
+    are views of an FP8 matmul's unscaled FP32 product (`ScaledProduct`), scaled and rounded
+    to dtype as they are read, so the projection needs no scaling kernel of its own; q comes
+    back in dtype.
     `tile_tokens` (a power of two) forces the tokens per program, which `choose_tile_tokens`
     picks otherwise; tests and the kernel benchmark use it.
     """
@@ -353,7 +401,9 @@ def rope_cache_write(
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     half = head_dim // 2
-    q_out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    out_dtype = q.dtype if product_scales is None else product_scales[2]
+    q_out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=out_dtype, device=q.device)
+    row_scale, col_scale = product_scales[:2] if product_scales is not None else (q, q)
     if num_tokens == 0:
         return q_out
     block_hkv = next_pow2(num_kv_heads)
@@ -376,6 +426,8 @@ def rope_cache_write(
         v_cache,
         slot_mapping,
         kv_scales if kv_scales is not None else slot_mapping,  # unread without an FP8 cache
+        row_scale,  # these two unread without product_scales
+        col_scale,
         q_out,
         num_tokens,
         num_q_heads,
@@ -403,6 +455,7 @@ def rope_cache_write(
         BLOCK_HQ=block_hq,
         BLOCK_HKV=block_hkv,
         FP8_CACHE=kv_scales is not None,
+        SCALED=product_scales is not None,
         USE_PDL=pdl,
         num_warps=num_warps,
         launch_pdl=pdl,
