@@ -268,7 +268,7 @@ def test_fused_quantized_weights_equal_the_unfused_ops(
 
 
 @pytest.mark.parametrize("fp8_cache", [False, True])
-@pytest.mark.parametrize("tokens", [1, 5, pytest.param(256, marks=GPU)])
+@pytest.mark.parametrize("tokens", [1, 5, pytest.param(NUM_PAGES * PAGE, marks=GPU)])
 def test_rope_cache_write_scales_an_fp8_product_as_scale_product_does(
     gen: torch.Generator, fp8_cache: bool, tokens: int
 ) -> None:
@@ -402,7 +402,7 @@ def test_the_op_runs_the_fused_kernel_where_the_plan_has_a_tile(
 
 
 @gpu_test
-@pytest.mark.parametrize("tokens", [9, 256])
+@pytest.mark.parametrize("tokens", [9, NUM_PAGES * PAGE])
 def test_the_op_leaves_an_fp8_products_scales_to_the_rope_kernel(
     gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, tokens: int
 ) -> None:
