@@ -309,6 +309,12 @@ class Engine:
             raise EngineError(f"add_request queues one choice, but n = {params.n}: use add_choices")
         prompt_ids = self.encode_prompt(prompt)
         vocab_size = self.runner.config.vocab_size
+        after = params.grammar_after_token
+        if after is not None and after >= vocab_size:
+            raise EngineError(
+                f"grammar_after_token: token id {after} is outside the vocabulary "
+                f"(0..{vocab_size - 1})"
+            )
         outside = sorted(t for t in params.logit_bias if t >= vocab_size)
         if outside:
             # Found here, not when the step adds the bias to the logits: a failed step ends
@@ -321,7 +327,11 @@ class Engine:
         # grammar's end is a stop token too (its mask allows nothing else), so those stay.
         model_stops = frozenset() if params.ignore_eos and params.grammar is None else self.stop_ids
         stop_ids = model_stops | params.stop_token_ids
-        matcher = self.grammars.matcher(params.grammar) if params.grammar is not None else None
+        matcher = (
+            self.grammars.matcher(params.grammar, params.grammar_after_token)
+            if params.grammar is not None
+            else None
+        )
         self.scheduler.add(
             Request(
                 request_id=request_id,
@@ -712,8 +722,8 @@ class Engine:
             rows: list[tuple[Sequence[int], GrammarMatcher, Sequence[int]]] = []
             for row, seq in enumerate(plan.sampling):
                 live = self._live.get(seq.request_id)
-                if live is None or live.matcher is None:
-                    continue
+                if live is None or live.matcher is None or live.matcher.waiting:
+                    continue  # (a waiting grammar: its draft stops before the token it waits for)
                 d = drafted.get(id(seq))
                 if d is None:
                     rows.append(([row], live.matcher, ()))

@@ -6,6 +6,9 @@ vocabulary, built from sv's own tokenizer (each id's bytes), never from a hub do
 engine advances each matcher with every token its request is given, and before each step's
 sampling asks `Grammars.bitmask` for the rows' token bitmasks (computed on the host, in
 parallel across matchers, while the device runs the forward pass); the sampler applies them.
+A matcher may wait for a token before its grammar starts (a reasoning model's `</think>`: the
+thinking is free text, the answer after it is constrained); the engine masks nothing for it
+until then.
 
 When the grammar is complete, the mask allows only the model's stop tokens, so the grammar's
 end ends the request like any stop token (even under ignore_eos: see `Engine.add_request`).
@@ -114,14 +117,29 @@ def _text(kind: str, value: object) -> str:
 
 
 class GrammarMatcher:
-    """One request's position in its grammar."""
+    """One request's position in its grammar.
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    With `after_token` (a reasoning model's `</think>`), the grammar binds only the tokens
+    after the first one of that id: until the request is given it, the matcher is `waiting`,
+    masks nothing and consumes nothing; that token itself is not the grammar's either, so the
+    grammar starts from its initial state on the token after it."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, after_token: int | None = None) -> None:
         self._matcher = matcher
+        self._after_token = after_token  # None once given (or when the grammar binds at once)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the grammar has not started yet: its request's token is not to be masked."""
+        return self._after_token is not None
 
     def accept(self, token: int) -> None:
         """Advance by the token the request was given. A token the mask did not allow puts the
         matcher in its error state, whose mask allows only the stop tokens: the request ends."""
+        if self._after_token is not None:
+            if token == self._after_token:
+                self._after_token = None
+            return
         self._matcher.consume_token(token)
 
     def draft_prefix(self, draft: Sequence[int], stop_ids: frozenset[int]) -> int:
@@ -129,7 +147,11 @@ class GrammarMatcher:
         here, up to the first stop token. A token the grammar rejects could never be chosen
         (the mask bans it), so verifying it or anything after it is wasted; a stop token would
         end the request if chosen, so nothing after it is ever kept, and the matcher has no
-        mask once it is consumed."""
+        mask once it is consumed. While `waiting`, the draft is verified up to (not including)
+        the token the grammar waits for: the choice after that token needs the grammar's first
+        mask, and a verify step's masks are made before it knows whether the token is kept."""
+        if self._after_token is not None:
+            return next((i for i, t in enumerate(draft) if t == self._after_token), len(draft))
         stop = next((i for i, t in enumerate(draft) if t in stop_ids), len(draft))
         return min(stop, self._matcher.validate_tokens(list(draft[:stop])))
 
@@ -150,13 +172,15 @@ class Grammars:
         self._lltokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
 
-    def matcher(self, grammar: Grammar) -> GrammarMatcher:
+    def matcher(self, grammar: Grammar, after_token: int | None = None) -> GrammarMatcher:
+        """A matcher of `grammar`; with `after_token`, one that binds only the tokens after
+        the first of that id (see GrammarMatcher)."""
         import llguidance
 
         matcher = llguidance.LLMatcher(self._vocabulary(), grammar.compile(), log_level=0)
         if matcher.is_error():
             raise EngineError(f"the {grammar.kind} cannot be compiled: {matcher.get_error()}")
-        return GrammarMatcher(matcher)
+        return GrammarMatcher(matcher, after_token)
 
     def bitmask(
         self, rows: Sequence[tuple[Sequence[int], GrammarMatcher, Sequence[int]]]

@@ -55,6 +55,10 @@ class SamplingParams:
                  the text, as vLLM does by default.
     grammar:     constrain the output to a JSON schema, regex, choice or EBNF grammar
                  (sv_engine.grammar); its end stops the request, ignore_eos or not.
+    grammar_after_token: with a grammar, a token id: the grammar binds only the tokens after
+                 the first generated one of this id, from its initial state (a reasoning
+                 model's `</think>`: the thinking before it is free text); None: from the
+                 first token.
     """
 
     max_new_tokens: int = 128
@@ -75,6 +79,7 @@ class SamplingParams:
     min_p: float = 0.0
     skip_special_tokens: bool = True
     grammar: Grammar | None = None
+    grammar_after_token: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -111,6 +116,11 @@ class SamplingParams:
             raise EngineError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}")
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise EngineError(f"grammar must be a Grammar or None, got {self.grammar!r}")
+        after = self.grammar_after_token
+        if after is not None and not (_is_int(after) and after >= 0):
+            raise EngineError(f"grammar_after_token must be a token id or None, got {after!r}")
+        if after is not None and self.grammar is None:
+            raise EngineError("grammar_after_token needs a grammar to start after it")
         self._check_logit_processing()
 
     def _check_logit_processing(self) -> None:
