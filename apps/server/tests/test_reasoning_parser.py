@@ -109,7 +109,13 @@ def test_the_prompt_decides_whether_the_answer_opens_in_thinking() -> None:
     assert not qwen3.opens_in_thinking([1, 10, 5, 11, 5])  # enable_thinking=false
     assert qwen3.opens_in_thinking([10, 11, 3, 10])  # an earlier turn's block, then a new one
     assert r1.opens_in_thinking([1, 2, 3])  # vLLM's R1 rule: thinking comes first
-    assert r1.opens_in_thinking([1, 10, 5, 11, 5])
+    assert r1.opens_in_thinking([1, 10, 5])
+    # ... unless the prompt ended it (vLLM's is_reasoning_end over the prompt, either parser)
+    assert not r1.opens_in_thinking([1, 10, 5, 11, 5])
+    for parser in (qwen3, r1):
+        assert parser.ended_in_prompt([1, 10, 5, 11, 5])
+        assert not parser.ended_in_prompt([10, 11, 3, 10])
+        assert not parser.ended_in_prompt([1, 2, 3])
 
 
 def _reply(reasoning: str | None, content: str | None) -> dict[str, Any]:

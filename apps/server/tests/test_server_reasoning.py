@@ -22,31 +22,38 @@ THINK, END = 151667, 151668  # Qwen3's <think> and </think>
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 TAGS_OFTEN = {str(THINK): 9, str(END): 9}
 
-# (name, the request's fields, whether the prompt leaves <think> open)
-VARIANTS: list[tuple[str, dict[str, Any], bool]] = [
-    ("plain", {"messages": QUESTION}, False),
+# (name, the request's fields, the prompt's last think tag: "open" <think>, "closed" </think>,
+# or None)
+VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("plain", {"messages": QUESTION}, None),
     (
         "prefilled-thinking",
         {
             "messages": [*QUESTION, {"role": "assistant", "content": "<think>\nHmm"}],
             "continue_final_message": True,
         },
-        True,
+        "open",
     ),
     (
         "thinking-off",
         {"messages": QUESTION, "chat_template_kwargs": {"enable_thinking": False}},
-        False,
+        "closed",
     ),
-    ("strong-think", {"messages": QUESTION, "logit_bias": {str(THINK): 11, str(END): 9}}, False),
+    ("strong-think", {"messages": QUESTION, "logit_bias": {str(THINK): 11, str(END): 9}}, None),
 ]
 
 
-def by_hand(raw: str, opened: bool) -> tuple[str | None, str | None]:
+def opened(parser: str, last_tag: str | None) -> bool:
+    """Whether the answer is thinking from its start: a prompt that closed the thinking, never;
+    else one that left it open, and under deepseek_r1 any."""
+    return last_tag == "open" or (parser == "deepseek_r1" and last_tag is None)
+
+
+def by_hand(raw: str, open_at_start: bool) -> tuple[str | None, str | None]:
     """The documented rule, written out: a leading <think> or an open prompt starts the
     thinking, the first </think> ends it; (reasoning_content, content)."""
     starts_with_tag = raw[:7] == "<think>"
-    if not (starts_with_tag or opened):
+    if not (starts_with_tag or open_at_start):
         return None, raw
     body = raw[7:] if starts_with_tag else raw
     end = body.find("</think>")
@@ -91,9 +98,9 @@ def _create(server: Any, body: dict[str, Any]) -> Any:
 
 
 @pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
-@pytest.mark.parametrize(("name", "fields", "opened"), VARIANTS, ids=[v[0] for v in VARIANTS])
+@pytest.mark.parametrize(("name", "fields", "last_tag"), VARIANTS, ids=[v[0] for v in VARIANTS])
 def test_the_flag_gives_the_raw_text_split_by_hand(
-    servers: dict[str, Any], parser: str, name: str, fields: dict[str, Any], opened: bool
+    servers: dict[str, Any], parser: str, name: str, fields: dict[str, Any], last_tag: str | None
 ) -> None:
     body = _request(fields, logprobs=True, top_logprobs=2)
     raw = _create(servers["raw"], body)
@@ -102,7 +109,7 @@ def test_the_flag_gives_the_raw_text_split_by_hand(
     seen = set()
     for got, expected in zip(split.choices, raw.choices, strict=True):
         assert "reasoning_content" not in (expected.message.model_extra or {})  # no flag
-        reasoning, content = by_hand(expected.message.content, opened or parser == "deepseek_r1")
+        reasoning, content = by_hand(expected.message.content, opened(parser, last_tag))
         assert (got.message.reasoning_content, got.message.content) == (reasoning, content)
         assert got.finish_reason == expected.finish_reason
         # per token, unchanged (the values to rounding: what shares an engine step moves them)
@@ -111,9 +118,9 @@ def test_the_flag_gives_the_raw_text_split_by_hand(
         assert [t.logprob for t in got_lp] == pytest.approx([t.logprob for t in expected_lp])
         seen.add((reasoning is None, content is None))
     # the variants cover what they are meant to (seen: (no reasoning, no content) per choice)
-    if parser == "qwen3" and name in ("plain", "thinking-off"):
+    if name == "thinking-off" or (parser == "qwen3" and name == "plain"):
         assert seen == {(True, False)}  # all content, a </think> in it as text
-    if parser == "deepseek_r1" or name == "prefilled-thinking":
+    if opened(parser, last_tag):
         assert (False, False) in seen  # thinking, then content
         assert (False, True) in seen  # no </think>: all thinking
     if name == "strong-think":  # answers that start with <think>
@@ -121,9 +128,9 @@ def test_the_flag_gives_the_raw_text_split_by_hand(
 
 
 @pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
-@pytest.mark.parametrize(("name", "fields", "opened"), VARIANTS, ids=[v[0] for v in VARIANTS])
+@pytest.mark.parametrize(("name", "fields", "last_tag"), VARIANTS, ids=[v[0] for v in VARIANTS])
 def test_streamed_deltas_concatenate_to_the_whole_answer(
-    servers: dict[str, Any], parser: str, name: str, fields: dict[str, Any], opened: bool
+    servers: dict[str, Any], parser: str, name: str, fields: dict[str, Any], last_tag: str | None
 ) -> None:
     body = _request(fields, logprobs=True)
     whole = _create(servers[parser], body)

@@ -7,13 +7,14 @@ streamed, the thinking comes as `delta.reasoning_content` and the answer as `del
 
 The rule, one for both parsers, over the answer's text (after stop strings, before tool calls):
 
-- The thinking is open from the start when the prompt leaves a `<think>` open (its last
-  `<think>` token has no `</think>` token after it: Qwen3-2507 and DeepSeek-R1 templates end the
-  prompt so, and so does a prefilled `<think>...` with `continue_final_message`), or always
-  under `deepseek_r1` (vLLM's rule: "R1 doesn't generate <think> now"). Otherwise it opens only
-  if the answer starts with `<think>`: Qwen3 with `enable_thinking: false` (the prompt holds an
-  empty, closed think block) or a model that chose not to think answers in `content` alone,
-  with `reasoning_content: null`.
+- The prompt's last think tag decides first, as vLLM's `is_reasoning_end` over the prompt
+  does: a `</think>` there (Qwen3 with `enable_thinking: false` renders an empty, closed think
+  block; a prefilled `<think>...</think>`) means the thinking has ended: the answer is content.
+- Else the thinking is open from the start when that last tag is a `<think>` (Qwen3-2507 and
+  DeepSeek-R1 templates end the prompt so, and so does a prefilled `<think>...` with
+  `continue_final_message`), or always under `deepseek_r1` (vLLM's rule: "R1 doesn't generate
+  <think> now"). Otherwise it opens only if the answer starts with `<think>`: a model that
+  chose not to think answers in `content` alone, with `reasoning_content: null`.
 - A leading `<think>` is dropped; the thinking is the text up to the first `</think>`, the
   content is all after it, whitespace included (vLLM keeps Qwen3's "\\n\\n" after `</think>`),
   or null when nothing follows. Later tags are content text.
@@ -23,6 +24,10 @@ The rule, one for both parsers, over the answer's text (after stop strings, befo
 
 Streamed, text that may be the start of a tag is held back until it is known, so a tag is never
 split across the two fields and the concatenated deltas equal the whole answer's fields.
+
+An output constraint binds only the answer after the thinking (vLLM's reasoning-aware
+structured output): the engine starts its grammar after the first generated `</think>`, unless
+the prompt already ended the thinking (`ended_in_prompt`): then from the first token.
 """
 
 from __future__ import annotations
@@ -45,16 +50,22 @@ class ReasoningParser:
     start_id: int
     end_id: int
 
+    def ended_in_prompt(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt has ended the thinking already: its last think tag is `</think>`."""
+        return self._last_tag(prompt_ids) == self.end_id
+
     def opens_in_thinking(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the answer to `prompt_ids` is thinking from its first character."""
-        if self.name == "deepseek_r1":
-            return True
-        for token in reversed(prompt_ids):  # the last tag decides
-            if token == self.end_id:
-                return False
-            if token == self.start_id:
-                return True
-        return False
+        last = self._last_tag(prompt_ids)
+        if last == self.end_id:
+            return False
+        return self.name == "deepseek_r1" or last == self.start_id
+
+    def _last_tag(self, prompt_ids: Sequence[int]) -> int | None:
+        for token in reversed(prompt_ids):
+            if token in (self.start_id, self.end_id):
+                return token
+        return None
 
 
 def parser_for(name: str, tokenizer: Tokenizer) -> ReasoningParser:
