@@ -80,6 +80,44 @@ def test_the_grammar_binds_only_the_tokens_after_the_token(base: Engine, overlap
     assert_all_back(engine)
 
 
+OPENER = 14  # "/": the token that opens the wait, as a reasoning model's <think>
+
+
+def test_with_an_opener_the_grammar_waits_only_if_the_answer_opens_with_it(base: Engine) -> None:
+    """The first token is the opener or one the grammar allows; after the opener the thinking
+    is free (a token the grammar forbids is in it) up to AFTER, and the rest matches; any
+    other first token starts the grammar at once: the whole text matches."""
+    engine = engine_like(base, None)
+    n = 16
+    params = [
+        SamplingParams(
+            max_new_tokens=48,
+            temperature=1.0,
+            seed=s,
+            logit_bias={OPENER: 3.0, AFTER: 1.5, 2: -100.0},
+            grammar=GRAMMAR,
+            grammar_after_token=AFTER,
+            grammar_wait_opener=OPENER,
+        )
+        for s in range(n)
+    ]
+    opened = bound = 0
+    for c in completions(engine, prompts(n), params):
+        first = engine.tokenizer.decode(c.output_ids[:1])
+        assert first == "/" or re.fullmatch(r"[$%&'()]", first), c.output_ids
+        if c.finish_reason != "stop":
+            continue
+        if first != "/":
+            assert re.fullmatch(REGEX, c.text.removesuffix("#")), c.text
+            bound += 1
+            continue
+        thinking, after = split(engine, c)
+        assert re.fullmatch(REGEX, after), after
+        opened += not re.fullmatch(r"[$%&'()]*", engine.tokenizer.decode(thinking[1:-1]))
+    assert opened >= 2 and bound >= 2  # the seeds cover both ways
+    assert_all_back(engine)
+
+
 def test_a_budget_spent_before_the_token_ends_with_length(base: Engine) -> None:
     engine = engine_like(base, None)
     never = {AFTER: -100.0, 2: -100.0}
@@ -130,6 +168,10 @@ def test_draft_prefix_stops_before_the_token_while_waiting(base: Engine) -> None
     matcher.accept(AFTER)
     assert not matcher.waiting
     assert matcher.draft_prefix([0], base.stop_ids) == 0  # "!": the grammar's now
+    opening = base.grammars.matcher(GRAMMAR, after_token=AFTER, wait_opener=OPENER)
+    assert not opening.waiting and opening.also_allowed == OPENER
+    opening.accept(OPENER)
+    assert opening.waiting and opening.also_allowed is None
 
 
 def test_a_cancelled_waiting_request_leaves_nothing_behind(base: Engine) -> None:
@@ -146,14 +188,27 @@ def test_a_cancelled_waiting_request_leaves_nothing_behind(base: Engine) -> None
     assert again[0].output_ids == fresh[0].output_ids
 
 
-def test_grammar_after_token_is_checked() -> None:
+def test_the_wait_is_checked() -> None:
     with pytest.raises(EngineError, match="grammar_after_token needs a grammar"):
         SamplingParams(grammar_after_token=3)
     with pytest.raises(EngineError, match="grammar_after_token must be a token id"):
         SamplingParams(grammar=GRAMMAR, grammar_after_token=-1)
+    with pytest.raises(EngineError, match="grammar_wait_opener needs a grammar_after_token"):
+        SamplingParams(grammar=GRAMMAR, grammar_wait_opener=3)
+    with pytest.raises(EngineError, match="grammar_wait_opener must be a token id"):
+        SamplingParams(grammar=GRAMMAR, grammar_after_token=3, grammar_wait_opener=True)
 
 
-def test_a_token_outside_the_vocabulary_is_refused(base: Engine) -> None:
-    params = SamplingParams(grammar=GRAMMAR, grammar_after_token=16)
-    with pytest.raises(EngineError, match=r"grammar_after_token: token id 16 is outside"):
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"grammar_after_token": 16}, "grammar_after_token"),
+        ({"grammar_after_token": 3, "grammar_wait_opener": 99}, "grammar_wait_opener"),
+    ],
+)
+def test_a_token_outside_the_vocabulary_is_refused(
+    base: Engine, fields: dict[str, int], name: str
+) -> None:
+    params = SamplingParams(grammar=GRAMMAR, **fields)
+    with pytest.raises(EngineError, match=rf"{name}: token id \d+ is outside"):
         base.add_request([3, 4, 5], params)

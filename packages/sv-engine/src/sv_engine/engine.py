@@ -309,12 +309,12 @@ class Engine:
             raise EngineError(f"add_request queues one choice, but n = {params.n}: use add_choices")
         prompt_ids = self.encode_prompt(prompt)
         vocab_size = self.runner.config.vocab_size
-        after = params.grammar_after_token
-        if after is not None and after >= vocab_size:
-            raise EngineError(
-                f"grammar_after_token: token id {after} is outside the vocabulary "
-                f"(0..{vocab_size - 1})"
-            )
+        for name in ("grammar_after_token", "grammar_wait_opener"):
+            token = getattr(params, name)
+            if token is not None and token >= vocab_size:
+                raise EngineError(
+                    f"{name}: token id {token} is outside the vocabulary (0..{vocab_size - 1})"
+                )
         outside = sorted(t for t in params.logit_bias if t >= vocab_size)
         if outside:
             # Found here, not when the step adds the bias to the logits: a failed step ends
@@ -328,7 +328,9 @@ class Engine:
         model_stops = frozenset() if params.ignore_eos and params.grammar is None else self.stop_ids
         stop_ids = model_stops | params.stop_token_ids
         matcher = (
-            self.grammars.matcher(params.grammar, params.grammar_after_token)
+            self.grammars.matcher(
+                params.grammar, params.grammar_after_token, params.grammar_wait_opener
+            )
             if params.grammar is not None
             else None
         )

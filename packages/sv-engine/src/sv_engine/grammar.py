@@ -122,20 +122,40 @@ class GrammarMatcher:
     With `after_token` (a reasoning model's `</think>`), the grammar binds only the tokens
     after the first one of that id: until the request is given it, the matcher is `waiting`,
     masks nothing and consumes nothing; that token itself is not the grammar's either, so the
-    grammar starts from its initial state on the token after it."""
+    grammar starts from its initial state on the token after it. With `wait_opener` too (its
+    `<think>`), the wait starts only if the request's first token is that one: any other first
+    token is already the grammar's, so the first mask allows the grammar's tokens and
+    `wait_opener` (`also_allowed`)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, after_token: int | None = None) -> None:
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        after_token: int | None = None,
+        wait_opener: int | None = None,
+    ) -> None:
         self._matcher = matcher
         self._after_token = after_token  # None once given (or when the grammar binds at once)
+        self._wait_opener = wait_opener  # None once the first token is given
 
     @property
     def waiting(self) -> bool:
         """Whether the grammar has not started yet: its request's token is not to be masked."""
-        return self._after_token is not None
+        return self._after_token is not None and self._wait_opener is None
+
+    @property
+    def also_allowed(self) -> int | None:
+        """A token the mask allows beside the grammar's: the wait's opener, before the first
+        token."""
+        return self._wait_opener
 
     def accept(self, token: int) -> None:
         """Advance by the token the request was given. A token the mask did not allow puts the
         matcher in its error state, whose mask allows only the stop tokens: the request ends."""
+        if self._wait_opener is not None:
+            opener, self._wait_opener = self._wait_opener, None
+            if token == opener:
+                return  # the wait for after_token starts
+            self._after_token = None  # this first token is the grammar's
         if self._after_token is not None:
             if token == self._after_token:
                 self._after_token = None
@@ -150,6 +170,8 @@ class GrammarMatcher:
         mask once it is consumed. While `waiting`, the draft is verified up to (not including)
         the token the grammar waits for: the choice after that token needs the grammar's first
         mask, and a verify step's masks are made before it knows whether the token is kept."""
+        if self._wait_opener is not None:
+            return 0  # (a first token is sampled at the prompt's end, where nothing is drafted)
         if self._after_token is not None:
             return next((i for i, t in enumerate(draft) if t == self._after_token), len(draft))
         stop = next((i for i, t in enumerate(draft) if t in stop_ids), len(draft))
@@ -172,15 +194,17 @@ class Grammars:
         self._lltokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
 
-    def matcher(self, grammar: Grammar, after_token: int | None = None) -> GrammarMatcher:
-        """A matcher of `grammar`; with `after_token`, one that binds only the tokens after
-        the first of that id (see GrammarMatcher)."""
+    def matcher(
+        self, grammar: Grammar, after_token: int | None = None, wait_opener: int | None = None
+    ) -> GrammarMatcher:
+        """A matcher of `grammar`; with `after_token` (and `wait_opener`), one that binds only
+        the tokens after the first of that id (see GrammarMatcher)."""
         import llguidance
 
         matcher = llguidance.LLMatcher(self._vocabulary(), grammar.compile(), log_level=0)
         if matcher.is_error():
             raise EngineError(f"the {grammar.kind} cannot be compiled: {matcher.get_error()}")
-        return GrammarMatcher(matcher, after_token)
+        return GrammarMatcher(matcher, after_token, wait_opener)
 
     def bitmask(
         self, rows: Sequence[tuple[Sequence[int], GrammarMatcher, Sequence[int]]]
@@ -200,6 +224,7 @@ class Grammars:
         words = np.empty(((len(targets), (self.vocab_size + 31) // 32)), dtype=np.int32)
         if len(live) == 1 and not live[0][2]:
             llguidance.numpy.fill_next_token_bitmask(live[0][1].matcher, words, 0)
+            _allow_also(words, live)
             return TokenBitmask(rows=targets, words=words)
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
@@ -219,6 +244,7 @@ class Grammars:
             llguidance.numpy.fill_next_token_bitmask_par_with_draft_tokens(
                 self._executor, drafted, words
             )
+        _allow_also(words, live)
         return TokenBitmask(rows=targets, words=words)
 
     def _vocabulary(self) -> llguidance.LLTokenizer:
@@ -233,6 +259,19 @@ class Grammars:
                 eos_token=self._stop_ids,
             )
         return self._lltokenizer
+
+
+def _allow_also(
+    words: np.ndarray, live: Sequence[tuple[Sequence[int], GrammarMatcher, Sequence[int]]]
+) -> None:
+    """Set the bit of each matcher's `also_allowed` token in its first row of `words`."""
+    bits = words.view(np.uint32)  # (bit 31 of a word is its int32 sign)
+    at = 0
+    for choice_rows, m, _ in live:
+        token = m.also_allowed
+        if token is not None:
+            bits[at, token // 32] |= np.uint32(1 << (token % 32))
+        at += len(choice_rows)
 
 
 class _Vocabulary:

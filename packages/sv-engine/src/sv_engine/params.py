@@ -59,6 +59,10 @@ class SamplingParams:
                  the first generated one of this id, from its initial state (a reasoning
                  model's `</think>`: the thinking before it is free text); None: from the
                  first token.
+    grammar_wait_opener: with grammar_after_token, a token id (a reasoning model's `<think>`):
+                 the grammar waits only if the first generated token is this one; any other
+                 first token is the grammar's (the first token may be this one or one the
+                 grammar allows). None: the grammar waits from the first token.
     """
 
     max_new_tokens: int = 128
@@ -80,6 +84,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     grammar: Grammar | None = None
     grammar_after_token: int | None = None
+    grammar_wait_opener: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -116,12 +121,18 @@ class SamplingParams:
             raise EngineError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}")
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise EngineError(f"grammar must be a Grammar or None, got {self.grammar!r}")
-        after = self.grammar_after_token
-        if after is not None and not (_is_int(after) and after >= 0):
-            raise EngineError(f"grammar_after_token must be a token id or None, got {after!r}")
-        if after is not None and self.grammar is None:
-            raise EngineError("grammar_after_token needs a grammar to start after it")
+        self._check_grammar_wait()
         self._check_logit_processing()
+
+    def _check_grammar_wait(self) -> None:
+        for name in ("grammar_after_token", "grammar_wait_opener"):
+            token = getattr(self, name)
+            if token is not None and not (_is_int(token) and token >= 0):
+                raise EngineError(f"{name} must be a token id or None, got {token!r}")
+        if self.grammar_after_token is not None and self.grammar is None:
+            raise EngineError("grammar_after_token needs a grammar to start after it")
+        if self.grammar_wait_opener is not None and self.grammar_after_token is None:
+            raise EngineError("grammar_wait_opener needs a grammar_after_token to wait for")
 
     def _check_logit_processing(self) -> None:
         if not isinstance(self.logit_bias, Mapping) or not all(
