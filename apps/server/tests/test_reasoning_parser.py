@@ -118,6 +118,16 @@ def test_the_prompt_decides_whether_the_answer_opens_in_thinking() -> None:
         assert not parser.ended_in_prompt([1, 2, 3])
 
 
+def test_an_output_constraint_waits_for_the_thinking_as_the_split_reads_it() -> None:
+    """(grammar_after_token, grammar_wait_opener): the constraint binds the content alone."""
+    qwen3, r1 = ReasoningParser("qwen3", 10, 11), ReasoningParser("deepseek_r1", 10, 11)
+    for parser in (qwen3, r1):
+        assert parser.grammar_wait([1, 10, 5, 11, 5]) == (None, None)  # ended: at once
+        assert parser.grammar_wait([1, 10, 5]) == (11, None)  # thinking from the start
+    assert r1.grammar_wait([1, 2, 3]) == (11, None)
+    assert qwen3.grammar_wait([1, 2, 3]) == (11, 10)  # thinks only if it opens with <think>
+
+
 def _reply(reasoning: str | None, content: str | None) -> dict[str, Any]:
     message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}

@@ -9,14 +9,16 @@ and with tags after the thinking."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
-from server_test_support import openai_error
 
 THINK, END = 151667, 151668  # Qwen3's <think> and </think>
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
@@ -82,6 +84,10 @@ def _client(server: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
+# vLLM's fields, which the openai client sends in extra_body
+EXTRA_FIELDS = ("continue_final_message", "chat_template_kwargs", "guided_regex", "guided_choice")
+
+
 def _request(fields: dict[str, Any], **more: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"max_tokens": 20, "n": 3, "seed": 3, "logit_bias": TAGS_OFTEN}
     return body | fields | more
@@ -89,9 +95,7 @@ def _request(fields: dict[str, Any], **more: Any) -> dict[str, Any]:
 
 def _create(server: Any, body: dict[str, Any]) -> Any:
     body = dict(body)
-    extra = {
-        k: body.pop(k) for k in ("continue_final_message", "chat_template_kwargs") if k in body
-    }
+    extra = {k: body.pop(k) for k in EXTRA_FIELDS if k in body}
     return _client(server).chat.completions.create(
         model=server.model_name, extra_body=extra or None, **body
     )
@@ -199,35 +203,188 @@ def test_completions_stay_raw_text(servers: dict[str, Any]) -> None:
     assert "reasoning_content" not in texts[1][0]
 
 
+# --- output constraints: the grammar binds only the answer after </think> ---------------------
+
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+def _json_ok(text: str) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), ANSWER_SCHEMA)
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+# (name, the request's constraint, the oracle of a whole answer, of what could begin one)
+CONSTRAINTS: list[tuple[str, dict[str, Any], Callable[[str], bool], Callable[[str], bool]]] = [
+    (
+        "regex",
+        {"guided_regex": "[0-9]{1,3}"},
+        lambda text: re.fullmatch("[0-9]{1,3}", text) is not None,
+        lambda text: re.fullmatch("[0-9]{0,3}", text) is not None,
+    ),
+    (
+        "choice",
+        {"guided_choice": ["yes", "no"]},
+        lambda text: text in ("yes", "no"),
+        lambda text: "yes".startswith(text) or "no".startswith(text),
+    ),
+    (
+        "json_schema",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA},
+            }
+        },
+        _json_ok,
+        lambda text: '{"answer":'.startswith(text[:10]),
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    ("fields", "param"),
-    [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"guided_regex": "[0-9]+"}, "guided_regex"),
-        ({"response_format": {"type": "text"}, "guided_choice": ["a", "b"]}, "guided_choice"),
-        (
-            {
-                "tools": [{"type": "function", "function": {"name": "add"}}],
-                "tool_choice": "required",
-            },
-            "tool_choice",
-        ),
-    ],
+    ("parser", "variant"),
+    [("qwen3", "prefilled-thinking"), ("qwen3", "strong-think"), ("deepseek_r1", "plain")],
 )
-def test_output_constraints_are_refused_with_the_flag(
-    servers: dict[str, Any], fields: dict[str, Any], param: str
+@pytest.mark.parametrize(
+    ("name", "constraint", "valid", "could_start"), CONSTRAINTS, ids=[c[0] for c in CONSTRAINTS]
+)
+def test_a_constraint_binds_only_the_answer_after_the_thinking(
+    servers: dict[str, Any],
+    parser: str,
+    variant: str,
+    name: str,
+    constraint: dict[str, Any],
+    valid: Callable[[str], bool],
+    could_start: Callable[[str], bool],
 ) -> None:
-    body = {"messages": QUESTION, "max_tokens": 4, **fields}
-    error = openai_error(
-        httpx.post(f"{servers['qwen3'].url}/v1/chat/completions", json=body, timeout=60), 400
-    )
-    assert error["param"] == param and param in error["message"], error
-    assert "--reasoning-parser qwen3" in error["message"]
-    # a plain response_format, which constrains nothing, is no refusal
-    plain = body | {"response_format": {"type": "text"}}
-    plain = {k: v for k, v in plain.items() if k not in fields or k == "response_format"}
-    reply = httpx.post(f"{servers['qwen3'].url}/v1/chat/completions", json=plain, timeout=60)
-    assert reply.status_code == 200, reply.text
+    """The thinking is the very text of the same seeded request without the constraint
+    (nothing masked it: text the constraint could never begin with is in it), and the content
+    after </think> matches the constraint. (Under qwen3 with no tag in the prompt, an answer
+    thinks only if it starts with <think>: its first token is <think> or the constraint's, and
+    an answer that does not think is constrained whole.)"""
+    fields = next(v[1] for v in VARIANTS if v[0] == variant)
+    body = _request(fields, max_tokens=40, n=4)
+    free = _create(servers[parser], body)
+    bound = _create(servers[parser], body | constraint)
+    answered = unmasked = 0
+    for got, plain in zip(bound.choices, free.choices, strict=True):
+        thought, content = got.message.reasoning_content, got.message.content
+        if plain.message.reasoning_content is not None:  # it thought: the same thinking
+            assert thought == plain.message.reasoning_content
+            unmasked += not could_start(thought)
+            if plain.message.content is None:  # and it never ended: nothing was masked
+                assert (content, got.finish_reason) == (None, plain.finish_reason)
+        if content is not None and got.finish_reason == "stop":
+            assert valid(content), content
+            answered += 1
+    assert answered >= 1 and unmasked >= 1  # the seeds cover what the test is about
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+def test_a_prompt_that_ended_the_thinking_is_constrained_from_the_first_token(
+    servers: dict[str, Any], parser: str
+) -> None:
+    """Qwen3's enable_thinking=false closes an empty think block in the prompt: the whole
+    answer is content, and the constraint binds it from its first token (a </think>, which the
+    logit_bias favours, never comes)."""
+    _, constraint, valid, _ = CONSTRAINTS[0]
+    body = _request(VARIANTS[2][1], max_tokens=8)
+    reply = _create(servers[parser], body | constraint)
+    for choice in reply.choices:
+        assert choice.message.reasoning_content is None
+        assert valid(choice.message.content), choice.message.content
+        assert choice.finish_reason == "stop"
+
+
+def test_max_tokens_spent_thinking_is_length_with_no_content(servers: dict[str, Any]) -> None:
+    never_ends = {str(END): -100}
+    body = _request(VARIANTS[1][1], max_tokens=6, logit_bias=never_ends)
+    for stream in (False, True):
+        reply = _collected(servers["qwen3"], body | {"stream": stream}, CONSTRAINTS[2][1])
+        for reasoning, content, finish in reply:
+            assert (content, finish) == ("", "length")
+            assert reasoning
+
+
+def _collected(server: Any, body: dict[str, Any], constraint: dict[str, Any]) -> list[Any]:
+    """Each choice's (reasoning_content, content, finish_reason), streamed or not ("" for
+    none), with tool calls as their JSON."""
+    reply = _create(server, body | constraint)
+    if not body.get("stream"):
+        return [
+            (
+                c.message.reasoning_content or "",
+                c.message.content or _calls_json(c.message.tool_calls),
+                c.finish_reason,
+            )
+            for c in reply.choices
+        ]
+    parts: dict[int, list[Any]] = {}
+    for chunk in reply:
+        for c in chunk.choices:
+            got = parts.setdefault(c.index, ["", "", None])
+            got[0] += getattr(c.delta, "reasoning_content", None) or ""
+            got[1] += (c.delta.content or "") + _calls_json(c.delta.tool_calls)
+            got[2] = c.finish_reason or got[2]
+    return [tuple(parts[i]) for i in sorted(parts)]
+
+
+def _calls_json(calls: Any) -> str:
+    """Tool calls (or their streamed deltas) as name and arguments text."""
+    return "".join((c.function.name or "") + (c.function.arguments or "") for c in calls or [])
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CONSTRAINTS])
+def test_streamed_and_whole_constrained_answers_agree(servers: dict[str, Any], name: str) -> None:
+    constraint = next(c[1] for c in CONSTRAINTS if c[0] == name)
+    body = _request(VARIANTS[1][1], max_tokens=40, n=4)
+    whole = _collected(servers["qwen3"], body, constraint)
+    assert _collected(servers["qwen3"], body | {"stream": True}, constraint) == whole
+
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["a"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "add"}}]
+)
+def test_a_required_tool_call_comes_after_the_thinking(
+    servers: dict[str, Any], tool_choice: Any
+) -> None:
+    body = _request(VARIANTS[1][1], max_tokens=48, n=4, tools=[ADD_TOOL], tool_choice=tool_choice)
+    reply = _create(servers["qwen3"], body)
+    called = 0
+    for choice in reply.choices:
+        if choice.finish_reason == "length":
+            continue
+        assert choice.finish_reason == "tool_calls", choice.message
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "add"
+        jsonschema.validate(json.loads(call.function.arguments), ADD_TOOL["function"]["parameters"])
+        assert choice.message.content is None and choice.message.reasoning_content is not None
+        called += 1
+    assert called >= 1
+    streamed = _collected(servers["qwen3"], body | {"stream": True}, {})
+    assert streamed == _collected(servers["qwen3"], body, {})
 
 
 def test_a_model_without_think_tokens_is_a_startup_error(

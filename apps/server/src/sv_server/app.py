@@ -76,7 +76,6 @@ from sv_server.protocol import (
 )
 from sv_server.reasoning import ReasoningParser, ReasoningStream, parser_for, split_reasoning
 from sv_server.stops import StopStringMatcher
-from sv_server.structured import STRUCTURED_FIELDS
 
 log = logging.getLogger("sv_server")
 
@@ -401,30 +400,11 @@ def _prepare(
     body = decode_json(raw)
     req = parse(body)
     _check_model(state, req.model)
-    if state.reasoning is not None and req.kind == "chat" and req.grammar is not None:
-        _refuse_constrained_thinking(state.reasoning, req, body)
     if req.messages is not None:  # chat: the model's chat format
         tools = req.tools.tools if req.tools is not None else None
         return req, [_encode_chat(state, req.messages, req.chat_options, tools)]
     prompts = req.prompts or []
     return req, [_prompt_ids(state, p, _which(i, len(prompts))) for i, p in enumerate(prompts)]
-
-
-def _refuse_constrained_thinking(
-    parser: ReasoningParser, req: GenerationRequest, body: Any
-) -> None:
-    """A grammar would hold from the first token, thinking included: vLLM applies it after the
-    thinking ends; this server does not (yet), so it refuses rather than answer broken JSON."""
-    if req.tools is not None and req.tools.choice not in ("auto", "none"):
-        field = "tool_choice"
-    else:
-        field = next(k for k in sorted(STRUCTURED_FIELDS) if body.get(k) is not None)
-    raise bad_request(
-        f"'{field}' cannot be used on this server, started with --reasoning-parser "
-        f"{parser.name}: its output constraint would bind the model's thinking too (the "
-        "constraint does not wait for </think>); leave it out",
-        param=field,
-    )
 
 
 def _encode_chat(
@@ -533,6 +513,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     req, prompts = await asyncio.get_running_loop().run_in_executor(
         state.tokenizer_thread, partial(_prepare, state, raw, parse)
     )
+    thinking = state.reasoning if req.kind == "chat" else None  # completions: the raw text
     try:
         params = [
             SamplingParams(
@@ -554,9 +535,12 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 min_p=req.min_p,
                 skip_special_tokens=req.skip_special_tokens,
                 grammar=req.grammar,
+                grammar_after_token=after,
+                grammar_wait_opener=opener,
             )
             for i, ids in enumerate(prompts)
             for max_new in [_max_tokens(state, req, len(ids), _which(i, len(prompts)))]
+            for after, opener in [_grammar_wait(thinking, req, ids)]
         ]
     except EngineError as e:  # protocol.py checked every field already: a safety net
         raise bad_request(str(e)) from e
@@ -598,13 +582,22 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
         raise
     prompt_tokens = sum(map(len, prompts))  # once per prompt, however many choices
     state.metrics.prompt_tokens += prompt_tokens
-    thinking = state.reasoning if req.kind == "chat" else None  # completions: the raw text
     if req.stream:
         return _EventStream(
             _stream(req, state.model_name, generations, prompt_tokens, thinking),
             on_close=partial(_close_all, generations),
         )
     return await _collect(request, req, state.model_name, generations, prompt_tokens, thinking)
+
+
+def _grammar_wait(
+    thinking: ReasoningParser | None, req: GenerationRequest, prompt_ids: list[int]
+) -> tuple[int | None, int | None]:
+    """Where a chat answer's output constraint starts under a reasoning parser: after the
+    thinking (see reasoning.py); (None, None): from the first token."""
+    if thinking is None or req.grammar is None:
+        return None, None
+    return thinking.grammar_wait(prompt_ids)
 
 
 def _logit_bias(state: ServerState, req: GenerationRequest) -> dict[int, float]:

@@ -25,9 +25,11 @@ The rule, one for both parsers, over the answer's text (after stop strings, befo
 Streamed, text that may be the start of a tag is held back until it is known, so a tag is never
 split across the two fields and the concatenated deltas equal the whole answer's fields.
 
-An output constraint binds only the answer after the thinking (vLLM's reasoning-aware
-structured output): the engine starts its grammar after the first generated `</think>`, unless
-the prompt already ended the thinking (`ended_in_prompt`): then from the first token.
+An output constraint binds only the content, never the thinking (vLLM's reasoning-aware
+structured output: the grammar starts after the first generated `</think>`), by the same rule
+(`grammar_wait`): a prompt that ended the thinking is constrained from the first token; an
+answer that is thinking from its start, after its first `</think>`; any other answer thinks
+only if its first token is `<think>`, so that first token is `<think>` or the grammar's.
 """
 
 from __future__ import annotations
@@ -60,6 +62,15 @@ class ReasoningParser:
         if last == self.end_id:
             return False
         return self.name == "deepseek_r1" or last == self.start_id
+
+    def grammar_wait(self, prompt_ids: Sequence[int]) -> tuple[int | None, int | None]:
+        """Where an output constraint on the answer to `prompt_ids` starts, as the engine's
+        (grammar_after_token, grammar_wait_opener): so that it binds the content alone."""
+        if self.ended_in_prompt(prompt_ids):
+            return None, None
+        if self.opens_in_thinking(prompt_ids):
+            return self.end_id, None
+        return self.end_id, self.start_id
 
     def _last_tag(self, prompt_ids: Sequence[int]) -> int | None:
         for token in reversed(prompt_ids):
