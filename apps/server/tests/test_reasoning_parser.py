@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sv_server.reasoning import ReasoningParser, ReasoningStream, split_reasoning
+from sv_server.reasoning import (
+    ReasoningParser,
+    ReasoningStream,
+    ReasoningTokens,
+    split_reasoning,
+)
 from sv_server.tools import ToolCallStream, ToolRequest, apply_to_response
 
 # (answer text, whether the prompt left <think> open) -> (reasoning_content, content)
@@ -126,6 +131,29 @@ def test_an_output_constraint_waits_for_the_thinking_as_the_split_reads_it() -> 
         assert parser.grammar_wait([1, 10, 5]) == (11, None)  # thinking from the start
     assert r1.grammar_wait([1, 2, 3]) == (11, None)
     assert qwen3.grammar_wait([1, 2, 3]) == (11, 10)  # thinks only if it opens with <think>
+
+
+# (token ids of an answer, with <think> = 10 and </think> = 11; whether it opens in thinking)
+# -> reasoning_tokens: neither tag counted, nothing after the first </think>
+COUNTS: list[tuple[list[int], bool, int]] = [
+    ([10, 1, 2, 3, 11, 4, 5], False, 3),
+    ([10, 1, 2, 3, 11, 4, 5], True, 3),  # a leading <think> is dropped either way
+    ([1, 2, 11, 4], True, 2),  # the prompt opened the thinking
+    ([1, 2, 11, 4], False, 0),  # no thinking: all content
+    ([1, 10, 2, 11], False, 0),  # <think> only at the start opens it
+    ([10, 1, 2], False, 2),  # max_tokens mid-thought
+    ([10, 11, 4], False, 0),  # an empty think block
+    ([1, 11, 2, 10, 3, 11, 4], True, 1),  # later tags are content
+    ([], True, 0),
+]
+
+
+@pytest.mark.parametrize(("ids", "opened", "expected"), COUNTS)
+def test_reasoning_tokens_count_the_thinking(ids: list[int], opened: bool, expected: int) -> None:
+    count = ReasoningTokens(ReasoningParser("qwen3", 10, 11), opened)
+    for token in ids:
+        count.push(token)
+    assert count.count == expected
 
 
 def _reply(reasoning: str | None, content: str | None) -> dict[str, Any]:

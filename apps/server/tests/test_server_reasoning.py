@@ -109,11 +109,20 @@ def test_the_flag_gives_the_raw_text_split_by_hand(
     body = _request(fields, logprobs=True, top_logprobs=2)
     raw = _create(servers["raw"], body)
     split = _create(servers[parser], body)
-    assert split.usage == raw.usage  # completion_tokens: every token, the thinking's too
+    # completion_tokens: every token, the thinking's too; without the flag, no details
+    assert raw.usage.completion_tokens_details is None
+    assert split.usage.model_dump(exclude={"completion_tokens_details"}) == raw.usage.model_dump(
+        exclude={"completion_tokens_details"}
+    )
+    thinking_tokens = 0
     seen = set()
     for got, expected in zip(split.choices, raw.choices, strict=True):
         assert "reasoning_content" not in (expected.message.model_extra or {})  # no flag
         reasoning, content = by_hand(expected.message.content, opened(parser, last_tag))
+        counted = thinking_of(expected.logprobs.content, opened(parser, last_tag))
+        # the counted tokens are those whose text is the thinking
+        assert b"".join(bytes(t.bytes) for t in counted).decode() == (reasoning or "")
+        thinking_tokens += len(counted)
         assert (got.message.reasoning_content, got.message.content) == (reasoning, content)
         assert got.finish_reason == expected.finish_reason
         # per token, unchanged (the values to rounding: what shares an engine step moves them)
@@ -129,6 +138,22 @@ def test_the_flag_gives_the_raw_text_split_by_hand(
         assert (False, True) in seen  # no </think>: all thinking
     if name == "strong-think":  # answers that start with <think>
         assert any(not no_reasoning for no_reasoning, _ in seen)
+    assert split.usage.completion_tokens_details.reasoning_tokens == thinking_tokens
+
+
+def thinking_of(tokens: list[Any], open_at_start: bool) -> list[Any]:
+    """The tokens (logprobs entries of the answer without the flag; a stop token has none) of
+    the thinking, by the documented rule: after a leading <think> or from the start of an
+    answer that opens in thinking, up to the first </think>; neither tag."""
+    names = [t.token for t in tokens]
+    if names[:1] == ["<think>"]:
+        start = 1
+    elif open_at_start:
+        start = 0
+    else:
+        return []
+    end = names.index("</think>", start) if "</think>" in names[start:] else len(names)
+    return tokens[start:end]
 
 
 @pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
@@ -138,12 +163,16 @@ def test_streamed_deltas_concatenate_to_the_whole_answer(
 ) -> None:
     body = _request(fields, logprobs=True)
     whole = _create(servers[parser], body)
-    stream = _create(servers[parser], body | {"stream": True})
+    stream = _create(
+        servers[parser], body | {"stream": True, "stream_options": {"include_usage": True}}
+    )
+    usage = None
     reasoning: dict[int, str] = {}
     content: dict[int, str] = {}
     tokens: dict[int, list[str]] = {}
     finish: dict[int, str | None] = {}
     for chunk in stream:
+        usage = chunk.usage or usage
         for choice in chunk.choices:
             delta = choice.delta
             piece = getattr(delta, "reasoning_content", None)
@@ -161,6 +190,7 @@ def test_streamed_deltas_concatenate_to_the_whole_answer(
         assert content.get(i, "") == (choice.message.content or "")
         assert tokens.get(i, []) == [t.token for t in choice.logprobs.content]
         assert finish[i] == choice.finish_reason
+    assert usage == whole.usage  # reasoning_tokens included
 
 
 def test_stop_strings_apply_to_the_whole_text_thinking_included(
@@ -195,12 +225,14 @@ def test_tools_read_only_the_content(servers: dict[str, Any]) -> None:
 
 def test_completions_stay_raw_text(servers: dict[str, Any]) -> None:
     body = {"prompt": "<think>a</think>b", "max_tokens": 12, "seed": 1, "logit_bias": TAGS_OFTEN}
-    texts = [
-        httpx.post(f"{servers[k].url}/v1/completions", json=body, timeout=60).json()["choices"]
+    replies = [
+        httpx.post(f"{servers[k].url}/v1/completions", json=body, timeout=60).json()
         for k in ("raw", "qwen3")
     ]
-    assert texts[0] == texts[1]
-    assert "reasoning_content" not in texts[1][0]
+    assert replies[0]["choices"] == replies[1]["choices"]
+    assert "reasoning_content" not in replies[1]["choices"][0]
+    assert replies[0]["usage"] == replies[1]["usage"]  # no reasoning_tokens
+    assert "completion_tokens_details" not in replies[1]["usage"]
 
 
 # --- output constraints: the grammar binds only the answer after </think> ---------------------

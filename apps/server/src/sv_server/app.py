@@ -74,7 +74,13 @@ from sv_server.protocol import (
     response_body,
     usage_chunk_body,
 )
-from sv_server.reasoning import ReasoningParser, ReasoningStream, parser_for, split_reasoning
+from sv_server.reasoning import (
+    ReasoningParser,
+    ReasoningStream,
+    ReasoningTokens,
+    parser_for,
+    split_reasoning,
+)
 from sv_server.stops import StopStringMatcher
 
 log = logging.getLogger("sv_server")
@@ -563,8 +569,11 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
             echo=_echo_text(state, req, i),
             logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
+            reasoning=None if thinking is None else ReasoningTokens(thinking, opened),
         )
         for i, (ids, p) in enumerate(zip(prompts, params, strict=True))
+        # (looked up once per prompt: its choices share its ids)
+        for opened in [thinking is not None and thinking.opens_in_thinking(ids)]
         for choice in p.choices()
     ]
     for generation in generations:
@@ -584,10 +593,10 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     state.metrics.prompt_tokens += prompt_tokens
     if req.stream:
         return _EventStream(
-            _stream(req, state.model_name, generations, prompt_tokens, thinking),
+            _stream(req, state.model_name, generations, prompt_tokens),
             on_close=partial(_close_all, generations),
         )
-    return await _collect(request, req, state.model_name, generations, prompt_tokens, thinking)
+    return await _collect(request, req, state.model_name, generations, prompt_tokens)
 
 
 def _grammar_wait(
@@ -656,7 +665,8 @@ class _Generation:
     Ends at the engine's finish ("stop"/"length") or at a stop string, which cancels the
     request in the engine at once. `close()` cancels it if it is still running (client gone).
     `echo`: text that comes first (the prompt, for completions' echo). With `logprobs`, the
-    scored tokens gather as they come, until `take_logprobs` renders them.
+    scored tokens gather as they come, until `take_logprobs` renders them. With `reasoning`
+    (chat under a reasoning parser), its thinking tokens are counted.
     """
 
     def __init__(
@@ -667,6 +677,7 @@ class _Generation:
         *,
         echo: str = "",
         logprobs: LogprobsWriter | None = None,
+        reasoning: ReasoningTokens | None = None,
     ) -> None:
         self._loop = loop
         self.handle = handle
@@ -675,6 +686,7 @@ class _Generation:
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.logprobs = logprobs
+        self.reasoning = reasoning
         self._scored: list[Scored] = []
 
     def take_logprobs(self) -> dict[str, Any] | None:
@@ -708,6 +720,8 @@ class _Generation:
         event = delivery.event
         if event.token_id is not None:
             self.completion_tokens += 1
+            if self.reasoning is not None and event.finished != "stop":  # (a stop token: no text)
+                self.reasoning.push(event.token_id)
         if self.logprobs is not None:
             self._score(event)
         text = self._matcher.push(event.text)
@@ -745,10 +759,9 @@ async def _collect(
     model: str,
     generations: list[_Generation],
     prompt_tokens: int,
-    thinking: ReasoningParser | None,
 ) -> Response:
     """A non-streamed answer; a client that hangs up meanwhile cancels every request of it.
-    With a reasoning parser (`thinking`), each choice's text is split on its own."""
+    With a reasoning parser, each choice's text is split on its own."""
 
     async def collect() -> list[str]:
         async def text_of(generation: _Generation) -> str:
@@ -774,10 +787,11 @@ async def _collect(
         _close_all(generations)
     contents: list[str | None] = list(texts)
     reasoning = None
-    if thinking is not None:
+    counts = _reasoning_tokens(generations)
+    if counts is not None:
         splits = [
-            split_reasoning(text, opened)
-            for text, opened in zip(texts, _opens_in_thinking(thinking, generations), strict=True)
+            split_reasoning(text, count.opens_in_thinking)
+            for text, count in zip(texts, counts, strict=True)
         ]
         reasoning = [r for r, _ in splits]
         contents = [c for _, c in splits]
@@ -790,21 +804,17 @@ async def _collect(
         sum(g.completion_tokens for g in generations),
         logprobs=[g.take_logprobs() for g in generations] if req.logprobs is not None else None,
         reasoning=reasoning,
+        reasoning_tokens=None if counts is None else sum(c.count for c in counts),
     )
     if req.tools is not None:
         tools.apply_to_response(body, req.tools)
     return JSONResponse(body)
 
 
-def _opens_in_thinking(thinking: ReasoningParser, generations: list[_Generation]) -> list[bool]:
-    """Whether each choice's answer is thinking from its start: looked up once per prompt (a
-    prompt's `n` choices share its ids), as it scans the prompt."""
-    opened: dict[int, bool] = {}
-    for g in generations:
-        ids = g.handle.prompt_ids
-        if id(ids) not in opened:
-            opened[id(ids)] = thinking.opens_in_thinking(ids)
-    return [opened[id(g.handle.prompt_ids)] for g in generations]
+def _reasoning_tokens(generations: list[_Generation]) -> list[ReasoningTokens] | None:
+    """Each choice's thinking count, under a reasoning parser (chat); else None."""
+    counts = [g.reasoning for g in generations if g.reasoning is not None]
+    return counts or None
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -849,11 +859,10 @@ async def _stream(
     model: str,
     generations: list[_Generation],
     prompt_tokens: int,
-    thinking: ReasoningParser | None,
 ) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk schema, ending with `data: [DONE]`. Each choice's
     chunks carry its index (for chat, its first one the role); a choice's last chunk carries
-    its finish_reason. With a reasoning parser (`thinking`), each choice's thinking comes as
+    its finish_reason. With a reasoning parser, each choice's thinking comes as
     `delta.reasoning_content` and only the rest goes on as content (to the tool-call parser)."""
     response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
     if kind == "chat":
@@ -867,9 +876,10 @@ async def _stream(
     calls = None
     if req.tools is not None and req.tools.parses:
         calls = [tools.ToolCallStream(req.tools) for _ in generations]
+    counts = _reasoning_tokens(generations)
     splits = None
-    if thinking is not None:
-        splits = [ReasoningStream(o) for o in _opens_in_thinking(thinking, generations)]
+    if counts is not None:
+        splits = [ReasoningStream(count.opens_in_thinking) for count in counts]
 
     def content_events(index: int, text: str | None) -> Iterator[str]:
         """The events of a piece of choice `index`'s content (None: the choice has ended)."""
@@ -955,6 +965,7 @@ async def _stream(
                 created,
                 prompt_tokens,
                 sum(g.completion_tokens for g in generations),
+                reasoning_tokens=None if counts is None else sum(c.count for c in counts),
             )
         )
     yield _sse("[DONE]")

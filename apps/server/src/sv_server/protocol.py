@@ -580,12 +580,19 @@ def new_id(kind: Kind) -> str:
     return ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's usage; `reasoning_tokens` (chat under a reasoning parser, the thinking's share
+    of completion_tokens) as `completion_tokens_details`, left out when None."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 def response_body(
@@ -597,11 +604,12 @@ def response_body(
     completion_tokens: int,
     logprobs: Sequence[dict[str, Any] | None] | None = None,
     reasoning: Sequence[str | None] | None = None,
+    reasoning_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The whole (non-streamed) answer: `choices` are (text, finish_reason), in index order
     (chat's text None: no content); the token counts are their sums; `logprobs`: each
     choice's, if asked for; `reasoning`: chat with a reasoning parser, each choice's
-    `reasoning_content` (None: it did not think)."""
+    `reasoning_content` (None: it did not think), and `reasoning_tokens` their count."""
     bodies = []
     for index, (text, finish_reason) in enumerate(choices):
         choice: dict[str, Any] = {
@@ -622,7 +630,7 @@ def response_body(
         "created": int(time.time()),
         "model": model,
         "choices": bodies,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, reasoning_tokens),
     }
 
 
@@ -709,6 +717,7 @@ def usage_chunk_body(
     created: int,
     prompt_tokens: int,
     completion_tokens: int,
+    reasoning_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The extra last chunk of `stream_options.include_usage`: no choices, only the usage."""
     return {
@@ -717,7 +726,7 @@ def usage_chunk_body(
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, reasoning_tokens),
     }
 
 

@@ -152,6 +152,33 @@ class ReasoningStream:
         return (held, "") if self._thinking else ("", held)
 
 
+class ReasoningTokens:
+    """How many of one answer's tokens are its thinking: OpenAI's
+    `usage.completion_tokens_details.reasoning_tokens`, pushed token by token.
+
+    By token id, by the split's rule: from the first token when the answer opens in thinking,
+    else after a leading `<think>`, up to the first `</think>`. Neither tag is counted, as in
+    vLLM's count for its think-tag parsers (`count_reasoning_tokens`: the tokens strictly
+    between `<think>` and `</think>`, or all after `<think>` when the thinking never ends), nor
+    is the stop token (the caller does not push it: it is no text of the thinking)."""
+
+    def __init__(self, parser: ReasoningParser, opens_in_thinking: bool) -> None:
+        self.opens_in_thinking = opens_in_thinking
+        self.count = 0
+        self._parser = parser
+        self._thinking = opens_in_thinking
+        self._at_start = True
+
+    def push(self, token: int) -> None:
+        at_start, self._at_start = self._at_start, False
+        if at_start and token == self._parser.start_id:
+            self._thinking = True
+        elif self._thinking and token == self._parser.end_id:
+            self._thinking = False
+        elif self._thinking:
+            self.count += 1
+
+
 def _partial_tag(text: str, tag: str) -> int:
     """The length of the longest tail of `text` that is a proper prefix of `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
