@@ -76,4 +76,4 @@ def test_sampling_control_flags_reach_the_params() -> None:
 def test_a_bad_penalty_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--repetition-penalty", "0", "Hi"]) == 2
     err = capsys.readouterr().err
-    assert "repetition_penalty" in err and len(err.strip().splitlines()) == 1
+    assert "--repetition-penalty must be" in err and len(err.strip().splitlines()) == 1

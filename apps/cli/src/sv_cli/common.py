@@ -49,21 +49,33 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def sampling_params(args: argparse.Namespace, max_new: int) -> SamplingParams:
-    from sv_engine import SamplingParams
+# The sampling flags: each sets the SamplingParams field of its name (--top-k sets top_k).
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "min_tokens",
+)
 
-    return SamplingParams(
-        max_new_tokens=max_new,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        frequency_penalty=args.frequency_penalty,
-        presence_penalty=args.presence_penalty,
-        min_tokens=args.min_tokens,
-    )
+
+def sampling_params(args: argparse.Namespace, max_new: int) -> SamplingParams:
+    """The engine's SamplingParams of the flags: its own checks, with the field a message
+    names called by the flag the user typed (`--top-p must be in (0, 1], got 2.0`)."""
+    from sv_engine import EngineError, SamplingParams
+
+    try:
+        return SamplingParams(
+            max_new_tokens=max_new, **{name: getattr(args, name) for name in SAMPLING_FIELDS}
+        )
+    except EngineError as e:
+        if e.field is None or e.field not in SAMPLING_FIELDS:
+            raise
+        raise e.named(f"--{e.field.replace('_', '-')}") from None
 
 
 def open_engine(args: argparse.Namespace, **overrides: Any) -> Engine | None:

@@ -88,39 +88,53 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise EngineError(f"max_new_tokens must be an integer, got {self.max_new_tokens!r}")
+            raise EngineError.bad_field(
+                "max_new_tokens", f"must be an integer, got {self.max_new_tokens!r}"
+            )
         if self.max_new_tokens < 1:
-            raise EngineError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+            raise EngineError.bad_field(
+                "max_new_tokens", f"must be at least 1, got {self.max_new_tokens}"
+            )
         if not _is_finite(self.temperature):
-            raise EngineError(f"temperature must be a finite number, got {self.temperature!r}")
+            raise EngineError.bad_field(
+                "temperature", f"must be a finite number, got {self.temperature!r}"
+            )
         if self.temperature < 0:
-            raise EngineError(f"temperature must be >= 0, got {self.temperature}")
+            raise EngineError.bad_field("temperature", f"must be >= 0, got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise EngineError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
+            raise EngineError.bad_field(
+                "top_k", f"must be a non-negative integer (0 = off), got {self.top_k!r}"
+            )
         if not (_is_finite(self.top_p) and 0 < self.top_p <= 1):
-            raise EngineError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise EngineError.bad_field("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
-            raise EngineError(f"seed must be an integer or None, got {self.seed!r}")
+            raise EngineError.bad_field("seed", f"must be an integer or None, got {self.seed!r}")
         if isinstance(self.stop_token_ids, list | tuple | set):  # vLLM's is a list
             object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
         if not isinstance(self.stop_token_ids, frozenset) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
-            raise EngineError(
-                f"stop_token_ids must be a frozenset of token ids, got {self.stop_token_ids!r}"
+            raise EngineError.bad_field(
+                "stop_token_ids", f"must be a frozenset of token ids, got {self.stop_token_ids!r}"
             )
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and (
                 isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS
             ):
-                raise EngineError(f"{name} must be None or in 0..{MAX_LOGPROBS}, got {k!r}")
+                raise EngineError.bad_field(
+                    name, f"must be None or in 0..{MAX_LOGPROBS}, got {k!r}"
+                )
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
-            raise EngineError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}")
+            raise EngineError.bad_field(
+                "n", f"must be an integer from 1 to {MAX_N}, got {self.n!r}"
+            )
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
-            raise EngineError(f"grammar must be a Grammar or None, got {self.grammar!r}")
+            raise EngineError.bad_field(
+                "grammar", f"must be a Grammar or None, got {self.grammar!r}"
+            )
         self._check_grammar_wait()
         self._check_logit_processing()
 
@@ -128,7 +142,7 @@ class SamplingParams:
         for name in ("grammar_after_token", "grammar_wait_opener"):
             token = getattr(self, name)
             if token is not None and not (_is_int(token) and token >= 0):
-                raise EngineError(f"{name} must be a token id or None, got {token!r}")
+                raise EngineError.bad_field(name, f"must be a token id or None, got {token!r}")
         if self.grammar_after_token is not None and self.grammar is None:
             raise EngineError("grammar_after_token needs a grammar to start after it")
         if self.grammar_wait_opener is not None and self.grammar_after_token is None:
@@ -138,31 +152,34 @@ class SamplingParams:
         if not isinstance(self.logit_bias, Mapping) or not all(
             _is_int(t) and t >= 0 and _is_finite(v) for t, v in self.logit_bias.items()
         ):
-            raise EngineError(
-                f"logit_bias must map token ids to finite numbers, got {self.logit_bias!r}"
+            raise EngineError.bad_field(
+                "logit_bias", f"must map token ids to finite numbers, got {self.logit_bias!r}"
             )
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
-            raise EngineError(
-                f"min_tokens must be an integer in 0..max_new_tokens ({self.max_new_tokens}), "
-                f"got {self.min_tokens!r}"
+            raise EngineError.bad_field(
+                "min_tokens",
+                f"must be an integer from 0 to the output-token limit ({self.max_new_tokens}), "
+                f"got {self.min_tokens!r}",
             )
         r = self.repetition_penalty
         # Past these bounds a logit multiplied or divided by it leaves FP32's range (1e-38
         # turned every logit of the default model into the same token).
         if not (_is_finite(r) and 1 / MAX_REPETITION_PENALTY <= r <= MAX_REPETITION_PENALTY):
-            raise EngineError(f"repetition_penalty must be in [1e-30, 1e30], got {r!r}")
+            raise EngineError.bad_field(
+                "repetition_penalty", f"must be in [1e-30, 1e30], got {r!r}"
+            )
         for name in ("frequency_penalty", "presence_penalty"):
             # OpenAI's and vLLM's range; past FP32's range a penalty turns logits into NaN.
             value = getattr(self, name)
             if not (_is_finite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
-                raise EngineError(
-                    f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value!r}"
+                raise EngineError.bad_field(
+                    name, f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value!r}"
                 )
         if not (_is_finite(self.min_p) and 0 <= self.min_p <= 1):
-            raise EngineError(f"min_p must be in [0, 1], got {self.min_p!r}")
+            raise EngineError.bad_field("min_p", f"must be in [0, 1], got {self.min_p!r}")
         if not isinstance(self.skip_special_tokens, bool):
-            raise EngineError(
-                f"skip_special_tokens must be true or false, got {self.skip_special_tokens!r}"
+            raise EngineError.bad_field(
+                "skip_special_tokens", f"must be true or false, got {self.skip_special_tokens!r}"
             )
 
     @property
