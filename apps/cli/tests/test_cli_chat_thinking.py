@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+import sv_engine.loading
 from cli_test_support import sv
 
 THINK, END = 151667, 151668  # Qwen3's <think> and </think>
@@ -39,3 +41,19 @@ def test_a_model_without_think_tokens_is_an_error(default_model: Path) -> None:
     done = sv("chat", "--model", str(default_model), "--reasoning-parser", "qwen3", input="")
     assert done.returncode == 2
     assert "--reasoning-parser qwen3" in done.stderr and "'<think>'" in done.stderr
+
+
+def test_a_parser_the_model_cannot_honour_is_refused_before_the_weights_load(
+    default_model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the tokenizer is needed to know a model has no think tags: no weights are read."""
+    from sv_cli.main import main
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(sv_engine.loading, "load_runner", refuse)
+    assert main(["chat", "--model", str(default_model), "--reasoning-parser", "deepseek_r1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "--reasoning-parser deepseek_r1: the model's tokenizer has no '<think>'" in err

@@ -420,11 +420,18 @@ def test_a_required_tool_call_comes_after_the_thinking(
 
 
 def test_a_model_without_think_tokens_is_a_startup_error(
-    default_model: Path, capsys: pytest.CaptureFixture[str]
+    default_model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Found from the tokenizer alone, before any weights load."""
+    import sv_engine.loading
     from sv_server.cli import serve_main
 
-    status = serve_main(["--model", str(default_model), "--reasoning-parser", "qwen3"])
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(sv_engine.loading, "load_runner", refuse)
+    argv = ["--model", str(default_model), "--reasoning-parser", "qwen3", "--port", "0"]
+    status = serve_main(argv)
     assert status == 2
     err = capsys.readouterr().err
     assert "--reasoning-parser qwen3" in err and "'<think>'" in err, err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
 
 from sv_engine.options import add_engine_arguments, positive_int
@@ -65,23 +66,20 @@ def run(args: argparse.Namespace) -> int:
     except EngineError as e:
         print(f"sv chat: error: {e}", file=sys.stderr)
         return 2
-    engine = open_engine(args)
-    if engine is None:
-        return 2
     thinking = None
     if args.reasoning_parser is not None:
         from sv_server.reasoning import parser_for
 
-        try:
-            thinking = parser_for(args.reasoning_parser, engine.tokenizer)
-        except ValueError as e:
-            stop_trace(engine)
-            print(f"sv chat: error: {e}", file=sys.stderr)
-            return 2
+        thinking = partial(parser_for, args.reasoning_parser)
+    # The tokenizer is checked for the parser's tags before the weights load.
+    engine = open_engine(args, check_tokenizer=thinking)
+    if engine is None:
+        return 2
+    parser = thinking(engine.tokenizer) if thinking is not None else None
     if not sys.stdout.isatty():
-        thinking = None  # no terminal to dim on: the text as the model wrote it
+        parser = None  # no terminal to dim on: the text as the model wrote it
     try:
-        return chat_loop(engine, params, args.system, sys.stdin, sys.stdout, thinking)
+        return chat_loop(engine, params, args.system, sys.stdin, sys.stdout, parser)
     finally:
         stop_trace(engine)
 

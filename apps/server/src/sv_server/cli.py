@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -159,6 +160,7 @@ def serve_main(argv: list[str]) -> int:
     from sv_engine.tracing import stop_trace
 
     from sv_server.app import create_app
+    from sv_server.reasoning import parser_for
     from sv_server.serving import build_server
 
     try:
@@ -171,28 +173,27 @@ def serve_main(argv: list[str]) -> int:
         )
         return EXIT_FAILURE
     try:
-        engine, model_dir = engine_from_args(args)
+        # --reasoning-parser needs the tokenizer's think tags: checked before the weights load.
+        check = (
+            None if args.reasoning_parser is None else partial(parser_for, args.reasoning_parser)
+        )
+        engine, model_dir = engine_from_args(args, check_tokenizer=check)
     except EngineError as e:
         for listener in listeners:
             listener.close()
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or model_dir.resolve().name
-    try:
-        app = create_app(
-            engine,
-            model_name=name,
-            max_queue=args.max_queue,
-            add_bos=wants_bos(model_dir, engine.tokenizer),
-            api_key=args.api_key,
-            max_request_bytes=args.max_request_bytes,
-            read_timeout_s=args.read_timeout,
-            reasoning_parser=args.reasoning_parser,
-        )
-    except ValueError as e:  # a flag the model cannot honour (--reasoning-parser)
-        stop_trace(engine)
-        print(f"sv serve: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    app = create_app(
+        engine,
+        model_name=name,
+        max_queue=args.max_queue,
+        add_bos=wants_bos(model_dir, engine.tokenizer),
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
+        read_timeout_s=args.read_timeout,
+        reasoning_parser=args.reasoning_parser,
+    )
     print(
         f"sv serve: '{name}' on {base_url(args.host, listeners[0].getsockname()[1])}/v1 "
         f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages"

@@ -75,7 +75,7 @@ from sv_tokenizer import Message, StreamDecoder, Tokenizer
 from sv_engine import draft_choices
 from sv_engine.errors import EngineError
 from sv_engine.grammar import GrammarMatcher, Grammars
-from sv_engine.loading import EngineConfig, KVCacheDtype, load_model
+from sv_engine.loading import EngineConfig, KVCacheDtype, TokenizerCheck, load_model
 from sv_engine.logit_controls import RowControls, step_controls
 from sv_engine.logprobs import OutputLogprobs, PromptLogprobs, with_first_rows
 from sv_engine.params import Completion, SamplingParams, StreamEvent
@@ -198,6 +198,7 @@ class Engine:
         gpu_memory_utilization: float | None = None,
         chat_template: str | None = None,
         chat_template_source: str | None = None,
+        check_tokenizer: TokenizerCheck | None = None,
     ) -> Engine:
         """Load a Llama checkpoint folder (config.json, safetensors, tokenizer) into a ready engine.
 
@@ -220,7 +221,9 @@ class Engine:
         `gpu_memory_utilization` (CUDA only, not with `kv_cache_mib`): the share of the GPU's
         whole memory the engine may use, weights included (see `loading.gpu_kv_budget`).
         `chat_template` replaces the model folder's chat template (checked at load as the
-        folder's is; `chat_template_source` names it in messages).
+        folder's is; `chat_template_source` names it in messages). `check_tokenizer` sees the
+        tokenizer before the weights load: a ValueError it raises (an option this model's
+        tokenizer cannot honour) is an EngineError, found before the long part of the load.
         """
         cfg = EngineConfig(
             device=device,
@@ -242,9 +245,9 @@ class Engine:
             chat_template_source=chat_template_source,
         )
         if tensor_parallel_size == 1:
-            loaded = load_model(Path(model_dir), cfg)
+            loaded = load_model(Path(model_dir), cfg, check_tokenizer=check_tokenizer)
         else:
-            loaded = start_leader(Path(model_dir), cfg)
+            loaded = start_leader(Path(model_dir), cfg, check_tokenizer)
         scheduler = Scheduler(
             SchedulerConfig(
                 num_pages=loaded.num_pages,

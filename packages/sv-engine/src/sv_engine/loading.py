@@ -60,6 +60,10 @@ class EngineConfig:
     chat_template_source: str | None = None
 
 
+# Sees a model's tokenizer before its weights load; a ValueError refuses the load.
+TokenizerCheck = Callable[[Tokenizer], object]
+
+
 @dataclass
 class LoadedModel:
     config: ModelConfig
@@ -98,10 +102,13 @@ def load_model(
     cfg: EngineConfig,
     tensor_parallel: TensorParallel | None = None,
     make_runner: Callable[..., ModelRunner] = ModelRunner,
+    check_tokenizer: TokenizerCheck | None = None,
 ) -> LoadedModel:
     """The model, tokenizer and runner `cfg` asks for. With `tensor_parallel`, the runner is
     this rank's (sv_engine.ranks starts the others), made by `make_runner` (rank 0's sends
-    every step to the other ranks first)."""
+    every step to the other ranks first). `check_tokenizer` sees the tokenizer before the
+    weights load: a ValueError it raises (an option this model's tokenizer cannot honour)
+    is the load's EngineError, found in a second rather than after the load."""
     if cfg.policy not in ("continuous", "static"):
         raise EngineError(f"policy must be 'continuous' or 'static', got {cfg.policy!r}")
     try:
@@ -121,6 +128,11 @@ def load_model(
         # again would not help.
         hint = "" if cfg.chat_template is not None else damaged_default_model_hint(model_dir)
         raise EngineError(f"{e}{hint}") from e
+    if check_tokenizer is not None:
+        try:
+            check_tokenizer(tokenizer)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
     runner = load_runner(model_dir, cfg, config, max_model_len, tensor_parallel, make_runner)
     return LoadedModel(config, tokenizer, runner, runner.num_pages, max_model_len)
 

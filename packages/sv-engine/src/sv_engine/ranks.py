@@ -43,6 +43,7 @@ from sv_engine.errors import EngineError
 from sv_engine.loading import (
     EngineConfig,
     LoadedModel,
+    TokenizerCheck,
     load_model,
     load_runner,
     model_config,
@@ -95,8 +96,11 @@ def torchrun_rank() -> int | None:
     return int(os.environ["RANK"])
 
 
-def start_leader(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
-    """Rank 0: start the other ranks (unless torchrun did), join them, load its slice."""
+def start_leader(
+    model_dir: Path, cfg: EngineConfig, check_tokenizer: TokenizerCheck | None = None
+) -> LoadedModel:
+    """Rank 0: start the other ranks (unless torchrun did), join them, load its slice
+    (`check_tokenizer`: as load_model's)."""
     check_size(cfg, model_dir)
     size = cfg.tensor_parallel_size
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # before any rank starts: spawned ones inherit it
@@ -120,7 +124,13 @@ def start_leader(model_dir: Path, cfg: EngineConfig) -> LoadedModel:
     try:
         tp = join_group(0, size, init_method, device)
         tp.broadcast((str(model_dir), cfg))  # what the other ranks load (see _serve)
-        return load_model(model_dir, dataclasses.replace(cfg, device=str(device)), tp, make_runner)
+        return load_model(
+            model_dir,
+            dataclasses.replace(cfg, device=str(device)),
+            tp,
+            make_runner,
+            check_tokenizer,
+        )
     except dist.DistError as e:
         watch.stop()
         raise EngineError(
