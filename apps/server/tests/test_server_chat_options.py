@@ -146,6 +146,7 @@ def test_completions_do_not_take_chat_fields(qwen3_server: Any) -> None:
         ("chat_template_kwargs", {}),
         ("add_generation_prompt", True),
         ("continue_final_message", False),
+        ("chat_template", "{{ 1 }}"),
     ):
         body = {"prompt": "Hi", "max_tokens": 1, field: value}
         assert openai_error(_post(qwen3_server, "/v1/completions", body), 400)["param"] == field
@@ -211,3 +212,73 @@ def test_built_in_format(llama_server: Any, llama_dir: Path) -> None:
         body = {"messages": messages, "max_tokens": 1, **fields}
         reply = _post(llama_server, "/v1/chat/completions", body).json()
         assert reply["usage"]["prompt_tokens"] == len(expected)
+
+
+# ---------------------------------------------------------------- a request's own template
+
+# Not the default model's template: upper-case roles, the folder's bos_token first, and a
+# variable for chat_template_kwargs.
+REQUEST_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] | upper }}\n"
+    "{% if shout %}{{ m['content'] | upper }}{% else %}{{ m['content'] }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>ASSISTANT\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def trusting_server(make_server: Any) -> Iterator[Any]:
+    running = make_server(trust_request_chat_template=True)
+    yield running
+    running.stop()
+
+
+@pytest.mark.parametrize(
+    ("fields", "options"),
+    [
+        ({}, {"add_generation_prompt": True}),
+        ({"chat_template_kwargs": {"shout": True}}, {"add_generation_prompt": True, "shout": True}),
+        ({"add_generation_prompt": False}, {}),
+    ],
+)
+def test_a_request_template_renders_as_transformers_does(
+    trusting_server: Any, default_model: Path, fields: dict[str, Any], options: dict[str, Any]
+) -> None:
+    hf = transformers.AutoTokenizer.from_pretrained(default_model)
+    expected = _oracle_ids(hf, DIALOG, chat_template=REQUEST_TEMPLATE, **options)
+    assert expected != _oracle_ids(hf, DIALOG, **options)  # not the model's own render
+    fields = {"chat_template": REQUEST_TEMPLATE, **fields}
+    tokenized = _post(trusting_server, "/tokenize", {"messages": DIALOG, **fields})
+    assert tokenized.status_code == 200, tokenized.text
+    assert tokenized.json()["tokens"] == expected
+    body = {"messages": DIALOG, "max_tokens": 1, **fields}
+    reply = _post(trusting_server, "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_a_request_template_needs_the_servers_trust(server: Any, path: str) -> None:
+    body = {"messages": DIALOG, "chat_template": REQUEST_TEMPLATE}
+    error = openai_error(_post(server, path, body), 400)
+    assert error["param"] == "chat_template", error
+    assert "--trust-request-chat-template" in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        ("{% for m in messages %}{{ m['content'] }}", "chat_template line 1"),  # no endfor
+        ("{{ messages[0]['content'] + 1 }}", "the chat template failed: TypeError"),
+        (["{{ 1 }}"], "'chat_template' must be a string"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_a_request_template_that_fails_is_a_400_naming_it(
+    trusting_server: Any, path: str, template: Any, says: str
+) -> None:
+    body = {"messages": DIALOG, "chat_template": template, "max_tokens": 1}
+    if path == "/tokenize":
+        del body["max_tokens"]
+    error = openai_error(_post(trusting_server, path, body), 400)
+    assert error["param"] == "chat_template", error
+    assert "chat_template" in error["message"] and says in error["message"], error

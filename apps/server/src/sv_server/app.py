@@ -43,7 +43,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_scheduler import max_new_tokens_that_fit
-from sv_tokenizer import Message, Tokenizer, TokenizerError, Tools
+from sv_tokenizer import ChatFormat, Message, Tokenizer, TokenizerError, Tools
 
 from sv_server import tools
 from sv_server.auth import ApiKeyMiddleware
@@ -101,6 +101,7 @@ class ServerState:
     max_request_bytes: int
     read_timeout_s: float
     reasoning: ReasoningParser | None = None  # --reasoning-parser: chat answers' thinking apart
+    trust_request_chat_template: bool = False  # take a request's own `chat_template`
     # Set when shutting down: new generations get 503, and so do bodies still arriving.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     tokenizer_thread: ThreadPoolExecutor = field(
@@ -135,13 +136,17 @@ def create_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     reasoning_parser: str | None = None,
+    trust_request_chat_template: bool = False,
 ) -> Starlette:
     """The server for one engine. The engine thread starts and stops with the app's lifespan,
     so an app is served once. `add_bos`: put the BOS token before /v1/completions text prompts
     (see `sv_server.cli.wants_bos`). `api_key`: required as a bearer token on /v1/*.
     `max_request_bytes` and `read_timeout_s` bound a request body's size and arrival time.
     `reasoning_parser`: split chat answers into thinking and content (see reasoning.py);
-    a ValueError naming --reasoning-parser when the model's tokenizer has no think tags."""
+    a ValueError naming --reasoning-parser when the model's tokenizer has no think tags.
+    `trust_request_chat_template`: render a chat request's own `chat_template` (else a 400):
+    a template runs the client's code on the server, sandboxed but unbounded in time, so it is
+    the operator's choice, as vLLM's --trust-request-chat-template."""
     if max_queue < 1:
         raise ValueError(f"max_queue must be at least 1, got {max_queue}")
     if max_request_bytes < 1 or not read_timeout_s > 0:
@@ -160,6 +165,7 @@ def create_app(
         max_request_bytes=max_request_bytes,
         read_timeout_s=read_timeout_s,
         reasoning=reasoning,
+        trust_request_chat_template=trust_request_chat_template,
     )
 
     @contextlib.asynccontextmanager
@@ -423,7 +429,7 @@ def _encode_chat(
     field at fault."""
     options = options or ChatOptions()
     try:
-        return state.tokenizer.chat_format.encode_dialog(
+        return _chat_format(state, options).encode_dialog(
             messages,
             add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
@@ -432,6 +438,21 @@ def _encode_chat(
         )
     except TokenizerError as e:
         raise bad_request(_client_message(state, e), param=e.argument) from e
+
+
+def _chat_format(state: ServerState, options: ChatOptions) -> ChatFormat:
+    """The model's chat format, or the request's own template where the server trusts it."""
+    if options.chat_template is None:
+        return state.tokenizer.chat_format
+    if not state.trust_request_chat_template:
+        raise bad_request(
+            "'chat_template' is refused: this server renders only its own chat template (start "
+            "it with --trust-request-chat-template to take a request's)",
+            param="chat_template",
+        )
+    return state.tokenizer.template_chat_format(
+        options.chat_template, "the request's chat_template"
+    )
 
 
 def _which(index: int, count: int) -> str:

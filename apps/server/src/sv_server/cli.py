@@ -133,6 +133,13 @@ def build_parser() -> OneLineErrorParser:
         "split; deepseek_r1 also takes an answer without <think> as thinking); the model's "
         "tokenizer must have the two tags; /v1/completions stays raw text (default: off)",
     )
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a chat request's own `chat_template` field (a jinja template used instead "
+        "of the model's, as vLLM's flag of that name); without it such a request gets 400: a "
+        "template is the client's code run on the server",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -193,6 +200,7 @@ def serve_main(argv: list[str]) -> int:
         max_request_bytes=args.max_request_bytes,
         read_timeout_s=args.read_timeout,
         reasoning_parser=args.reasoning_parser,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
     print(
         f"sv serve: '{name}' on {base_url(args.host, listeners[0].getsockname()[1])}/v1 "

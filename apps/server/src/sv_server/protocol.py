@@ -89,16 +89,19 @@ class ChatOptions:
 
     add_generation_prompt: None = true, unless continue_final_message.
     continue_final_message: leave the last (assistant) message open, for the model to go on.
-    chat_template_kwargs: extra variables for the model folder's own chat template.
+    chat_template_kwargs: extra variables for the chat template.
+    chat_template: a jinja template used instead of the model's (vLLM's; the server takes it
+                   only when started with --trust-request-chat-template).
     """
 
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
 
 
 CHAT_OPTION_FIELDS = frozenset(
-    {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
+    {"add_generation_prompt", "continue_final_message", "chat_template_kwargs", "chat_template"}
 )
 
 
@@ -109,6 +112,7 @@ def parse_chat_options(body: Mapping[str, Any]) -> ChatOptions:
         add_generation_prompt=generation,
         continue_final_message=_bool(body, "continue_final_message"),
         chat_template_kwargs=kwargs or {},
+        chat_template=_get(body, "chat_template", lambda v: isinstance(v, str), "a string"),
     )
 
 

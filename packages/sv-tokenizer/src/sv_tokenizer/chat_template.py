@@ -151,7 +151,8 @@ def compile_chat_template(template: str, source: str) -> CompiledTemplate:
         variables = jinja2.meta.find_undeclared_variables(environment.parse(template))
     except jinja2.exceptions.TemplateSyntaxError as error:
         raise TokenizerError(
-            f"{source}: chat_template line {error.lineno}: {error.message}"
+            f"{source}: chat_template line {error.lineno}: {error.message}",
+            argument="chat_template",
         ) from None
 
     def render(**variables: Any) -> str:
@@ -163,7 +164,8 @@ def compile_chat_template(template: str, source: str) -> CompiledTemplate:
             ) from None
         except Exception as error:  # the template's own code failed (e.g. `'a' + 1`)
             raise TokenizerError(
-                f"{source}: the chat template failed: {type(error).__name__}: {error}"
+                f"{source}: the chat template failed: {type(error).__name__}: {error}",
+                argument="chat_template",
             ) from None
 
     return CompiledTemplate(render, frozenset(variables), frozenset(environment.globals))

@@ -142,6 +142,9 @@ class Tokenizer:
                 raise TokenizerError(f"{source}: end-of-sequence id {stop_id} is not a token id")
         self.eos_ids: frozenset[int] = frozenset(stop_ids)
         self._chat_format: ChatFormat | None = None  # set by the loaders
+        # The model folder's special-token strings (`bos_token`, ...) a jinja template is
+        # rendered with, whichever template it is (set by from_model_dir).
+        self._template_tokens: dict[str, str] = {}
 
     def _named_token_id(self, token: str, role: str) -> int:
         """The id of a token named by its text (tokenizer_config.json's bos_token/eos_token)."""
@@ -229,6 +232,7 @@ class Tokenizer:
             strip_leading_space=strip_leading_space,
             byte_fallback_ids=byte_fallback_ids,
         )
+        tokenizer._template_tokens = dict(config.template_tokens)
         tokenizer._chat_format = choose_chat_format(
             tokenizer,
             config.chat_template,
@@ -339,6 +343,15 @@ class Tokenizer:
                 "<|start_header_id|> (Llama 3) nor <|im_start|> (ChatML) is a special token"
             )
         return self._chat_format
+
+    def template_chat_format(self, template: str, source: str) -> TemplateChatFormat:
+        """The chat format of the jinja `template` in place of the model's (vLLM's per-request
+        `chat_template`), rendered with the model folder's special tokens as a template given
+        to `from_model_dir` is; `source` names it in messages. It compiles on first use: a
+        syntax error is then a TokenizerError whose `argument` is "chat_template"."""
+        return TemplateChatFormat(
+            self, template, template_tokens=self._template_tokens, source=source
+        )
 
     def check_chat_template(self) -> None:
         """Render a sample dialog with the model's own chat template, if it has one, so that a
