@@ -265,37 +265,54 @@ def kv_cache_config() -> dict[str, Any]:
     return compressed_tensors_config() | {"kv_cache_scheme": dict(KV_SCHEME)}
 
 
-def kv_scales(config: ModelConfig, old_names: bool = False) -> dict[str, torch.Tensor]:
-    """A K and a V scale per layer, each a different value: [1] FP32 (llm-compressor's), or
-    under the older names `k_proj.output_scale` / `v_proj.output_scale`, [] BF16."""
+# How exporters name layer N's K and V cache scales under "model.layers.N.self_attn." (the K
+# name, the V name, and the dtype and shape each writes): llm-compressor's, older
+# compressed-tensors', ModelOpt's, and older AutoFP8's one scale for both.
+KV_SPELLINGS: dict[str, tuple[str, str, torch.dtype, tuple[int, ...]]] = {
+    "llm-compressor": ("k_scale", "v_scale", torch.float32, (1,)),
+    "output_scale": ("k_proj.output_scale", "v_proj.output_scale", torch.bfloat16, ()),
+    "modelopt": ("k_proj.k_scale", "v_proj.v_scale", torch.float32, ()),
+    "kv_scale": ("kv_scale", "kv_scale", torch.float32, ()),
+}
+
+
+def kv_scales(config: ModelConfig, spelling: str = "llm-compressor") -> dict[str, torch.Tensor]:
+    """A K and a V scale per layer, each a different value (one per layer for kv_scale),
+    under `spelling`'s names."""
+    k_name, v_name, dtype, shape = KV_SPELLINGS[spelling]
     out = {}
     for layer in range(config.num_hidden_layers):
-        for i, which in enumerate("kv"):
+        for i, name in enumerate((k_name, v_name)):
             value = 0.01 * (1 + 2 * layer + i)
-            if old_names:
-                name = f"model.layers.{layer}.self_attn.{which}_proj.output_scale"
-                out[name] = torch.tensor(value, dtype=torch.bfloat16)
-            else:
-                out[f"model.layers.{layer}.self_attn.{which}_scale"] = torch.tensor([value])
+            out.setdefault(
+                f"model.layers.{layer}.self_attn.{name}",
+                torch.full(shape, value, dtype=dtype),
+            )
     return out
 
 
-@pytest.mark.parametrize("old_names", [False, True])
+@pytest.mark.parametrize("spelling", sorted(KV_SPELLINGS))
 @pytest.mark.parametrize("copy", [False, True])
-def test_kv_cache_scales_load_under_one_name(tmp_path: Path, old_names: bool, copy: bool) -> None:
-    """Each layer's K and V cache scale is loaded with the weights, its value the file's,
-    under `self_attn.k_scale` / `v_scale` whichever spelling the file has."""
+def test_kv_cache_scales_load_under_one_name(tmp_path: Path, spelling: str, copy: bool) -> None:
+    """Each layer's K and V cache scale is loaded with the weights, its value the one the
+    file holds under that spelling (read back with safetensors), under `self_attn.k_scale` /
+    `v_scale`; a `kv_scale` is both."""
     config = tiny_llama_config()
-    scales = kv_scales(config, old_names)
-    write_fp8_checkpoint(tmp_path, config, tensors=scales, quantization_config=kv_cache_config())
+    write_fp8_checkpoint(
+        tmp_path, config, tensors=kv_scales(config, spelling), quantization_config=kv_cache_config()
+    )
+    written = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
     loaded = load_checkpoint(tmp_path, copy=copy, dtype=torch.float32 if copy else None)
-    by_value = sorted(float(t.float()) for t in scales.values())
+    k_name, v_name, dtype, _ = KV_SPELLINGS[spelling]
     for layer in range(config.num_hidden_layers):
-        for i, which in enumerate("kv"):
+        for which, name in (("k", k_name), ("v", v_name)):
+            expected = written[f"model.layers.{layer}.self_attn.{name}"]
             got = loaded[f"model.layers.{layer}.self_attn.{which}_scale"]
-            assert got.dtype == (torch.bfloat16 if old_names else torch.float32)  # as written
-            assert float(got.float()) == by_value[2 * layer + i]
-    assert not any(name.endswith("output_scale") for name in loaded)
+            assert got.dtype == dtype  # as written
+            assert float(got.float()) == float(expected.float())
+    layers = range(config.num_hidden_layers)
+    ours = {f"model.layers.{layer}.self_attn.{w}_scale" for layer in layers for w in "kv"}
+    assert {n for n in loaded if "scale" in n and "weight" not in n} == ours  # the file's go
 
 
 def test_kv_cache_scale_errors_name_the_tensor(tmp_path: Path) -> None:
@@ -303,6 +320,8 @@ def test_kv_cache_scale_errors_name_the_tensor(tmp_path: Path) -> None:
     good = kv_scales(config)
     k0 = "model.layers.0.self_attn.k_scale"
     v1 = "model.layers.1.self_attn.v_scale"
+    by_kv, modelopt = kv_scales(config, "kv_scale"), kv_scales(config, "modelopt")
+    kv0, kv1 = "model.layers.0.self_attn.kv_scale", "model.layers.1.self_attn.kv_scale"
     cases: list[tuple[dict[str, Any], str]] = [
         ({"tensors": {n: t for n, t in good.items() if n != v1}}, f"tensor {v1!r} is missing"),
         ({"tensors": good | {k0: torch.ones(2)}}, f"{k0!r} has shape [2], expected [1] or []"),
@@ -314,6 +333,25 @@ def test_kv_cache_scale_errors_name_the_tensor(tmp_path: Path) -> None:
         (
             {"tensors": good | {"model.layers.0.self_attn.k_proj.output_scale": torch.ones(1)}},
             f"tensors {k0!r} and 'model.layers.0.self_attn.k_proj.output_scale' are the same",
+        ),
+        (  # AutoFP8's one scale for both, beside llm-compressor's K scale
+            {"tensors": good | {kv0: torch.ones(())}},
+            f"tensors {k0!r} and {kv0!r} are the same KV-cache scale under two names",
+        ),
+        (  # ModelOpt's V scale beside AutoFP8's
+            {"tensors": by_kv | {"model.layers.1.self_attn.v_proj.v_scale": torch.ones(())}},
+            "tensors 'model.layers.1.self_attn.v_proj.v_scale' and "
+            "'model.layers.1.self_attn.kv_scale' are the same",
+        ),
+        (  # a layer without its kv_scale
+            {"tensors": {n: t for n, t in by_kv.items() if n != kv1}},
+            "tensor 'model.layers.1.self_attn.k_scale' is missing",
+        ),
+        ({"tensors": by_kv | {kv1: torch.zeros(())}}, f"tensor {kv1} holds a scale of 0"),
+        ({"tensors": by_kv | {kv1: torch.ones(2)}}, f"{kv1!r} has shape [2], expected [1] or []"),
+        (
+            {"tensors": modelopt | {"model.layers.0.self_attn.v_proj.v_scale": torch.ones(3)}},
+            "'model.layers.0.self_attn.v_proj.v_scale' has shape [3]",
         ),
         (  # scales with no kv_cache_scheme saying what they are
             {"tensors": good, "quantization_config": compressed_tensors_config()},

@@ -87,12 +87,13 @@ def _kv_scales(
     if not found:
         return "kv_cache_scheme without scales: --kv-cache-dtype fp8 uses scales of 1"
     values: dict[str, list[float]] = {"k_scale": [], "v_scale": []}
+    files = set(found.values())
     for header in headers:
-        names = [name for name in header.tensors if name in found]
-        if names:
+        if files.intersection(header.tensors):
             tensors = load_from_header(header, "cpu")  # mapped: only these few values are read
-            for name in names:
-                values[found[name].rsplit(".", 1)[1]].append(float(tensors[name].float()))
+            for ours, name in found.items():
+                if name in tensors:
+                    values[ours.rsplit(".", 1)[1]].append(float(tensors[name].float()))
     ranges = ", ".join(f"{which[0]} {min(v):.4g}-{max(v):.4g}" for which, v in values.items())
     return (
         f"FP8 scales in all {config.num_hidden_layers} layers ({ranges}), used by "

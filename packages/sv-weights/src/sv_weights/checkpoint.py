@@ -123,7 +123,8 @@ def validate_checkpoint(
     if quantization is not None:
         linear = {n: s for n, s in expected.items() if n.endswith("_proj.weight") or n == LM_HEAD}
         scales = quantization.check_tensors(linear, infos, source)
-        scales |= set(quantization.check_kv_scales(config.num_hidden_layers, infos, source))
+        kv_scales = quantization.check_kv_scales(config.num_hidden_layers, infos, source)
+        scales |= set(kv_scales.values())
     else:
         fp8 = sorted(name for name, info in infos.items() if info.dtype == FP8_DTYPE)
         if fp8:
@@ -134,7 +135,7 @@ def validate_checkpoint(
         kv_scales = kv_scales_in(config.num_hidden_layers, infos, source)
         if kv_scales:
             raise WeightsError(
-                f"{source}: tensor {min(kv_scales)!r} is a KV-cache scale, but config.json has "
+                f"{source}: tensor {min(kv_scales.values())!r} is a KV-cache scale, but config.json has "
                 "no quantization_config with a kv_cache_scheme saying how to use it"
             )
     missing = [name for name in expected if name not in infos]
@@ -281,11 +282,12 @@ def load_checkpoint(
     quantization = read_quantization(model_dir)
     infos = checkpoint_infos(headers)
     scales = validate_checkpoint(config, infos, str(model_dir), quantization)
-    kv_scales = kv_scales_in(config.num_hidden_layers, infos, str(model_dir))  # file -> sv name
+    kv_scales = kv_scales_in(config.num_hidden_layers, infos, str(model_dir))  # sv's -> file's
+    kv_files = sorted(set(kv_scales.values()))
     weight_scales = sorted(
-        name for name in scales if not name.endswith(INPUT_SCALE) and name not in kv_scales
+        name for name in scales if not name.endswith(INPUT_SCALE) and name not in kv_files
     )
-    kept_scales = weight_scales + sorted(kv_scales)
+    kept_scales = weight_scales + kv_files
     if config.tie_word_embeddings and any(LM_HEAD in header.tensors for header in headers):
         _check_tied_head_is_the_embedding(headers, str(model_dir))
     target = target_device(device, str(model_dir))
@@ -311,11 +313,13 @@ def load_checkpoint(
                     {n: tensors[n] for n in header.tensors if n in tensors}, str(header.path)
                 )
     _check_scales_positive(tensors, weight_scales, str(model_dir), "FP8 weight scale")
-    _check_scales_positive(tensors, sorted(kv_scales), str(model_dir), "KV-cache scale")
-    for name, ours in kv_scales.items():
-        tensors[ours] = tensors.pop(name)
+    _check_scales_positive(tensors, kv_files, str(model_dir), "KV-cache scale")
+    renamed = {ours: tensors[name] for ours, name in kv_scales.items()}
+    for name in kv_files:
+        del tensors[name]
+    tensors.update(renamed)
     if dtype is not None:
-        keep = set(weight_scales) | set(kv_scales.values())
+        keep = set(weight_scales) | set(kv_scales)
         tensors = {
             name: t if name in keep or t.dtype == DTYPES[FP8_DTYPE] else t.to(dtype)
             for name, t in tensors.items()

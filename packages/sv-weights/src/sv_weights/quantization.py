@@ -22,9 +22,11 @@ names the field.
 
 A calibrated FP8 KV cache (llm-compressor's `kv_cache_scheme`, e.g. `{"num_bits": 8, "type":
 "float", "strategy": "tensor", "dynamic": false, "symmetric": true}`) adds one K and one V
-scale per layer: `model.layers.N.self_attn.k_scale` and `.v_scale` ([] or [1]), named
-`self_attn.k_proj.output_scale` and `self_attn.v_proj.output_scale` by older exports (both
-spellings are vLLM's too). K and V are stored as e4m3 of K / k_scale and V / v_scale: with an
+scale per layer: `model.layers.N.self_attn.k_scale` and `.v_scale` ([] or [1]). Other
+exporters spell them as vLLM also loads them for Llama: `self_attn.k_proj.output_scale` and
+`self_attn.v_proj.output_scale` (older compressed-tensors), `self_attn.k_proj.k_scale` and
+`self_attn.v_proj.v_scale` (ModelOpt), or one `self_attn.kv_scale` that is both the K and the V
+scale (older AutoFP8). A layer may hold each scale under one name only. K and V are stored as e4m3 of K / k_scale and V / v_scale: with an
 FP8 KV cache sv uses them as the pool's scales (`sv_model.KVCache`), for every KV head of the
 layer; with a BF16 or FP32 cache they are not needed and are ignored, as vLLM ignores them.
 They are in every layer or in none (none: the scales are 1, as vLLM's default). sv honours
@@ -68,9 +70,12 @@ PACKED_GROUPS = (
 Strategy = Literal["channel", "tensor"]
 
 
-# A calibrated KV cache's per-layer scales: the name sv uses (llm-compressor's) and the older
-# compressed-tensors name of the same tensor, under "model.layers.N.self_attn.".
-KV_SCALES = {"k_scale": "k_proj.output_scale", "v_scale": "v_proj.output_scale"}
+# A calibrated KV cache's per-layer scales, under "model.layers.N.self_attn.": sv's name of
+# each (llm-compressor's, first) and every spelling of it that sv reads (module doc).
+KV_SCALE_SPELLINGS = {
+    "k_scale": ("k_scale", "k_proj.output_scale", "k_proj.k_scale", "kv_scale"),
+    "v_scale": ("v_scale", "v_proj.output_scale", "v_proj.v_scale", "kv_scale"),
+}
 
 
 @dataclass(frozen=True)
@@ -152,28 +157,27 @@ class FP8Quantization:
         self, num_layers: int, infos: dict[str, TensorInfo], source: str
     ) -> dict[str, str]:
         """Check a calibrated KV cache's scales (module doc): in every layer or in none, one
-        name each, [] or [1], a scale dtype. Returns file name -> sv's name
-        (`kv_scale_name`) of those found."""
+        name each, [] or [1], a scale dtype. Returns sv's name (`kv_scale_name`) -> the file's
+        tensor of those found."""
         found = kv_scales_in(num_layers, infos, source)
         if found and not self.kv_cache:
             raise WeightsError(
-                f"{source}: tensor {min(found)!r} is a KV-cache scale, but "
+                f"{source}: tensor {min(found.values())!r} is a KV-cache scale, but "
                 "quantization_config has no kv_cache_scheme saying how to use it"
             )
         if found and len(found) != 2 * num_layers:
-            have = set(found.values())
             missing = next(
                 kv_scale_name(layer, which)
                 for layer in range(num_layers)
-                for which in KV_SCALES
-                if kv_scale_name(layer, which) not in have
+                for which in KV_SCALE_SPELLINGS
+                if kv_scale_name(layer, which) not in found
             )
             raise WeightsError(
                 f"{source}: tensor {missing!r} is missing: a calibrated KV cache has k_scale and "
                 f"v_scale in every layer or in none, and this one has {len(found)} of "
-                f"{2 * num_layers} (e.g. {min(found)!r})"
+                f"{2 * num_layers} (e.g. {min(found.values())!r})"
             )
-        for name in sorted(found):
+        for name in sorted(set(found.values())):
             info = infos[name]
             if info.shape not in ((), (1,)):
                 raise WeightsError(
@@ -213,20 +217,21 @@ def kv_scale_name(layer: int, which: str) -> str:
 
 
 def kv_scales_in(num_layers: int, infos: dict[str, TensorInfo], source: str) -> dict[str, str]:
-    """The KV-cache scales among `infos`, file name -> sv's name (either spelling, module doc);
-    a WeightsError when a layer holds both spellings of one."""
+    """The KV-cache scales among `infos`: sv's name -> the file's tensor, whichever spelling
+    (module doc; a `kv_scale` is the tensor of both its layer's names). A WeightsError when a
+    layer holds one scale under two names."""
     found: dict[str, str] = {}
     for layer in range(num_layers):
-        for which, old in KV_SCALES.items():
-            name = kv_scale_name(layer, which)
-            spellings = [n for n in (name, f"model.layers.{layer}.self_attn.{old}") if n in infos]
-            if len(spellings) > 1:
+        for which, spellings in KV_SCALE_SPELLINGS.items():
+            names = [f"model.layers.{layer}.self_attn.{spelling}" for spelling in spellings]
+            present = [name for name in names if name in infos]
+            if len(present) > 1:
                 raise WeightsError(
-                    f"{source}: tensors {spellings[0]!r} and {spellings[1]!r} are the same "
+                    f"{source}: tensors {present[0]!r} and {present[1]!r} are the same "
                     "KV-cache scale under two names; keep one"
                 )
-            if spellings:
-                found[spellings[0]] = name
+            if present:
+                found[kv_scale_name(layer, which)] = present[0]
     return found
 
 
