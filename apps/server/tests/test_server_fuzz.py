@@ -57,11 +57,15 @@ ODD_FIELD = st.dictionaries(FIELDS, JSON, min_size=1, max_size=1)
 
 
 def _sensible(**first: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
-    """Bodies made of `first` and valid values of some other fields; streams ask for usage."""
+    """Bodies made of `first` and valid values of some other fields; streams ask for usage
+    (at the end, and maybe in every chunk)."""
     optional = {k: v for k, v in VALID.items() if k != "max_tokens"}
     fields = st.fixed_dictionaries(first | {"max_tokens": VALID["max_tokens"]}, optional=optional)
-    return fields.map(
-        lambda b: b | {"stream_options": {"include_usage": True}} if b.get("stream") else b
+    usage = st.fixed_dictionaries(
+        {"include_usage": st.just(True)}, optional={"continuous_usage_stats": st.booleans()}
+    )
+    return fields.flatmap(
+        lambda b: usage.map(lambda u: b | {"stream_options": u}) if b.get("stream") else st.just(b)
     )
 
 

@@ -72,6 +72,7 @@ from sv_server.protocol import (
     parse_detokenize_request,
     parse_tokenize_request,
     response_body,
+    usage,
     usage_chunk_body,
 )
 from sv_server.reasoning import (
@@ -884,11 +885,26 @@ async def _stream(
     """Server-sent events in OpenAI's chunk schema, ending with `data: [DONE]`. Each choice's
     chunks carry its index (for chat, its first one the role); a choice's last chunk carries
     its finish_reason. With a reasoning parser, each choice's thinking comes as
-    `delta.reasoning_content` and only the rest goes on as content (to the tool-call parser)."""
+    `delta.reasoning_content` and only the rest goes on as content (to the tool-call parser).
+    With `continuous_usage`, every chunk carries the usage so far (vLLM's)."""
     response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
+    counts = _reasoning_tokens(generations)
+
+    def usage_so_far() -> dict[str, Any]:
+        return usage(
+            prompt_tokens,
+            sum(g.completion_tokens for g in generations),
+            None if counts is None else sum(c.count for c in counts),
+        )
+
+    def chunk(body: dict[str, Any]) -> str:
+        if req.continuous_usage:
+            body["usage"] = usage_so_far()
+        return _sse(body)
+
     if kind == "chat":
         for index in range(len(generations)):
-            yield _sse(chunk_body(kind, response_id, model, created, "", index=index, first=True))
+            yield chunk(chunk_body(kind, response_id, model, created, "", index=index, first=True))
     encoders = [
         ChunkEncoder(kind, response_id, model, created, index) for index in range(len(generations))
     ]
@@ -897,7 +913,6 @@ async def _stream(
     calls = None
     if req.tools is not None and req.tools.parses:
         calls = [tools.ToolCallStream(req.tools) for _ in generations]
-    counts = _reasoning_tokens(generations)
     splits = None
     if counts is not None:
         splits = [ReasoningStream(count.opens_in_thinking) for count in counts]
@@ -909,7 +924,7 @@ async def _stream(
         if calls is not None:
             deltas = calls[index].push(text) if text is not None else calls[index].finish()
             for i, delta in enumerate(deltas):
-                yield _sse(
+                yield chunk(
                     tools.delta_chunk(
                         response_id,
                         model,
@@ -922,13 +937,13 @@ async def _stream(
             if text is not None:
                 return
             logprobs = generation.take_logprobs()
-        elif text is not None and generation.logprobs is None:
+        elif text is not None and generation.logprobs is None and not req.continuous_usage:
             yield encoders[index].text_event(text)
             return
         else:
             logprobs = generation.take_logprobs()
             if text is not None:
-                yield _sse(
+                yield chunk(
                     chunk_body(
                         kind, response_id, model, created, text, index=index, logprobs=logprobs
                     )
@@ -938,7 +953,7 @@ async def _stream(
         reason = generation.finish_reason
         if calls is not None and calls[index].called:
             reason = "tool_calls"
-        yield _sse(
+        yield chunk(
             chunk_body(
                 kind, response_id, model, created, last, reason, index=index, logprobs=logprobs
             )
@@ -954,7 +969,7 @@ async def _stream(
             reasoning, content = split.push(text) if text is not None else split.finish()
             if reasoning:
                 logprobs = generations[index].take_logprobs()
-                yield _sse(
+                yield chunk(
                     chunk_body(
                         kind,
                         response_id,
@@ -978,17 +993,7 @@ async def _stream(
         yield _sse("[DONE]")
         return
     if req.include_usage:
-        yield _sse(
-            usage_chunk_body(
-                kind,
-                response_id,
-                model,
-                created,
-                prompt_tokens,
-                sum(g.completion_tokens for g in generations),
-                reasoning_tokens=None if counts is None else sum(c.count for c in counts),
-            )
-        )
+        yield _sse(usage_chunk_body(kind, response_id, model, created, usage_so_far()))
     yield _sse("[DONE]")
 
 

@@ -50,6 +50,7 @@ class GenerationRequest:
     logprobs: None: off; K: each output token's log-probability and its top K alternatives
               (chat's `logprobs: true` + `top_logprobs`, completions' integer `logprobs`).
     echo: completions: the prompt comes first in the text (and its tokens in the logprobs).
+    continuous_usage: streamed, every chunk carries the response's usage so far.
     """
 
     kind: Kind
@@ -67,6 +68,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
     logprobs: int | None = None
     echo: bool = False
     presence_penalty: float = 0.0
@@ -355,18 +357,19 @@ def _sampling(
     seed = _optional_int(body, "seed", *SEED_RANGE)
     stream = _bool(body, "stream")
     options = _get(body, "stream_options", lambda v: isinstance(v, dict), "an object")
-    include_usage = False
+    include_usage = continuous_usage = False
     if options is not None:
         if not stream:
             raise bad_request(
                 "'stream_options' is only allowed with 'stream': true", "stream_options"
             )
-        unknown = set(options) - {"include_usage", "include_obfuscation"}
+        unknown = set(options) - {"include_usage", "include_obfuscation", "continuous_usage_stats"}
         if unknown:
             raise bad_request(
                 f"unknown field 'stream_options.{sorted(unknown)[0]}'", "stream_options"
             )
         include_usage = _bool(options, "include_usage")
+        continuous_usage = _bool(options, "continuous_usage_stats")
         # OpenAI pads its chunks with random `obfuscation` text unless this is false; these
         # chunks carry none, so false (or null) is what this server does.
         if _bool(options, "include_obfuscation", default=False):
@@ -398,6 +401,7 @@ def _sampling(
         include_stop_str_in_output=include_stop,
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         ignore_eos=_bool(body, "ignore_eos"),
         n=n,
         logprobs=_logprobs(body, kind),
@@ -715,13 +719,7 @@ class ChunkEncoder:
 
 
 def usage_chunk_body(
-    kind: Kind,
-    response_id: str,
-    model: str,
-    created: int,
-    prompt_tokens: int,
-    completion_tokens: int,
-    reasoning_tokens: int | None = None,
+    kind: Kind, response_id: str, model: str, created: int, usage_body: dict[str, Any]
 ) -> dict[str, Any]:
     """The extra last chunk of `stream_options.include_usage`: no choices, only the usage."""
     return {
@@ -730,7 +728,7 @@ def usage_chunk_body(
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage(prompt_tokens, completion_tokens, reasoning_tokens),
+        "usage": usage_body,
     }
 
 
