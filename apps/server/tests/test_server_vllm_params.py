@@ -1,14 +1,38 @@
 """vLLM's extra request fields that OpenAI-compatible clients send: `stream_options.
 continuous_usage_stats`, checked against the server's own token accounting (one logprobs entry
-per generated token) and its final usage chunk."""
+per generated token) and its final usage chunk; `truncate_prompt_tokens`, against the HF
+tokenizer's ids cut by hand and sent as a token-id prompt."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+import tokenizers
 from server_test_support import RunningServer
+
+LONG_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away. " * 8
+
+
+@pytest.fixture(scope="module")
+def small(make_server: Any) -> Iterator[RunningServer]:
+    """A server whose context (64 tokens) is shorter than LONG_TEXT."""
+    server = make_server(max_model_len=64)
+    yield server
+    server.stop()
+
+
+def _post(server: RunningServer, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def _hf_ids(default_model: Path, text: str) -> list[int]:
+    hf = tokenizers.Tokenizer.from_file(str(default_model / "tokenizer.json"))
+    return hf.encode(text, add_special_tokens=False).ids
 
 
 def _stream_chunks(server: RunningServer, path: str, body: dict[str, Any]) -> list[Any]:
@@ -68,3 +92,64 @@ def test_continuous_usage_must_be_a_bool(server: RunningServer) -> None:
     response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
     assert response.status_code == 400
     assert "continuous_usage_stats" in response.json()["error"]["message"]
+
+
+# --- truncate_prompt_tokens -------------------------------------------------------------------
+
+
+def test_truncated_text_prompt_is_its_last_tokens(
+    server: RunningServer, default_model: Path
+) -> None:
+    text = "Once upon a time, in a land far away, there lived a king who loved"
+    ids = _hf_ids(default_model, text)
+    greedy = {"max_tokens": 8, "temperature": 0}
+    whole = _post(server, "/v1/completions", {"prompt": text} | greedy).json()
+    assert whole["usage"]["prompt_tokens"] == len(ids)  # this model's prompts have no BOS
+    cut = _post(server, "/v1/completions", {"prompt": text, "truncate_prompt_tokens": 5} | greedy)
+    by_ids = _post(server, "/v1/completions", {"prompt": ids[-5:]} | greedy).json()
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["usage"]["prompt_tokens"] == 5
+    assert cut.json()["choices"][0]["text"] == by_ids["choices"][0]["text"]
+    assert by_ids["choices"][0]["text"] != whole["choices"][0]["text"]
+    for keep in (-1, len(ids), 100):  # nothing to cut
+        body = {"prompt": text, "truncate_prompt_tokens": keep} | greedy
+        assert _post(server, "/v1/completions", body).json()["choices"] == whole["choices"]
+
+
+def test_truncated_chat_prompt_is_the_last_tokens_of_the_rendered_conversation(
+    server: RunningServer,
+) -> None:
+    messages = [{"role": "user", "content": "Name three rivers of Europe, please."}]
+    rendered = _post(server, "/tokenize", {"messages": messages}).json()["tokens"]
+    greedy = {"max_tokens": 8, "temperature": 0}
+    body = {"messages": messages, "truncate_prompt_tokens": 7} | greedy
+    chat = _post(server, "/v1/chat/completions", body).json()
+    by_ids = _post(server, "/v1/completions", {"prompt": rendered[-7:]} | greedy).json()
+    assert chat["usage"]["prompt_tokens"] == 7 < len(rendered)
+    assert chat["choices"][0]["message"]["content"] == by_ids["choices"][0]["text"]
+
+
+def test_truncation_lets_a_text_longer_than_the_context_in(
+    small: RunningServer, default_model: Path
+) -> None:
+    ids = _hf_ids(default_model, LONG_TEXT)
+    assert len(ids) > 64
+    greedy = {"max_tokens": 4, "temperature": 0, "echo": True}
+    refused = _post(small, "/v1/completions", {"prompt": LONG_TEXT} | greedy)
+    assert refused.status_code == 400
+    body = {"prompt": LONG_TEXT, "truncate_prompt_tokens": 32} | greedy
+    cut = _post(small, "/v1/completions", body).json()
+    by_ids = _post(small, "/v1/completions", {"prompt": ids[-32:]} | greedy).json()
+    assert cut["usage"]["prompt_tokens"] == 32
+    assert cut["choices"][0]["text"] == by_ids["choices"][0]["text"]  # echo: the kept tokens
+
+
+@pytest.mark.parametrize("value", [0, -2, 65, 10**6, "5", 2.0, True])
+def test_bad_truncate_prompt_tokens_get_400_naming_it(small: RunningServer, value: Any) -> None:
+    for path, body in [
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ]:
+        response = _post(small, path, body | {"truncate_prompt_tokens": value})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "truncate_prompt_tokens"

@@ -409,15 +409,33 @@ def _prepare(
     state: ServerState, raw: bytes, parse: Parser
 ) -> tuple[GenerationRequest, list[list[int]]]:
     """The CPU-heavy part of a request, for the tokenizer thread: the body as a checked
-    request, and the token ids of each of its prompts (a chat has one)."""
+    request, and the token ids of each of its prompts (a chat has one), truncated if asked."""
     body = decode_json(raw)
     req = parse(body)
     _check_model(state, req.model)
+    keep = _kept_prompt_tokens(state, req)
     if req.messages is not None:  # chat: the model's chat format
         tools = req.tools.tools if req.tools is not None else None
-        return req, [_encode_chat(state, req.messages, req.chat_options, tools)]
+        return req, [_last(_encode_chat(state, req.messages, req.chat_options, tools), keep)]
     prompts = req.prompts or []
-    return req, [_prompt_ids(state, p, _which(i, len(prompts))) for i, p in enumerate(prompts)]
+    return req, [
+        _last(_prompt_ids(state, p, _which(i, len(prompts)), keep is None), keep)
+        for i, p in enumerate(prompts)
+    ]
+
+
+def _kept_prompt_tokens(state: ServerState, req: GenerationRequest) -> int | None:
+    """How many of each prompt's last tokens the request keeps: vLLM's truncate_prompt_tokens
+    (-1: the context); None: all (a prompt longer than the context is refused later)."""
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return None
+    if keep > state.max_model_len:
+        raise bad_request(
+            f"'truncate_prompt_tokens' is {keep} but the context is {state.max_model_len} tokens",
+            "truncate_prompt_tokens",
+        )
+    return state.max_model_len if keep == -1 else keep
 
 
 def _encode_chat(
@@ -456,16 +474,27 @@ def _chat_format(state: ServerState, options: ChatOptions) -> ChatFormat:
     )
 
 
+def _last(ids: list[int], keep: int | None) -> list[int]:
+    """The last `keep` ids (vLLM's left truncation: the end of a prompt is what the answer
+    continues); all of them when None."""
+    return ids if keep is None else ids[-keep:]
+
+
 def _which(index: int, count: int) -> str:
     """How a message names a prompt: 'the prompt', or 'prompt[i]' in a list of several."""
     return "the prompt" if count == 1 else f"prompt[{index}]"
 
 
-def _prompt_ids(state: ServerState, prompt: str | list[int], which: str) -> list[int]:
+def _prompt_ids(
+    state: ServerState, prompt: str | list[int], which: str, must_fit: bool = True
+) -> list[int]:
+    """A completions prompt's ids; `must_fit`: refuse a text too long for the context before
+    tokenizing it (not when it is to be truncated)."""
     if isinstance(prompt, str):  # raw text; BOS only if the tokenizer adds one
         bos = state.tokenizer.bos_id
         bos_ids = [bos] if state.add_bos and bos is not None else []
-        _refuse_text_that_cannot_fit(state, prompt, len(bos_ids), which)
+        if must_fit:
+            _refuse_text_that_cannot_fit(state, prompt, len(bos_ids), which)
         return bos_ids + state.tokenizer.encode(prompt)
     bad = next((t for t in prompt if not 0 <= t < state.vocab_size), None)
     if bad is not None:
@@ -589,7 +618,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             state.loop,
             RequestHandle(ids, choice),
             StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
-            echo=_echo_text(state, req, i),
+            echo=_echo_text(state, req, i, ids),
             logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
             reasoning=None if thinking is None else ReasoningTokens(thinking, opened),
         )
@@ -651,12 +680,15 @@ def _min_tokens(req: GenerationRequest, max_new: int) -> int:
     return req.min_tokens
 
 
-def _echo_text(state: ServerState, req: GenerationRequest, index: int) -> str:
-    """With `echo`, the text of prompt `index` as the answer repeats it (token ids decoded)."""
+def _echo_text(state: ServerState, req: GenerationRequest, index: int, ids: list[int]) -> str:
+    """With `echo`, the text of prompt `index` (of `ids`) as the answer repeats it: a text as
+    sent; token ids, or a truncated text, as the ids the model saw decode."""
     if not req.echo or req.prompts is None:
         return ""
     prompt = req.prompts[index]
-    return prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt)
+    if isinstance(prompt, str) and req.truncate_prompt_tokens is None:
+        return prompt
+    return state.tokenizer.decode(ids)
 
 
 def _close_all(generations: list[_Generation]) -> None:

@@ -51,6 +51,8 @@ class GenerationRequest:
               (chat's `logprobs: true` + `top_logprobs`, completions' integer `logprobs`).
     echo: completions: the prompt comes first in the text (and its tokens in the logprobs).
     continuous_usage: streamed, every chunk carries the response's usage so far.
+    truncate_prompt_tokens: None: off; N: each prompt keeps only its last N tokens (vLLM's
+              left truncation); -1: the last max_model_len (the server's limit, applied there).
     """
 
     kind: Kind
@@ -69,6 +71,7 @@ class GenerationRequest:
     include_usage: bool
     ignore_eos: bool
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
+    truncate_prompt_tokens: int | None = None  # vLLM's
     logprobs: int | None = None
     echo: bool = False
     presence_penalty: float = 0.0
@@ -160,6 +163,7 @@ _SAMPLING_FIELDS = frozenset(
         "min_p",  # vLLM's
         "min_tokens",  # vLLM's
         "skip_special_tokens",  # vLLM's
+        "truncate_prompt_tokens",  # vLLM's
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
         *STRUCTURED_FIELDS,
     }
@@ -315,6 +319,18 @@ def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
     return out
 
 
+def _truncate_prompt_tokens(body: Mapping[str, Any]) -> int | None:
+    """vLLM's: keep the last N prompt tokens, N >= 1, or -1 for the context (0 is refused, as
+    vLLM refuses it: an empty prompt has nothing to continue)."""
+    value = _get(body, "truncate_prompt_tokens", _is_int, "an integer")
+    if value is not None and value < 1 and value != -1:
+        raise bad_request(
+            f"'truncate_prompt_tokens' must be at least 1, or -1 (the context), got {value}",
+            "truncate_prompt_tokens",
+        )
+    return value  # type: ignore[no-any-return]
+
+
 def _repetition_penalty(body: Mapping[str, Any]) -> float:
     value = _get(body, "repetition_penalty", _is_number, "a number")
     if value is None:
@@ -413,6 +429,7 @@ def _sampling(
         min_tokens=_optional_int(body, "min_tokens", 0) or 0,
         logit_bias=_logit_bias(body),
         skip_special_tokens=_bool(body, "skip_special_tokens", default=True),
+        truncate_prompt_tokens=_truncate_prompt_tokens(body),
         grammar=parse_grammar(body),
     )
 
