@@ -90,6 +90,18 @@ def test_logit_bias_adds_and_bans() -> None:
     assert torch.isneginf(got[1, 0])
 
 
+def test_allowed_tokens_ban_all_others_of_their_rows() -> None:
+    logits = _rows(torch.Generator().manual_seed(4), 3)
+    allowed = {0: [2, 5], 2: [7]}  # row 1 is not restricted
+    rows = torch.tensor([b for b, ids in allowed.items() for _ in ids])
+    tokens = torch.tensor([j for ids in allowed.values() for j in ids])
+    got = ops.apply_allowed_tokens(logits, rows, tokens, torch.tensor(list(allowed)))
+    for b in range(3):
+        for j in range(VOCAB):
+            kept = b not in allowed or j in allowed[b]
+            assert float(got[b, j]) == (float(logits[b, j]) if kept else -math.inf)
+
+
 def test_bad_arguments_named() -> None:
     logits = torch.zeros(2, VOCAB)
     with pytest.raises(KernelError, match="prompt_mask"):
@@ -106,4 +118,11 @@ def test_bad_arguments_named() -> None:
     with pytest.raises(KernelError, match="tokens"):
         ops.apply_logit_bias(
             logits, torch.zeros(2, dtype=torch.int64), torch.zeros(1), torch.zeros(2)
+        )
+    with pytest.raises(KernelError, match="restricted"):
+        ops.apply_allowed_tokens(
+            logits,
+            torch.zeros(1, dtype=torch.int64),
+            torch.ones(1, dtype=torch.int64),
+            torch.zeros(1),
         )

@@ -318,13 +318,17 @@ class Engine:
                 raise EngineError(
                     f"{name}: token id {token} is outside the vocabulary (0..{vocab_size - 1})"
                 )
-        outside = sorted(t for t in params.logit_bias if t >= vocab_size)
-        if outside:
-            # Found here, not when the step adds the bias to the logits: a failed step ends
-            # every request in flight, not only this one.
-            raise EngineError(
-                f"logit_bias: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})"
-            )
+        # Found here, not when the step indexes the logits with them: a failed step ends
+        # every request in flight, not only this one.
+        for name, ids in (
+            ("logit_bias", params.logit_bias),
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+        ):
+            outside = sorted(t for t in ids if t >= vocab_size)
+            if outside:
+                raise EngineError(
+                    f"{name}: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})"
+                )
         request_id = next(self._ids)
         # ignore_eos drops the model's stop ids only: the request's own still stop it. A
         # grammar's end is a stop token too (its mask allows nothing else), so those stay.

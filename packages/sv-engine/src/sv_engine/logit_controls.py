@@ -9,8 +9,9 @@ the prompt and the output known so far (plus a token still on the device, if one
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 from sv_model import LogitControls
 from sv_scheduler import Sequence as Seq
 
@@ -20,12 +21,18 @@ from sv_engine.params import SamplingParams
 @dataclass
 class RowControls:
     """A request's logit processing. `counts_at`: the (table row, preemptions) its token
-    counts were last reset for."""
+    counts were last reset for. `allowed_ids`: its allowed_token_ids as the step uploads
+    them, made once rather than every step."""
 
     params: SamplingParams
     stop_ids: frozenset[int]
     prompt_ids: Sequence[int]
     counts_at: tuple[int, int] | None = None
+    allowed_ids: np.ndarray | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        allowed = self.params.allowed_token_ids
+        self.allowed_ids = None if allowed is None else np.fromiter(sorted(allowed), np.int64)
 
 
 def step_controls(
@@ -40,6 +47,7 @@ def step_controls(
         return None
     presence, frequency, repetition, min_p = [], [], [], []
     bias: list[tuple[int, int, float]] = []
+    allowed: list[tuple[int, np.ndarray]] = []
     resets: list[tuple[int, Sequence[int], Sequence[int], int]] = []
     for row, (seq, controls, i) in enumerate(rows):
         if controls is None:
@@ -53,6 +61,8 @@ def step_controls(
         frequency.append(p.frequency_penalty)
         repetition.append(p.repetition_penalty)
         min_p.append(p.min_p)
+        if controls.allowed_ids is not None:
+            allowed.append((row, controls.allowed_ids))
         bias.extend((row, token, float(value)) for token, value in p.logit_bias.items())
         if seq.num_output_tokens + i < p.min_tokens:
             bias.extend((row, token, float("-inf")) for token in sorted(controls.stop_ids))
@@ -61,4 +71,4 @@ def step_controls(
             controls.counts_at = at
             pending = pending_row(seq) if seq.num_pending else -1
             resets.append((seq.table_row, controls.prompt_ids, seq.output_ids, pending))
-    return LogitControls(presence, frequency, repetition, min_p, bias, resets)
+    return LogitControls(presence, frequency, repetition, min_p, bias, allowed, resets)

@@ -41,6 +41,9 @@ class SamplingParams:
                  the prefix cache).
 
     Logit processing, in vLLM's order and semantics (each off by default):
+    allowed_token_ids: None, or the only token ids that may be generated (every other logit
+                 is -inf; a list, tuple or set is kept as a frozenset, not empty). The stop
+                 tokens are no exception: leave them out and only the length limit stops.
     logit_bias:  token id -> value added to its logit (OpenAI's: -100 bans, 100 all but forces).
     min_tokens:  the stop tokens (the model's unless ignore_eos, and stop_token_ids) are banned
                  until this many tokens have been generated.
@@ -75,6 +78,7 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    allowed_token_ids: frozenset[int] | None = None
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     min_tokens: int = 0
     repetition_penalty: float = 1.0
@@ -149,6 +153,7 @@ class SamplingParams:
             raise EngineError("grammar_wait_opener needs a grammar_after_token to wait for")
 
     def _check_logit_processing(self) -> None:
+        self._check_allowed_token_ids()
         if not isinstance(self.logit_bias, Mapping) or not all(
             _is_int(t) and t >= 0 and _is_finite(v) for t, v in self.logit_bias.items()
         ):
@@ -182,6 +187,19 @@ class SamplingParams:
                 "skip_special_tokens", f"must be true or false, got {self.skip_special_tokens!r}"
             )
 
+    def _check_allowed_token_ids(self) -> None:
+        if isinstance(self.allowed_token_ids, list | tuple | set):  # vLLM's is a list
+            object.__setattr__(self, "allowed_token_ids", frozenset(self.allowed_token_ids))
+        allowed = self.allowed_token_ids
+        if allowed is None:
+            return
+        if not isinstance(allowed, frozenset) or not all(_is_int(t) and t >= 0 for t in allowed):
+            raise EngineError.bad_field(
+                "allowed_token_ids", f"must be None or a set of token ids, got {allowed!r}"
+            )
+        if not allowed:  # nothing could be generated
+            raise EngineError.bad_field("allowed_token_ids", "must not be empty")
+
     @property
     def uses_token_counts(self) -> bool:
         """Whether a penalty reads the tokens seen so far."""
@@ -195,7 +213,11 @@ class SamplingParams:
     def processes_logits(self) -> bool:
         """Whether the sampler draws from processed logits, not the raw ones."""
         return (
-            self.uses_token_counts or bool(self.logit_bias) or self.min_tokens > 0 or self.min_p > 0
+            self.uses_token_counts
+            or self.allowed_token_ids is not None
+            or bool(self.logit_bias)
+            or self.min_tokens > 0
+            or self.min_p > 0
         )
 
     @property

@@ -1020,6 +1020,21 @@ def apply_logit_bias(logits: Tensor, rows: Tensor, tokens: Tensor, values: Tenso
     return reference.apply_logit_bias(logits, rows, tokens, values)
 
 
+def apply_allowed_tokens(
+    logits: Tensor, rows: Tensor, tokens: Tensor, restricted: Tensor
+) -> Tensor:
+    """`reference.apply_allowed_tokens` (torch's index_put and masked_fill on every backend)."""
+    op = "apply_allowed_tokens"
+    _check_dims(op, "logits", logits, 2, "[B, V]")
+    _check_float(op, "logits", logits)
+    for name, t in (("rows", rows), ("tokens", tokens), ("restricted", restricted)):
+        _check_dims(op, name, t, 1, "[N]")
+        _check_int(op, name, t)
+    _check_len(op, "tokens", tokens, 0, rows.shape[0], "one per allowed entry")
+    _check_device(op, logits=logits, rows=rows, tokens=tokens, restricted=restricted)
+    return reference.apply_allowed_tokens(logits, rows, tokens, restricted)
+
+
 def apply_penalties(
     logits: Tensor,
     output_counts: Tensor,

@@ -445,6 +445,17 @@ def apply_logit_bias(logits: Tensor, rows: Tensor, tokens: Tensor, values: Tenso
     return out
 
 
+def apply_allowed_tokens(
+    logits: Tensor, rows: Tensor, tokens: Tensor, restricted: Tensor
+) -> Tensor:
+    """logits [B, V] with -inf in every row of `restricted` [R] except at its allowed entries
+    (rows[i], tokens[i]): vLLM's allowed_token_ids, a mask (other rows are untouched)."""
+    banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    banned[restricted.long()] = True
+    banned[rows.long(), tokens.long()] = False
+    return logits.float().masked_fill(banned, float("-inf"))
+
+
 def apply_penalties(
     logits: Tensor,
     output_counts: Tensor,

@@ -1,16 +1,18 @@
 """The one place where a step's logits are processed before sampling.
 
-vLLM's order: additive biases (logit_bias, min_tokens' banned stop ids), then the repetition,
-frequency and presence penalties (they read each table row's output-token counts and prompt
-tokens, kept on the device; a verify step's draft positions count the drafts before them too,
-see draft_rows), then min_p. A step without `StepInputs.controls` samples its
-raw logits. The result is a new tensor: the raw logits stay for the log-probabilities.
+vLLM's order: the allowed_token_ids mask, additive biases (logit_bias, min_tokens' banned stop
+ids), then the repetition, frequency and presence penalties (they read each table row's
+output-token counts and prompt tokens, kept on the device; a verify step's draft positions
+count the drafts before them too, see draft_rows), then min_p. A step without
+`StepInputs.controls` samples its raw logits. The result is a new tensor: the raw logits stay for the log-probabilities.
 
 Runs eagerly (a handful of torch ops, no host sync): a step with controls samples through
 `ops.sample`, not a captured sampling graph.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -84,6 +86,8 @@ class LogitProcessor:
         if controls is None:
             return logits
         x = logits
+        if controls.allowed:
+            x = self._keep_allowed(x, controls.allowed)
         if controls.bias:
             rows, tokens, values = zip(*controls.bias, strict=True)
             x = ops.apply_logit_bias(
@@ -122,6 +126,17 @@ class LogitProcessor:
             temperature = upload(np.asarray(sampled, np.float32), self._device)
             x = ops.apply_min_p(x, temperature, floats[3])
         return x
+
+    def _keep_allowed(self, logits: Tensor, allowed: Sequence[tuple[int, np.ndarray]]) -> Tensor:
+        restricted = np.asarray([row for row, _ in allowed], dtype=np.int64)
+        rows = np.repeat(restricted, [len(ids) for _, ids in allowed])
+        tokens = np.concatenate([ids for _, ids in allowed])
+        return ops.apply_allowed_tokens(
+            logits,
+            upload(rows, self._device),
+            upload(tokens, self._device),
+            upload(restricted, self._device),
+        )
 
     def count(self, ids: Tensor) -> None:
         """Count the sampled `ids` (one per choice) of the step `process` just saw, for the

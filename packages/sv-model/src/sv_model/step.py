@@ -37,7 +37,8 @@ class LogitControls:
     repetition 1, min_p 0).
 
     bias: (row, token id, value added to its logit; -inf bans it): logit_bias, and min_tokens'
-    stop ids. resets: (table row, prompt ids, output ids known so far, row of the previous
+    stop ids. allowed: (row, the only token ids it may take, int64): allowed_token_ids, a
+    mask (a list of bias entries would name nearly the whole vocabulary every step). resets: (table row, prompt ids, output ids known so far, row of the previous
     launch's sampled ids holding one more output token still on the device, or -1): the
     penalties' token counts of that table row start afresh (a sequence new on it).
     """
@@ -47,6 +48,7 @@ class LogitControls:
     repetition: Sequence[float]
     min_p: Sequence[float]
     bias: Sequence[tuple[int, int, float]] = ()
+    allowed: Sequence[tuple[int, np.ndarray]] = ()
     resets: Sequence[tuple[int, Sequence[int], Sequence[int], int]] = ()
 
     def any_penalty(self) -> bool:

@@ -1,0 +1,89 @@
+"""vLLM's allowed_token_ids through the engine on the CPU: every token, greedy or sampled, is
+one of the allowed; greedy picks the allowed token the raw logits rank first (read from the
+request's own raw log-probabilities, which the mask does not touch); other rows of the batch
+are untouched. The mask itself is checked against a hand loop in sv-kernels' tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sv_engine import Engine, EngineError, SamplingParams
+
+PROMPTS = ["Write a haiku about the sea.", "What is 2 + 2?", "Name three colours, please."]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir: Path) -> Engine:
+    return Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=64)
+
+
+def _allowed_from_first_alternatives(engine: Engine) -> frozenset[int]:
+    """Tokens the raw logits of PROMPTS[0]'s first position rank 4th, 8th and 13th: a set
+    whose greedy pick is known (the 4th) and is not the unconstrained one."""
+    plain = SamplingParams(max_new_tokens=1, logprobs=20, ignore_eos=True)
+    logprobs = engine.generate([PROMPTS[0]], plain)[0].logprobs
+    assert logprobs is not None
+    top = [token for token, _ in logprobs[0].top]
+    return frozenset({top[3], top[7], top[12]})
+
+
+def test_greedy_takes_the_best_allowed_token_each_step(engine: Engine) -> None:
+    allowed = _allowed_from_first_alternatives(engine)
+    params = SamplingParams(max_new_tokens=12, logprobs=20, allowed_token_ids=allowed)
+    c = engine.generate([PROMPTS[0]], params)[0]
+    assert c.logprobs is not None
+    assert len(c.output_ids) == 12  # no stop token is allowed: only the length stops it
+    checked = 0
+    for token, scored in zip(c.output_ids, c.logprobs, strict=True):
+        assert token in allowed
+        ranked = [t for t, _ in scored.top if t in allowed]
+        if ranked:  # an allowed token among the raw top 20: the best of them is the pick
+            assert token == ranked[0]
+            checked += 1
+    assert checked >= 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_token_is_allowed(engine: Engine, temperature: float) -> None:
+    allowed = frozenset({11, 400, 1234, 5000, 90000})
+    params = SamplingParams(
+        max_new_tokens=10, temperature=temperature, seed=3, allowed_token_ids=list(allowed)
+    )
+    outputs = [c.output_ids for c in engine.generate(PROMPTS, params)]
+    assert all(len(ids) == 10 and set(ids) <= allowed for ids in outputs)
+    if temperature:  # sampling does visit several of them
+        assert len(set().union(*outputs)) > 1
+
+
+def test_one_allowed_token_is_all_there_is(engine: Engine) -> None:
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, allowed_token_ids={777})
+    assert [c.output_ids for c in engine.generate(PROMPTS, params)] == [[777] * 6] * 3
+
+
+def test_rows_without_it_are_untouched_in_a_mixed_batch(engine: Engine) -> None:
+    plain = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    want = [c.output_ids for c in engine.generate(PROMPTS[1:], plain)]
+    restricted = SamplingParams(max_new_tokens=8, allowed_token_ids={5, 6})
+    ids = [engine.add_request(PROMPTS[0], restricted)]
+    ids += [engine.add_request(p, plain) for p in PROMPTS[1:]]
+    done: dict[int, list[int]] = {}
+    while engine.has_unfinished():
+        for e in engine.step():
+            if e.completion is not None:
+                done[e.request_id] = e.completion.output_ids
+    assert set(done[ids[0]]) <= {5, 6}
+    assert [done[i] for i in ids[1:]] == want
+
+
+@pytest.mark.parametrize("value", [[], [-1], ["5"], [True], 5, {5: 1.0}])
+def test_bad_values_refused(value: object) -> None:
+    with pytest.raises(EngineError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=value)  # type: ignore[arg-type]
+
+
+def test_ids_outside_the_vocabulary_are_refused_at_add(engine: Engine) -> None:
+    vocab_size = engine.runner.config.vocab_size
+    with pytest.raises(EngineError, match=f"allowed_token_ids: token id {vocab_size} is outside"):
+        engine.add_request(PROMPTS[0], SamplingParams(allowed_token_ids={5, vocab_size}))
+    assert not engine.has_unfinished()
