@@ -48,6 +48,7 @@ VALID = {
     "stop_token_ids": st.lists(st.integers(0, 50_000), max_size=3),
     "include_stop_str_in_output": st.booleans(),
     "truncate_prompt_tokens": st.integers(1, 80) | st.just(-1),
+    "allowed_token_ids": st.lists(st.integers(0, 50_000), min_size=1, max_size=4),
 }
 FIELDS = st.sampled_from([*VALID, "max_completion_tokens", "n", "stream_options", "echo",
                           "best_of", "suffix", "logit_bias", "top_logprobs", "tools",

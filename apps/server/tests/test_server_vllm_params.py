@@ -1,7 +1,8 @@
 """vLLM's extra request fields that OpenAI-compatible clients send: `stream_options.
 continuous_usage_stats`, checked against the server's own token accounting (one logprobs entry
 per generated token) and its final usage chunk; `truncate_prompt_tokens`, against the HF
-tokenizer's ids cut by hand and sent as a token-id prompt."""
+tokenizer's ids cut by hand and sent as a token-id prompt; `allowed_token_ids`, against the
+set (the engine's tests hold the mask to the logits)."""
 
 from __future__ import annotations
 
@@ -153,3 +154,51 @@ def test_bad_truncate_prompt_tokens_get_400_naming_it(small: RunningServer, valu
         response = _post(small, path, body | {"truncate_prompt_tokens": value})
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+# --- allowed_token_ids ------------------------------------------------------------------------
+
+ALLOWED = [11, 400, 1234, 5000, 30000]
+
+
+def _allowed_texts(default_model: Path) -> dict[str, int]:
+    """Each allowed token's text (the HF tokenizer's decode), as completions' logprobs show
+    it; the texts are distinct, so a shown token names its id."""
+    hf = tokenizers.Tokenizer.from_file(str(default_model / "tokenizer.json"))
+    texts = {hf.decode([t]): t for t in ALLOWED}
+    assert len(texts) == len(ALLOWED)
+    return texts
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 7}])
+def test_every_generated_token_is_allowed(
+    server: RunningServer, default_model: Path, sampling: dict[str, Any]
+) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 10, "logprobs": 0, "n": 2}
+    answer = _post(server, "/v1/completions", body | sampling | {"allowed_token_ids": ALLOWED})
+    assert answer.status_code == 200, answer.text
+    texts = _allowed_texts(default_model)
+    for choice in answer.json()["choices"]:
+        tokens = choice["logprobs"]["tokens"]
+        assert len(tokens) == 10 and set(tokens) <= set(texts)  # no stop token is allowed
+        assert choice["text"] == "".join(tokens)
+
+
+def test_one_allowed_token_is_all_a_chat_says(server: RunningServer, default_model: Path) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": 5,
+        "temperature": 1.0,
+        "allowed_token_ids": [1234],
+    }
+    answer = _post(server, "/v1/chat/completions", body).json()
+    hf = tokenizers.Tokenizer.from_file(str(default_model / "tokenizer.json"))
+    assert answer["choices"][0]["message"]["content"] == hf.decode([1234] * 5)
+    assert answer["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize("value", [[], [-1], ["5"], [True], 5, {"5": 1}, [49152], [10**9]])
+def test_bad_allowed_token_ids_get_400_naming_it(server: RunningServer, value: Any) -> None:
+    response = _post(server, "/v1/completions", {"prompt": "hi", "allowed_token_ids": value})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "allowed_token_ids"

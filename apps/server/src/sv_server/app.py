@@ -571,6 +571,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
         state.tokenizer_thread, partial(_prepare, state, raw, parse)
     )
     thinking = state.reasoning if req.kind == "chat" else None  # completions: the raw text
+    _check_token_ids(state, req)
     try:
         params = [
             SamplingParams(
@@ -584,7 +585,8 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 n=req.n,
                 logprobs=req.logprobs,
                 prompt_logprobs=req.logprobs if req.echo else None,
-                logit_bias=_logit_bias(state, req),
+                allowed_token_ids=req.allowed_token_ids,
+                logit_bias=req.logit_bias,
                 min_tokens=_min_tokens(req, max_new),
                 repetition_penalty=req.repetition_penalty,
                 frequency_penalty=req.frequency_penalty,
@@ -660,14 +662,19 @@ def _grammar_wait(
     return thinking.grammar_wait(prompt_ids)
 
 
-def _logit_bias(state: ServerState, req: GenerationRequest) -> dict[int, float]:
-    bad = next((t for t in req.logit_bias if t >= state.vocab_size), None)
-    if bad is not None:
-        raise bad_request(
-            f"'logit_bias': token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
-            "logit_bias",
-        )
-    return dict(req.logit_bias)
+def _check_token_ids(state: ServerState, req: GenerationRequest) -> None:
+    """The token ids of the logit controls are in the vocabulary (protocol.py checked the
+    rest of them): else a 400 naming the field."""
+    for name, ids in (
+        ("allowed_token_ids", req.allowed_token_ids or ()),
+        ("logit_bias", req.logit_bias),
+    ):
+        bad = next((t for t in ids if t >= state.vocab_size), None)
+        if bad is not None:
+            raise bad_request(
+                f"'{name}': token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
+                name,
+            )
 
 
 def _min_tokens(req: GenerationRequest, max_new: int) -> int:

@@ -72,6 +72,7 @@ class GenerationRequest:
     ignore_eos: bool
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
     truncate_prompt_tokens: int | None = None  # vLLM's
+    allowed_token_ids: frozenset[int] | None = None  # vLLM's; ids not yet checked
     logprobs: int | None = None
     echo: bool = False
     presence_penalty: float = 0.0
@@ -164,6 +165,7 @@ _SAMPLING_FIELDS = frozenset(
         "min_tokens",  # vLLM's
         "skip_special_tokens",  # vLLM's
         "truncate_prompt_tokens",  # vLLM's
+        "allowed_token_ids",  # vLLM's
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
         *STRUCTURED_FIELDS,
     }
@@ -319,6 +321,20 @@ def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
     return out
 
 
+def _allowed_token_ids(body: Mapping[str, Any]) -> frozenset[int] | None:
+    """vLLM's: the only token ids to generate (null: any); checked against the vocabulary
+    later. Empty is refused, as vLLM refuses it: nothing could be generated."""
+    ids = body.get("allowed_token_ids")
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not ids or not all(_is_int(t) and t >= 0 for t in ids):
+        raise bad_request(
+            f"'allowed_token_ids' must be a non-empty list of token ids, got {_shown(ids)}",
+            "allowed_token_ids",
+        )
+    return frozenset(ids)
+
+
 def _truncate_prompt_tokens(body: Mapping[str, Any]) -> int | None:
     """vLLM's: keep the last N prompt tokens, N >= 1, or -1 for the context (0 is refused, as
     vLLM refuses it: an empty prompt has nothing to continue)."""
@@ -430,6 +446,7 @@ def _sampling(
         logit_bias=_logit_bias(body),
         skip_special_tokens=_bool(body, "skip_special_tokens", default=True),
         truncate_prompt_tokens=_truncate_prompt_tokens(body),
+        allowed_token_ids=_allowed_token_ids(body),
         grammar=parse_grammar(body),
     )
 
