@@ -55,6 +55,15 @@ def test_single_prompt_streams_and_prints_ids(
     assert re.search(r"\[request 1\] finish=(stop|length) ids=\[\d", out)
 
 
+def test_allowed_token_ids_flag_restricts_every_token(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["generate", "--allowed-token-ids", "11,400,1234", "Say hello.", "6"]) == 0
+    out = capsys.readouterr().out
+    ids = eval(re.search(r"ids=(\[[\d, ]*\])", out).group(1))  # type: ignore[union-attr]
+    assert len(ids) == 6 and set(ids) <= {11, 400, 1234}
+
+
 def test_no_overlap_flag_gives_the_same_output(
     default_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,7 +14,8 @@ from sv_engine import EngineError, SamplingParams
 # Each sampling flag with values the engine refuses (or argparse cannot read), by hand from
 # the documented ranges: temperature >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1],
 # repetition_penalty in [1e-30, 1e30], the other penalties in [-2, 2], min_tokens in
-# 0..the output-token limit (generate: 128, chat: 512 by default), seed an integer.
+# 0..the output-token limit (generate: 128, chat: 512 by default), seed an integer, allowed
+# token ids non-negative integers, comma-separated.
 BAD_VALUES = [
     ("--temperature", "-1"),
     ("--temperature", "nan"),
@@ -37,6 +38,9 @@ BAD_VALUES = [
     ("--min-tokens", "1000"),
     ("--seed", "x"),
     ("--seed", "1.5"),
+    ("--allowed-token-ids", ""),
+    ("--allowed-token-ids", "1,x"),
+    ("--allowed-token-ids", "5,-1"),
 ]
 
 

@@ -47,6 +47,22 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="no stop token before N tokens are generated (0 = off)",
     )
+    p.add_argument(
+        "--allowed-token-ids",
+        type=_token_ids,
+        default=None,
+        metavar="ID,ID,...",
+        help="generate only these token ids (vLLM's allowed_token_ids; default: any)",
+    )
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids, got {text!r}"
+        ) from None
 
 
 # The sampling flags: each sets the SamplingParams field of its name (--top-k sets top_k).
@@ -60,6 +76,7 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "presence_penalty",
     "min_tokens",
+    "allowed_token_ids",
 )
 
 
