@@ -351,6 +351,18 @@ def test_max_model_len_1(default_model: Path) -> None:
     assert "max_model_len must be at least 2 tokens" in line
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_a_load_error_names_the_subcommand(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every error of a subcommand starts with its name, those of the model's load too."""
+    extra = {"generate": ["Hi"], "chat": [], "serve": ["--port", "0"]}[command]
+    argv = [command, "--model", str(tmp_path / "missing"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"sv {command}: error: model folder {tmp_path / 'missing'} does not exist\n"
+
+
 def _available_mib() -> int:
     with open("/proc/meminfo", encoding="ascii") as meminfo:
         kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))

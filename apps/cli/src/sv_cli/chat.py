@@ -61,19 +61,17 @@ def run(args: argparse.Namespace) -> int:
     from sv_engine import EngineError
     from sv_engine.tracing import stop_trace
 
-    try:
-        params = sampling_params(args, args.max_new)
-    except EngineError as e:
-        print(f"sv chat: error: {e}", file=sys.stderr)
-        return 2
     thinking = None
     if args.reasoning_parser is not None:
         from sv_server.reasoning import parser_for
 
         thinking = partial(parser_for, args.reasoning_parser)
-    # The tokenizer is checked for the parser's tags before the weights load.
-    engine = open_engine(args, check_tokenizer=thinking)
-    if engine is None:
+    try:
+        params = sampling_params(args, args.max_new)
+        # The tokenizer is checked for the parser's tags before the weights load.
+        engine = open_engine(args, check_tokenizer=thinking)
+    except EngineError as e:
+        print(f"sv chat: error: {e}", file=sys.stderr)
         return 2
     parser = thinking(engine.tokenizer) if thinking is not None else None
     if not sys.stdout.isatty():

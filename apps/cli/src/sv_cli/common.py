@@ -4,7 +4,6 @@ live in `sv_engine.options`, shared with `sv serve`)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -95,16 +94,12 @@ def sampling_params(args: argparse.Namespace, max_new: int) -> SamplingParams:
         raise e.named(f"--{e.field.replace('_', '-')}") from None
 
 
-def open_engine(args: argparse.Namespace, **overrides: Any) -> Engine | None:
-    """Load the engine for --model (or the embedded default); None after printing an error."""
-    from sv_engine import EngineError
+def open_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
+    """Load the engine for --model (or the embedded default). A failure is an EngineError
+    (one line), for the subcommand to print under its own name."""
     from sv_engine.options import engine_from_args
 
-    try:
-        return engine_from_args(args, **overrides)[0]
-    except EngineError as e:
-        print(f"sv: error: {e}", file=sys.stderr)
-        return None
+    return engine_from_args(args, **overrides)[0]
 
 
 def pool_hint(error: Exception, engine: Any) -> str:

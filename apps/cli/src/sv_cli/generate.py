@@ -131,11 +131,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         prompts, max_new = split_prompts(args.items, args.max_new_tokens, sys.stdin)
         params = replace(sampling_params(args, max_new), logprobs=args.logprobs)
+        engine = open_engine(args, policy=args.policy)
     except (ValueError, EngineError) as e:
         print(f"sv generate: error: {e}", file=sys.stderr)
-        return 2
-    engine = open_engine(args, policy=args.policy)
-    if engine is None:
         return 2
     try:
         prompt_ids = [engine.encode_prompt(prompt) for prompt in prompts]
