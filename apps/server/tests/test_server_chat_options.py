@@ -225,9 +225,18 @@ REQUEST_TEMPLATE = (
 )
 
 
+# The trusting server's own template (as --chat-template gives it): the default model's roles,
+# but its code fails on a system message, which the load's sample dialog does not have.
+FAILS_ON_SYSTEM = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + 1 }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
 def trusting_server(make_server: Any) -> Iterator[Any]:
-    running = make_server(trust_request_chat_template=True)
+    running = make_server(trust_request_chat_template=True, chat_template=FAILS_ON_SYSTEM)
     yield running
     running.stop()
 
@@ -282,3 +291,18 @@ def test_a_request_template_that_fails_is_a_400_naming_it(
     error = openai_error(_post(trusting_server, path, body), 400)
     assert error["param"] == "chat_template", error
     assert "chat_template" in error["message"] and says in error["message"], error
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_the_servers_own_template_failing_names_the_messages(
+    trusting_server: Any, path: str
+) -> None:
+    """The client sent no template: what it can change is its messages."""
+    error = openai_error(_post(trusting_server, path, {"messages": DIALOG}), 400)
+    assert error["param"] == "messages", error
+    assert "the chat template failed: TypeError" in error["message"], error
+    body: dict[str, Any] = {"messages": DIALOG[1:]}  # no system message: it renders
+    if path != "/tokenize":
+        body["max_tokens"] = 1
+    ok = _post(trusting_server, path, body)
+    assert ok.status_code == 200, ok.text

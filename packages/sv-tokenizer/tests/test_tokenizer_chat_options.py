@@ -249,3 +249,62 @@ def test_a_template_that_drops_the_final_message_cannot_continue_it(
         [Message("user", "Hi"), Message("assistant", "Hel")],
         continue_final_message=True,
     )
+
+
+# ---------------------------------------------------------------- a request's own template
+
+
+def _tagged_template(tag: str) -> str:
+    """A template that writes `tag` before each message, so that each render shows which
+    template made it."""
+    return "{% for m in messages %}" + tag + "{{ m.role }}: {{ m.content }}\n{% endfor %}"
+
+
+def test_request_templates_compile_once_each(
+    llama_model: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sends its template with every request pays jinja's compile once; each
+    template still renders its own text; the cache is bounded."""
+    import sv_tokenizer.chat_template
+    from sv_tokenizer.tokenizer import TEMPLATE_CACHE_ENTRIES
+
+    compiled: list[str] = []
+    compile_for_real = sv_tokenizer.chat_template.compile_chat_template
+
+    def counting(template: str, *args: Any) -> Any:
+        compiled.append(template)
+        return compile_for_real(template, *args)
+
+    monkeypatch.setattr(sv_tokenizer.chat_template, "compile_chat_template", counting)
+
+    def render(tag: str) -> str:
+        chat = llama_model.template_chat_format(_tagged_template(tag), "the request's")
+        return llama_model.decode(chat.encode_dialog(DIALOG))
+
+    first = render("once: ")
+    assert first == "once: system: Be brief.\nonce: user: What is 2+2?\n"
+    assert render("once: ") == first and compiled == [_tagged_template("once: ")]
+    assert render("other: ").startswith("other: system: ") and len(compiled) == 2
+    for n in range(TEMPLATE_CACHE_ENTRIES):  # the least recently used is dropped
+        render(f"filler {n}: ")
+    compiled.clear()
+    render("once: ")
+    assert compiled == [_tagged_template("once: ")]
+
+
+def test_a_failing_template_names_who_brought_it(tmp_path: Path, llama_dir: Path) -> None:
+    """The model's own template failing on some conversation is the messages' fault (it
+    rendered a sample dialog at load); a request's own template failing is its own."""
+    failing = "{% for m in messages %}{% if m.role == 'system' %}{{ m.content + 1 }}{% endif %}"
+    failing += "{{ m.content }}{% endfor %}"
+    (tmp_path / "tokenizer.json").write_bytes((llama_dir / "tokenizer.json").read_bytes())
+    (tmp_path / "chat_template.jinja").write_text(failing)
+    tokenizer = Tokenizer.from_model_dir(tmp_path)
+    tokenizer.check_chat_template()  # the sample dialog has no system message
+    with pytest.raises(TokenizerError, match="the chat template failed: TypeError") as own:
+        tokenizer.chat_format.encode_dialog(DIALOG)
+    assert own.value.argument == "messages"
+    request_format = tokenizer.template_chat_format(failing, "the request's chat_template")
+    with pytest.raises(TokenizerError, match="the chat template failed: TypeError") as brought:
+        request_format.encode_dialog(DIALOG)
+    assert brought.value.argument == "chat_template"

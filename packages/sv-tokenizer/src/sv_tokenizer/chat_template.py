@@ -90,8 +90,11 @@ class TemplateTokenizer(ChatTokenizer, Protocol):
     def split_special(self, text: str) -> list[str | int]: ...
 
 
-def compile_chat_template(template: str, source: str) -> CompiledTemplate:
-    """Compile the template as transformers does."""
+def compile_chat_template(
+    template: str, source: str, argument: str = "messages"
+) -> CompiledTemplate:
+    """Compile the template as transformers does. `argument`: the TokenizerError argument of a
+    fault in the template's own code (a syntax error, a failing expression)."""
     try:
         import jinja2
         import jinja2.ext
@@ -152,7 +155,7 @@ def compile_chat_template(template: str, source: str) -> CompiledTemplate:
     except jinja2.exceptions.TemplateSyntaxError as error:
         raise TokenizerError(
             f"{source}: chat_template line {error.lineno}: {error.message}",
-            argument="chat_template",
+            argument=argument,
         ) from None
 
     def render(**variables: Any) -> str:
@@ -165,7 +168,7 @@ def compile_chat_template(template: str, source: str) -> CompiledTemplate:
         except Exception as error:  # the template's own code failed (e.g. `'a' + 1`)
             raise TokenizerError(
                 f"{source}: the chat template failed: {type(error).__name__}: {error}",
-                argument="chat_template",
+                argument=argument,
             ) from None
 
     return CompiledTemplate(render, frozenset(variables), frozenset(environment.globals))
@@ -188,11 +191,16 @@ class TemplateChatFormat:
         *,
         template_tokens: Mapping[str, str] | None = None,
         source: str | None = None,
+        argument: str = "messages",
     ) -> None:
-        """`source` names the file that holds the template, for error messages."""
+        """`source` names the file that holds the template, for error messages. `argument`:
+        what a server names when the template's own code fails: "messages" for the model's
+        template (it rendered a sample dialog at load, so these messages made it fail),
+        "chat_template" for a template the request brought."""
         self.tokenizer = tokenizer
         self.template = template
         self.source = source or f"{tokenizer.source} chat_template"
+        self.argument = argument
         self.template_tokens = dict(template_tokens or {})
         if "bos_token" not in self.template_tokens and tokenizer.bos_id is not None:
             self.template_tokens["bos_token"] = tokenizer.token_bytes(tokenizer.bos_id).decode(
@@ -202,7 +210,7 @@ class TemplateChatFormat:
 
     def _template(self) -> CompiledTemplate:
         if self._compiled is None:
-            self._compiled = compile_chat_template(self.template, self.source)
+            self._compiled = compile_chat_template(self.template, self.source, self.argument)
         return self._compiled
 
     def render(

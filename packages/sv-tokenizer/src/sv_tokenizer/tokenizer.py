@@ -23,6 +23,7 @@ space its encoding put there, as its HF decoder does (sentencepiece_bpe.py).
 from __future__ import annotations
 
 import operator
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from itertools import chain, compress, repeat
 from pathlib import Path
@@ -50,6 +51,11 @@ STOP_TOKEN_NAMES = (
 )
 """Special tokens that end generation wherever a vocabulary defines them: Llama 3's end of
 text / turn / message (a tool call), ChatML's end of turn, GPT-2 style end of text."""
+
+TEMPLATE_CACHE_ENTRIES = 8
+"""Templates of `template_chat_format` kept compiled, the least recently used dropped first: a
+client that sends its template with every request pays jinja's compile once, and each one is
+at most a request's size."""
 
 BOS_TOKEN_NAMES = ("<|begin_of_text|>", "<s>")
 # What `check_chat_template` renders: roles alternating as every chat template accepts them.
@@ -145,6 +151,8 @@ class Tokenizer:
         # The model folder's special-token strings (`bos_token`, ...) a jinja template is
         # rendered with, whichever template it is (set by from_model_dir).
         self._template_tokens: dict[str, str] = {}
+        # (template, source) -> its format, compiled at first use: template_chat_format's LRU.
+        self._template_formats: OrderedDict[tuple[str, str], TemplateChatFormat] = OrderedDict()
 
     def _named_token_id(self, token: str, role: str) -> int:
         """The id of a token named by its text (tokenizer_config.json's bos_token/eos_token)."""
@@ -348,10 +356,23 @@ class Tokenizer:
         """The chat format of the jinja `template` in place of the model's (vLLM's per-request
         `chat_template`), rendered with the model folder's special tokens as a template given
         to `from_model_dir` is; `source` names it in messages. It compiles on first use: a
-        syntax error is then a TokenizerError whose `argument` is "chat_template"."""
-        return TemplateChatFormat(
-            self, template, template_tokens=self._template_tokens, source=source
-        )
+        syntax error, or its own code failing, is then a TokenizerError whose `argument` is
+        "chat_template". The last few are kept, compiled (`TEMPLATE_CACHE_ENTRIES`), unlocked:
+        one thread at a time (the server's tokenizer thread) may call this."""
+        key = (template, source)
+        chat_format = self._template_formats.pop(key, None)
+        if chat_format is None:
+            chat_format = TemplateChatFormat(
+                self,
+                template,
+                template_tokens=self._template_tokens,
+                source=source,
+                argument="chat_template",
+            )
+        self._template_formats[key] = chat_format  # now the most recently used
+        if len(self._template_formats) > TEMPLATE_CACHE_ENTRIES:
+            self._template_formats.popitem(last=False)
+        return chat_format
 
     def check_chat_template(self) -> None:
         """Render a sample dialog with the model's own chat template, if it has one, so that a
