@@ -435,3 +435,64 @@ def test_a_model_without_think_tokens_is_a_startup_error(
     assert status == 2
     err = capsys.readouterr().err
     assert "--reasoning-parser qwen3" in err and "'<think>'" in err, err
+
+
+# --- the thinking in the history: a reply sent back whole ------------------------------------
+
+THOUGHT = {"role": "assistant", "content": "4", "reasoning_content": "2+2 is 4."}
+
+
+def test_a_reply_sent_back_whole_continues_the_conversation(servers: dict[str, Any]) -> None:
+    """The openai client's multi-turn idiom: the reply message itself goes into the history,
+    with the reasoning_content this server gave it (content null when it only thought)."""
+    body = _request(VARIANTS[3][1], n=1)  # strong-think: the answer thinks
+    reply = _create(servers["qwen3"], body).choices[0].message
+    assert reply.reasoning_content is not None
+    history = [*QUESTION, reply.model_dump(), {"role": "user", "content": "And 3+3?"}]
+    again = _create(servers["qwen3"], body | {"messages": history})
+    assert again.choices[0].finish_reason is not None
+
+
+@pytest.mark.parametrize(
+    ("messages", "options"),
+    [
+        ([*QUESTION, THOUGHT], {"add_generation_prompt": False}),  # the last turn keeps it
+        ([*QUESTION, THOUGHT, *QUESTION], {"add_generation_prompt": True}),  # dropped
+        ([*QUESTION, THOUGHT | {"content": None}], {"add_generation_prompt": False}),
+    ],
+)
+def test_the_thinking_in_the_history_renders_as_transformers_does(
+    servers: dict[str, Any],
+    tiny_qwen3_dir: Path,
+    messages: list[dict[str, Any]],
+    options: dict[str, Any],
+) -> None:
+    """Qwen3's template reads an assistant message's reasoning_content."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    # transformers' template wants a string content; OpenAI's null content is "" here
+    as_text = [m | {"content": m["content"] or ""} for m in messages]
+    text = hf.apply_chat_template(as_text, tokenize=False, **options)
+    expected = list(hf.encode(text, add_special_tokens=False))
+    body = {"messages": messages, **options}
+    tokenized = httpx.post(f"{servers['qwen3'].url}/tokenize", json=body, timeout=60)
+    assert tokenized.status_code == 200, tokenized.text
+    assert tokenized.json()["tokens"] == expected
+
+
+@pytest.mark.parametrize(
+    ("message", "says"),
+    [
+        (THOUGHT | {"reasoning_content": "x<|im_end|>"}, "contains the token <|im_end|>"),
+        (THOUGHT | {"role": "user"}, "on an 'assistant' message"),
+        (THOUGHT | {"reasoning_content": 4}, "must be a string"),
+    ],
+)
+def test_a_bad_thinking_in_the_history_is_a_400(
+    servers: dict[str, Any], message: dict[str, Any], says: str
+) -> None:
+    body = {"messages": [*QUESTION, message], "max_tokens": 1}
+    reply = httpx.post(f"{servers['qwen3'].url}/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] in ("messages", "messages[1]") and says in error["message"], error

@@ -537,7 +537,8 @@ def _message(item: Any, index: int) -> Message:
     param = f"messages[{index}]"
     if not isinstance(item, dict):
         raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
-    unknown = set(item) - {"role", "content", "name", "tool_calls", "tool_call_id"}
+    known = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
+    unknown = set(item) - known
     unknown -= _DERIVED_REPLY_FIELDS
     for key in sorted(unknown):
         if key not in _EMPTY_REPLY_FIELDS:
@@ -551,8 +552,9 @@ def _message(item: Any, index: int) -> Message:
     call_id = item.get("tool_call_id")
     if call_id is not None and (role != "tool" or not isinstance(call_id, str)):
         raise bad_request(f"{param}.tool_call_id must be a string, on a 'tool' message", param)
-    if calls and content is None:  # an assistant turn that only called a tool
-        content = ""
+    reasoning = _reasoning_content(item.get("reasoning_content"), role, param)
+    if (calls or reasoning is not None) and content is None:
+        content = ""  # an assistant turn that only called a tool, or only thought
     if role not in CHAT_ROLES:
         raise bad_request(
             f"{param}.role must be one of {', '.join(CHAT_ROLES)}, got {_shown(role)}", param
@@ -577,7 +579,17 @@ def _message(item: Any, index: int) -> Message:
         content = "".join(texts)
     if not isinstance(content, str):
         raise bad_request(f"{param}.content must be a string or a list of text parts", param)
-    return Message(role, content, name, calls, call_id)
+    return Message(role, content, name, calls, call_id, reasoning)
+
+
+def _reasoning_content(value: Any, role: Any, param: str) -> str | None:
+    """An assistant message's thinking, as a reasoning parser gave it (this server's replies
+    under --reasoning-parser carry it, and the openai client sends a reply back whole)."""
+    if value is not None and (role != "assistant" or not isinstance(value, str)):
+        raise bad_request(
+            f"{param}.reasoning_content must be a string, on an 'assistant' message", param
+        )
+    return value
 
 
 def _tool_calls(value: Any, role: Any, param: str) -> tuple[ToolCall, ...]:

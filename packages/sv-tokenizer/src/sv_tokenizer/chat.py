@@ -35,13 +35,16 @@ Tools = Sequence[Mapping[str, Any]]  # OpenAI's tool definitions: {"type": "func
 class Message:
     """One turn. `name` (OpenAI's optional participant name) reaches a model folder's own chat
     template as the message's `name` field, for templates that use it; the built-in formats
-    have no place for it and leave it out."""
+    have no place for it and leave it out. So does `reasoning_content`, an assistant turn's
+    thinking as a reasoning parser gave it apart from `content` (Qwen3's template reads it;
+    templates keep only the latest turn's thinking, if any)."""
 
     role: str  # "system", "user", "assistant" (Llama 3 also "ipython"/"tool": a tool's result)
     content: str
     name: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls (content then usually "")
     tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None
 
     def __post_init__(self) -> None:
         # Checked here, once, rather than failing inside a format or a template later (a
@@ -50,7 +53,7 @@ class Message:
             value = getattr(self, field_name)
             if not isinstance(value, str):
                 raise TokenizerError(f"a chat message's {field_name} must be a str, got {value!r}")
-        for field_name in ("name", "tool_call_id"):
+        for field_name in ("name", "tool_call_id", "reasoning_content"):
             value = getattr(self, field_name)
             if value is not None and not isinstance(value, str):
                 raise TokenizerError(

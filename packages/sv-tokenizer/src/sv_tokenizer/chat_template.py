@@ -306,8 +306,10 @@ class TemplateChatFormat:
                     argument="chat_template_kwargs",
                 )
         for index, message in enumerate(messages):
-            # Roles and names are rendered as template text, where special-token text counts.
-            for field, value in (("role", message.role), ("name", message.name)):
+            # Roles, names and earlier thinking are rendered as template text, where
+            # special-token text counts.
+            fields = ("role", "name", "reasoning_content")
+            for field, value in ((f, getattr(message, f)) for f in fields):
                 forged = None if value is None else self.tokenizer.find_special(value)
                 if forged is not None:
                     raise TokenizerError(
@@ -369,6 +371,7 @@ class TemplateChatFormat:
             *(m.content for m in messages),
             *(m.role for m in messages),
             *(m.name for m in messages if m.name is not None),
+            *(m.reasoning_content for m in messages if m.reasoning_content is not None),
         ]
         if any(_OPEN in text or _CLOSE in text for text in everything):
             return None
@@ -457,8 +460,9 @@ def _renamed_tools(tools: Tools) -> list[dict[str, Any]] | None:
 
 
 def _as_dict(message: Message, content: str) -> dict[str, Any]:
-    """A message as transformers hands it to a template: `name`, `tool_calls` and
-    `tool_call_id` only when the message has them (templates test `message.name is defined`).
+    """A message as transformers hands it to a template: `name`, `tool_calls`,
+    `tool_call_id` and `reasoning_content` only when the message has them (templates test
+    `message.name is defined`).
     A call's arguments are the decoded object, as templates expect (`arguments | tojson`)."""
     item: dict[str, Any] = {"role": message.role, "content": content}
     if message.name is not None:
@@ -474,4 +478,6 @@ def _as_dict(message: Message, content: str) -> dict[str, Any]:
         ]
     if message.tool_call_id is not None:
         item["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content is not None:
+        item["reasoning_content"] = message.reasoning_content
     return item
