@@ -30,12 +30,13 @@ CASES: list[tuple[str, bool, tuple[str | None, str | None]]] = [
     ("", False, (None, "")),
     # an empty think block (Qwen3's /no_think), and nothing after the thinking
     ("<think>\n\n</think>\n\n4", False, ("\n\n", "\n\n4")),
-    ("<think></think>", False, ("", None)),
+    ("<think></think>", False, (None, None)),  # an empty thinking is none, as streamed
+    ("<think></think>4", False, (None, "4")),
     ("<think>a</think>", True, ("a", None)),
     # max_tokens mid-thought: all thinking, no content
     ("<think>\nStill thinking", False, ("\nStill thinking", None)),
     ("Still thinking </thi", True, ("Still thinking </thi", None)),
-    ("", True, ("", None)),
+    ("", True, (None, None)),
     # a prefix of <think> that never became one
     ("<thi", False, (None, "<thi")),
     ("<thi", True, ("<thi", None)),

@@ -60,8 +60,8 @@ def by_hand(raw: str, open_at_start: bool) -> tuple[str | None, str | None]:
     body = raw[7:] if starts_with_tag else raw
     end = body.find("</think>")
     if end < 0:
-        return body, None
-    return body[:end], body[end + 8 :] or None
+        return body or None, None
+    return body[:end] or None, body[end + 8 :] or None
 
 
 @pytest.fixture(scope="module")
@@ -496,3 +496,19 @@ def test_a_bad_thinking_in_the_history_is_a_400(
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] in ("messages", "messages[1]") and says in error["message"], error
+
+
+def test_an_empty_thinking_is_null_whole_and_streamed(servers: dict[str, Any]) -> None:
+    """A prefilled `<think>` closed at once, then the answer: no thinking text, so no field,
+    either way (a stream sends no delta for it)."""
+    ends_at_once = {str(END): 100}  # the grammar starts after </think>
+    body = VARIANTS[1][1] | {"max_tokens": 8, "logit_bias": ends_at_once}
+    body |= {"guided_choice": ["yes", "no"]}
+    whole = _create(servers["qwen3"], body)
+    (choice,) = whole.choices
+    assert choice.message.reasoning_content is None and choice.message.content in ("yes", "no")
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 0
+    chunks = list(_create(servers["qwen3"], body | {"stream": True}))
+    assert not any(getattr(c.delta, "reasoning_content", None) for k in chunks for c in k.choices)
+    streamed = "".join(c.delta.content or "" for k in chunks for c in k.choices)
+    assert streamed == choice.message.content

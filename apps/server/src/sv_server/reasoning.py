@@ -106,14 +106,16 @@ def parser_for(name: str, tokenizer: Tokenizer) -> ReasoningParser:
 
 
 def split_reasoning(text: str, opens_in_thinking: bool) -> tuple[str | None, str | None]:
-    """A whole answer as (reasoning_content, content). reasoning_content is None when the
-    answer has no thinking; content is None when nothing follows the thinking."""
+    """A whole answer as (reasoning_content, content). Either is None when it has no text:
+    reasoning_content when the answer did not think or its thinking is empty
+    (`<think></think>`), content when nothing follows the thinking, as a stream, which sends
+    no delta for a field without text, shows them."""
     if text.startswith(THINK_START):
         text = text[len(THINK_START) :]
     elif not opens_in_thinking:
         return None, text
     reasoning, _, content = text.partition(THINK_END)
-    return reasoning, content or None
+    return reasoning or None, content or None
 
 
 class ReasoningStream:
