@@ -512,3 +512,41 @@ def test_an_empty_thinking_is_null_whole_and_streamed(servers: dict[str, Any]) -
     assert not any(getattr(c.delta, "reasoning_content", None) for k in chunks for c in k.choices)
     streamed = "".join(c.delta.content or "" for k in chunks for c in k.choices)
     assert streamed == choice.message.content
+
+
+# --- only the answer's own turn decides: think tags of earlier turns say nothing of it ---------
+
+CALLED = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+EARLIER_TAGS = {
+    # a tool's result after a call the model made while thinking: Qwen3's template keeps that
+    # turn's thinking, <think>...</think>, before the new answer's turn
+    "after-a-tool": {
+        "messages": [
+            *QUESTION,
+            {"role": "assistant", "content": None, "reasoning_content": "Add.", "tool_calls": [CALLED]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "1"},
+        ],
+        "tools": [ADD_TOOL],
+    },
+    "quoted": {"messages": [{"role": "user", "content": "What does </think> mean?"}]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(EARLIER_TAGS))
+def test_think_tags_of_earlier_turns_do_not_end_the_answers_thinking(
+    servers: dict[str, Any], name: str
+) -> None:
+    """The answer may still think before a constrained answer, as with no earlier tags."""
+    fields = EARLIER_TAGS[name]
+    history = {"messages": fields["messages"]}  # (/tokenize takes no tools)
+    tokenized = httpx.post(f"{servers['qwen3'].url}/tokenize", json=history, timeout=60)
+    assert END in tokenized.json()["tokens"]  # the prompt has a </think>, not of this answer
+    body = _request(fields, max_tokens=40, n=4, logit_bias={str(THINK): 11, str(END): 9})
+    reply = _create(servers["qwen3"], body | {"guided_regex": "[a-c]{2,5}"})
+    thought = 0
+    for choice in reply.choices:
+        if choice.message.reasoning_content is not None:
+            thought += 1
+        if choice.finish_reason == "stop":
+            assert re.fullmatch("[a-c]{2,5}", choice.message.content), choice.message
+    assert thought >= 1

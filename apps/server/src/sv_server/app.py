@@ -407,21 +407,26 @@ async def _read(request: Request, state: ServerState) -> bytes:
 
 def _prepare(
     state: ServerState, raw: bytes, parse: Parser
-) -> tuple[GenerationRequest, list[list[int]]]:
+) -> tuple[GenerationRequest, list[list[int]], list[list[int]]]:
     """The CPU-heavy part of a request, for the tokenizer thread: the body as a checked
-    request, and the token ids of each of its prompts (a chat has one), truncated if asked."""
+    request, the token ids of each of its prompts (a chat has one), truncated if asked, and of
+    each the tail a reasoning parser reads (`_answer_turn`; a completion's: all of it, unread)."""
     body = decode_json(raw)
     req = parse(body)
     _check_model(state, req.model)
     keep = _kept_prompt_tokens(state, req)
     if req.messages is not None:  # chat: the model's chat format
         tools = req.tools.tools if req.tools is not None else None
-        return req, [_last(_encode_chat(state, req.messages, req.chat_options, tools), keep)]
+        ids = _encode_chat(state, req.messages, req.chat_options, tools)
+        turn = _answer_turn(state, req.messages, req.chat_options, tools, ids)
+        # (the turn is a tail of the prompt: truncation keeps the end of both)
+        return req, [_last(ids, keep)], [_last(turn, keep)]
     prompts = req.prompts or []
-    return req, [
+    encoded = [
         _last(_prompt_ids(state, p, _which(i, len(prompts)), keep is None), keep)
         for i, p in enumerate(prompts)
     ]
+    return req, encoded, encoded
 
 
 def _kept_prompt_tokens(state: ServerState, req: GenerationRequest) -> int | None:
@@ -436,6 +441,34 @@ def _kept_prompt_tokens(state: ServerState, req: GenerationRequest) -> int | Non
             "truncate_prompt_tokens",
         )
     return state.max_model_len if keep == -1 else keep
+
+
+def _answer_turn(
+    state: ServerState,
+    messages: list[Message],
+    options: ChatOptions | None,
+    tools: Tools | None,
+    ids: list[int],
+) -> list[int]:
+    """The tail of a chat prompt that is the answer's own turn: the generation prompt, and
+    the message it continues. A reasoning parser reads the think tags there only: those of
+    earlier turns (an assistant's thinking kept in the history, before a tool's result; a
+    user who quotes `</think>`) say nothing of this answer. It is what the prompt adds to the
+    render of the history alone; the whole prompt where that render is not a prefix of it."""
+    options = options or ChatOptions()
+    history = messages[:-1] if options.continue_final_message else messages
+    if state.reasoning is None or not history:
+        return ids
+    try:
+        before = _chat_format(state, options).encode_dialog(
+            history,
+            add_generation_prompt=False,
+            tools=tools,
+            chat_template_kwargs=options.chat_template_kwargs,
+        )
+    except TokenizerError:  # a template that refuses the history alone (no answer to give)
+        return ids
+    return ids[len(before) :] if ids[: len(before)] == before else ids
 
 
 def _encode_chat(
@@ -567,7 +600,7 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, 
 
 async def _generate(request: Request, state: ServerState, parse: Parser) -> Response:
     raw = await _read(request, state)
-    req, prompts = await asyncio.get_running_loop().run_in_executor(
+    req, prompts, turns = await asyncio.get_running_loop().run_in_executor(
         state.tokenizer_thread, partial(_prepare, state, raw, parse)
     )
     thinking = state.reasoning if req.kind == "chat" else None  # completions: the raw text
@@ -597,9 +630,9 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 grammar_after_token=after,
                 grammar_wait_opener=opener,
             )
-            for i, ids in enumerate(prompts)
+            for i, (ids, turn) in enumerate(zip(prompts, turns, strict=True))
             for max_new in [_max_tokens(state, req, len(ids), _which(i, len(prompts)))]
-            for after, opener in [_grammar_wait(thinking, req, ids)]
+            for after, opener in [_grammar_wait(thinking, req, turn)]
         ]
     except EngineError as e:  # protocol.py checked every field already: a safety net
         raise bad_request(str(e)) from e
@@ -624,9 +657,9 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
             reasoning=None if thinking is None else ReasoningTokens(thinking, opened),
         )
-        for i, (ids, p) in enumerate(zip(prompts, params, strict=True))
+        for i, (ids, turn, p) in enumerate(zip(prompts, turns, params, strict=True))
         # (looked up once per prompt: its choices share its ids)
-        for opened in [thinking is not None and thinking.opens_in_thinking(ids)]
+        for opened in [thinking is not None and thinking.opens_in_thinking(turn)]
         for choice in p.choices()
     ]
     for generation in generations:
@@ -653,13 +686,14 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
 
 
 def _grammar_wait(
-    thinking: ReasoningParser | None, req: GenerationRequest, prompt_ids: list[int]
+    thinking: ReasoningParser | None, req: GenerationRequest, turn_ids: list[int]
 ) -> tuple[int | None, int | None]:
     """Where a chat answer's output constraint starts under a reasoning parser: after the
-    thinking (see reasoning.py); (None, None): from the first token."""
+    thinking (see reasoning.py; `turn_ids`: the prompt's `_answer_turn`); (None, None): from
+    the first token."""
     if thinking is None or req.grammar is None:
         return None, None
-    return thinking.grammar_wait(prompt_ids)
+    return thinking.grammar_wait(turn_ids)
 
 
 def _check_token_ids(state: ServerState, req: GenerationRequest) -> None:

@@ -8,7 +8,9 @@ streamed, the thinking comes as `delta.reasoning_content` and the answer as `del
 The rule, one for both parsers, over the answer's text (after stop strings, before tool calls):
 
 - The prompt's last think tag decides first, as vLLM's `is_reasoning_end` over the prompt
-  does: a `</think>` there (Qwen3 with `enable_thinking: false` renders an empty, closed think
+  does, but only in the answer's own turn (the server passes the tail the prompt adds to the
+  history: the generation prompt and a continued message; the thinking an earlier turn kept,
+  or a user's quoted tag, says nothing of this answer): a `</think>` there (Qwen3 with `enable_thinking: false` renders an empty, closed think
   block; a prefilled `<think>...</think>`) means the thinking has ended: the answer is content.
 - Else the thinking is open from the start when that last tag is a `<think>` (Qwen3-2507 and
   DeepSeek-R1 templates end the prompt so, and so does a prefilled `<think>...` with
