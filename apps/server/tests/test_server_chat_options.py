@@ -49,6 +49,18 @@ def _oracle_ids(hf: Any, messages: list[dict[str, str]], **options: Any) -> list
     return list(hf.encode(text, add_special_tokens=False))
 
 
+def _assert_prompt_is(
+    server: Any, messages: list[dict[str, str]], fields: dict[str, Any], expected: list[int]
+) -> None:
+    """/tokenize gives `expected`, and a chat request with the same fields is charged for it."""
+    tokenized = _post(server, "/tokenize", {"messages": messages, **fields})
+    assert tokenized.status_code == 200, tokenized.text
+    assert tokenized.json()["tokens"] == expected
+    reply = _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1, **fields})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+
+
 def _tiny_model(folder: Path, tokenizer_files: list[Path], **config: Any) -> Path:
     write_random_checkpoint(folder, tiny_llama_config(**config), seed=0, dtype=torch.float32)
     for file in tokenizer_files:
@@ -77,14 +89,7 @@ def test_prompt_is_transformers_render(
     options: dict[str, Any],
 ) -> None:
     hf = transformers.AutoTokenizer.from_pretrained(tiny_qwen3_dir)
-    expected = _oracle_ids(hf, messages, **options)
-    tokenized = _post(qwen3_server, "/tokenize", {"messages": messages, **fields})
-    assert tokenized.status_code == 200, tokenized.text
-    assert tokenized.json()["tokens"] == expected
-    body = {"messages": messages, "max_tokens": 1, **fields}
-    reply = _post(qwen3_server, "/v1/chat/completions", body)
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+    _assert_prompt_is(qwen3_server, messages, fields, _oracle_ids(hf, messages, **options))
 
 
 def test_the_openai_client_sends_them_as_extra_body(
@@ -255,14 +260,9 @@ def test_a_request_template_renders_as_transformers_does(
     hf = transformers.AutoTokenizer.from_pretrained(default_model)
     expected = _oracle_ids(hf, DIALOG, chat_template=REQUEST_TEMPLATE, **options)
     assert expected != _oracle_ids(hf, DIALOG, **options)  # not the model's own render
-    fields = {"chat_template": REQUEST_TEMPLATE, **fields}
-    tokenized = _post(trusting_server, "/tokenize", {"messages": DIALOG, **fields})
-    assert tokenized.status_code == 200, tokenized.text
-    assert tokenized.json()["tokens"] == expected
-    body = {"messages": DIALOG, "max_tokens": 1, **fields}
-    reply = _post(trusting_server, "/v1/chat/completions", body)
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+    _assert_prompt_is(
+        trusting_server, DIALOG, {"chat_template": REQUEST_TEMPLATE, **fields}, expected
+    )
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
