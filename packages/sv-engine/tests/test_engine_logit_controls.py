@@ -5,7 +5,9 @@ written out here (OpenAI's presence/frequency, vLLM's repetition and min_p)."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -110,14 +112,15 @@ def test_logit_bias_bans_and_favours(engine: Engine, oracle: transformers.LlamaF
     assert plain.output_ids[0] not in out
 
 
-def test_rows_without_controls_are_untouched_in_a_mixed_batch(engine: Engine) -> None:
+@pytest.mark.parametrize(
+    "controls", [{"presence_penalty": 2.0}, {"allowed_token_ids": {5, 6}}], ids=str
+)
+def test_rows_without_controls_are_untouched_in_a_mixed_batch(
+    engine: Engine, controls: dict[str, Any]
+) -> None:
     plain = SamplingParams(max_new_tokens=8, ignore_eos=True)
     want = [c.output_ids for c in engine.generate(PROMPTS, plain)]
-    ids = [
-        engine.add_request(
-            PROMPTS[0], SamplingParams(max_new_tokens=8, ignore_eos=True, presence_penalty=2.0)
-        )
-    ]
+    ids = [engine.add_request(PROMPTS[0], replace(plain, **controls))]
     ids += [engine.add_request(p, plain) for p in PROMPTS[1:]]
     done: dict[int, list[int]] = {}
     while engine.has_unfinished():
@@ -125,6 +128,8 @@ def test_rows_without_controls_are_untouched_in_a_mixed_batch(engine: Engine) ->
             if e.completion is not None:
                 done[e.request_id] = e.completion.output_ids
     assert [done[i] for i in ids[1:]] == want[1:]
+    if "allowed_token_ids" in controls:  # and the controlled row did what it asked
+        assert set(done[ids[0]]) <= controls["allowed_token_ids"]
 
 
 def test_min_tokens_bans_the_stop_tokens_until_then(
