@@ -4,7 +4,8 @@ vLLM's order: the allowed_token_ids mask, additive biases (logit_bias, min_token
 ids), then the repetition, frequency and presence penalties (they read each table row's
 output-token counts and prompt tokens, kept on the device; a verify step's draft positions
 count the drafts before them too, see draft_rows), then min_p. A step without
-`StepInputs.controls` samples its raw logits. The result is a new tensor: the raw logits stay for the log-probabilities.
+`StepInputs.controls` samples its raw logits. The result is a new tensor: the raw logits stay
+for the log-probabilities.
 
 Runs eagerly (a handful of torch ops, no host sync): a step with controls samples through
 `ops.sample`, not a captured sampling graph.

@@ -38,9 +38,10 @@ class LogitControls:
 
     bias: (row, token id, value added to its logit; -inf bans it): logit_bias, and min_tokens'
     stop ids. allowed: (row, the only token ids it may take, int64): allowed_token_ids, a
-    mask (a list of bias entries would name nearly the whole vocabulary every step). resets: (table row, prompt ids, output ids known so far, row of the previous
-    launch's sampled ids holding one more output token still on the device, or -1): the
-    penalties' token counts of that table row start afresh (a sequence new on it).
+    mask (a list of bias entries would name nearly the whole vocabulary every step).
+    resets: (table row, prompt ids, output ids known so far, row of the previous launch's
+    sampled ids holding one more output token still on the device, or -1): the penalties'
+    token counts of that table row start afresh (a sequence new on it).
     """
 
     presence: Sequence[float]
