@@ -3,7 +3,6 @@ SmolLM2-135M weights: 9 attention heads over 3 KV heads, so 3 ranks on the CPU o
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -78,50 +77,3 @@ def test_torchrun_launches_the_ranks_and_rank_zero_prints_what_one_rank_does(
     # All of stderr: a rank's own message comes before torchrun's long summary of the failure.
     assert done.returncode == 0, done.stderr
     assert re.findall(r"ids=(\[[\d, ]*\])", done.stdout) == one  # printed once: by rank 0
-
-
-@pytest.mark.slow
-def test_ctrl_c_while_the_ranks_start_ends_promptly(default_model: Path) -> None:
-    """A terminal's Ctrl-C (SIGINT to the whole process group) just after the ranks are spawned,
-    while they still import torch: it used to kill them there, and rank 0, blocked joining the
-    group, waited for them until its 5-minute timeout. Now it ends with 130, ranks and all."""
-    import signal
-    import subprocess
-    import time
-
-    from cli_test_support import SV
-
-    argv = [str(SV), "generate", "--tensor-parallel-size", "3", "--kv-cache-mib", "8", "hi", "4"]
-    sv = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, process_group=0
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not _children(sv.pid):  # the ranks are spawned
-            assert sv.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
-        ranks = _children(sv.pid)
-        os.killpg(sv.pid, signal.SIGINT)
-        _, err = sv.communicate(timeout=60)
-    finally:
-        if sv.poll() is None:
-            os.killpg(sv.pid, signal.SIGKILL)
-    assert sv.returncode == 130, err
-    assert err.strip().endswith("sv: interrupted"), err
-    time.sleep(1)  # the ranks end with rank 0
-    assert not [pid for pid in ranks if os.path.exists(f"/proc/{pid}")]
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (Linux /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            if parent == pid:
-                found.append(int(entry))
-    return found

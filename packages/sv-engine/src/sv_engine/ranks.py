@@ -248,13 +248,8 @@ def _spawn(cfg: EngineConfig, size: int, init_method: str) -> list[subprocess.Po
     for rank in range(1, size):
         device = str(_rank_device(cfg, rank))
         spec = RankSpec(rank, size, init_method, device, os.getpid())
-        # A process group of its own: a terminal's Ctrl-C reaches rank 0 alone. One that
-        # reached a rank still importing torch (before it ignores SIGINT) killed it, and rank 0,
-        # blocked in joining the group where no Python handler runs, waited for it until
-        # MODEL_GROUP_TIMEOUT. Now the ranks join, rank 0 gets its KeyboardInterrupt and stops
-        # them; they also end when rank 0 does (_exit_with_parent).
         process = subprocess.Popen(
-            [sys.executable, "-m", "sv_engine.rank_main"], stdin=subprocess.PIPE, process_group=0
+            [sys.executable, "-m", "sv_engine.rank_main"], stdin=subprocess.PIPE
         )
         if process.stdin is None:
             raise EngineError("a rank process started without a stdin pipe")
