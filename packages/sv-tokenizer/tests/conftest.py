@@ -174,12 +174,20 @@ def hf_smollm2(smollm2_dir: Path) -> Any:
     return _hf_tokenizer(smollm2_dir / "tokenizer.json", special_tokens_as_text=True)
 
 
-@pytest.fixture(scope="session")
-def hf_llama_chat(llama_dir: Path) -> Any:
-    """transformers' tokenizer over the Llama 3.2 files, for apply_chat_template as the oracle."""
+def _hf_chat(folder: Path, bos_token: str, eos_token: str) -> Any:
+    """transformers' tokenizer over a folder's tokenizer.json, for apply_chat_template as the
+    oracle."""
     transformers = pytest.importorskip("transformers")
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(llama_dir / "tokenizer.json"),
-        bos_token="<|begin_of_text|>",
-        eos_token="<|eot_id|>",
+        tokenizer_file=str(folder / "tokenizer.json"), bos_token=bos_token, eos_token=eos_token
     )
+
+
+@pytest.fixture(scope="session")
+def hf_llama_chat(llama_dir: Path) -> Any:
+    return _hf_chat(llama_dir, "<|begin_of_text|>", "<|eot_id|>")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_chat(smollm2_dir: Path) -> Any:
+    return _hf_chat(smollm2_dir, "<|im_start|>", "<|im_end|>")

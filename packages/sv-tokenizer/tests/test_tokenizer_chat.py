@@ -379,16 +379,6 @@ def test_no_chat_format(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- transformers' apply_chat_template
 
 
-@pytest.fixture(scope="module")
-def hf_smollm2_chat(smollm2_dir: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(smollm2_dir / "tokenizer.json"),
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-    )
-
-
 def apply_chat_template(
     hf: Any, template: str, messages: Sequence[Message], generation: bool
 ) -> list[int]:

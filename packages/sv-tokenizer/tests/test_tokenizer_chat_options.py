@@ -101,15 +101,6 @@ def test_a_kwarg_template_matches_transformers(
 # ---------------------------------------------------------------- the built-in formats
 
 
-@pytest.fixture(scope="module")
-def hf_smollm2_chat(smollm2_dir: Path) -> Any:
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(smollm2_dir / "tokenizer.json"),
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-    )
-
-
 def test_built_in_formats_continue_as_their_templates_do(
     llama_model: Tokenizer,
     smollm2: Tokenizer,
