@@ -97,7 +97,7 @@ def tokenizer(default_model: Path) -> Tokenizer:
 @pytest.fixture(scope="module")
 def longest(tokenizer: Tokenizer) -> tuple[int, str]:
     """The longest token's length in bytes, and its text."""
-    from sv_server.app import _longest_token_bytes
+    from sv_server.state import _longest_token_bytes
 
     size = _longest_token_bytes(tokenizer)
     ids = (i for i in range(tokenizer.vocab_size) if len(tokenizer.token_bytes(i)) == size)

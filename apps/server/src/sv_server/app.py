@@ -14,10 +14,10 @@ fits the context (400) -> check the queue (429) and that the server is not stopp
 submit to the EngineLoop -> wait for Accepted/Rejected -> stream or collect the tokens.
 
 Thread rule: the engine thread owns the Engine. The handlers use its tokenizer only to encode,
-and only on the one tokenizer thread (`ServerState.tokenizer_thread`): so the tokenizer's
-piece cache is never written from two threads at once, and a multi-MiB prompt is encoded
-while the event loop goes on serving /health and the other streams. The engine thread only
-decodes, which reads immutable tables.
+and only on the one tokenizer thread (`ServerState.tokenizer_thread`, state.py): so the
+tokenizer's piece cache is never written from two threads at once, and a multi-MiB prompt is
+encoded while the event loop goes on serving /health and the other streams. The engine thread
+only decodes, which reads immutable tables.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -43,7 +41,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_scheduler import max_new_tokens_that_fit
-from sv_tokenizer import ChatFormat, Message, Tokenizer, TokenizerError, Tools
+from sv_tokenizer import ChatFormat, Message, TokenizerError, Tools
 
 from sv_server import tools
 from sv_server.auth import ApiKeyMiddleware
@@ -82,6 +80,7 @@ from sv_server.reasoning import (
     parser_for,
     split_reasoning,
 )
+from sv_server.state import ServerState
 from sv_server.stops import StopStringMatcher
 
 log = logging.getLogger("sv_server")
@@ -89,42 +88,6 @@ log = logging.getLogger("sv_server")
 DEFAULT_MAX_QUEUE = 512
 RETRY_AFTER_S = 1
 DRAIN_POLL_S = 0.05  # how often a draining shutdown looks whether requests are still in flight
-
-
-@dataclass
-class ServerState:
-    loop: EngineLoop
-    metrics: Metrics
-    model_name: str
-    max_queue: int
-    add_bos: bool
-    created: int
-    max_request_bytes: int
-    read_timeout_s: float
-    reasoning: ReasoningParser | None = None  # --reasoning-parser: chat answers' thinking apart
-    trust_request_chat_template: bool = False  # take a request's own `chat_template`
-    # Set when shutting down: new generations get 503, and so do bodies still arriving.
-    closing: asyncio.Event = field(default_factory=asyncio.Event)
-    tokenizer_thread: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="sv-tokenizer")
-    )
-
-    def __post_init__(self) -> None:
-        engine = self.loop.engine
-        self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.runner.max_model_len
-        self.scheduler_config = engine.scheduler.config  # immutable: safe from this thread
-        self.vocab_size = engine.runner.config.vocab_size
-        self.longest_token_bytes = _longest_token_bytes(self.tokenizer)
-
-
-def _longest_token_bytes(tokenizer: Tokenizer) -> int:
-    """The most bytes one token stands for (special and added tokens included)."""
-    longest = 1
-    for token_id in range(tokenizer.vocab_size):
-        with contextlib.suppress(TokenizerError):  # an id without a token
-            longest = max(longest, len(tokenizer.token_bytes(token_id)))
-    return longest
 
 
 def create_app(

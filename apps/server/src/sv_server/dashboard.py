@@ -27,7 +27,7 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -36,9 +36,7 @@ from sv_trace.report import page
 
 from sv_server.errors import ServerError
 from sv_server.metrics import Histogram
-
-if TYPE_CHECKING:
-    from sv_server.app import ServerState
+from sv_server.state import ServerState
 
 FRAME_INTERVAL_S = 0.5
 COOKIE = "sv_dashboard"
