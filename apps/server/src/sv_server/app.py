@@ -10,8 +10,9 @@
 A generation request goes: check the API key (401, auth.py) -> check the Content-Type (415)
 -> read the body within its size and time limits (413, 408; body.py) -> on the tokenizer
 thread: decode the JSON and check it (400), check the model name (404), tokenize, check it
-fits the context (400) -> check the queue (429) and that the server is not stopping (503) ->
-submit to the EngineLoop -> wait for Accepted/Rejected -> stream or collect the tokens.
+fits the context (400; prompts.py) -> check the queue (429) and that the server is not
+stopping (503) -> submit to the EngineLoop -> wait for Accepted/Rejected -> stream or collect
+the tokens.
 
 Thread rule: the engine thread owns the Engine. The handlers use its tokenizer only to encode,
 and only on the one tokenizer thread (`ServerState.tokenizer_thread`, state.py): so the
@@ -26,7 +27,6 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
@@ -39,9 +39,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
-from sv_scheduler import max_new_tokens_that_fit
-from sv_tokenizer import ChatFormat, Message, TokenizerError, Tools
+from sv_engine import Engine, StreamEvent
+from sv_tokenizer import TokenizerError
 
 from sv_server import tools
 from sv_server.auth import ApiKeyMiddleware
@@ -57,9 +56,16 @@ from sv_server.engine_loop import Delivery, EngineLoop, Failed, Rejected, Reques
 from sv_server.errors import ServerError, bad_request
 from sv_server.logprobs import LogprobsWriter, Scored
 from sv_server.metrics import CONTENT_TYPE, Metrics
+from sv_server.prompts import (
+    Parser,
+    check_model,
+    client_message,
+    echo_text,
+    encode_chat,
+    prepare,
+    sampling_params,
+)
 from sv_server.protocol import (
-    DEFAULT_COMPLETION_MAX_TOKENS,
-    ChatOptions,
     ChunkEncoder,
     GenerationRequest,
     chunk_body,
@@ -74,7 +80,6 @@ from sv_server.protocol import (
     usage_chunk_body,
 )
 from sv_server.reasoning import (
-    ReasoningParser,
     ReasoningStream,
     ReasoningTokens,
     parser_for,
@@ -261,7 +266,7 @@ async def _models(_request: Request, state: ServerState) -> Response:
 
 
 async def _model(request: Request, state: ServerState) -> Response:
-    _check_model(state, request.path_params["model_id"])
+    check_model(state, request.path_params["model_id"])
     return JSONResponse(_model_card(state))
 
 
@@ -293,12 +298,12 @@ async def _tokenize(request: Request, state: ServerState) -> Response:
 
 def _tokenize_body(state: ServerState, raw: bytes) -> list[int]:
     req = parse_tokenize_request(decode_json(raw))
-    _check_model(state, req.model)
+    check_model(state, req.model)
     bos = state.tokenizer.bos_id
     ids = [bos] if req.add_special_tokens and state.add_bos and bos is not None else []
     if req.messages is None:
         return ids + state.tokenizer.encode(req.prompt or "")
-    return ids + _encode_chat(state, req.messages, req.chat_options)
+    return ids + encode_chat(state, req.messages, req.chat_options)
 
 
 async def _detokenize(request: Request, state: ServerState) -> Response:
@@ -311,34 +316,14 @@ async def _detokenize(request: Request, state: ServerState) -> Response:
 
 def _detokenize_body(state: ServerState, raw: bytes) -> str:
     model, tokens = parse_detokenize_request(decode_json(raw))
-    _check_model(state, model)
+    check_model(state, model)
     try:
         return state.tokenizer.decode(tokens)
     except TokenizerError as e:
-        raise bad_request(f"'tokens': {_client_message(state, e)}", param="tokens") from e
-
-
-def _client_message(state: ServerState, error: TokenizerError) -> str:
-    """The tokenizer's message without the model folder's path (it names the file, e.g.
-    tokenizer.json): where the model lives on the server is nothing a client needs."""
-    folder = os.path.dirname(state.tokenizer.source)
-    return str(error).replace(folder + os.sep, "") if folder else str(error)
-
-
-def _check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model != state.model_name:
-        raise ServerError(
-            f"the model '{model}' does not exist; this server serves '{state.model_name}'",
-            status=404,
-            param="model",
-            code="model_not_found",
-        )
+        raise bad_request(f"'tokens': {client_message(state, e)}", param="tokens") from e
 
 
 # --- generation -----------------------------------------------------------------------------
-
-
-Parser = Callable[[Any], GenerationRequest]
 
 
 async def _completions(request: Request, state: ServerState) -> Response:
@@ -368,237 +353,13 @@ async def _read(request: Request, state: ServerState) -> bytes:
     return reading.result()
 
 
-def _prepare(
-    state: ServerState, raw: bytes, parse: Parser
-) -> tuple[GenerationRequest, list[list[int]], list[list[int]]]:
-    """The CPU-heavy part of a request, for the tokenizer thread: the body as a checked
-    request, the token ids of each of its prompts (a chat has one), truncated if asked, and of
-    each the tail a reasoning parser reads (`_answer_turn`; a completion's: all of it, unread)."""
-    body = decode_json(raw)
-    req = parse(body)
-    _check_model(state, req.model)
-    keep = _kept_prompt_tokens(state, req)
-    if req.messages is not None:  # chat: the model's chat format
-        tools = req.tools.tools if req.tools is not None else None
-        ids = _encode_chat(state, req.messages, req.chat_options, tools)
-        turn = _answer_turn(state, req.messages, req.chat_options, tools, ids)
-        # (the turn is a tail of the prompt: truncation keeps the end of both)
-        return req, [_last(ids, keep)], [_last(turn, keep)]
-    prompts = req.prompts or []
-    encoded = [
-        _last(_prompt_ids(state, p, _which(i, len(prompts)), keep is None), keep)
-        for i, p in enumerate(prompts)
-    ]
-    return req, encoded, encoded
-
-
-def _kept_prompt_tokens(state: ServerState, req: GenerationRequest) -> int | None:
-    """How many of each prompt's last tokens the request keeps: vLLM's truncate_prompt_tokens
-    (-1: the context); None: all (a prompt longer than the context is refused later)."""
-    keep = req.truncate_prompt_tokens
-    if keep is None:
-        return None
-    if keep > state.max_model_len:
-        raise bad_request(
-            f"'truncate_prompt_tokens' is {keep} but the context is {state.max_model_len} tokens",
-            "truncate_prompt_tokens",
-        )
-    return state.max_model_len if keep == -1 else keep
-
-
-def _answer_turn(
-    state: ServerState,
-    messages: list[Message],
-    options: ChatOptions | None,
-    tools: Tools | None,
-    ids: list[int],
-) -> list[int]:
-    """The tail of a chat prompt that is the answer's own turn: the generation prompt, and
-    the message it continues. A reasoning parser reads the think tags there only: those of
-    earlier turns (an assistant's thinking kept in the history, before a tool's result; a
-    user who quotes `</think>`) say nothing of this answer. It is what the prompt adds to the
-    render of the history alone; the whole prompt where that render is not a prefix of it."""
-    options = options or ChatOptions()
-    history = messages[:-1] if options.continue_final_message else messages
-    if state.reasoning is None or not history:
-        return ids
-    try:
-        before = _chat_format(state, options).encode_dialog(
-            history,
-            add_generation_prompt=False,
-            tools=tools,
-            chat_template_kwargs=options.chat_template_kwargs,
-        )
-    except TokenizerError:  # a template that refuses the history alone (no answer to give)
-        return ids
-    return ids[len(before) :] if ids[: len(before)] == before else ids
-
-
-def _encode_chat(
-    state: ServerState,
-    messages: list[Message],
-    options: ChatOptions | None,
-    tools: Tools | None = None,
-) -> list[int]:
-    """A conversation's ids in the model's chat format; its refusals are 400s naming the
-    field at fault."""
-    options = options or ChatOptions()
-    try:
-        return _chat_format(state, options).encode_dialog(
-            messages,
-            add_generation_prompt=options.add_generation_prompt,
-            continue_final_message=options.continue_final_message,
-            tools=tools,
-            chat_template_kwargs=options.chat_template_kwargs,
-        )
-    except TokenizerError as e:
-        raise bad_request(_client_message(state, e), param=e.argument) from e
-
-
-def _chat_format(state: ServerState, options: ChatOptions) -> ChatFormat:
-    """The model's chat format, or the request's own template where the server trusts it."""
-    if options.chat_template is None:
-        return state.tokenizer.chat_format
-    if not state.trust_request_chat_template:
-        raise bad_request(
-            "'chat_template' is refused: this server renders only its own chat template (start "
-            "it with --trust-request-chat-template to take a request's)",
-            param="chat_template",
-        )
-    return state.tokenizer.template_chat_format(
-        options.chat_template, "the request's chat_template"
-    )
-
-
-def _last(ids: list[int], keep: int | None) -> list[int]:
-    """The last `keep` ids (vLLM's left truncation: the end of a prompt is what the answer
-    continues); all of them when None."""
-    return ids if keep is None else ids[-keep:]
-
-
-def _which(index: int, count: int) -> str:
-    """How a message names a prompt: 'the prompt', or 'prompt[i]' in a list of several."""
-    return "the prompt" if count == 1 else f"prompt[{index}]"
-
-
-def _prompt_ids(
-    state: ServerState, prompt: str | list[int], which: str, must_fit: bool = True
-) -> list[int]:
-    """A completions prompt's ids; `must_fit`: refuse a text too long for the context before
-    tokenizing it (not when it is to be truncated)."""
-    if isinstance(prompt, str):  # raw text; BOS only if the tokenizer adds one
-        bos = state.tokenizer.bos_id
-        bos_ids = [bos] if state.add_bos and bos is not None else []
-        if must_fit:
-            _refuse_text_that_cannot_fit(state, prompt, len(bos_ids), which)
-        return bos_ids + state.tokenizer.encode(prompt)
-    bad = next((t for t in prompt if not 0 <= t < state.vocab_size), None)
-    if bad is not None:
-        raise bad_request(
-            f"{which}: token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
-            "prompt",
-        )
-    return prompt
-
-
-def _refuse_text_that_cannot_fit(
-    state: ServerState, text: str, extra_tokens: int, which: str
-) -> None:
-    """A cheap, exact refusal before tokenizing: each token stands for at most
-    `longest_token_bytes` bytes of the text, so a text of B bytes has at least
-    ceil(B / longest) tokens. (Only for raw text: a chat template may change the contents.)"""
-    size = len(text.encode("utf-8"))
-    at_least = extra_tokens - (-size // state.longest_token_bytes)
-    if at_least >= state.max_model_len:
-        raise bad_request(
-            f"{which} has at least {at_least} tokens ({size} bytes, at most "
-            f"{state.longest_token_bytes} bytes per token) but the context is "
-            f"{state.max_model_len} tokens, leaving no room for an output token",
-            param="prompt",
-            code="context_length_exceeded",
-        )
-
-
-def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, which: str) -> int:
-    room = state.max_model_len - prompt_tokens
-    if room < 1:
-        raise bad_request(
-            f"{which} has {prompt_tokens} tokens but the context is {state.max_model_len} "
-            "tokens, leaving no room for an output token",
-            param="messages" if req.kind == "chat" else "prompt",
-            code="context_length_exceeded",
-        )
-    config = state.scheduler_config
-    fit = max_new_tokens_that_fit(prompt_tokens, config)
-    if fit < 1:  # the prompt alone is more than the KV pool could ever hold
-        raise bad_request(
-            f"{which} has {prompt_tokens} tokens but the KV cache holds "
-            f"{config.num_pages * config.page_size} tokens in all; start the server with a "
-            "larger --kv-cache-mib",
-            param="messages" if req.kind == "chat" else "prompt",
-            code="context_length_exceeded",
-        )
-    if req.max_tokens is None:
-        # Without max_tokens: up to the context, as far as the KV pool could ever hold (a
-        # budget over the pool would be refused, though the client asked for no number).
-        default = DEFAULT_COMPLETION_MAX_TOKENS if req.kind == "completion" else room
-        return min(default, room, fit)
-    if req.max_tokens > room:
-        raise bad_request(
-            f"max_tokens is {req.max_tokens} but {which} has {prompt_tokens} tokens and the "
-            f"context is {state.max_model_len}: at most {room} new tokens fit",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    if req.max_tokens > fit:
-        raise bad_request(
-            f"max_tokens is {req.max_tokens} but after {which}'s {prompt_tokens} tokens the KV "
-            f"cache ({config.num_pages} pages of {config.page_size} tokens) holds at most {fit} "
-            "new tokens; ask for fewer, or start the server with a larger --kv-cache-mib",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    return req.max_tokens
-
-
 async def _generate(request: Request, state: ServerState, parse: Parser) -> Response:
     raw = await _read(request, state)
     req, prompts, turns = await asyncio.get_running_loop().run_in_executor(
-        state.tokenizer_thread, partial(_prepare, state, raw, parse)
+        state.tokenizer_thread, partial(prepare, state, raw, parse)
     )
     thinking = state.reasoning if req.kind == "chat" else None  # completions: the raw text
-    _check_token_ids(state, req)
-    try:
-        params = [
-            SamplingParams(
-                max_new_tokens=max_new,
-                temperature=req.temperature,
-                top_k=req.top_k,  # the engine clamps it to the vocabulary
-                top_p=req.top_p,
-                seed=req.seed,
-                ignore_eos=req.ignore_eos,
-                stop_token_ids=req.stop_token_ids,
-                n=req.n,
-                logprobs=req.logprobs,
-                prompt_logprobs=req.logprobs if req.echo else None,
-                allowed_token_ids=req.allowed_token_ids,
-                logit_bias=req.logit_bias,
-                min_tokens=_min_tokens(req, max_new),
-                repetition_penalty=req.repetition_penalty,
-                frequency_penalty=req.frequency_penalty,
-                presence_penalty=req.presence_penalty,
-                min_p=req.min_p,
-                skip_special_tokens=req.skip_special_tokens,
-                grammar=req.grammar,
-                grammar_after_token=after,
-                grammar_wait_opener=opener,
-            )
-            for i, (ids, turn) in enumerate(zip(prompts, turns, strict=True))
-            for max_new in [_max_tokens(state, req, len(ids), _which(i, len(prompts)))]
-            for after, opener in [_grammar_wait(thinking, req, turn)]
-        ]
-    except EngineError as e:  # protocol.py checked every field already: a safety net
-        raise bad_request(str(e)) from e
+    params = sampling_params(state, req, prompts, turns, thinking)
     _check_open(state)
     if state.loop.queue_depth >= state.max_queue:
         raise ServerError(
@@ -616,7 +377,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             state.loop,
             RequestHandle(ids, choice),
             StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
-            echo=_echo_text(state, req, i, ids),
+            echo=echo_text(state, req, i, ids),
             logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
             reasoning=None if thinking is None else ReasoningTokens(thinking, opened),
         )
@@ -646,53 +407,6 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             on_close=partial(_close_all, generations),
         )
     return await _collect(request, req, state.model_name, generations, prompt_tokens)
-
-
-def _grammar_wait(
-    thinking: ReasoningParser | None, req: GenerationRequest, turn_ids: list[int]
-) -> tuple[int | None, int | None]:
-    """Where a chat answer's output constraint starts under a reasoning parser: after the
-    thinking (see reasoning.py; `turn_ids`: the prompt's `_answer_turn`); (None, None): from
-    the first token."""
-    if thinking is None or req.grammar is None:
-        return None, None
-    return thinking.grammar_wait(turn_ids)
-
-
-def _check_token_ids(state: ServerState, req: GenerationRequest) -> None:
-    """The token ids of the logit controls are in the vocabulary (protocol.py checked the
-    rest of them): else a 400 naming the field."""
-    for name, ids in (
-        ("allowed_token_ids", req.allowed_token_ids or ()),
-        ("logit_bias", req.logit_bias),
-    ):
-        bad = next((t for t in ids if t >= state.vocab_size), None)
-        if bad is not None:
-            raise bad_request(
-                f"'{name}': token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
-                name,
-            )
-
-
-def _min_tokens(req: GenerationRequest, max_new: int) -> int:
-    if req.min_tokens > max_new:
-        raise bad_request(
-            f"'min_tokens' is {req.min_tokens} but at most {max_new} tokens are generated "
-            "(max_tokens)",
-            "min_tokens",
-        )
-    return req.min_tokens
-
-
-def _echo_text(state: ServerState, req: GenerationRequest, index: int, ids: list[int]) -> str:
-    """With `echo`, the text of prompt `index` (of `ids`) as the answer repeats it: a text as
-    sent; token ids, or a truncated text, as the ids the model saw decode."""
-    if not req.echo or req.prompts is None:
-        return ""
-    prompt = req.prompts[index]
-    if isinstance(prompt, str) and req.truncate_prompt_tokens is None:
-        return prompt
-    return state.tokenizer.decode(ids)
 
 
 def _close_all(generations: list[_Generation]) -> None:

@@ -1,0 +1,330 @@
+"""Prompt preparation: a generation request's body, on the tokenizer thread, turned into what
+the engine takes: each prompt's token ids (a text encoded, a conversation in the model's chat
+format, truncated if asked), checked against the context and the KV pool, and each prompt's
+sampling parameters with the output budget that fits.
+
+Refusals are 400s naming the field at fault (404 for another model's name), raised before
+anything reaches the engine. A raw text too long for the context is refused before it is
+tokenized (`_refuse_text_that_cannot_fit`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from sv_engine import EngineError, SamplingParams
+from sv_scheduler import max_new_tokens_that_fit
+from sv_tokenizer import ChatFormat, Message, TokenizerError, Tools
+
+from sv_server.body import decode_json
+from sv_server.errors import ServerError, bad_request
+from sv_server.protocol import DEFAULT_COMPLETION_MAX_TOKENS, ChatOptions, GenerationRequest
+from sv_server.reasoning import ReasoningParser
+from sv_server.state import ServerState
+
+# parse_completion_request or parse_chat_request (protocol.py): decoded JSON -> a checked request
+Parser = Callable[[Any], GenerationRequest]
+
+
+def prepare(
+    state: ServerState, raw: bytes, parse: Parser
+) -> tuple[GenerationRequest, list[list[int]], list[list[int]]]:
+    """The CPU-heavy part of a request, for the tokenizer thread: the body as a checked
+    request, the token ids of each of its prompts (a chat has one), truncated if asked, and of
+    each the tail a reasoning parser reads (`_answer_turn`; a completion's: all of it, unread)."""
+    body = decode_json(raw)
+    req = parse(body)
+    check_model(state, req.model)
+    keep = _kept_prompt_tokens(state, req)
+    if req.messages is not None:  # chat: the model's chat format
+        tools = req.tools.tools if req.tools is not None else None
+        ids = encode_chat(state, req.messages, req.chat_options, tools)
+        turn = _answer_turn(state, req.messages, req.chat_options, tools, ids)
+        # (the turn is a tail of the prompt: truncation keeps the end of both)
+        return req, [_last(ids, keep)], [_last(turn, keep)]
+    prompts = req.prompts or []
+    encoded = [
+        _last(_prompt_ids(state, p, _which(i, len(prompts)), keep is None), keep)
+        for i, p in enumerate(prompts)
+    ]
+    return req, encoded, encoded
+
+
+def _kept_prompt_tokens(state: ServerState, req: GenerationRequest) -> int | None:
+    """How many of each prompt's last tokens the request keeps: vLLM's truncate_prompt_tokens
+    (-1: the context); None: all (a prompt longer than the context is refused later)."""
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return None
+    if keep > state.max_model_len:
+        raise bad_request(
+            f"'truncate_prompt_tokens' is {keep} but the context is {state.max_model_len} tokens",
+            "truncate_prompt_tokens",
+        )
+    return state.max_model_len if keep == -1 else keep
+
+
+def _answer_turn(
+    state: ServerState,
+    messages: list[Message],
+    options: ChatOptions | None,
+    tools: Tools | None,
+    ids: list[int],
+) -> list[int]:
+    """The tail of a chat prompt that is the answer's own turn: the generation prompt, and
+    the message it continues. A reasoning parser reads the think tags there only: those of
+    earlier turns (an assistant's thinking kept in the history, before a tool's result; a
+    user who quotes `</think>`) say nothing of this answer. It is what the prompt adds to the
+    render of the history alone; the whole prompt where that render is not a prefix of it."""
+    options = options or ChatOptions()
+    history = messages[:-1] if options.continue_final_message else messages
+    if state.reasoning is None or not history:
+        return ids
+    try:
+        before = _chat_format(state, options).encode_dialog(
+            history,
+            add_generation_prompt=False,
+            tools=tools,
+            chat_template_kwargs=options.chat_template_kwargs,
+        )
+    except TokenizerError:  # a template that refuses the history alone (no answer to give)
+        return ids
+    return ids[len(before) :] if ids[: len(before)] == before else ids
+
+
+def encode_chat(
+    state: ServerState,
+    messages: list[Message],
+    options: ChatOptions | None,
+    tools: Tools | None = None,
+) -> list[int]:
+    """A conversation's ids in the model's chat format; its refusals are 400s naming the
+    field at fault."""
+    options = options or ChatOptions()
+    try:
+        return _chat_format(state, options).encode_dialog(
+            messages,
+            add_generation_prompt=options.add_generation_prompt,
+            continue_final_message=options.continue_final_message,
+            tools=tools,
+            chat_template_kwargs=options.chat_template_kwargs,
+        )
+    except TokenizerError as e:
+        raise bad_request(client_message(state, e), param=e.argument) from e
+
+
+def _chat_format(state: ServerState, options: ChatOptions) -> ChatFormat:
+    """The model's chat format, or the request's own template where the server trusts it."""
+    if options.chat_template is None:
+        return state.tokenizer.chat_format
+    if not state.trust_request_chat_template:
+        raise bad_request(
+            "'chat_template' is refused: this server renders only its own chat template (start "
+            "it with --trust-request-chat-template to take a request's)",
+            param="chat_template",
+        )
+    return state.tokenizer.template_chat_format(
+        options.chat_template, "the request's chat_template"
+    )
+
+
+def _last(ids: list[int], keep: int | None) -> list[int]:
+    """The last `keep` ids (vLLM's left truncation: the end of a prompt is what the answer
+    continues); all of them when None."""
+    return ids if keep is None else ids[-keep:]
+
+
+def _which(index: int, count: int) -> str:
+    """How a message names a prompt: 'the prompt', or 'prompt[i]' in a list of several."""
+    return "the prompt" if count == 1 else f"prompt[{index}]"
+
+
+def _prompt_ids(
+    state: ServerState, prompt: str | list[int], which: str, must_fit: bool = True
+) -> list[int]:
+    """A completions prompt's ids; `must_fit`: refuse a text too long for the context before
+    tokenizing it (not when it is to be truncated)."""
+    if isinstance(prompt, str):  # raw text; BOS only if the tokenizer adds one
+        bos = state.tokenizer.bos_id
+        bos_ids = [bos] if state.add_bos and bos is not None else []
+        if must_fit:
+            _refuse_text_that_cannot_fit(state, prompt, len(bos_ids), which)
+        return bos_ids + state.tokenizer.encode(prompt)
+    bad = next((t for t in prompt if not 0 <= t < state.vocab_size), None)
+    if bad is not None:
+        raise bad_request(
+            f"{which}: token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
+            "prompt",
+        )
+    return prompt
+
+
+def _refuse_text_that_cannot_fit(
+    state: ServerState, text: str, extra_tokens: int, which: str
+) -> None:
+    """A cheap, exact refusal before tokenizing: each token stands for at most
+    `longest_token_bytes` bytes of the text, so a text of B bytes has at least
+    ceil(B / longest) tokens. (Only for raw text: a chat template may change the contents.)"""
+    size = len(text.encode("utf-8"))
+    at_least = extra_tokens - (-size // state.longest_token_bytes)
+    if at_least >= state.max_model_len:
+        raise bad_request(
+            f"{which} has at least {at_least} tokens ({size} bytes, at most "
+            f"{state.longest_token_bytes} bytes per token) but the context is "
+            f"{state.max_model_len} tokens, leaving no room for an output token",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+
+
+def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, which: str) -> int:
+    room = state.max_model_len - prompt_tokens
+    if room < 1:
+        raise bad_request(
+            f"{which} has {prompt_tokens} tokens but the context is {state.max_model_len} "
+            "tokens, leaving no room for an output token",
+            param="messages" if req.kind == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
+    config = state.scheduler_config
+    fit = max_new_tokens_that_fit(prompt_tokens, config)
+    if fit < 1:  # the prompt alone is more than the KV pool could ever hold
+        raise bad_request(
+            f"{which} has {prompt_tokens} tokens but the KV cache holds "
+            f"{config.num_pages * config.page_size} tokens in all; start the server with a "
+            "larger --kv-cache-mib",
+            param="messages" if req.kind == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
+    if req.max_tokens is None:
+        # Without max_tokens: up to the context, as far as the KV pool could ever hold (a
+        # budget over the pool would be refused, though the client asked for no number).
+        default = DEFAULT_COMPLETION_MAX_TOKENS if req.kind == "completion" else room
+        return min(default, room, fit)
+    if req.max_tokens > room:
+        raise bad_request(
+            f"max_tokens is {req.max_tokens} but {which} has {prompt_tokens} tokens and the "
+            f"context is {state.max_model_len}: at most {room} new tokens fit",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    if req.max_tokens > fit:
+        raise bad_request(
+            f"max_tokens is {req.max_tokens} but after {which}'s {prompt_tokens} tokens the KV "
+            f"cache ({config.num_pages} pages of {config.page_size} tokens) holds at most {fit} "
+            "new tokens; ask for fewer, or start the server with a larger --kv-cache-mib",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return req.max_tokens
+
+
+def sampling_params(
+    state: ServerState,
+    req: GenerationRequest,
+    prompts: list[list[int]],
+    turns: list[list[int]],
+    thinking: ReasoningParser | None,
+) -> list[SamplingParams]:
+    """Each prompt's sampling parameters (`prompts`: their ids, from `prepare`): the request's,
+    with its output budget (`max_tokens`, or its default, checked against the context and the
+    KV pool) and, under a reasoning parser (`thinking`), where the output constraint starts
+    (`turns`: the tails `prepare` returned). The logit controls' token ids are checked first."""
+    _check_token_ids(state, req)
+    try:
+        return [
+            SamplingParams(
+                max_new_tokens=max_new,
+                temperature=req.temperature,
+                top_k=req.top_k,  # the engine clamps it to the vocabulary
+                top_p=req.top_p,
+                seed=req.seed,
+                ignore_eos=req.ignore_eos,
+                stop_token_ids=req.stop_token_ids,
+                n=req.n,
+                logprobs=req.logprobs,
+                prompt_logprobs=req.logprobs if req.echo else None,
+                allowed_token_ids=req.allowed_token_ids,
+                logit_bias=req.logit_bias,
+                min_tokens=_min_tokens(req, max_new),
+                repetition_penalty=req.repetition_penalty,
+                frequency_penalty=req.frequency_penalty,
+                presence_penalty=req.presence_penalty,
+                min_p=req.min_p,
+                skip_special_tokens=req.skip_special_tokens,
+                grammar=req.grammar,
+                grammar_after_token=after,
+                grammar_wait_opener=opener,
+            )
+            for i, (ids, turn) in enumerate(zip(prompts, turns, strict=True))
+            for max_new in [_max_tokens(state, req, len(ids), _which(i, len(prompts)))]
+            for after, opener in [_grammar_wait(thinking, req, turn)]
+        ]
+    except EngineError as e:  # protocol.py checked every field already: a safety net
+        raise bad_request(str(e)) from e
+
+
+def _grammar_wait(
+    thinking: ReasoningParser | None, req: GenerationRequest, turn_ids: list[int]
+) -> tuple[int | None, int | None]:
+    """Where a chat answer's output constraint starts under a reasoning parser: after the
+    thinking (see reasoning.py; `turn_ids`: the prompt's `_answer_turn`); (None, None): from
+    the first token."""
+    if thinking is None or req.grammar is None:
+        return None, None
+    return thinking.grammar_wait(turn_ids)
+
+
+def _check_token_ids(state: ServerState, req: GenerationRequest) -> None:
+    """The token ids of the logit controls are in the vocabulary (protocol.py checked the
+    rest of them): else a 400 naming the field."""
+    for name, ids in (
+        ("allowed_token_ids", req.allowed_token_ids or ()),
+        ("logit_bias", req.logit_bias),
+    ):
+        bad = next((t for t in ids if t >= state.vocab_size), None)
+        if bad is not None:
+            raise bad_request(
+                f"'{name}': token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
+                name,
+            )
+
+
+def _min_tokens(req: GenerationRequest, max_new: int) -> int:
+    if req.min_tokens > max_new:
+        raise bad_request(
+            f"'min_tokens' is {req.min_tokens} but at most {max_new} tokens are generated "
+            "(max_tokens)",
+            "min_tokens",
+        )
+    return req.min_tokens
+
+
+def echo_text(state: ServerState, req: GenerationRequest, index: int, ids: list[int]) -> str:
+    """With `echo`, the text of prompt `index` (of `ids`) as the answer repeats it: a text as
+    sent; token ids, or a truncated text, as the ids the model saw decode."""
+    if not req.echo or req.prompts is None:
+        return ""
+    prompt = req.prompts[index]
+    if isinstance(prompt, str) and req.truncate_prompt_tokens is None:
+        return prompt
+    return state.tokenizer.decode(ids)
+
+
+def client_message(state: ServerState, error: TokenizerError) -> str:
+    """The tokenizer's message without the model folder's path (it names the file, e.g.
+    tokenizer.json): where the model lives on the server is nothing a client needs."""
+    folder = os.path.dirname(state.tokenizer.source)
+    return str(error).replace(folder + os.sep, "") if folder else str(error)
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.model_name:
+        raise ServerError(
+            f"the model '{model}' does not exist; this server serves '{state.model_name}'",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
