@@ -1,0 +1,377 @@
+"""Answer delivery: the tokens of a generation's accepted requests, as text, to the client.
+
+`Generation` turns one engine request's deliveries into text, with stop strings applied.
+`collect` waits for every choice and answers with one JSON body; `stream` sends them as
+server-sent events in OpenAI's chunk schema, inside an `EventStream`. Either way a client that
+hangs up, or a failure, cancels every engine request of the answer (`close_all`), and a
+reasoning parser's thinking and a tool call's text come apart from the content here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+from sv_engine import StreamEvent
+
+from sv_server import tools
+from sv_server.engine_loop import Delivery, EngineLoop, Failed, RequestHandle, Token
+from sv_server.errors import ServerError
+from sv_server.logprobs import LogprobsWriter, Scored
+from sv_server.protocol import (
+    ChunkEncoder,
+    GenerationRequest,
+    chunk_body,
+    event_json,
+    new_id,
+    response_body,
+    usage,
+    usage_chunk_body,
+)
+from sv_server.reasoning import ReasoningStream, ReasoningTokens, split_reasoning
+from sv_server.stops import StopStringMatcher
+
+
+class Generation:
+    """The tokens of one accepted request, as text, with stop strings applied.
+
+    Ends at the engine's finish ("stop"/"length") or at a stop string, which cancels the
+    request in the engine at once. `close()` cancels it if it is still running (client gone).
+    `echo`: text that comes first (the prompt, for completions' echo). With `logprobs`, the
+    scored tokens gather as they come, until `take_logprobs` renders them. With `reasoning`
+    (chat under a reasoning parser), its thinking tokens are counted.
+    """
+
+    def __init__(
+        self,
+        loop: EngineLoop,
+        handle: RequestHandle,
+        matcher: StopStringMatcher,
+        *,
+        echo: str = "",
+        logprobs: LogprobsWriter | None = None,
+        reasoning: ReasoningTokens | None = None,
+    ) -> None:
+        self._loop = loop
+        self.handle = handle
+        self._matcher = matcher
+        self._echo = echo
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.logprobs = logprobs
+        self.reasoning = reasoning
+        self._scored: list[Scored] = []
+
+    def take_logprobs(self) -> dict[str, Any] | None:
+        """The log-probabilities of the tokens consumed since the last call, rendered."""
+        if self.logprobs is None:
+            return None
+        scored, self._scored = self._scored, []
+        return self.logprobs.render(scored)
+
+    async def texts(self) -> AsyncIterator[str]:
+        """The answer's text, piece by piece. Tokens that queued up while the client was being
+        served come out as one piece: under load, fewer and larger chunks, not a backlog."""
+        deliveries = self.handle.deliveries
+        while self.finish_reason is None:
+            pieces = [self._consume(await deliveries.get())]
+            while self.finish_reason is None and not deliveries.empty():
+                pieces.append(self._consume(deliveries.get_nowait()))
+            text = "".join(pieces)
+            if self._echo:
+                text, self._echo = self._echo + text, ""
+            if text:
+                yield text
+
+    def _consume(self, delivery: Delivery) -> str:
+        """Account for one delivery; returns the text it makes safe to show."""
+        if isinstance(delivery, Failed):
+            self.close()
+            raise delivery.error()
+        if not isinstance(delivery, Token):
+            return ""  # Accepted/Rejected only come first
+        event = delivery.event
+        if event.token_id is not None:
+            self.completion_tokens += 1
+            if self.reasoning is not None and event.finished != "stop":  # (a stop token: no text)
+                self.reasoning.push(event.token_id)
+        if self.logprobs is not None:
+            self._score(event)
+        text = self._matcher.push(event.text)
+        if self._matcher.stopped:
+            self.finish_reason = "stop"
+            self._loop.cancel(self.handle)  # frees its pages before the next step
+        elif event.finished is not None:
+            if event.finished not in ("stop", "length"):
+                self.close()
+                raise ServerError(
+                    f"the request ended unexpectedly ({event.finished})",
+                    status=500,
+                    type="server_error",
+                )
+            text += self._matcher.flush()
+            self.finish_reason = event.finished
+        return text
+
+    def _score(self, event: StreamEvent) -> None:
+        if event.prompt_logprobs is not None:  # echo: the prompt's tokens come first
+            self._scored.extend(zip(self.handle.prompt_ids, event.prompt_logprobs, strict=True))
+        # A stop token's text is not shown: nor is its log-probability.
+        if event.token_id is not None and event.logprob is not None and event.finished != "stop":
+            self._scored.append((event.token_id, event.logprob))
+
+    def close(self) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = "cancelled"
+            self._loop.cancel(self.handle)
+
+
+def close_all(generations: list[Generation]) -> None:
+    for generation in generations:
+        generation.close()
+
+
+async def collect(
+    request: Request,
+    req: GenerationRequest,
+    model: str,
+    generations: list[Generation],
+    prompt_tokens: int,
+) -> Response:
+    """A non-streamed answer; a client that hangs up meanwhile cancels every request of it.
+    With a reasoning parser, each choice's text is split on its own."""
+
+    async def all_texts() -> list[str]:
+        async def text_of(generation: Generation) -> str:
+            return "".join([text async for text in generation.texts()])
+
+        tasks = [asyncio.ensure_future(text_of(g)) for g in generations]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:  # one failed: the others stop waiting too
+            for task in tasks:
+                task.cancel()
+
+    answer = asyncio.ensure_future(all_texts())
+    hangup = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({answer, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done():
+            answer.cancel()
+            return Response(status_code=499)  # nobody is listening; for the access log
+        texts = answer.result()
+    finally:
+        hangup.cancel()
+        close_all(generations)
+    contents: list[str | None] = list(texts)
+    reasoning = None
+    counts = _reasoning_tokens(generations)
+    if counts is not None:
+        splits = [
+            split_reasoning(text, count.opens_in_thinking)
+            for text, count in zip(texts, counts, strict=True)
+        ]
+        reasoning = [r for r, _ in splits]
+        contents = [c for _, c in splits]
+    body = response_body(
+        req.kind,
+        new_id(req.kind),
+        model,
+        [(text, g.finish_reason or "") for text, g in zip(contents, generations, strict=True)],
+        prompt_tokens,
+        sum(g.completion_tokens for g in generations),
+        logprobs=[g.take_logprobs() for g in generations] if req.logprobs is not None else None,
+        reasoning=reasoning,
+        reasoning_tokens=None if counts is None else sum(c.count for c in counts),
+    )
+    if req.tools is not None:
+        tools.apply_to_response(body, req.tools)
+    return JSONResponse(body)
+
+
+def _reasoning_tokens(generations: list[Generation]) -> list[ReasoningTokens] | None:
+    """Each choice's thinking count, under a reasoning parser (chat); else None."""
+    counts = [g.reasoning for g in generations if g.reasoning is not None]
+    return counts or None
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else event_json(payload)
+    return f"data: {data}\n\n"
+
+
+async def _pieces(generations: list[Generation]) -> AsyncIterator[tuple[int, str | None]]:
+    """(choice index, text) as each generation's text comes, interleaved, and (index, None)
+    when that generation has finished. A failure in one raises here."""
+    if len(generations) == 1:  # the common case, without a task per piece
+        async for text in generations[0].texts():
+            yield 0, text
+        yield 0, None
+        return
+    streams = [g.texts() for g in generations]
+    pending = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                index = pending.pop(task)
+                try:
+                    text = task.result()
+                except StopAsyncIteration:
+                    yield index, None
+                    continue
+                pending[asyncio.ensure_future(anext(streams[index]))] = index
+                yield index, text
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+async def stream(
+    req: GenerationRequest,
+    model: str,
+    generations: list[Generation],
+    prompt_tokens: int,
+) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk schema, ending with `data: [DONE]`. Each choice's
+    chunks carry its index (for chat, its first one the role); a choice's last chunk carries
+    its finish_reason. With a reasoning parser, each choice's thinking comes as
+    `delta.reasoning_content` and only the rest goes on as content (to the tool-call parser).
+    With `continuous_usage`, every chunk carries the usage so far (vLLM's)."""
+    response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
+    counts = _reasoning_tokens(generations)
+
+    def usage_so_far() -> dict[str, Any]:
+        return usage(
+            prompt_tokens,
+            sum(g.completion_tokens for g in generations),
+            None if counts is None else sum(c.count for c in counts),
+        )
+
+    def chunk(body: dict[str, Any]) -> str:
+        if req.continuous_usage:
+            body["usage"] = usage_so_far()
+        return _sse(body)
+
+    if kind == "chat":
+        for index in range(len(generations)):
+            yield chunk(chunk_body(kind, response_id, model, created, "", index=index, first=True))
+    encoders = [
+        ChunkEncoder(kind, response_id, model, created, index) for index in range(len(generations))
+    ]
+    # Chat with tools: each choice's text that may be a tool call is held back and sent as
+    # its deltas, with the held tokens' logprobs on the first of them.
+    calls = None
+    if req.tools is not None and req.tools.parses:
+        calls = [tools.ToolCallStream(req.tools) for _ in generations]
+    splits = None
+    if counts is not None:
+        splits = [ReasoningStream(count.opens_in_thinking) for count in counts]
+
+    def content_events(index: int, text: str | None) -> Iterator[str]:
+        """The events of a piece of choice `index`'s content (None: the choice has ended)."""
+        generation = generations[index]
+        logprobs = None
+        if calls is not None:
+            deltas = calls[index].push(text) if text is not None else calls[index].finish()
+            for i, delta in enumerate(deltas):
+                yield chunk(
+                    tools.delta_chunk(
+                        response_id,
+                        model,
+                        created,
+                        delta,
+                        index=index,
+                        logprobs=generation.take_logprobs() if i == 0 else None,
+                    )
+                )
+            if text is not None:
+                return
+            logprobs = generation.take_logprobs()
+        elif text is not None and generation.logprobs is None and not req.continuous_usage:
+            yield encoders[index].text_event(text)
+            return
+        else:
+            logprobs = generation.take_logprobs()
+            if text is not None:
+                yield chunk(
+                    chunk_body(
+                        kind, response_id, model, created, text, index=index, logprobs=logprobs
+                    )
+                )
+                return
+        last = None if kind == "chat" else ""
+        reason = generation.finish_reason
+        if calls is not None and calls[index].called:
+            reason = "tool_calls"
+        yield chunk(
+            chunk_body(
+                kind, response_id, model, created, last, reason, index=index, logprobs=logprobs
+            )
+        )
+
+    try:
+        async for index, text in _pieces(generations):
+            if splits is None:
+                for event in content_events(index, text):
+                    yield event
+                continue
+            split = splits[index]
+            reasoning, content = split.push(text) if text is not None else split.finish()
+            if reasoning:
+                logprobs = generations[index].take_logprobs()
+                yield chunk(
+                    chunk_body(
+                        kind,
+                        response_id,
+                        model,
+                        created,
+                        None,
+                        index=index,
+                        logprobs=logprobs,
+                        reasoning=reasoning,
+                    )
+                )
+            if content:
+                for event in content_events(index, content):
+                    yield event
+            if text is None:
+                for event in content_events(index, None):
+                    yield event
+    except ServerError as e:  # the status line is gone already: the error goes in the stream
+        close_all(generations)
+        yield _sse(e.body())
+        yield _sse("[DONE]")
+        return
+    if req.include_usage:
+        yield _sse(usage_chunk_body(kind, response_id, model, created, usage_so_far()))
+    yield _sse("[DONE]")
+
+
+class EventStream(StreamingResponse):
+    """A text/event-stream response that calls `on_close` however it ends: finished, client
+    disconnected (Starlette cancels the stream) or failed. That is what cancels the request."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
