@@ -193,6 +193,37 @@ def test_streamed_deltas_concatenate_to_the_whole_answer(
     assert usage == whole.usage  # reasoning_tokens included
 
 
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+@pytest.mark.parametrize("name", ["prefilled-thinking", "strong-think"])
+def test_continuous_usage_counts_each_choices_own_thinking(
+    servers: dict[str, Any], parser: str, name: str
+) -> None:
+    """vLLM's continuous_usage_stats under a reasoning parser: a chunk's usage is its own
+    choice's so far, its reasoning_tokens those of that choice's tokens so far that are
+    thinking (by the documented rule over its logprobs entries; the stop token, which has
+    none, counts in completion_tokens only)."""
+    fields, last_tag = next((v[1], v[2]) for v in VARIANTS if v[0] == name)
+    body = _request(fields, logprobs=True, stream=True)
+    body["stream_options"] = {"continuous_usage_stats": True}
+    tokens: dict[int, list[Any]] = {}
+    prompt_tokens = set()
+    for chunk in _create(servers[parser], body):
+        (choice,) = chunk.choices
+        entries = tokens.setdefault(choice.index, [])
+        if choice.logprobs is not None and choice.logprobs.content:
+            entries.extend(choice.logprobs.content)
+        stop_token = choice.finish_reason == "stop"  # (no stop string here: the EOS token)
+        usage = chunk.usage
+        prompt_tokens.add(usage.prompt_tokens)
+        assert usage.completion_tokens == len(entries) + stop_token
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        thinking = thinking_of(entries, opened(parser, last_tag))
+        assert usage.completion_tokens_details.reasoning_tokens == len(thinking)
+    assert sorted(tokens) == [0, 1, 2] and len(prompt_tokens) == 1
+    counts = [len(thinking_of(t, opened(parser, last_tag))) for t in tokens.values()]
+    assert len(set(counts)) > 1  # the choices thought differently long: a sum would show
+
+
 def test_stop_strings_apply_to_the_whole_text_thinking_included(
     servers: dict[str, Any],
 ) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import tokenizers
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletionChunk
 from server_test_support import RunningServer
 
 LONG_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away. " * 8
@@ -70,22 +72,76 @@ def test_continuous_usage_counts_each_chunks_tokens(server: RunningServer) -> No
     assert final["usage"] == text_chunks[-1]["usage"]
 
 
-def test_continuous_usage_in_chat_starts_at_zero_and_ends_at_the_total(
-    server: RunningServer,
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def test_continuous_usage_with_several_prompts_and_choices_is_each_choices_own(
+    server: RunningServer, default_model: Path
 ) -> None:
+    """vLLM's completion_stream_generator: a chunk's usage is its prompt's tokens and its own
+    choice's tokens so far, not the response's; the include_usage chunk sums them all. Token
+    counts: the HF tokenizer's for the prompts, one logprobs entry per generated token (no
+    stop token with ignore_eos) for the choices; each usage parses as the SDK's CompletionUsage."""
+    prompts = ["The three primary colours are", "Once upon a time, in a land far, far away,"]
+    lengths = [len(_hf_ids(default_model, p)) for p in prompts]
+    assert lengths[0] != lengths[1]
     body = {
-        "messages": [{"role": "user", "content": "Count to five."}],
-        "max_tokens": 10,
+        "prompt": prompts,
         "n": 2,
+        "max_tokens": 6,
+        "logprobs": 0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    *chunks, final = _stream_chunks(server, "/v1/completions", body)
+    seen = [0] * 4  # choice index = prompt * n + choice, as OpenAI numbers them
+    for chunk in chunks:
+        CompletionUsage.model_validate(chunk["usage"])  # (a chunk's finish_reason: null)
+        (choice,) = chunk["choices"]
+        index = choice["index"]
+        seen[index] += len(choice["logprobs"]["tokens"])
+        assert chunk["usage"] == _usage(lengths[index // 2], seen[index]), chunk
+    assert seen == [6, 6, 6, 6]
+    assert final["choices"] == [] and final["usage"] == _usage(sum(lengths), 24)  # each prompt once
+
+
+def test_continuous_usage_in_chat_is_each_choices_own(
+    server: RunningServer, default_model: Path
+) -> None:
+    """vLLM's chat_completion_stream_generator: each choice's role chunk has its usage at zero
+    completion tokens, and every later chunk the tokens of its own choice so far (not the sum
+    over the choices); the prompt's count is transformers' apply_chat_template's."""
+    import transformers
+
+    messages = [{"role": "user", "content": "Count to five."}]
+    hf_chat = transformers.AutoTokenizer.from_pretrained(default_model)
+    text = hf_chat.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_tokens = len(hf_chat.encode(text, add_special_tokens=False))
+    body = {
+        "messages": messages,
+        "max_tokens": 10,
+        "n": 3,
+        "logprobs": True,
+        "ignore_eos": True,
         "stream_options": {"continuous_usage_stats": True},
     }
     chunks = _stream_chunks(server, "/v1/chat/completions", body)
-    counts = [c["usage"]["completion_tokens"] for c in chunks]
-    assert counts[:2] == [0, 0]  # each choice's role chunk
-    assert counts == sorted(counts) and 2 <= counts[-1] <= 20
-    whole = {"completion_tokens": counts[-1], "prompt_tokens": chunks[0]["usage"]["prompt_tokens"]}
-    assert all(c["choices"] for c in chunks)  # without include_usage: no usage-only chunk
-    assert chunks[-1]["usage"]["total_tokens"] == sum(whole.values())
+    seen = [0, 0, 0]
+    for number, chunk in enumerate(chunks):
+        ChatCompletionChunk.model_validate(chunk)
+        (choice,) = chunk["choices"]
+        index = choice["index"]
+        if number < 3:  # the role chunks, one per choice, first
+            assert choice["delta"]["role"] == "assistant" and index == number
+        if choice["logprobs"] is not None:
+            seen[index] += len(choice["logprobs"]["content"])
+        assert chunk["usage"] == _usage(prompt_tokens, seen[index]), chunk
+    assert seen == [10, 10, 10]  # without include_usage: no usage-only chunk
 
 
 def test_continuous_usage_must_be_a_bool(server: RunningServer) -> None:

@@ -247,7 +247,8 @@ async def stream(
     chunks carry its index (for chat, its first one the role); a choice's last chunk carries
     its finish_reason. With a reasoning parser, each choice's thinking comes as
     `delta.reasoning_content` and only the rest goes on as content (to the tool-call parser).
-    With `continuous_usage`, every chunk carries the usage so far (vLLM's)."""
+    With `continuous_usage`, every chunk carries the usage so far of its own choice, as vLLM's
+    does (its prompt's tokens and that choice's), while `include_usage`'s last chunk counts all."""
     response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
     counts = _reasoning_tokens(generations)
 
@@ -260,7 +261,13 @@ async def stream(
 
     def chunk(body: dict[str, Any]) -> str:
         if req.continuous_usage:
-            body["usage"] = usage_so_far()
+            index = body["choices"][0]["index"]  # (a chunk is one choice's)
+            generation = generations[index]
+            body["usage"] = usage(
+                len(generation.handle.prompt_ids),  # its prompt's (of several, completions)
+                generation.completion_tokens,
+                None if counts is None else counts[index].count,
+            )
         return _sse(body)
 
     if kind == "chat":

@@ -50,7 +50,7 @@ class GenerationRequest:
     logprobs: None: off; K: each output token's log-probability and its top K alternatives
               (chat's `logprobs: true` + `top_logprobs`, completions' integer `logprobs`).
     echo: completions: the prompt comes first in the text (and its tokens in the logprobs).
-    continuous_usage: streamed, every chunk carries the response's usage so far.
+    continuous_usage: streamed, every chunk carries its choice's usage so far (vLLM's).
     truncate_prompt_tokens: None: off; N: each prompt keeps only its last N tokens (vLLM's
               left truncation); -1: the last max_model_len (the server's limit, applied there).
     """
