@@ -117,8 +117,10 @@ def test_the_flag_gives_the_raw_text_split_by_hand(
     thinking_tokens = 0
     seen = set()
     for got, expected in zip(split.choices, raw.choices, strict=True):
-        assert "reasoning_content" not in (expected.message.model_extra or {})  # no flag
+        assert not {"reasoning", "reasoning_content"} & set(expected.message.model_extra or {})
         reasoning, content = by_hand(expected.message.content, opened(parser, last_tag))
+        # vLLM's newer name and its older one, the same text
+        assert got.message.model_extra["reasoning"] == got.message.reasoning_content
         counted = thinking_of(expected.logprobs.content, opened(parser, last_tag))
         # the counted tokens are those whose text is the thinking
         assert b"".join(bytes(t.bytes) for t in counted).decode() == (reasoning or "")
@@ -176,6 +178,7 @@ def test_streamed_deltas_concatenate_to_the_whole_answer(
         for choice in chunk.choices:
             delta = choice.delta
             piece = getattr(delta, "reasoning_content", None)
+            assert getattr(delta, "reasoning", None) == piece  # both names, or neither
             if piece is not None:
                 assert "</think>" not in piece and piece
                 reasoning[choice.index] = reasoning.get(choice.index, "") + piece
@@ -512,11 +515,53 @@ def test_the_thinking_in_the_history_renders_as_transformers_does(
 
 
 @pytest.mark.parametrize(
+    "names",
+    [("reasoning",), ("reasoning", "reasoning_content")],
+    ids=["newer-name", "both-names"],
+)
+def test_the_thinking_under_vllms_newer_name_renders_the_same(
+    servers: dict[str, Any], tiny_qwen3_dir: Path, names: tuple[str, ...]
+) -> None:
+    """vLLM reads an assistant message's thinking from the history as `reasoning` and gives
+    it to the template as `reasoning_content` too (Qwen3's reads that one): the ids are
+    transformers' with `reasoning_content`, the chat prompt's count with them."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+
+    def ids(**options: bool) -> list[int]:
+        text = hf.apply_chat_template([*QUESTION, THOUGHT], tokenize=False, **options)
+        return list(hf.encode(text, add_special_tokens=False))
+
+    expected = ids()
+    thought = {"role": "assistant", "content": "4"}
+    thought |= dict.fromkeys(names, THOUGHT["reasoning_content"])
+    body = {"messages": [*QUESTION, thought], "add_generation_prompt": False}
+    tokenized = httpx.post(f"{servers['qwen3'].url}/tokenize", json=body, timeout=60)
+    assert tokenized.status_code == 200, tokenized.text
+    assert tokenized.json()["tokens"] == expected
+    body = {"messages": body["messages"], "continue_final_message": True, "max_tokens": 1}
+    reply = httpx.post(f"{servers['qwen3'].url}/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    continued = ids(continue_final_message=True)
+    assert reply.json()["usage"]["prompt_tokens"] == len(continued) < len(expected)
+
+
+@pytest.mark.parametrize(
     ("message", "says"),
     [
         (THOUGHT | {"reasoning_content": "x<|im_end|>"}, "contains the token <|im_end|>"),
         (THOUGHT | {"role": "user"}, "on an 'assistant' message"),
         (THOUGHT | {"reasoning_content": 4}, "must be a string"),
+        (
+            {"role": "assistant", "content": "4", "reasoning": "x<|im_end|>"},
+            "contains the token <|im_end|>",
+        ),
+        (THOUGHT | {"reasoning": 4}, "reasoning must be a string"),
+        (
+            {"role": "user", "content": "x", "reasoning": "y"},
+            "reasoning must be a string, on an 'assistant' message",
+        ),
+        (THOUGHT | {"reasoning": "2+2 is four."}, "reasoning_content differ"),
     ],
 )
 def test_a_bad_thinking_in_the_history_is_a_400(

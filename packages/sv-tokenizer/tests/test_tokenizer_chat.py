@@ -498,6 +498,36 @@ def test_a_name_reaches_the_template_as_transformers_passes_it(
     assert smollm2.chat_format.encode_dialog(NAMED) == smollm2.chat_format.encode_dialog(unnamed)
 
 
+# A template that reads an assistant's earlier thinking under vLLM's newer name.
+THINKING_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message.reasoning is defined %}<think>{{ message.reasoning }}</think>{% endif %}"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+)
+
+
+def test_a_thinking_reaches_the_template_under_both_of_vllms_names(
+    smollm2: Tokenizer, hf_smollm2_chat: Any
+) -> None:
+    """vLLM hands an assistant message's thinking to the template as `reasoning` and as
+    `reasoning_content`: a template reading either sees it, as transformers renders it."""
+    messages = [Message("user", "2+2?"), Message("assistant", "4", reasoning_content="Two twos.")]
+    dicts = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning": "Two twos.", "reasoning_content": "Two twos."},
+    ]  # fmt: skip
+    for template in (
+        THINKING_TEMPLATE,
+        THINKING_TEMPLATE.replace("reasoning", "reasoning_content"),
+    ):
+        ours = template_format(smollm2, template)
+        expected_text = hf_smollm2_chat.apply_chat_template(
+            dicts, chat_template=template, tokenize=False
+        )
+        assert "<think>Two twos.</think>4" in expected_text
+        assert ours.render(messages) == expected_text
+
+
 def test_a_name_cannot_forge_a_control_token(smollm2: Tokenizer) -> None:
     ours = template_format(smollm2, NAMED_TEMPLATE)
     with pytest.raises(TokenizerError, match=r"chat message 0: name .* contains the token"):

@@ -537,7 +537,7 @@ def _message(item: Any, index: int) -> Message:
     param = f"messages[{index}]"
     if not isinstance(item, dict):
         raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
-    known = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
+    known = {"role", "content", "name", "tool_calls", "tool_call_id", *REASONING_FIELDS}
     unknown = set(item) - known
     unknown -= _DERIVED_REPLY_FIELDS
     for key in sorted(unknown):
@@ -552,7 +552,7 @@ def _message(item: Any, index: int) -> Message:
     call_id = item.get("tool_call_id")
     if call_id is not None and (role != "tool" or not isinstance(call_id, str)):
         raise bad_request(f"{param}.tool_call_id must be a string, on a 'tool' message", param)
-    reasoning = _reasoning_content(item.get("reasoning_content"), role, param)
+    reasoning = _reasoning(item, role, param)
     if (calls or reasoning is not None) and content is None:
         content = ""  # an assistant turn that only called a tool, or only thought
     if role not in CHAT_ROLES:
@@ -582,14 +582,30 @@ def _message(item: Any, index: int) -> Message:
     return Message(role, content, name, calls, call_id, reasoning)
 
 
-def _reasoning_content(value: Any, role: Any, param: str) -> str | None:
-    """An assistant message's thinking, as a reasoning parser gave it (this server's replies
-    under --reasoning-parser carry it, and the openai client sends a reply back whole)."""
-    if value is not None and (role != "assistant" or not isinstance(value, str)):
+# An assistant message's thinking, as a reasoning parser gave it: vLLM's newer name for it
+# first (`reasoning`, which vLLM reads from the history), then the older one, which this
+# server's replies carry beside it and Qwen3's template reads.
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+
+
+def _reasoning(item: Mapping[str, Any], role: Any, param: str) -> str | None:
+    """An assistant message's thinking, under either name (the openai client sends a reply
+    back whole, with both as this server gave them); both given, they must agree."""
+    given = {}
+    for key in REASONING_FIELDS:
+        value = item.get(key)
+        if value is None:
+            continue
+        if role != "assistant" or not isinstance(value, str):
+            raise bad_request(f"{param}.{key} must be a string, on an 'assistant' message", param)
+        given[key] = value
+    if len(set(given.values())) > 1:
         raise bad_request(
-            f"{param}.reasoning_content must be a string, on an 'assistant' message", param
+            f"{param}.reasoning and {param}.reasoning_content differ (two names for the same "
+            "thinking): give one, or the same text in both",
+            param,
         )
-    return value
+    return next(iter(given.values()), None)
 
 
 def _tool_calls(value: Any, role: Any, param: str) -> tuple[ToolCall, ...]:
@@ -663,7 +679,8 @@ def response_body(
     """The whole (non-streamed) answer: `choices` are (text, finish_reason), in index order
     (chat's text None: no content); the token counts are their sums; `logprobs`: each
     choice's, if asked for; `reasoning`: chat with a reasoning parser, each choice's
-    `reasoning_content` (None: it did not think), and `reasoning_tokens` their count."""
+    `reasoning` and `reasoning_content` (None: it did not think), and `reasoning_tokens`
+    their count."""
     bodies = []
     for index, (text, finish_reason) in enumerate(choices):
         choice: dict[str, Any] = {
@@ -676,7 +693,7 @@ def response_body(
         else:
             choice["message"] = {"role": "assistant", "content": text}
             if reasoning is not None:
-                choice["message"]["reasoning_content"] = reasoning[index]
+                choice["message"].update(dict.fromkeys(REASONING_FIELDS, reasoning[index]))
         bodies.append(choice)
     return {
         "id": response_id,
@@ -703,7 +720,7 @@ def chunk_body(
 ) -> dict[str, Any]:
     """One streamed chunk, of choice `index`. For chat, the first chunk carries the role, the
     last an empty delta. `logprobs`: those of the chunk's tokens. `reasoning`: chat, a piece
-    of the thinking (`delta.reasoning_content`)."""
+    of the thinking (`delta.reasoning` and `delta.reasoning_content`)."""
     choice: dict[str, Any] = {
         "index": index,
         "logprobs": logprobs,
@@ -714,7 +731,7 @@ def chunk_body(
     else:
         delta: dict[str, str] = {"role": "assistant"} if first else {}
         if reasoning is not None:
-            delta["reasoning_content"] = reasoning
+            delta.update(dict.fromkeys(REASONING_FIELDS, reasoning))
         if text is not None:
             delta["content"] = text
         choice["delta"] = delta

@@ -2,8 +2,11 @@
 
 Models such as Qwen3 and DeepSeek-R1 think first, between `<think>` and `</think>`, then answer.
 With `sv serve --reasoning-parser qwen3` (or `deepseek_r1`) a chat answer's text is split into
-`message.reasoning_content` (the thinking, without the tags) and `message.content` (the rest);
-streamed, the thinking comes as `delta.reasoning_content` and the answer as `delta.content`.
+`message.reasoning` (the thinking, without the tags) and `message.content` (the rest);
+streamed, the thinking comes as `delta.reasoning` and the answer as `delta.content`. The
+thinking is under both of vLLM's names, the same text: `reasoning` (its newer one) and
+`reasoning_content` (its older one, which earlier clients read), as vLLM's releases that
+renamed the field sent both.
 
 The rule, one for both parsers, over the answer's text (after stop strings, before tool calls):
 

@@ -461,8 +461,8 @@ def _renamed_tools(tools: Tools) -> list[dict[str, Any]] | None:
 
 def _as_dict(message: Message, content: str) -> dict[str, Any]:
     """A message as transformers hands it to a template: `name`, `tool_calls`,
-    `tool_call_id` and `reasoning_content` only when the message has them (templates test
-    `message.name is defined`).
+    `tool_call_id` and `reasoning_content` (also as `reasoning`) only when the message has
+    them (templates test `message.name is defined`).
     A call's arguments are the decoded object, as templates expect (`arguments | tojson`)."""
     item: dict[str, Any] = {"role": message.role, "content": content}
     if message.name is not None:
@@ -479,5 +479,6 @@ def _as_dict(message: Message, content: str) -> dict[str, Any]:
     if message.tool_call_id is not None:
         item["tool_call_id"] = message.tool_call_id
     if message.reasoning_content is not None:
-        item["reasoning_content"] = message.reasoning_content
+        # under both of vLLM's names, as vLLM hands an assistant's thinking to a template
+        item["reasoning"] = item["reasoning_content"] = message.reasoning_content
     return item
