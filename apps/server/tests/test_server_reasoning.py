@@ -614,7 +614,7 @@ def test_think_tags_of_earlier_turns_do_not_end_the_answers_thinking(
 ) -> None:
     """The answer may still think before a constrained answer, as with no earlier tags."""
     fields = EARLIER_TAGS[name]
-    history = {"messages": fields["messages"]}  # (/tokenize takes no tools)
+    history = {"messages": fields["messages"], "tools": fields.get("tools")}
     tokenized = httpx.post(f"{servers['qwen3'].url}/tokenize", json=history, timeout=60)
     assert END in tokenized.json()["tokens"]  # the prompt has a </think>, not of this answer
     body = _request(fields, max_tokens=40, n=4, logit_bias={str(THINK): 11, str(END): 9})

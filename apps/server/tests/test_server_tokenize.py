@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,84 @@ def test_a_chat_template_option_replaces_the_folders(make_server: Any, default_m
         running.stop()
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CALLED = [
+    {"role": "user", "content": "Weather in Lisbon?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+]
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(tiny_qwen3_dir: Path) -> Any:
+    """A tiny random model with Qwen3's tokenizer and template, which writes `tools`."""
+    running = RunningServer(tiny_qwen3_dir, kv_cache_mib=16)
+    yield running
+    running.stop()
+
+
+@pytest.mark.parametrize("messages", [DIALOG, CALLED], ids=["question", "after-a-call"])
+def test_tokenize_a_conversation_with_tools(
+    qwen3_server: RunningServer, tiny_qwen3_dir: Path, messages: list[dict[str, Any]]
+) -> None:
+    """vLLM's /tokenize takes a chat request's `tools` and renders them with the chat template:
+    the ids are transformers' apply_chat_template's with the same tools (a call's arguments
+    as the object templates take, as vLLM passes them), and a chat completion's prompt."""
+    import transformers
+
+    hf_chat = transformers.AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    as_hf = [_with_decoded_arguments(m) for m in messages]
+    text = hf_chat.apply_chat_template(
+        as_hf, tools=[WEATHER], tokenize=False, add_generation_prompt=True
+    )
+    assert "get_weather" in text.split("<|im_start|>user")[0]  # the tools are written first
+    expected = hf_chat.encode(text, add_special_tokens=False)
+    body = {"messages": messages, "tools": [WEATHER], "model": qwen3_server.model_name}
+    got = _post(qwen3_server, "/tokenize", body)
+    assert got.status_code == 200, got.text
+    assert got.json()["tokens"] == expected and got.json()["count"] == len(expected)
+    reply = _post(qwen3_server, "/v1/chat/completions", body | {"max_tokens": 1})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+    without = _post(qwen3_server, "/tokenize", {"messages": messages}).json()["tokens"]
+    assert len(without) < len(expected)
+
+
+def _with_decoded_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as transformers' templates take it: content a string, a call's arguments an
+    object."""
+    calls = message.get("tool_calls")
+    message = message | {"content": message["content"] or ""}
+    if calls is None:
+        return message
+    decoded = [
+        c | {"function": c["function"] | {"arguments": json.loads(c["function"]["arguments"])}}
+        for c in calls
+    ]
+    return message | {"tool_calls": decoded}
+
+
 def test_detokenize_round_trip(server: RunningServer, hf: tokenizers.Tokenizer) -> None:
     ids = _post(server, "/tokenize", {"prompt": TEXT}).json()["tokens"]
     response = _post(server, "/detokenize", {"tokens": ids, "model": server.model_name})
@@ -120,6 +199,10 @@ BAD = [
     ("/tokenize", {"messages": [{"role": "user"}]}, "messages[0]"),
     ("/tokenize", {"messages": [{"role": "<|im_end|>", "content": "x"}]}, "messages[0]"),
     ("/tokenize", {"messages": DIALOG, "prompt": "x"}, "prompt"),
+    ("/tokenize", {"messages": DIALOG, "tools": "x"}, "tools"),
+    ("/tokenize", {"messages": DIALOG, "tools": [{"type": "function"}]}, "tools"),
+    ("/tokenize", {"messages": DIALOG, "tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),
+    ("/tokenize", {"prompt": "x", "tools": [WEATHER]}, "tools"),
     ("/tokenize", [1], None),
     ("/detokenize", {}, "tokens"),
     ("/detokenize", {"tokens": "abc"}, "tokens"),

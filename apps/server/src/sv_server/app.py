@@ -289,7 +289,7 @@ def _tokenize_body(state: ServerState, raw: bytes) -> list[int]:
     ids = [bos] if req.add_special_tokens and state.add_bos and bos is not None else []
     if req.messages is None:
         return ids + state.tokenizer.encode(req.prompt or "")
-    return ids + encode_chat(state, req.messages, req.chat_options)
+    return ids + encode_chat(state, req.messages, req.chat_options, req.tools)
 
 
 async def _detokenize(request: Request, state: ServerState) -> Response:

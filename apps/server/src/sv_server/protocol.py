@@ -801,15 +801,17 @@ def usage_chunk_body(
 @dataclass(frozen=True)
 class TokenizeRequest:
     """A /tokenize body: a text (`prompt`, raw as /v1/completions takes it) or a conversation
-    (`messages`, in the chat format, with a chat request's template options). add_special_tokens:
-    BOS first where the model's tokenizer adds one (vLLM's default: true for a text, false for a
-    conversation, whose chat format has its own)."""
+    (`messages`, in the chat format, with a chat request's template options and `tools`, which
+    the format renders as a chat request's). add_special_tokens: BOS first where the model's
+    tokenizer adds one (vLLM's default: true for a text, false for a conversation, whose chat
+    format has its own)."""
 
     model: str | None
     prompt: str | None
     messages: list[Message] | None
     add_special_tokens: bool
     chat_options: ChatOptions | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 def parse_tokenize_request(body: Any) -> TokenizeRequest:
@@ -817,7 +819,7 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
         raise bad_request("the request body must be a JSON object")
     chat = "messages" in body
     allowed = {"model", "add_special_tokens"} | (
-        {"messages", *CHAT_OPTION_FIELDS} if chat else {"prompt"}
+        {"messages", "tools", *CHAT_OPTION_FIELDS} if chat else {"prompt"}
     )
     for key in body:
         if key not in allowed:
@@ -828,12 +830,14 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
         messages = body["messages"]
         if not isinstance(messages, list) or not messages:
             raise bad_request("'messages' must be a non-empty list", param="messages")
+        tools = parse_tools({"tools": body.get("tools")})  # (vLLM's takes no tool_choice)
         return TokenizeRequest(
             model=model,
             prompt=None,
             messages=[_message(m, i) for i, m in enumerate(messages)],
             add_special_tokens=bool(add_special),
             chat_options=parse_chat_options(body),
+            tools=tools.tools if tools is not None else None,
         )
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
