@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sv_server.reasoning import (
     ReasoningParser,
@@ -134,27 +134,82 @@ def test_an_output_constraint_waits_for_the_thinking_as_the_split_reads_it() -> 
     assert qwen3.grammar_wait([1, 2, 3]) == (11, 10)  # thinks only if it opens with <think>
 
 
-# (token ids of an answer, with <think> = 10 and </think> = 11; whether it opens in thinking)
-# -> reasoning_tokens: neither tag counted, nothing after the first </think>
-COUNTS: list[tuple[list[int], bool, int]] = [
-    ([10, 1, 2, 3, 11, 4, 5], False, 3),
-    ([10, 1, 2, 3, 11, 4, 5], True, 3),  # a leading <think> is dropped either way
-    ([1, 2, 11, 4], True, 2),  # the prompt opened the thinking
-    ([1, 2, 11, 4], False, 0),  # no thinking: all content
-    ([1, 10, 2, 11], False, 0),  # <think> only at the start opens it
-    ([10, 1, 2], False, 2),  # max_tokens mid-thought
-    ([10, 11, 4], False, 0),  # an empty think block
-    ([1, 11, 2, 10, 3, 11, 4], True, 1),  # later tags are content
+# (the texts of an answer's tokens; whether it opens in thinking) -> reasoning_tokens: neither
+# tag counted, whether one token or spelled in ordinary ones, nothing after the first </think>
+COUNTS: list[tuple[list[str], bool, int]] = [
+    (["<think>", "a", "b", "c", "</think>", "d", "e"], False, 3),
+    (["<think>", "a", "b", "c", "</think>", "d", "e"], True, 3),  # dropped either way
+    (["a", "b", "</think>", "d"], True, 2),  # the prompt opened the thinking
+    (["a", "b", "</think>", "d"], False, 0),  # no thinking: all content
+    (["a", "<think>", "b", "</think>"], False, 0),  # <think> only at the start opens it
+    (["<think>", "a", "b"], False, 2),  # max_tokens mid-thought
+    (["<think>", "</think>", "d"], False, 0),  # an empty think block
+    (["a", "</think>", "b", "<think>", "c", "</think>", "d"], True, 1),  # later tags: content
     ([], True, 0),
+    # tags spelled in ordinary tokens, as the split reads them (Qwen3's "</", "think", ">")
+    (["a", "b", "</", "think", ">", "c"], True, 2),
+    (["<think>", "a", "</", "think", ">", "c"], False, 1),
+    (["<", "think", ">", "a", "</think>", "c"], False, 1),
+    (["</", "think", ">", "c"], True, 0),
+    (["a</", "think>b"], True, 1),  # a token with thinking and a piece of the tag: thinking
+    (["</th", "ink>", "a"], True, 0),  # the tag in two pieces, at once
+    (["a", "</", "thing"], True, 3),  # not the tag after all
+    (["a", "</", "thi"], True, 3),  # cut short: the split's thinking to the end
+    (["<thi"], False, 0),  # cut short before <think> was whole: no thinking
+    (["a", "", "é", "</think>"], True, 3),  # a piece of a character (no text yet) in it
 ]
 
 
-@pytest.mark.parametrize(("ids", "opened", "expected"), COUNTS)
-def test_reasoning_tokens_count_the_thinking(ids: list[int], opened: bool, expected: int) -> None:
-    count = ReasoningTokens(ReasoningParser("qwen3", 10, 11), opened)
-    for token in ids:
-        count.push(token)
+@pytest.mark.parametrize(("texts", "opened", "expected"), COUNTS)
+def test_reasoning_tokens_count_the_thinking(texts: list[str], opened: bool, expected: int) -> None:
+    count = ReasoningTokens(opened)
+    so_far = []
+    for text in texts:
+        count.push(text)
+        so_far.append(count.count)
+    count.finish()
     assert count.count == expected
+    assert so_far == sorted(so_far) and so_far[-1:] <= [expected]  # never taken back
+
+
+# token texts, some of them pieces of a tag (Qwen3's vocabulary spells one so)
+TOKEN_TEXTS = [
+    "<think>",
+    "</think>",
+    "<",
+    "</",
+    "think",
+    ">",
+    "</th",
+    "ink>",
+    "<thi",
+    "nk>",
+    "a",
+    "é",
+]
+
+
+@settings(max_examples=400)
+@given(texts=st.lists(st.sampled_from(TOKEN_TEXTS), max_size=14), opened=st.booleans())
+def test_reasoning_tokens_are_those_of_the_splits_thinking(texts: list[str], opened: bool) -> None:
+    """The count agrees with split_reasoning's text: the tokens whose text has a part of the
+    thinking (where the thinking's text lies in the answer: after a leading <think>)."""
+    whole = "".join(texts)
+    reasoning, _ = split_reasoning(whole, opened)
+    start = len("<think>") if whole.startswith("<think>") else 0
+    end = start + len(reasoning or "")
+    expected, at = 0, 0
+    for text in texts:
+        expected += at < end and at + len(text) > start
+        at += len(text)
+    count = ReasoningTokens(opened)
+    so_far = []
+    for text in texts:
+        count.push(text)
+        so_far.append(count.count)
+    count.finish()
+    assert count.count == expected
+    assert so_far == sorted(so_far) and all(n <= expected for n in so_far)
 
 
 def _reply(reasoning: str | None, content: str | None) -> dict[str, Any]:

@@ -85,7 +85,13 @@ def _client(server: Any) -> openai.OpenAI:
 
 
 # vLLM's fields, which the openai client sends in extra_body
-EXTRA_FIELDS = ("continue_final_message", "chat_template_kwargs", "guided_regex", "guided_choice")
+EXTRA_FIELDS = (
+    "continue_final_message",
+    "chat_template_kwargs",
+    "guided_regex",
+    "guided_choice",
+    "allowed_token_ids",
+)
 
 
 def _request(fields: dict[str, Any], **more: Any) -> dict[str, Any]:
@@ -225,6 +231,48 @@ def test_continuous_usage_counts_each_choices_own_thinking(
     assert sorted(tokens) == [0, 1, 2] and len(prompt_tokens) == 1
     counts = [len(thinking_of(t, opened(parser, last_tag))) for t in tokens.values()]
     assert len(set(counts)) > 1  # the choices thought differently long: a sum would show
+
+
+# `</think>` spelled in ordinary tokens of Qwen3's vocabulary ("</", "think", ">"), not its
+# added token; with "a", the only tokens the answers may use
+SPELLED_END = ["</", "think", ">"]
+SPELLING = {"allowed_token_ids": [522, 26865, 29, 64]}
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+@pytest.mark.parametrize("seed", [4, 8])  # seeds whose answers spell it, first or later
+def test_a_tag_spelled_in_ordinary_tokens_counts_as_the_split_reads_it(
+    servers: dict[str, Any], parser: str, seed: int
+) -> None:
+    """The split reads the text: a `</think>` spelled in pieces ends the thinking as the added
+    token does. reasoning_tokens agrees with it: the tokens before the spelled tag (its pieces
+    no more counted than the added token is, nor what follows), whole, streamed, and on each
+    streamed chunk of its choice."""
+    body = _request(VARIANTS[1][1], max_tokens=24, n=4, logprobs=True, seed=seed) | SPELLING
+    raw = _create(servers["raw"], body)
+    split = _create(servers[parser], body)
+    expected = []
+    for got, plain in zip(split.choices, raw.choices, strict=True):
+        names = [t.token for t in plain.logprobs.content]
+        end = next((i for i in range(len(names)) if names[i : i + 3] == SPELLED_END), len(names))
+        reasoning, content = by_hand(plain.message.content, True)
+        assert "".join(names[:end]) == (reasoning or "")  # the text's thinking: those tokens
+        assert (got.message.reasoning_content, got.message.content) == (reasoning, content)
+        expected.append(end)
+    assert any(0 < end < 24 for end in expected)  # the seed spells the tag after thinking
+    assert split.usage.completion_tokens_details.reasoning_tokens == sum(expected)
+    stream = body | {"stream": True}
+    stream["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    last: dict[int, int] = {}
+    usage = None
+    for chunk in _create(servers[parser], stream):
+        usage = chunk.usage
+        for choice in chunk.choices:
+            so_far = chunk.usage.completion_tokens_details.reasoning_tokens
+            assert so_far >= last.get(choice.index, 0)  # never taken back
+            last[choice.index] = so_far
+    assert [last[i] for i in range(4)] == expected
+    assert usage is not None and usage.completion_tokens_details.reasoning_tokens == sum(expected)
 
 
 def test_stop_strings_apply_to_the_whole_text_thinking_included(

@@ -82,6 +82,8 @@ class Generation:
             pieces = [self._consume(await deliveries.get())]
             while self.finish_reason is None and not deliveries.empty():
                 pieces.append(self._consume(deliveries.get_nowait()))
+            if self.finish_reason is not None and self.reasoning is not None:
+                self.reasoning.finish()  # (before the last text's chunk counts it)
             text = "".join(pieces)
             if self._echo:
                 text, self._echo = self._echo + text, ""
@@ -99,7 +101,7 @@ class Generation:
         if event.token_id is not None:
             self.completion_tokens += 1
             if self.reasoning is not None and event.finished != "stop":  # (a stop token: no text)
-                self.reasoning.push(event.token_id)
+                self.reasoning.push(event.text)
         if self.logprobs is not None:
             self._score(event)
         text = self._matcher.push(event.text)

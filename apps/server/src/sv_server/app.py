@@ -365,7 +365,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
             echo=echo_text(state, req, i, ids),
             logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
-            reasoning=None if thinking is None else ReasoningTokens(thinking, opened),
+            reasoning=None if thinking is None else ReasoningTokens(opened),
         )
         for i, (ids, turn, p) in enumerate(zip(prompts, turns, params, strict=True))
         # (looked up once per prompt: its choices share its ids)

@@ -161,29 +161,97 @@ class ReasoningStream:
 
 class ReasoningTokens:
     """How many of one answer's tokens are its thinking: OpenAI's
-    `usage.completion_tokens_details.reasoning_tokens`, pushed token by token.
+    `usage.completion_tokens_details.reasoning_tokens`, pushed token by token (each token's
+    text).
 
-    By token id, by the split's rule: from the first token when the answer opens in thinking,
-    else after a leading `<think>`, up to the first `</think>`. Neither tag is counted, as in
-    vLLM's count for its think-tag parsers (`count_reasoning_tokens`: the tokens strictly
-    between `<think>` and `</think>`, or all after `<think>` when the thinking never ends), nor
-    is the stop token (the caller does not push it: it is no text of the thinking)."""
+    By the text, as the split reads it (`split_reasoning`, `ReasoningStream`): a token is
+    thinking when its text has a part of the thinking's text (or it has no text yet, a piece
+    of a character, where the thinking is). So neither tag is counted, as in vLLM's count for
+    its think-tag parsers (`count_reasoning_tokens`: the tokens strictly between `<think>` and
+    `</think>`, or all after `<think>` when the thinking never ends), whether the model wrote a
+    tag as its one added token or spelled it in ordinary ones ("</", "think", ">"): the split
+    reads both as the tag, and a count by token id would count a spelled tag and all after it
+    as thinking. Nor is the stop token counted (the caller does not push it: it is no text).
 
-    def __init__(self, parser: ReasoningParser, opens_in_thinking: bool) -> None:
+    The count so far never goes down: text that may be the start of `</think>` is counted
+    once it is known not to be, or once the answer has ended (`finish`)."""
+
+    def __init__(self, opens_in_thinking: bool) -> None:
         self.opens_in_thinking = opens_in_thinking
         self.count = 0
-        self._parser = parser
-        self._thinking = opens_in_thinking
-        self._at_start = True
+        self._length = 0  # of the answer's text so far
+        self._head = ""  # its text while the start is not known (shorter than `<think>`)
+        self._tail = ""  # its last characters, where a `</think>` may have begun
+        self._ends: list[int] = []  # where each pushed token's text ends in it
+        self._counted = 0  # how many of the tokens are decided (counted, or never to be)
+        self._decided = False  # whether the start is known: a leading `<think>` or not
+        self._start: int | None = None  # where the thinking starts (decided; None: no thinking)
+        self._end: int | None = None  # where it ends: its `</think>`, once written
+        self._finished = False
 
-    def push(self, token: int) -> None:
-        at_start, self._at_start = self._at_start, False
-        if at_start and token == self._parser.start_id:
-            self._thinking = True
-        elif self._thinking and token == self._parser.end_id:
-            self._thinking = False
-        elif self._thinking:
-            self.count += 1
+    def push(self, text: str) -> None:
+        """The next token's text (empty for a piece of a character)."""
+        window_at = self._length - len(self._tail)  # where `window` starts in the text
+        window = self._tail + text
+        self._length += len(text)
+        self._ends.append(self._length)
+        self._tail = window[max(len(window) - (len(THINK_END) - 1), 0) :]
+        if not self._decided:
+            self._head += text
+            if len(self._head) < len(THINK_START) and THINK_START.startswith(self._head):
+                return  # may still become `<think>`
+            self._decide()
+            window, window_at = self._head, 0
+            self._head = ""
+        if self._start is not None and self._end is None:
+            at = window.find(THINK_END, max(self._start - window_at, 0))
+            self._end = window_at + at if at >= 0 else None
+        self._tally()
+
+    def finish(self) -> None:
+        """The answer has ended: what was held back as a possible tag is text."""
+        if not self._decided:
+            self._decide()
+        self._finished = True
+        self._tally()
+
+    def _decide(self) -> None:
+        """As the split: a leading `<think>` is dropped and opens the thinking, else the
+        answer thinks from its start when the prompt opened the thinking, or not at all."""
+        self._decided = True
+        if self._head.startswith(THINK_START):
+            self._start = len(THINK_START)
+        else:
+            self._start = 0 if self.opens_in_thinking else None
+
+    def _tally(self) -> None:
+        """Count the tokens now known to be thinking, or not."""
+        start = self._start
+        if start is None:
+            return
+        ended = self._end is not None
+        if self._end is not None:
+            limit = self._end
+        elif self._finished:
+            limit = self._length
+        else:  # a tail that may be the start of `</think>` waits
+            tail = self._tail[max(start - (self._length - len(self._tail)), 0) :]
+            limit = self._length - _partial_tag(tail, THINK_END)
+        final = ended or self._finished
+        while self._counted < len(self._ends):
+            index = self._counted
+            begin = self._ends[index - 1] if index else 0
+            end = self._ends[index]
+            if end > begin:  # has a part of the thinking's text [start, limit)?
+                inside = begin < limit and end > start
+                decided = inside or end <= start or final
+            else:  # a piece of a character, at `begin`
+                inside = start <= begin and (begin < limit or (self._finished and not ended))
+                decided = inside or begin < start or final
+            if not decided:
+                return  # (nor are the tokens after it)
+            self.count += inside
+            self._counted += 1
 
 
 def _partial_tag(text: str, tag: str) -> int:
