@@ -162,14 +162,21 @@ COUNTS: list[tuple[list[str], bool, int]] = [
 
 @pytest.mark.parametrize(("texts", "opened", "expected"), COUNTS)
 def test_reasoning_tokens_count_the_thinking(texts: list[str], opened: bool, expected: int) -> None:
+    final, so_far = _counts(texts, opened)
+    assert final == expected
+    assert so_far == sorted(so_far) and so_far[-1:] <= [expected]  # never taken back
+
+
+def _counts(texts: list[str], opened: bool) -> tuple[int, list[int]]:
+    """ReasoningTokens' count once the answer of these token texts has ended, and its count
+    after each push."""
     count = ReasoningTokens(opened)
     so_far = []
     for text in texts:
         count.push(text)
         so_far.append(count.count)
     count.finish()
-    assert count.count == expected
-    assert so_far == sorted(so_far) and so_far[-1:] <= [expected]  # never taken back
+    return count.count, so_far
 
 
 # token texts, some of them pieces of a tag (Qwen3's vocabulary spells one so)
@@ -202,13 +209,8 @@ def test_reasoning_tokens_are_those_of_the_splits_thinking(texts: list[str], ope
     for text in texts:
         expected += at < end and at + len(text) > start
         at += len(text)
-    count = ReasoningTokens(opened)
-    so_far = []
-    for text in texts:
-        count.push(text)
-        so_far.append(count.count)
-    count.finish()
-    assert count.count == expected
+    final, so_far = _counts(texts, opened)
+    assert final == expected
     assert so_far == sorted(so_far) and all(n <= expected for n in so_far)
 
 
