@@ -23,6 +23,21 @@ def openai_error(response: httpx.Response, status: int | None = None) -> dict[st
     return error  # type: ignore[no-any-return]
 
 
+# An assistant turn that called `get_weather` for Lisbon (OpenAI's message shape), for tests
+# that send a conversation with an earlier tool call.
+WEATHER_CALL: dict[str, Any] = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
+        }
+    ],
+}
+
+
 class RunningServer:
     """A create_app() server on a free port of 127.0.0.1, run as `sv serve` runs it
     (`build_server`: uvicorn with sv's limits and shutdown; preemptive admission) in a thread.

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import tokenizers
-from server_test_support import RunningServer, openai_error
+from server_test_support import WEATHER_CALL, RunningServer, openai_error
 
 TEXT = "Tokenizers split text: naïve café, 12345, and spaces  ."
 DIALOG = [
@@ -108,17 +108,7 @@ WEATHER = {
 }
 CALLED = [
     {"role": "user", "content": "Weather in Lisbon?"},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
-            }
-        ],
-    },
+    WEATHER_CALL,
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
 ]
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from server_test_support import openai_error
+from server_test_support import WEATHER_CALL, openai_error
 from sv_server.errors import ServerError
 from sv_server.protocol import parse_chat_request
 from sv_server.tools import ToolCallStream, ToolRequest, parse_tool_call, parse_tools
@@ -295,22 +295,11 @@ def test_a_chat_format_without_tools_refuses_them(server: Any, oracle_engine: An
     import httpx
 
     url = f"{server.url}/v1/chat/completions"
-    called = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
-            }
-        ],
-    }
     answer = {"role": "tool", "tool_call_id": "call_1", "content": "21"}
     for body, field in [
         ({"messages": [QUESTION], "tools": TOOLS}, "tools"),
         ({"messages": [QUESTION], "tools": TOOLS, "tool_choice": "required"}, "tools"),
-        ({"messages": [QUESTION, called, answer]}, "messages"),
+        ({"messages": [QUESTION, WEATHER_CALL, answer]}, "messages"),
     ]:
         reply = httpx.post(url, json={"max_tokens": 2, **body}, timeout=60)
         error = openai_error(reply, 400)
