@@ -8,14 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sv_server.errors import ServerError
-from sv_server.protocol import (
+from sv_server.request_parsing import (
     MAX_PROMPTS,
     GenerationRequest,
-    chunk_body,
     parse_chat_request,
     parse_completion_request,
-    response_body,
 )
+from sv_server.response_bodies import ChunkEncoder, chunk_body, response_body
 from sv_tokenizer import Message
 
 
@@ -287,8 +286,6 @@ def test_any_json_is_parsed_or_refused_with_400(body: Any) -> None:
 @given(st.text(max_size=20), st.sampled_from(["completion", "chat"]))
 def test_chunk_encoder_equals_plain_json(text: str, kind: Any) -> None:
     import json
-
-    from sv_server.protocol import ChunkEncoder
 
     event = ChunkEncoder(kind, 'id\u00e9"', "m/1", 7).text_event(text)
     assert event.startswith("data: ") and event.endswith("\n\n")

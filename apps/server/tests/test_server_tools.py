@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_test_support import WEATHER_CALL, openai_error
 from sv_server.errors import ServerError
-from sv_server.protocol import parse_chat_request
+from sv_server.request_parsing import parse_chat_request
 from sv_server.tools import ToolCallStream, ToolRequest, parse_tool_call, parse_tools
 from sv_tokenizer.cli import installed_llama_tokenizer_dir
 from sv_weights import tiny_llama_config, write_random_checkpoint

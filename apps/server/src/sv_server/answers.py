@@ -23,9 +23,10 @@ from sv_server import tools
 from sv_server.engine_loop import Delivery, EngineLoop, Failed, RequestHandle, Token
 from sv_server.errors import ServerError
 from sv_server.logprobs import LogprobsWriter, Scored
-from sv_server.protocol import (
+from sv_server.reasoning import ReasoningStream, ReasoningTokens, split_reasoning
+from sv_server.request_parsing import GenerationRequest
+from sv_server.response_bodies import (
     ChunkEncoder,
-    GenerationRequest,
     chunk_body,
     event_json,
     new_id,
@@ -33,7 +34,6 @@ from sv_server.protocol import (
     usage,
     usage_chunk_body,
 )
-from sv_server.reasoning import ReasoningStream, ReasoningTokens, split_reasoning
 from sv_server.stops import StopStringMatcher
 
 

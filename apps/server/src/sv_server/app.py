@@ -64,13 +64,13 @@ from sv_server.prompts import (
     prepare,
     sampling_params,
 )
-from sv_server.protocol import (
+from sv_server.reasoning import ReasoningTokens, parser_for
+from sv_server.request_parsing import (
     parse_chat_request,
     parse_completion_request,
     parse_detokenize_request,
     parse_tokenize_request,
 )
-from sv_server.reasoning import ReasoningTokens, parser_for
 from sv_server.state import ServerState
 from sv_server.stops import StopStringMatcher
 

@@ -18,7 +18,7 @@ from typing import Any
 from sv_engine import TokenLogprob
 from sv_tokenizer import Tokenizer
 
-from sv_server.protocol import Kind
+from sv_server.request_parsing import Kind
 
 # (token id, its log-probabilities or None): an echoed prompt's first token has none.
 Scored = tuple[int, TokenLogprob | None]

@@ -20,11 +20,11 @@ from sv_tokenizer import ChatFormat, Message, TokenizerError, Tools
 
 from sv_server.body import decode_json
 from sv_server.errors import ServerError, bad_request
-from sv_server.protocol import DEFAULT_COMPLETION_MAX_TOKENS, ChatOptions, GenerationRequest
 from sv_server.reasoning import ReasoningParser
+from sv_server.request_parsing import DEFAULT_COMPLETION_MAX_TOKENS, ChatOptions, GenerationRequest
 from sv_server.state import ServerState
 
-# parse_completion_request or parse_chat_request (protocol.py): decoded JSON -> a checked request
+# parse_completion_request or parse_chat_request (request_parsing.py): JSON -> a checked request
 Parser = Callable[[Any], GenerationRequest]
 
 
@@ -262,7 +262,7 @@ def sampling_params(
             for max_new in [_max_tokens(state, req, len(ids), _which(i, len(prompts)))]
             for after, opener in [_grammar_wait(thinking, req, turn)]
         ]
-    except EngineError as e:  # protocol.py checked every field already: a safety net
+    except EngineError as e:  # request_parsing.py checked every field already: a safety net
         raise bad_request(str(e)) from e
 
 
@@ -278,7 +278,7 @@ def _grammar_wait(
 
 
 def _check_token_ids(state: ServerState, req: GenerationRequest) -> None:
-    """The token ids of the logit controls are in the vocabulary (protocol.py checked the
+    """The token ids of the logit controls are in the vocabulary (request_parsing.py checked the
     rest of them): else a 400 naming the field."""
     for name, ids in (
         ("allowed_token_ids", req.allowed_token_ids or ()),
