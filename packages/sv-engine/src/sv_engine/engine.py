@@ -72,7 +72,7 @@ from sv_scheduler import (
 from sv_scheduler import Sequence as Seq
 from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
-from sv_engine import draft_choices
+from sv_engine import bad_words, draft_choices
 from sv_engine.errors import EngineError
 from sv_engine.grammar import GrammarMatcher, Grammars
 from sv_engine.loading import EngineConfig, KVCacheDtype, TokenizerCheck, load_model
@@ -329,6 +329,14 @@ class Engine:
                 raise EngineError(
                     f"{name}: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})"
                 )
+        bad_word_ids = (
+            bad_words.word_ids(self.tokenizer.encode, params.bad_words) if params.bad_words else ()
+        )
+        outside = sorted(t for word in bad_word_ids for t in word if t >= vocab_size)
+        if outside:
+            raise EngineError(
+                f"bad_words: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})"
+            )
         request_id = next(self._ids)
         # ignore_eos drops the model's stop ids only: the request's own still stop it. A
         # grammar's end is a stop token too (its mask allows nothing else), so those stay.
@@ -373,6 +381,7 @@ class Engine:
                     params,
                     frozenset(t for t in stop_ids if t < self.runner.config.vocab_size),
                     prompt_ids,
+                    bad_word_ids,
                 )
                 if params.processes_logits
                 else None

@@ -16,6 +16,7 @@ from sv_engine.grammar import Grammar
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs (sv_kernels.ops has it too)
 MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty, in [-MAX_PENALTY, MAX_PENALTY]
 MAX_REPETITION_PENALTY = 1e30  # and 1 / it, the least
+MAX_BAD_WORDS = 128  # words per request, as vLLM's MAX_NUM_BAD_WORDS
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,12 @@ class SamplingParams:
     allowed_token_ids: None, or the only token ids that may be generated (every other logit
                  is -inf; a list, tuple or set is kept as a frozenset, not empty). The stop
                  tokens are no exception: leave them out and only the length limit stops.
+    bad_words:   words never to generate (vLLM's): each is tokenized as written (leading
+                 whitespace dropped) and with a leading space (kept when that starts with
+                 another token and is as long; see sv_engine.bad_words), and a word's last
+                 token is banned wherever the output so far ends with its other tokens (a
+                 one-token word: always). Only output tokens count, not the prompt. A list or
+                 tuple of non-blank strings, at most 128; kept as a tuple.
     logit_bias:  token id -> value added to its logit (OpenAI's: -100 bans, 100 all but forces).
     min_tokens:  the stop tokens (the model's unless ignore_eos, and stop_token_ids) are banned
                  until this many tokens have been generated.
@@ -79,6 +86,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     allowed_token_ids: frozenset[int] | None = None
+    bad_words: tuple[str, ...] = ()
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     min_tokens: int = 0
     repetition_penalty: float = 1.0
@@ -154,6 +162,7 @@ class SamplingParams:
 
     def _check_logit_processing(self) -> None:
         self._check_allowed_token_ids()
+        self._check_bad_words()
         if not isinstance(self.logit_bias, Mapping) or not all(
             _is_int(t) and t >= 0 and _is_finite(v) for t, v in self.logit_bias.items()
         ):
@@ -200,6 +209,19 @@ class SamplingParams:
         if not allowed:  # nothing could be generated
             raise EngineError.bad_field("allowed_token_ids", "must not be empty")
 
+    def _check_bad_words(self) -> None:
+        if isinstance(self.bad_words, list):  # vLLM's is a list
+            object.__setattr__(self, "bad_words", tuple(self.bad_words))
+        words = self.bad_words
+        if not isinstance(words, tuple) or not all(isinstance(w, str) for w in words):
+            raise EngineError.bad_field("bad_words", f"must be a list of strings, got {words!r}")
+        if any(not w.strip() for w in words):  # it would tokenize to nothing
+            raise EngineError.bad_field("bad_words", "must not hold an empty or blank string")
+        if len(words) > MAX_BAD_WORDS:
+            raise EngineError.bad_field(
+                "bad_words", f"must hold at most {MAX_BAD_WORDS} words, got {len(words)}"
+            )
+
     @property
     def uses_token_counts(self) -> bool:
         """Whether a penalty reads the tokens seen so far."""
@@ -215,6 +237,7 @@ class SamplingParams:
         return (
             self.uses_token_counts
             or self.allowed_token_ids is not None
+            or bool(self.bad_words)
             or bool(self.logit_bias)
             or self.min_tokens > 0
             or self.min_p > 0

@@ -1,7 +1,8 @@
 """The one place where a step's logits are processed before sampling.
 
-vLLM's order: the allowed_token_ids mask, additive biases (logit_bias, min_tokens' banned stop
-ids), then the repetition, frequency and presence penalties (they read each table row's
+vLLM's order: the allowed_token_ids mask, bad words (-inf where the token still on the device
+completes a word's other tokens; those the host decided are -inf biases), additive biases
+(logit_bias, min_tokens' banned stop ids), then the repetition, frequency and presence penalties (they read each table row's
 output-token counts and prompt tokens, kept on the device; a verify step's draft positions
 count the drafts before them too, see draft_rows), then min_p. A step without
 `StepInputs.controls` samples its raw logits. The result is a new tensor: the raw logits stay
@@ -89,6 +90,8 @@ class LogitProcessor:
         x = logits
         if controls.allowed:
             x = self._keep_allowed(x, controls.allowed)
+        if controls.pending_bans:
+            x = self._ban_on_pending(x, controls.pending_bans)
         if controls.bias:
             rows, tokens, values = zip(*controls.bias, strict=True)
             x = ops.apply_logit_bias(
@@ -137,6 +140,20 @@ class LogitProcessor:
             upload(rows, self._device),
             upload(tokens, self._device),
             upload(restricted, self._device),
+        )
+
+    def _ban_on_pending(self, logits: Tensor, bans: Sequence[tuple[int, int, int, int]]) -> Tensor:
+        """-inf at (row, token) of each ban whose sampled id, still on the device, is its id: a
+        comparison and a sparse add, no host sync."""
+        rows, tokens, pending, expected = np.asarray(bans, dtype=np.int64).T
+        seen = self._last_ids.index_select(0, upload(np.ascontiguousarray(pending), self._device))
+        hit = seen == upload(np.ascontiguousarray(expected), self._device)
+        values = torch.zeros(hit.shape, dtype=torch.float32, device=self._device)
+        return ops.apply_logit_bias(
+            logits,
+            upload(np.ascontiguousarray(rows), self._device),
+            upload(np.ascontiguousarray(tokens), self._device),
+            values.masked_fill(hit, float("-inf")),
         )
 
     def count(self, ids: Tensor) -> None:

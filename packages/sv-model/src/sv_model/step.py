@@ -42,6 +42,10 @@ class LogitControls:
     resets: (table row, prompt ids, output ids known so far, row of the previous launch's
     sampled ids holding one more output token still on the device, or -1): the penalties'
     token counts of that table row start afresh (a sequence new on it).
+    pending_bans: (row, token id, row of the previous launch's sampled ids, id): the token is
+    banned (-inf) in that row when the sampled id still on the device there is that id (a bad
+    word whose tokens before its last end with that token; those known on the host ban through
+    `bias`).
     """
 
     presence: Sequence[float]
@@ -51,6 +55,7 @@ class LogitControls:
     bias: Sequence[tuple[int, int, float]] = ()
     allowed: Sequence[tuple[int, np.ndarray]] = ()
     resets: Sequence[tuple[int, Sequence[int], Sequence[int], int]] = ()
+    pending_bans: Sequence[tuple[int, int, int, int]] = ()
 
     def any_penalty(self) -> bool:
         return any(self.presence) or any(self.frequency) or any(r != 1.0 for r in self.repetition)
