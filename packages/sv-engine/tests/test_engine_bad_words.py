@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from speculation_testing import completions, engine_like, pattern
 from sv_engine import Engine, SamplingParams
 from sv_engine import engine as engine_module
 from sv_engine.bad_words import word_ids
+from sv_scheduler import SpeculationConfig
 
 PROMPT = "Write a haiku about the sea."
 N = 12
@@ -25,6 +27,11 @@ N = 12
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir: Path) -> Engine:
     return Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=64)
+
+
+@pytest.fixture(scope="module")
+def vocab16(tiny_vocab_dir: Path) -> Engine:
+    return Engine.from_model_dir(tiny_vocab_dir, device="cpu", kv_cache_mib=1, max_num_seqs=4)
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +136,27 @@ def test_other_rows_of_a_batch_are_untouched(engine: Engine) -> None:
             if e.completion is not None:
                 done[e.request_id] = e.completion.output_ids
     assert [done[i] for i in ids] == want
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_speculation_gives_the_plain_output(
+    vocab16: Engine, monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
+    """A verify step's draft positions ban from the drafts before them: the tokens are those
+    of the engine that never speculates, and drafts are still accepted. This model's 16
+    tokens are no words, so the words are given as token ids (the string layer is tested
+    above)."""
+    base = vocab16
+    prompt = pattern(5, 40)
+    free = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    plain_out = completions(engine_like(base, None), [prompt], [free])[0].output_ids
+    a, b = plain_out[10:12]  # a pair the repeating output makes, and prompt lookup drafts
+    words = ((a, b),)
+    monkeypatch.setattr(engine_module.bad_words, "word_ids", lambda encode, w: words)
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True, bad_words=["ab"])
+    want = completions(engine_like(base, None, overlap=False), [prompt], [params])[0].output_ids
+    assert want != plain_out
+    assert not any(_contains(want, list(w)) for w in words)
+    spec = engine_like(base, SpeculationConfig(), overlap=overlap)
+    assert completions(spec, [prompt], [params])[0].output_ids == want
+    assert spec.stats.accepted_tokens >= 3
