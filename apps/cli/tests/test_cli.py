@@ -617,3 +617,21 @@ def test_a_negative_spec_max_batch_is_a_usage_error(capsys: pytest.CaptureFixtur
         main(["generate", "--speculate", "ngram", "--spec-max-batch", "-1", "Hi."])
     assert e.value.code == 2
     assert "--spec-max-batch" in capsys.readouterr().err
+
+
+def test_bad_words_flag_equals_the_engine(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--bad-words (several words, ended by --) gives the engine's tokens with those bad_words,
+    and the plain run's differ."""
+    from sv_engine import Engine, SamplingParams
+
+    engine = Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=16)
+    prompt = engine.encode_prompt("Say hello.")
+    plain = engine.generate([prompt], SamplingParams(max_new_tokens=6))[0]
+    banned = SamplingParams(max_new_tokens=6, bad_words=["Hello", "zebra"])
+    want = engine.generate([prompt], banned)[0].output_ids
+    assert want != plain.output_ids
+    assert main(["generate", "--bad-words", "Hello", "zebra", "--", "Say hello.", "6"]) == 0
+    out = capsys.readouterr().out
+    assert eval(re.search(r"ids=(\[[\d, ]*\])", out).group(1)) == want  # type: ignore[union-attr]

@@ -15,7 +15,7 @@ from sv_engine import EngineError, SamplingParams
 # the documented ranges: temperature >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1],
 # repetition_penalty in [1e-30, 1e30], the other penalties in [-2, 2], min_tokens in
 # 0..the output-token limit (generate: 128, chat: 512 by default), seed an integer, allowed
-# token ids non-negative integers, comma-separated.
+# token ids non-negative integers, comma-separated, bad words not blank.
 BAD_VALUES = [
     ("--temperature", "-1"),
     ("--temperature", "nan"),
@@ -41,6 +41,8 @@ BAD_VALUES = [
     ("--allowed-token-ids", ""),
     ("--allowed-token-ids", "1,x"),
     ("--allowed-token-ids", "5,-1"),
+    ("--bad-words", ""),
+    ("--bad-words", "   "),
 ]
 
 

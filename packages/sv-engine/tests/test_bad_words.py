@@ -54,6 +54,12 @@ def test_a_word_that_encodes_to_nothing_is_refused() -> None:
         word_ids(lambda text: [], ["word"])
 
 
+def test_more_than_1024_tokens_in_all_are_refused() -> None:
+    assert len(word_ids(_encode, ["a" * 512])) == 2  # "a"*512 and " a" + "a"*511: 1024
+    with pytest.raises(EngineError, match="bad_words must encode to at most 1024 tokens"):
+        word_ids(_encode, ["a" * 512, "b"])
+
+
 A, B, C, D = 10, 11, 12, 13
 WORDS = ((A,), (B, C), (A, B, D))
 

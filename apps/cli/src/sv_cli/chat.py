@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sv_engine.options import add_engine_arguments, positive_int
 
-from sv_cli.common import add_sampling_arguments, open_engine, pool_hint, sampling_params
+from sv_cli.common import (
+    add_sampling_arguments,
+    flag_named,
+    open_engine,
+    pool_hint,
+    sampling_params,
+)
 
 if TYPE_CHECKING:
     from sv_server.reasoning import ReasoningParser
@@ -147,7 +153,8 @@ def chat_loop(
             out.write(" [stopped]")
         except (EngineError, AdmissionError, TokenizerError) as e:
             dialog.pop()
-            print(f"sv chat: {e}{pool_hint(e, engine)} (try /reset)", file=sys.stderr)
+            shown = flag_named(e) if isinstance(e, EngineError) else e
+            print(f"sv chat: {shown}{pool_hint(e, engine)} (try /reset)", file=sys.stderr)
             continue
         if show is not None:
             show.finish()

@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sv_engine import Engine, SamplingParams
+    from sv_engine import Engine, EngineError, SamplingParams
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,6 +53,15 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ID,ID,...",
         help="generate only these token ids (vLLM's allowed_token_ids; default: any)",
     )
+    p.add_argument(
+        "--bad-words",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="WORD",
+        help="never generate these words, at the start of the text or inside it (vLLM's "
+        "bad_words); its words run to the next flag: end them with -- before a prompt",
+    )
 
 
 def _token_ids(text: str) -> list[int]:
@@ -76,6 +85,7 @@ SAMPLING_FIELDS = (
     "presence_penalty",
     "min_tokens",
     "allowed_token_ids",
+    "bad_words",
 )
 
 
@@ -89,9 +99,15 @@ def sampling_params(args: argparse.Namespace, max_new: int) -> SamplingParams:
             max_new_tokens=max_new, **{name: getattr(args, name) for name in SAMPLING_FIELDS}
         )
     except EngineError as e:
-        if e.field is None or e.field not in SAMPLING_FIELDS:
-            raise
-        raise e.named(f"--{e.field.replace('_', '-')}") from None
+        raise flag_named(e) from None
+
+
+def flag_named(error: EngineError) -> EngineError:
+    """`error` with the sampling field it names called by its flag (a bad_words entry is
+    found when the request is added, with the model's tokenizer); any other as it is."""
+    if error.field is None or error.field not in SAMPLING_FIELDS:
+        return error
+    return error.named(f"--{error.field.replace('_', '-')}")
 
 
 def open_engine(args: argparse.Namespace, **overrides: Any) -> Engine:

@@ -13,7 +13,13 @@ from sv_engine.options import add_engine_arguments, positive_int
 from sv_engine.params import MAX_LOGPROBS
 
 from sv_cli import logprobs_view
-from sv_cli.common import add_sampling_arguments, open_engine, pool_hint, sampling_params
+from sv_cli.common import (
+    add_sampling_arguments,
+    flag_named,
+    open_engine,
+    pool_hint,
+    sampling_params,
+)
 
 DEFAULT_MAX_NEW = 128
 # A second argument that starts like a number and holds no space is meant as MAX_NEW (so
@@ -144,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             _run_many(engine, events)
     except (EngineError, AdmissionError, TokenizerError) as e:
-        print(f"sv generate: error: {e}{pool_hint(e, engine)}", file=sys.stderr)
+        shown = flag_named(e) if isinstance(e, EngineError) else e
+        print(f"sv generate: error: {shown}{pool_hint(e, engine)}", file=sys.stderr)
         return 2
     finally:
         engine.cancel_all()  # Ctrl-C lands here too: every page goes back before exit

@@ -247,6 +247,7 @@ def sampling_params(
                 logprobs=req.logprobs,
                 prompt_logprobs=req.logprobs if req.echo else None,
                 allowed_token_ids=req.allowed_token_ids,
+                bad_words=req.bad_words,
                 logit_bias=req.logit_bias,
                 min_tokens=_min_tokens(req, max_new),
                 repetition_penalty=req.repetition_penalty,

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from sv_engine import MAX_LOGPROBS
 from sv_engine.grammar import Grammar
-from sv_engine.params import MAX_REPETITION_PENALTY
+from sv_engine.params import MAX_BAD_WORDS, MAX_REPETITION_PENALTY
 from sv_tokenizer import Message, ToolCall
 
 from sv_server.errors import bad_request
@@ -75,6 +75,7 @@ class GenerationRequest:
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
     truncate_prompt_tokens: int | None = None  # vLLM's
     allowed_token_ids: frozenset[int] | None = None  # vLLM's; ids not yet checked
+    bad_words: tuple[str, ...] = ()  # vLLM's; the engine tokenizes them
     logprobs: int | None = None
     echo: bool = False
     presence_penalty: float = 0.0
@@ -168,6 +169,7 @@ _SAMPLING_FIELDS = frozenset(
         "skip_special_tokens",  # vLLM's
         "truncate_prompt_tokens",  # vLLM's
         "allowed_token_ids",  # vLLM's
+        "bad_words",  # vLLM's
         "user",  # an end-user tag for the operator: nothing to honour, accepted and unused
         *STRUCTURED_FIELDS,
     }
@@ -337,6 +339,23 @@ def _allowed_token_ids(body: Mapping[str, Any]) -> frozenset[int] | None:
     return frozenset(ids)
 
 
+def _bad_words(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """vLLM's: words never to generate (null: none), at most MAX_BAD_WORDS, none blank (it
+    would encode to no tokens, which vLLM refuses too)."""
+    words = body.get("bad_words")
+    if words is None:
+        return ()
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise bad_request(
+            f"'bad_words' must be a list of strings, got {_shown(words)}", "bad_words"
+        )
+    if len(words) > MAX_BAD_WORDS:
+        raise bad_request(f"'bad_words' takes at most {MAX_BAD_WORDS} words", "bad_words")
+    if any(not w.strip() for w in words):
+        raise bad_request("'bad_words' strings must not be empty or blank", "bad_words")
+    return tuple(words)
+
+
 def _truncate_prompt_tokens(body: Mapping[str, Any]) -> int | None:
     """vLLM's: keep the last N prompt tokens, N >= 1, or -1 for the context (0 is refused, as
     vLLM refuses it: an empty prompt has nothing to continue)."""
@@ -449,6 +468,7 @@ def _sampling(
         skip_special_tokens=_bool(body, "skip_special_tokens", default=True),
         truncate_prompt_tokens=_truncate_prompt_tokens(body),
         allowed_token_ids=_allowed_token_ids(body),
+        bad_words=_bad_words(body),
         grammar=parse_grammar(body),
     )
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 from sv_engine.errors import EngineError
 
+MAX_TOKENS = 1024  # of a request's words, variants included (vLLM's MAX_BAD_WORDS_TOTAL_TOKENS)
+
 # The history of a choice as the host knows it: token ids, None for the one still pending.
 History = Sequence[int | None]
 
@@ -26,7 +28,8 @@ def word_ids(
     """Each word's token ids as vLLM's `update_from_tokenizer` makes them: the word without
     its leading whitespace, then " " + that, the second kept only when it starts with another
     token than the first and has as many tokens (a word at the start of the text, and the same
-    word inside it). `encode` adds no special tokens."""
+    word inside it). `encode` adds no special tokens. At most MAX_TOKENS in all: each step
+    reads the output's tail as long as the longest."""
     out: list[tuple[int, ...]] = []
     for word in words:
         plain = tuple(encode(word.lstrip()))
@@ -36,6 +39,11 @@ def word_ids(
         spaced = tuple(encode(" " + word.lstrip()))
         if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
             out.append(spaced)
+    total = sum(len(w) for w in out)
+    if total > MAX_TOKENS:
+        raise EngineError.bad_field(
+            "bad_words", f"must encode to at most {MAX_TOKENS} tokens in all, got {total}"
+        )
     return tuple(out)
 
 
