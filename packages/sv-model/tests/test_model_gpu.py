@@ -695,6 +695,38 @@ def test_engine_logit_controls_on_the_gpu(engine_1b: Any) -> None:
     assert stop not in out[:3] and len(out) >= 3
 
 
+def test_engine_bad_words_on_the_gpu(engine_1b: Any) -> None:
+    """bad_words on the GPU path (graphs, the overlapped loop): a two-token word taken from
+    the greedy output is decided on the device while its first token is still pending there.
+    Oracle: the unbanned run's own top-2 at that position. The output keeps the greedy tokens
+    up to the word's first one, then takes the runner-up instead of the word's second."""
+    from sv_engine import SamplingParams
+    from sv_engine.bad_words import word_ids
+
+    rng = random.Random(8)
+    prompt = [rng.randint(0, 127999) for _ in range(40)]
+    free = SamplingParams(max_new_tokens=12, ignore_eos=True, logprobs=2)
+    plain = engine_1b.generate([prompt], free)[0]
+    out = plain.output_ids
+    encode = engine_1b.tokenizer.encode
+    for at in range(1, len(out) - 1):  # a pair that re-encodes to itself, its start unseen before
+        text = engine_1b.tokenizer.decode(out[at : at + 2])
+        words = word_ids(encode, [text]) if text.strip() else ()
+        if (
+            tuple(out[at : at + 2]) in words
+            and all(len(w) == 2 for w in words)
+            and not any(w[0] in out[:at] for w in words)
+        ):
+            break
+    else:
+        pytest.skip(f"no two-token run of {out} makes a bad word")
+    runner_up = plain.logprobs[at + 1].top[1][0]
+    banned = SamplingParams(max_new_tokens=12, ignore_eos=True, bad_words=[text])
+    got = engine_1b.generate([prompt], banned)[0].output_ids
+    assert got[: at + 1] == out[: at + 1]
+    assert got[at + 1] == runner_up != out[at + 1]
+
+
 def test_token_bitmask_constrains_graphed_decode(llama_1b_dir: Path) -> None:
     """A grammar's bitmask on some rows of a graph-replayed decode step (batch 5, bucket 8):
     greedy rows take the argmax among their allowed tokens of the step's own logits, sampled
