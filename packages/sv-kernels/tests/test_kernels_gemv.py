@@ -10,6 +10,7 @@ import torch
 from kernels_testing import GPU, TOLERANCE, assert_close, gpu_test, randn
 from sv_kernels import KernelError, ops, reference, triton_ops, tuning_cache
 from sv_kernels.linear_plan import GemvTile, LinearPlan, TunedLinear
+from sv_kernels.ops import linear_layers
 from sv_kernels.triton_ops.gemv import CONFIGS
 from sv_kernels.tuning_cache import TunedShape, TuningCache
 
@@ -270,7 +271,7 @@ def test_two_tunings_in_one_process_keep_their_own_plans(
         return gemv(x, w, config, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(triton_ops, "gemv", recording_gemv)
-    monkeypatch.setattr(ops, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(linear_layers, "on_cuda", lambda t: True)
     x = randn(gen, 1, 32, dtype=torch.float32)
     for plan in (plan_a, plan_b, plan_a):
         assert_close(ops.linear(x, w, plan=plan), reference.linear(x, w), f"linear {plan}")

@@ -28,6 +28,7 @@ from sv_kernels import (
     tuning_cache,
 )
 from sv_kernels.linear_plan import FEW_ROWS, MANY_ROWS, LinearPlan, QuantizedPath
+from sv_kernels.ops import linear_layers
 from sv_kernels.quantized import (
     FP8_SCALE_STEPS,
     FP8Rows,
@@ -704,7 +705,7 @@ def test_ops_embedding_sends_a_quantized_matrix_on_cuda_to_the_kernel(
         return kernel(ids, weight)  # type: ignore[arg-type]
 
     monkeypatch.setattr(triton_ops, "embedding", recording)
-    monkeypatch.setattr(ops, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(linear_layers, "on_cuda", lambda t: True)
     w = quantize(randn(gen, 40, 24, dtype=torch.float32), "int8")
     ids = torch.tensor([3, 0, 39, 3], device=DEVICE)
     assert torch.equal(ops.embedding(ids, w), reference.embedding(ids, w))
@@ -742,7 +743,7 @@ def test_takes_fp8_rows_where_the_call_runs_on_the_fp8_tensor_cores(
     """Against a table written out by hand: FP8 rows for a quantized CUDA weight whose call
     takes scaled_mm or scaled_mm_tensorwise (not one row with a GEMV tile, not a band whose
     path is w8a16 or dequantize + cuBLAS, not int8, not a plain weight)."""
-    monkeypatch.setattr(ops, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(linear_layers, "on_cuda", lambda t: True)
 
     def weight(kind: QuantKind) -> QuantizedWeight:
         storage = torch.float8_e4m3fn if kind == "fp8" else torch.int8

@@ -192,6 +192,19 @@ def _reference_op(name: str) -> Callable[..., object]:
     return call
 
 
+def _use_reference_op(m: pytest.MonkeyPatch, name: str) -> None:
+    """`_reference_op(name)` wherever `ops.<name>` is looked up: in the package (the model's
+    calls) and in each ops module that names it (other ops' calls: `linear_swiglu` calls
+    `swiglu`, `qkv_rope_cache` calls `rms_norm`)."""
+    from sv_kernels import ops
+    from sv_kernels.ops import attention, linear_layers, sampling
+
+    op = _reference_op(name)
+    for module in (ops, attention, linear_layers, sampling):
+        if hasattr(module, name):
+            m.setattr(module, name, op)
+
+
 def _long_prefill_logits(runner: object, ids: list[int], chunk: int) -> list[torch.Tensor]:
     """Prefill ids[:-1] in chunks (each attending to the cached prefix), then decode ids[-1]:
     the logits at each chunk's last position and at the decoded one."""
@@ -220,8 +233,6 @@ def test_positions_past_8192_bf16(
     Yardsticks, all against transformers in FP32: transformers in BF16, and our model with every
     op replaced by its plain-torch reference (BF16, on the GPU). If the Triton path is worse,
     each op is swapped alone to name the culprit."""
-    from sv_kernels import ops
-
     runner = _runner(llama_1b_dir)
     n, chunk = 9000, 4096
     rng = random.Random(1)
@@ -238,7 +249,7 @@ def test_positions_past_8192_bf16(
     hf = errors(list(hf16))
     with monkeypatch.context() as m:
         for name in OPS:
-            m.setattr(ops, name, _reference_op(name))
+            _use_reference_op(m, name)
         refs = errors(_long_prefill_logits(runner, ids, chunk))
     print(
         f"positions {rows}\n  ours {ours}\n  torch-reference ops {refs}\n  transformers bf16 {hf}"
@@ -247,7 +258,7 @@ def test_positions_past_8192_bf16(
     if bad:
         for name in OPS:
             with monkeypatch.context() as m:
-                m.setattr(ops, name, _reference_op(name))
+                _use_reference_op(m, name)
                 print(
                     f"  with reference {name}: {errors(_long_prefill_logits(runner, ids, chunk))}"
                 )
