@@ -64,7 +64,14 @@ def _check_kv_scales(op: str, k_cache: Tensor, kv_scales: Tensor | None) -> None
         fail(op, "kv_scales must be contiguous")
 
 
-def _check_heads(op: str, q: Tensor, k_cache: Tensor) -> None:
+def _check_query_and_cache(
+    op: str, q: Tensor, layout: str, k_cache: Tensor, v_cache: Tensor, kv_scales: Tensor | None
+) -> None:
+    """The query (3-D `layout`, floating point) and the paged cache it attends to, together."""
+    check_dims(op, "q", q, 3, layout)
+    check_float(op, "q", q)
+    _check_cache(op, k_cache, v_cache)
+    _check_kv_scales(op, k_cache, kv_scales)
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     if head_dim != k_cache.shape[3]:
@@ -277,11 +284,7 @@ def paged_decode_attention(
     sliding_window: int | None = None,
 ) -> Tensor:
     op = "paged_decode_attention"
-    check_dims(op, "q", q, 3, "[B, Hq, D]")
-    check_float(op, "q", q)
-    _check_cache(op, k_cache, v_cache)
-    _check_kv_scales(op, k_cache, kv_scales)
-    _check_heads(op, q, k_cache)
+    _check_query_and_cache(op, q, "[B, Hq, D]", k_cache, v_cache, kv_scales)
     batch = q.shape[0]
     check_dims(op, "block_tables", block_tables, 2, "[B, max_pages]")
     check_int(op, "block_tables", block_tables)
@@ -390,11 +393,7 @@ def prefill_attention(
     decode_tail: DecodeTail | None = None,
 ) -> Tensor:
     op = "prefill_attention"
-    check_dims(op, "q", q, 3, "[T, Hq, D]")
-    check_float(op, "q", q)
-    _check_cache(op, k_cache, v_cache)
-    _check_kv_scales(op, k_cache, kv_scales)
-    _check_heads(op, q, k_cache)
+    _check_query_and_cache(op, q, "[T, Hq, D]", k_cache, v_cache, kv_scales)
     check_dims(op, "seq_lens", seq_lens, 1, "[B]")
     check_int(op, "seq_lens", seq_lens)
     batch = seq_lens.shape[0]
