@@ -147,29 +147,9 @@ async def collect(
 ) -> Response:
     """A non-streamed answer; a client that hangs up meanwhile cancels every request of it.
     With a reasoning parser, each choice's text is split on its own."""
-
-    async def all_texts() -> list[str]:
-        async def text_of(generation: Generation) -> str:
-            return "".join([text async for text in generation.texts()])
-
-        tasks = [asyncio.ensure_future(text_of(g)) for g in generations]
-        try:
-            return await asyncio.gather(*tasks)
-        finally:  # one failed: the others stop waiting too
-            for task in tasks:
-                task.cancel()
-
-    answer = asyncio.ensure_future(all_texts())
-    hangup = asyncio.ensure_future(_disconnected(request.receive))
-    try:
-        await asyncio.wait({answer, hangup}, return_when=asyncio.FIRST_COMPLETED)
-        if not answer.done():
-            answer.cancel()
-            return Response(status_code=499)  # nobody is listening; for the access log
-        texts = answer.result()
-    finally:
-        hangup.cancel()
-        close_all(generations)
+    texts = await whole_texts(request, generations)
+    if texts is None:
+        return Response(status_code=499)  # nobody is listening; for the access log
     contents: list[str | None] = list(texts)
     reasoning = None
     counts = _reasoning_tokens(generations)
@@ -194,6 +174,34 @@ async def collect(
     if req.tools is not None:
         tools.apply_to_response(body, req.tools)
     return JSONResponse(body)
+
+
+async def whole_texts(request: Request, generations: list[Generation]) -> list[str] | None:
+    """Each generation's whole text, once all have ended; None when the client hung up
+    first. Either way every request of the answer is over (cancelled if it was running)."""
+
+    async def all_texts() -> list[str]:
+        async def text_of(generation: Generation) -> str:
+            return "".join([text async for text in generation.texts()])
+
+        tasks = [asyncio.ensure_future(text_of(g)) for g in generations]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:  # one failed: the others stop waiting too
+            for task in tasks:
+                task.cancel()
+
+    answer = asyncio.ensure_future(all_texts())
+    hangup = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({answer, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done():
+            answer.cancel()
+            return None
+        return answer.result()
+    finally:
+        hangup.cancel()
+        close_all(generations)
 
 
 def _reasoning_tokens(generations: list[Generation]) -> list[ReasoningTokens] | None:

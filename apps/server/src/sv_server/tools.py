@@ -226,7 +226,11 @@ class ToolCallStream:
         self._names = tools.names
         self._held = ""
         self._holding: bool | None = None  # None until the first non-space character
-        self.called = False
+        self.call: ToolCall | None = None  # the answer's call, once `finish` found one
+
+    @property
+    def called(self) -> bool:
+        return self.call is not None
 
     def push(self, text: str) -> list[dict[str, Any]]:
         if self._holding is False:
@@ -250,7 +254,7 @@ class ToolCallStream:
         call = parse_tool_call(held, self._names) if self._holding else None
         if call is None:
             return [{"content": held}]
-        self.called = True
+        self.call = call
         head = tool_calls_body(call)[0]
         head["function"] = {"name": call.name, "arguments": ""}
         return [
