@@ -2,6 +2,7 @@
 
     POST /v1/completions        raw text or token ids (not chat-formatted)
     POST /v1/chat/completions   messages, formatted with the model's chat format
+    POST /v1/responses          OpenAI's Responses API: a chat in its shapes (responses_*.py)
     GET  /v1/models, /v1/models/{id}, /health, /metrics
     GET  /dashboard (and its /dashboard/session and /dashboard/events; see dashboard.py)
     POST /tokenize, /detokenize  vLLM's: a text or conversation -> ids, and ids -> text
@@ -66,11 +67,14 @@ from sv_server.prompts import (
 )
 from sv_server.reasoning import ReasoningTokens, parser_for
 from sv_server.request_parsing import (
+    GenerationRequest,
     parse_chat_request,
     parse_completion_request,
     parse_detokenize_request,
     parse_tokenize_request,
 )
+from sv_server.responses_answers import collect_response, stream_response
+from sv_server.responses_parsing import parse_responses_request
 from sv_server.state import ServerState
 from sv_server.stops import StopStringMatcher
 
@@ -153,6 +157,7 @@ def create_app(
         routes=[
             Route("/v1/completions", handler(_completions), methods=["POST"]),
             Route("/v1/chat/completions", handler(_chat_completions), methods=["POST"]),
+            Route("/v1/responses", handler(_responses), methods=["POST"]),
             Route("/v1/models", handler(_models), methods=["GET"]),
             Route("/v1/models/{model_id:path}", handler(_model), methods=["GET"]),
             Route("/tokenize", handler(_tokenize), methods=["POST"]),
@@ -320,6 +325,10 @@ async def _chat_completions(request: Request, state: ServerState) -> Response:
     return await _generate(request, state, parse_chat_request)
 
 
+async def _responses(request: Request, state: ServerState) -> Response:
+    return await _generate(request, state, parse_responses_request)
+
+
 async def _read(request: Request, state: ServerState) -> bytes:
     """The request's body; or a 503 as soon as the server starts shutting down, rather than
     wait for the rest of a body that is slow to come (shutdown would wait for it, then cut the
@@ -344,7 +353,8 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     req, prompts, turns = await asyncio.get_running_loop().run_in_executor(
         state.tokenizer_thread, partial(prepare, state, raw, parse)
     )
-    thinking = state.reasoning if req.kind == "chat" else None  # completions: the raw text
+    # completions: the raw text; chat and responses: the thinking apart
+    thinking = state.reasoning if req.kind != "completion" else None
     params = sampling_params(state, req, prompts, turns, thinking)
     _check_open(state)
     if state.loop.queue_depth >= state.max_queue:
@@ -387,12 +397,30 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
         raise
     prompt_tokens = sum(map(len, prompts))  # once per prompt, however many choices
     state.metrics.prompt_tokens += prompt_tokens
+    if req.kind == "responses":
+        return await _answer_response(request, req, state, generations[0], prompt_tokens)
     if req.stream:
         return EventStream(
             stream(req, state.model_name, generations, prompt_tokens),
             on_close=partial(close_all, generations),
         )
     return await collect(request, req, state.model_name, generations, prompt_tokens)
+
+
+async def _answer_response(
+    request: Request,
+    req: GenerationRequest,
+    state: ServerState,
+    generation: Generation,
+    prompt_tokens: int,
+) -> Response:
+    """The one generation of a /v1/responses request (it has no `n`), in that API's shapes."""
+    if req.stream:
+        return EventStream(
+            stream_response(req, state.model_name, generation, prompt_tokens),
+            on_close=partial(close_all, [generation]),
+        )
+    return await collect_response(request, req, state.model_name, generation, prompt_tokens)
 
 
 def _check_open(state: ServerState) -> None:

@@ -185,7 +185,7 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, 
         raise bad_request(
             f"{which} has {prompt_tokens} tokens but the context is {state.max_model_len} "
             "tokens, leaving no room for an output token",
-            param="messages" if req.kind == "chat" else "prompt",
+            param=_prompt_field(req),
             code="context_length_exceeded",
         )
     config = state.scheduler_config
@@ -195,7 +195,7 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, 
             f"{which} has {prompt_tokens} tokens but the KV cache holds "
             f"{config.num_pages * config.page_size} tokens in all; start the server with a "
             "larger --kv-cache-mib",
-            param="messages" if req.kind == "chat" else "prompt",
+            param=_prompt_field(req),
             code="context_length_exceeded",
         )
     if req.max_tokens is None:
@@ -219,6 +219,10 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, 
             code="context_length_exceeded",
         )
     return req.max_tokens
+
+
+def _prompt_field(req: GenerationRequest) -> str:
+    return {"completion": "prompt", "chat": "messages", "responses": "input"}[req.kind]
 
 
 def sampling_params(

@@ -37,17 +37,18 @@ MAX_LOGIT_BIAS = 1024  # entries: each one an index on the device per step, but 
 SEED_RANGE = (-(2**63), 2**63 - 1)  # the engine keeps seeds in an int64 tensor
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's /v1/completions
 
-# Which endpoint a request came to: its answer's shapes follow (response_bodies.py).
-Kind = Literal["completion", "chat"]
+# Which endpoint a request came to: its answer's shapes follow (response_bodies.py; the
+# Responses API's, responses_bodies.py). A "responses" request is a chat in all but its shapes.
+Kind = Literal["completion", "chat", "responses"]
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One request for /v1/completions or /v1/chat/completions, checked.
+    """One request for /v1/completions, /v1/chat/completions or /v1/responses, checked.
 
     prompts: completions: each prompt's raw text or token ids (not chat-formatted), `n`
              choices each; chat: None.
-    messages: chat: the conversation; completions: None.
+    messages: chat (and responses): the conversation; completions: None.
     max_tokens: None = the default (16 for completions, the rest of the context for chat).
     logprobs: None: off; K: each output token's log-probability and its top K alternatives
               (chat's `logprobs: true` + `top_logprobs`, completions' integer `logprobs`).
@@ -89,6 +90,8 @@ class GenerationRequest:
     grammar: Grammar | None = None  # response_format / guided_*: see structured.py
     tools: ToolRequest | None = None  # chat: tools and tool_choice, see tools.py
     chat_options: ChatOptions | None = None  # chat: how the template renders the messages
+    # responses: the request's settings its answer repeats (instructions, tools, text, ...)
+    settings: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,410 @@
+"""POST /v1/responses through the official `openai` client (its `responses.create`, streamed
+and not, which parses every body and event into its pydantic types), on the default model on
+the CPU. The oracle for the text and the token counts is the same conversation sent as a chat
+completion: both endpoints run one generation path, only the shapes differ."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from openai.types.responses import Response
+from server_test_support import openai_error
+
+RunningServer = Any
+
+QUESTION = "What is the capital of France?"
+CONVERSATION: list[Any] = [
+    {"role": "developer", "content": "Answer briefly."},
+    {"role": "user", "content": [{"type": "input_text", "text": "Hello!"}]},
+    {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "Hi. How can I help?", "annotations": []}],
+    },
+    {"type": "message", "role": "user", "content": QUESTION},
+]
+# The same conversation as chat messages.
+CHAT_FORM = [
+    {"role": "system", "content": "Be kind."},
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "Hello!"},
+    {"role": "assistant", "content": "Hi. How can I help?"},
+    {"role": "user", "content": QUESTION},
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "minimum": 0},
+    },
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _post(server: RunningServer, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/responses", json=body, timeout=120)
+
+
+# --- the answer, whole ----------------------------------------------------------------------
+
+
+def test_a_greedy_response_is_the_greedy_chat_completion(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    response = client.responses.create(
+        model=server.model_name,
+        instructions="Be kind.",
+        input=CONVERSATION,
+        max_output_tokens=24,
+        temperature=0,
+    )
+    chat = client.chat.completions.create(
+        model=server.model_name, messages=CHAT_FORM, max_tokens=24, temperature=0
+    )
+    assert response.output_text == chat.choices[0].message.content
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.instructions == "Be kind." and response.max_output_tokens == 24
+    (message,) = response.output
+    assert message.type == "message" and message.role == "assistant"
+    assert message.id.startswith("msg_")
+    usage, chat_usage = response.usage, chat.usage
+    assert usage is not None and chat_usage is not None
+    assert usage.input_tokens == chat_usage.prompt_tokens
+    assert usage.output_tokens == chat_usage.completion_tokens
+    assert usage.total_tokens == chat_usage.total_tokens
+    finished = chat.choices[0].finish_reason
+    assert response.status == ("completed" if finished == "stop" else "incomplete")
+
+
+def test_the_raw_body_validates_as_the_sdks_response(server: RunningServer) -> None:
+    answer = _post(
+        server,
+        {"model": server.model_name, "input": QUESTION, "max_output_tokens": 6, "temperature": 0},
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    response = Response.model_validate(body)
+    assert response.status in ("completed", "incomplete") and response.error is None
+    assert body["store"] is False and body["tools"] == [] and body["tool_choice"] == "auto"
+    assert body["text"] == {"format": {"type": "text"}} and body["parallel_tool_calls"] is True
+    assert body["usage"]["input_tokens_details"]["cached_tokens"] == 0
+    assert body["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
+
+
+def test_max_output_tokens_gives_an_incomplete_response(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    response = client.responses.create(
+        model=server.model_name,
+        input=QUESTION,
+        max_output_tokens=3,
+        extra_body={"ignore_eos": True},  # vLLM's, taken here as on chat
+    )
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens == 3
+    assert response.output[0].status == "incomplete"
+
+
+def test_store_metadata_and_tags_are_accepted_and_nothing_is_stored(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    response = client.responses.create(
+        model=server.model_name,
+        input=QUESTION,
+        max_output_tokens=2,
+        store=True,  # OpenAI's default: accepted, and the answer says nothing was stored
+        metadata={"run": "7"},
+        user="u1",
+        safety_identifier="s1",
+        prompt_cache_key="k",
+        truncation="disabled",
+        include=[],
+        service_tier="auto",
+        reasoning={},
+        parallel_tool_calls=False,
+        background=False,
+    )
+    assert response.store is False and response.metadata == {"run": "7"}
+    assert response.parallel_tool_calls is False and response.user == "u1"
+
+
+def test_earlier_reasoning_items_and_output_fields_sent_back_are_accepted(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """`input += response.output`: the items come back with their ids and statuses (and a
+    reasoning item of an earlier turn, dropped as chat templates drop the thinking)."""
+    first = client.responses.create(
+        model=server.model_name, input=QUESTION, max_output_tokens=4, temperature=0
+    )
+    earlier = {"type": "reasoning", "id": "rs_1", "summary": [], "content": []}
+    history: list[Any] = [{"role": "user", "content": QUESTION}, earlier]
+    history += [item.model_dump(exclude_none=True) for item in first.output]
+    history.append({"role": "user", "content": "And of Spain?"})
+    again = client.responses.create(
+        model=server.model_name, input=history, max_output_tokens=4, temperature=0
+    )
+    chat = client.chat.completions.create(
+        model=server.model_name,
+        messages=[
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "And of Spain?"},
+        ],
+        max_tokens=4,
+        temperature=0,
+    )
+    assert again.output_text == chat.choices[0].message.content
+    assert again.usage is not None and chat.usage is not None
+    assert again.usage.input_tokens == chat.usage.prompt_tokens
+
+
+# --- structured output ----------------------------------------------------------------------
+
+
+def test_text_format_json_schema_validates(client: openai.OpenAI, server: RunningServer) -> None:
+    response = client.responses.create(
+        model=server.model_name,
+        input="Describe Lisbon as JSON.",
+        max_output_tokens=60,
+        text={"format": {"type": "json_schema", "name": "city", "schema": SCHEMA, "strict": True}},
+        temperature=0,
+    )
+    assert response.status == "completed", response.output_text
+    jsonschema.validate(json.loads(response.output_text), SCHEMA)
+    assert response.text is not None and response.text.format is not None
+    assert response.text.format.type == "json_schema"
+
+
+def test_text_format_json_schema_streamed_validates(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    response = client.responses.create(
+        model=server.model_name,
+        input="Describe Lisbon as JSON.",
+        max_output_tokens=60,
+        text={"format": {"type": "json_schema", "name": "city", "schema": SCHEMA}},
+        temperature=0.7,
+        extra_body={"seed": 5},  # vLLM's sampling extras, taken here as on chat
+        stream=True,
+    )
+    events = list(response)
+    assert events[-1].type == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert events[-1].response.output_text == text
+
+
+def test_text_format_json_object_constrains_the_text(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    response = client.responses.create(
+        model=server.model_name,
+        input="Describe Lisbon as JSON.",
+        max_output_tokens=30,
+        text={"format": {"type": "json_object"}},
+        temperature=0,
+    )
+    # (a small model's object may outrun the budget: then it is an object's start)
+    assert response.output_text.lstrip().startswith("{")
+    if response.status == "completed":
+        assert isinstance(json.loads(response.output_text), dict)
+
+
+# --- streamed -------------------------------------------------------------------------------
+
+
+def _event_types(events: list[Any]) -> list[str]:
+    return [e.type for e in events]
+
+
+def test_streamed_events_come_in_openais_order_and_add_up_to_the_whole_answer(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    whole = client.responses.create(
+        model=server.model_name, input=QUESTION, max_output_tokens=16, temperature=0
+    )
+    events = list(
+        client.responses.create(
+            model=server.model_name,
+            input=QUESTION,
+            max_output_tokens=16,
+            temperature=0,
+            stream=True,
+        )
+    )
+    types = _event_types(events)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    last = "response.completed" if whole.status == "completed" else "response.incomplete"
+    assert types == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * len(deltas),
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        last,
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    text = "".join(d.delta for d in deltas)
+    assert text == whole.output_text
+    done = events[-1].response
+    assert done.output_text == text and done.status == whole.status
+    assert done.usage == whole.usage
+    item_id = events[2].item.id
+    assert all(e.item_id == item_id for e in deltas) and done.output[0].id == item_id
+
+
+def test_the_sdks_stream_helper_assembles_the_same_response(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    with client.responses.stream(
+        model=server.model_name, input=QUESTION, max_output_tokens=10, temperature=0
+    ) as stream:
+        texts = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.output_text == "".join(texts)
+
+
+def test_the_raw_stream_names_each_event_and_sends_no_done(server: RunningServer) -> None:
+    body = {"model": server.model_name, "input": QUESTION, "max_output_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=120) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        blocks = answer.read().decode().strip().split("\n\n")
+    for block in blocks:
+        event_line, data_line = block.split("\n")
+        kind = event_line.removeprefix("event: ")
+        assert json.loads(data_line.removeprefix("data: "))["type"] == kind
+    assert "[DONE]" not in blocks[-1]
+
+
+# --- refusals -------------------------------------------------------------------------------
+
+BASE: dict[str, Any] = {"input": QUESTION, "max_output_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "says"),
+    [
+        ({"input": None}, "input", "'input' must be a string or a list"),
+        ({"input": []}, "input", "at least one item"),
+        ({"input": [3]}, "input", "input[0] must be an object"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input",
+            "input[0].content[0] is an input_image part",
+        ),
+        (
+            {"input": [{"role": "user", "content": "a"}, {"role": "user", "content": [{}]}]},
+            "input",
+            "input[1].content[0].type must be 'input_text'",
+        ),
+        (
+            {"input": [{"role": "assistant", "content": [{"type": "input_text", "text": "x"}]}]},
+            "input",
+            "input[0].content[0].type must be 'output_text'",
+        ),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role must be"),
+        (
+            {"input": [{"type": "item_reference", "id": "msg_1"}]},
+            "input",
+            "input[0] is of type 'item_reference'",
+        ),
+        (
+            {"input": [{"type": "web_search_call", "id": "ws_1"}]},
+            "input",
+            "input[0] is of type 'web_search_call'",
+        ),
+        (
+            {"input": [{"role": "user", "content": "x", "extra": 1}]},
+            "input",
+            "unknown field 'input[0].extra'",
+        ),
+        (
+            {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[]"}]},
+            "input",
+            "input[0].arguments must be a JSON object's text",
+        ),
+        (
+            {"input": [{"type": "function_call_output", "output": "x"}]},
+            "input",
+            "input[0].call_id must be a string",
+        ),
+        ({"instructions": 3}, "instructions", "'instructions' must be a string"),
+        ({"tools": [{"type": "web_search"}]}, "tools", "tools[0] is of type 'web_search'"),
+        (
+            {"tools": [{"type": "function", "name": "f", "function": {}}]},
+            "tools",
+            "unknown field 'tools[0].function'",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "'tool_choice' needs 'tools'"),
+        (
+            {"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "file_search"}},
+            "tool_choice",
+            "'tool_choice' must be",
+        ),
+        ({"text": {"format": {"type": "xml"}}}, "text", "'text.format.type' must be"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x"}}},
+            "text",
+            "needs a 'name' (a string) and a 'schema'",
+        ),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}},
+            "text",
+            "'text.format.schema'",
+        ),
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
+        ({"conversation": "conv_1"}, "conversation", "stores no responses"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt", "stores no responses"),
+        ({"background": True}, "background", "in the foreground"),
+        ({"truncation": "auto"}, "truncation", "does not drop input items"),
+        ({"include": ["reasoning.encrypted_content"]}, "include", "nothing extra"),
+        ({"top_logprobs": 2}, "top_logprobs", "no log-probabilities"),
+        ({"reasoning": {"effort": "high"}}, "reasoning", "no reasoning effort"),
+        ({"service_tier": "flex"}, "service_tier", "one service tier"),
+        ({"metadata": {"a": 1}}, "metadata", "'metadata' must be an object"),
+        ({"store": "yes"}, "store", "'store' must be true or false"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "at least 1"),
+        ({"temperature": 3}, "temperature", "'temperature' must be between"),
+        ({"messages": []}, "messages", "unknown field 'messages'"),
+        ({"n": 2}, "n", "unknown field 'n'"),
+        ({"stream_options": {"include_obfuscation": False}}, "stream_options", "'stream': true"),
+        ({"model": "gpt-4o"}, "model", "does not exist"),
+    ],
+)
+def test_a_bad_body_is_a_400_naming_the_field(
+    server: RunningServer, change: dict[str, Any], param: str, says: str
+) -> None:
+    answer = _post(server, BASE | change)
+    error = openai_error(answer, 404 if param == "model" else 400)
+    assert error["param"] == param, error
+    assert says in error["message"], error["message"]
+
+
+def test_the_sdk_raises_its_bad_request_error(client: openai.OpenAI, server: RunningServer) -> None:
+    with pytest.raises(openai.BadRequestError, match="stores no responses"):
+        client.responses.create(
+            model=server.model_name, input=QUESTION, previous_response_id="resp_123"
+        )
+
+
+def test_a_prompt_that_overflows_the_context_is_a_400_naming_input(server: RunningServer) -> None:
+    answer = _post(server, {"input": "hello " * 20_000})
+    error = openai_error(answer, 400)
+    assert error["param"] == "input" and error["code"] == "context_length_exceeded"
