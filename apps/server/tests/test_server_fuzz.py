@@ -13,6 +13,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from openai.types.responses import Response
 from server_test_support import RunningServer
 
 ANSWER_S = 60.0  # generous for a 2-core CI machine; a hang is what this catches
@@ -106,6 +107,71 @@ DETOKENIZE_BODIES = (
 )
 CHAT_BODIES = _bodies(messages=st.lists(MESSAGE, min_size=1, max_size=3))
 
+# /v1/responses: its own fields (max_output_tokens for max_tokens) and input items, well-formed
+# or nearly (a bad call's arguments, an image part, an unknown type).
+TEXT_PART = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["input_text", "output_text", "input_image"]),
+        "text": st.text(max_size=20),
+    }
+)
+INPUT_ITEM = (
+    MESSAGE
+    | st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "assistant", "developer"]),
+            "content": st.lists(TEXT_PART, max_size=2),
+        },
+        optional={"type": st.just("message"), "id": st.text(max_size=5)},
+    )
+    | st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": st.text(max_size=5),
+            "name": st.text(max_size=8),
+            "arguments": st.sampled_from(["{}", '{"a": 1}', "[]", "x"]),
+        }
+    )
+    | st.fixed_dictionaries(
+        {"type": st.just("function_call_output"), "call_id": st.text(max_size=5)},
+        optional={"output": STRINGS | st.lists(TEXT_PART, max_size=2)},
+    )
+    | st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "item_reference", "x"])})
+)
+RESPONSES_VALID = {
+    k: v for k, v in VALID.items() if k not in ("max_tokens", "logprobs", "truncate_prompt_tokens")
+} | {
+    "instructions": st.text(max_size=20),
+    "store": st.booleans(),
+    "metadata": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+    "text": st.sampled_from(
+        [{"format": {"type": "text"}}, {"format": {"type": "json_object"}}, {}, None]
+    ),
+    "tool_choice": st.sampled_from(["auto", "none"]),
+    "truncation": st.just("disabled"),
+    "include": st.just([]),
+}
+RESPONSES_FIELDS = st.sampled_from([*RESPONSES_VALID, "input", "tools", "tool_choice",
+                                    "reasoning", "include", "truncation", "previous_response_id",
+                                    "background", "top_logprobs", "stream_options", "prompt",
+                                    "service_tier", "max_output_tokens", "conversation"])  # fmt: skip
+RESPONSES_SENSIBLE = st.fixed_dictionaries(
+    {
+        "input": st.text(min_size=1, max_size=30) | st.lists(INPUT_ITEM, min_size=1, max_size=4),
+        "max_output_tokens": st.integers(1, 4),
+    },
+    optional=RESPONSES_VALID,
+)
+RESPONSES_BODIES = (
+    RESPONSES_SENSIBLE
+    | st.builds(
+        lambda body, odd: body | odd,
+        RESPONSES_SENSIBLE,
+        st.dictionaries(RESPONSES_FIELDS, JSON, min_size=1, max_size=1),
+    )
+    | JSON
+)
+
 
 @pytest.fixture(scope="module")
 def small(make_server: Any) -> Iterator[RunningServer]:
@@ -167,8 +233,33 @@ def test_fuzzed_chat_bodies(small: RunningServer, body: Any) -> None:
 
 
 @FUZZ
+@given(body=RESPONSES_BODIES)
+def test_fuzzed_responses_bodies(small: RunningServer, body: Any) -> None:
+    content = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    response = httpx.post(
+        small.url + "/v1/responses", content=content, headers=headers, timeout=ANSWER_S
+    )
+    status = response.status_code
+    event(f"status {status}")
+    assert status == 200 or 400 <= status < 500, (status, response.text[:300], body)
+    if status != 200:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    elif response.headers["content-type"].startswith("text/event-stream"):
+        blocks = response.text.strip().split("\n\n")
+        for block in blocks:
+            kind, data = block.split("\n")
+            assert json.loads(data.removeprefix("data: "))["type"] == kind.removeprefix("event: ")
+        assert blocks[-1].startswith(("event: response.completed", "event: response.incomplete"))
+    else:
+        Response.model_validate(response.json())
+
+
+@FUZZ
 @given(
-    raw=st.binary(max_size=64), path=st.sampled_from(["/v1/completions", "/v1/chat/completions"])
+    raw=st.binary(max_size=64),
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/v1/responses"]),
 )
 def test_fuzzed_bytes(small: RunningServer, raw: bytes, path: str) -> None:
     headers = {"Content-Type": "application/json"}

@@ -14,6 +14,8 @@ import openai
 import pytest
 from openai.types.responses import Response
 from server_test_support import openai_error
+from sv_server.responses_parsing import parse_responses_request
+from sv_tokenizer import Message, ToolCall
 
 RunningServer = Any
 
@@ -169,6 +171,41 @@ def test_earlier_reasoning_items_and_output_fields_sent_back_are_accepted(
     assert again.output_text == chat.choices[0].message.content
     assert again.usage is not None and chat.usage is not None
     assert again.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_items_become_the_chat_messages_they_stand_for() -> None:
+    """An assistant's text and the function calls after it are one turn; reasoning items drop."""
+    req = parse_responses_request(
+        {
+            "instructions": "Be kind.",
+            "input": [
+                {"role": "user", "content": "Weather and time?"},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"role": "assistant", "content": "Looking."},
+                {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "t", "arguments": '{"z": 1}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                {
+                    "type": "function_call_output",
+                    "call_id": "c2",
+                    "output": [{"type": "input_text", "text": "noon"}],
+                },
+                {"type": "function_call", "call_id": "c3", "name": "w", "arguments": "{}"},
+            ],
+        }
+    )
+    assert req.kind == "responses" and req.messages == [
+        Message("system", "Be kind."),
+        Message("user", "Weather and time?"),
+        Message(
+            "assistant",
+            "Looking.",
+            tool_calls=(ToolCall("w", "{}", "c1"), ToolCall("t", '{"z": 1}', "c2")),
+        ),
+        Message("tool", "sunny", tool_call_id="c1"),
+        Message("tool", "noon", tool_call_id="c2"),
+        Message("assistant", "", tool_calls=(ToolCall("w", "{}", "c3"),)),
+    ]
 
 
 # --- structured output ----------------------------------------------------------------------

@@ -1,0 +1,81 @@
+"""/v1/responses under `--reasoning-parser qwen3`, on test_server_reasoning.py's small random
+model with Qwen3's tokenizer (a `logit_bias` on the think tags makes them come often): the
+thinking is a reasoning item and the rest a message, the same split (and token counts) as the
+chat completion of the same seeded request, whole and streamed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+THINK, END = 151667, 151668  # Qwen3's <think> and </think>
+TAGS_OFTEN = {str(THINK): 12, str(END): 10}  # test_server_reasoning.py's strong-think
+QUESTION = "What is 2+2?"
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tiny_qwen3_dir: Path) -> Iterator[Any]:
+    from server_test_support import RunningServer
+
+    running = RunningServer(tiny_qwen3_dir, kv_cache_mib=64, reasoning_parser="qwen3")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(thinking_server: Any) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{thinking_server.url}/v1", api_key="unused", max_retries=0, timeout=300
+    )
+
+
+# (On this model the seeds give answers that think then answer, only think, or only answer.)
+@pytest.mark.parametrize("seed", range(6))
+def test_the_thinking_is_a_reasoning_item_as_chat_splits_it(
+    client: openai.OpenAI, thinking_server: Any, seed: int
+) -> None:
+    extra = {"seed": seed, "logit_bias": TAGS_OFTEN}
+    response = client.responses.create(
+        model=thinking_server.model_name, input=QUESTION, max_output_tokens=20, extra_body=extra
+    )
+    chat = client.chat.completions.create(
+        model=thinking_server.model_name,
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=20,
+        extra_body=extra,
+    )
+    message = chat.choices[0].message
+    thinking = getattr(message, "reasoning_content", None)
+    reasoning = [item for item in response.output if item.type == "reasoning"]
+    texts = [item for item in response.output if item.type == "message"]
+    assert [r.content[0].text for r in reasoning if r.content] == ([thinking] if thinking else [])
+    assert response.output_text == (message.content or "")
+    assert len(texts) == (1 if message.content else 0)
+    assert response.output[: len(reasoning)] == reasoning  # the thinking comes first
+    assert response.usage is not None and chat.usage is not None
+    details = chat.usage.completion_tokens_details
+    assert details is not None
+    assert response.usage.output_tokens_details.reasoning_tokens == details.reasoning_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+    # Streamed: the reasoning deltas and text deltas add up to the same items.
+    events = list(
+        client.responses.create(
+            model=thinking_server.model_name,
+            input=QUESTION,
+            max_output_tokens=20,
+            extra_body=extra,
+            stream=True,
+        )
+    )
+    streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert streamed == (thinking or "")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == response.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert final.usage == response.usage
+    assert [item.type for item in final.output] == [item.type for item in response.output]
