@@ -153,7 +153,7 @@ def test_earlier_reasoning_items_and_output_fields_sent_back_are_accepted(
     )
     earlier = {"type": "reasoning", "id": "rs_1", "summary": [], "content": []}
     history: list[Any] = [{"role": "user", "content": QUESTION}, earlier]
-    history += [item.model_dump(exclude_none=True) for item in first.output]
+    history += first.output  # the client's own objects, as it serializes them
     history.append({"role": "user", "content": "And of Spain?"})
     again = client.responses.create(
         model=server.model_name, input=history, max_output_tokens=4, temperature=0
@@ -432,6 +432,32 @@ def test_a_bad_body_is_a_400_naming_the_field(
     error = openai_error(answer, 404 if param == "model" else 400)
     assert error["param"] == param, error
     assert says in error["message"], error["message"]
+
+
+def test_nulls_of_what_needs_storage_ask_for_nothing(server: RunningServer) -> None:
+    body = BASE | {"previous_response_id": None, "conversation": None, "prompt": None}
+    assert _post(server, body).status_code == 200
+
+
+def test_the_routes_checks_apply(make_server: Any) -> None:
+    """The API key, the content type and the body size limit, as on the other routes."""
+    guarded = make_server(api_key="k", max_request_bytes=1000)
+    try:
+        url = f"{guarded.url}/v1/responses"
+        key = {"Authorization": "Bearer k"}
+        openai_error(httpx.post(url, json=BASE), 401)
+        openai_error(httpx.post(url, content=b"{}", headers=key), 415)
+        openai_error(httpx.post(url, json=BASE | {"input": "x" * 2000}, headers=key), 413)
+        assert httpx.post(url, json=BASE, headers=key, timeout=120).status_code == 200
+    finally:
+        guarded.stop()
+
+
+def test_an_output_budget_beyond_the_context_names_max_output_tokens(
+    server: RunningServer,
+) -> None:
+    error = openai_error(_post(server, BASE | {"max_output_tokens": 10**7}), 400)
+    assert error["param"] == "max_output_tokens" and "max_output_tokens is" in error["message"]
 
 
 def test_the_sdk_raises_its_bad_request_error(client: openai.OpenAI, server: RunningServer) -> None:

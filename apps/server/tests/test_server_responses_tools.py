@@ -62,7 +62,7 @@ def test_a_required_call_is_a_function_call_item_and_goes_back_as_chat_tool_mess
     output = json.dumps({"temp": 21})
     history: list[Any] = [
         QUESTION,
-        call.model_dump(exclude_none=True),
+        call.model_dump(),  # every field, the unset ones null
         {"type": "function_call_output", "call_id": call.call_id, "output": output},
     ]
     second = client.responses.create(

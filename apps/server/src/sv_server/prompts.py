@@ -203,19 +203,20 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, 
         # budget over the pool would be refused, though the client asked for no number).
         default = DEFAULT_COMPLETION_MAX_TOKENS if req.kind == "completion" else room
         return min(default, room, fit)
+    budget = "max_output_tokens" if req.kind == "responses" else "max_tokens"
     if req.max_tokens > room:
         raise bad_request(
-            f"max_tokens is {req.max_tokens} but {which} has {prompt_tokens} tokens and the "
+            f"{budget} is {req.max_tokens} but {which} has {prompt_tokens} tokens and the "
             f"context is {state.max_model_len}: at most {room} new tokens fit",
-            param="max_tokens",
+            param=budget,
             code="context_length_exceeded",
         )
     if req.max_tokens > fit:
         raise bad_request(
-            f"max_tokens is {req.max_tokens} but after {which}'s {prompt_tokens} tokens the KV "
+            f"{budget} is {req.max_tokens} but after {which}'s {prompt_tokens} tokens the KV "
             f"cache ({config.num_pages} pages of {config.page_size} tokens) holds at most {fit} "
             "new tokens; ask for fewer, or start the server with a larger --kv-cache-mib",
-            param="max_tokens",
+            param=budget,
             code="context_length_exceeded",
         )
     return req.max_tokens

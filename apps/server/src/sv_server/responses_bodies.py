@@ -110,10 +110,12 @@ def function_call_item(item_id: str, call: ToolCall, status: Status) -> dict[str
 def output_items(
     reasoning: str | None, text: str | None, call: ToolCall | None, status: Status
 ) -> list[dict[str, Any]]:
-    """A whole answer's output: its thinking, its text, its tool call, each if it has one."""
+    """A whole answer's output: its thinking, its text, its tool call, each if it has one.
+    `status` is the last item's: an earlier one ended (the thinking, before the text)."""
     items = []
     if reasoning is not None:
-        items.append(reasoning_item(new_item_id("rs"), reasoning, status))
+        ended = text is not None or call is not None
+        items.append(reasoning_item(new_item_id("rs"), reasoning, "completed" if ended else status))
     if text is not None:
         items.append(message_item(new_item_id("msg"), text, status))
     if call is not None:

@@ -142,9 +142,11 @@ def parse_responses_request(body: Any) -> GenerationRequest:
 
 
 def _check_fields(body: Mapping[str, Any]) -> None:
-    for key in body:
+    for key, value in body.items():
         if key in _STATEFUL_FIELDS:
-            raise bad_request(f"'{key}' is not supported: {_STATELESS}", param=key)
+            if value is not None:  # (null asks for nothing stored)
+                raise bad_request(f"'{key}' is not supported: {_STATELESS}", param=key)
+            continue
         if key not in _SAMPLING_FIELDS and key not in _OWN_FIELDS:
             raise bad_request(f"unknown field {_shown(key)}", param=key)
     # Accepted for what they say, or refused for a value that asks for more than there is.
@@ -251,7 +253,10 @@ def _input(value: Any) -> list[Message]:
                 "are messages, function_call, function_call_output and reasoning",
                 param="input",
             )
-        unknown = set(item) - _ITEM_FIELDS[kind] - _OUTPUT_ITEM_FIELDS
+        # (a null field says nothing: the openai client's `item.model_dump()` of an output
+        # item writes every optional field, most of them null)
+        unknown = {k for k in item if item[k] is not None} - _ITEM_FIELDS[kind]
+        unknown -= _OUTPUT_ITEM_FIELDS
         if unknown:
             raise bad_request(f"unknown field {_shown(f'{where}.{min(unknown)}')}", "input")
         if kind == "message":
@@ -311,7 +316,12 @@ def _text(value: Any, where: str, parts: tuple[str, ...]) -> str:
                 f"string, got {_shown(part)}",
                 "input",
             )
-        unknown = set(part) - {"type", "text", "annotations", "logprobs"}
+        unknown = {k for k in part if part[k] is not None} - {
+            "type",
+            "text",
+            "annotations",
+            "logprobs",
+        }
         if unknown:
             raise bad_request(f"unknown field {_shown(f'{where}[{i}].{min(unknown)}')}", "input")
         texts.append(part["text"])
