@@ -471,3 +471,71 @@ def test_a_prompt_that_overflows_the_context_is_a_400_naming_input(server: Runni
     answer = _post(server, {"input": "hello " * 20_000})
     error = openai_error(answer, 400)
     assert error["param"] == "input" and error["code"] == "context_length_exceeded"
+
+
+# --- clients that go away, and failures -----------------------------------------------------
+
+LONG = {"input": "Count: 1, 2, 3,", "max_output_tokens": 400, "ignore_eos": True}
+
+
+def test_a_hang_up_mid_stream_cancels_the_request(server: RunningServer) -> None:
+    before = server.wait_idle()
+    body = LONG | {"stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as answer:
+        deltas = 0
+        for line in answer.iter_lines():
+            deltas += line == "event: response.output_text.delta"
+            if deltas == 3:
+                break  # leaving the block closes the connection mid-stream
+    after = server.wait_idle(timeout=10)
+    assert after["sv_kv_cache_pages_used"] == 0 and after["sv_requests_running"] == 0
+    cancelled = 'sv_requests_finished_total{finish_reason="cancelled"}'
+    assert after[cancelled] == before[cancelled] + 1
+    generated = after["sv_generation_tokens_total"] - before["sv_generation_tokens_total"]
+    assert 3 <= generated < 400
+
+
+def test_a_hang_up_while_waiting_for_the_whole_response_cancels(server: RunningServer) -> None:
+    before = server.wait_idle()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/responses", json=LONG, timeout=1.5)
+    after = server.wait_idle(timeout=10)
+    assert after["sv_kv_cache_pages_used"] == 0 and after["sv_requests_running"] == 0
+    generated = after["sv_generation_tokens_total"] - before["sv_generation_tokens_total"]
+    assert generated < 400
+
+
+def test_a_failure_after_the_stream_began_is_an_error_event(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    engine = server.app.state.server.loop.engine
+    real_step = engine.step
+    steps = 0
+
+    def failing_step() -> Any:
+        nonlocal steps
+        steps += 1
+        if steps == 4:  # a few tokens in: the status line and the first events are sent
+            engine.step = real_step
+            raise RuntimeError("injected fault")
+        return real_step()
+
+    server.wait_idle()
+    engine.step = failing_step
+    try:
+        stream = client.responses.create(
+            model=server.model_name,
+            input=QUESTION,
+            max_output_tokens=50,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        events = list(stream)  # the client parses the error event as its ResponseErrorEvent
+    finally:
+        engine.step = real_step
+    types = [e.type for e in events]
+    assert types[:2] == ["response.created", "response.in_progress"]
+    assert "response.output_text.delta" in types and types[-1] == "error"
+    error = events[-1]
+    assert "injected fault" in error.message and error.sequence_number == len(events) - 1
+    assert server.wait_idle()["sv_kv_cache_pages_used"] == 0

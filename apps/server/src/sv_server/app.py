@@ -185,8 +185,8 @@ async def shut_down(
     """Stop the app's generations (before uvicorn's own shutdown): new ones get 503; those in
     flight may finish for up to `drain_s` seconds, or until `stop_draining()` (a second
     Ctrl-C); then, once the engine's current step is over, every one still running ends (a
-    stream with an error event and `data: [DONE]`, a whole answer with a 503), and the engine
-    thread stops, which frees every KV page."""
+    stream with an error event, and `data: [DONE]` but on /v1/responses; a whole answer with
+    a 503), and the engine thread stops, which frees every KV page."""
     state: ServerState = app.state.server
     state.closing.set()
     deadline = time.monotonic() + drain_s
