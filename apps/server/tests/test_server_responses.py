@@ -307,6 +307,25 @@ def test_streamed_events_come_in_openais_order_and_add_up_to_the_whole_answer(
     assert all(e.item_id == item_id for e in deltas) and done.output[0].id == item_id
 
 
+def test_an_answer_of_nothing_is_one_empty_message_whole_and_streamed(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    eos = sorted(server.app.state.server.tokenizer.eos_ids)
+    request: dict[str, Any] = {
+        "model": server.model_name,
+        "input": QUESTION,
+        "max_output_tokens": 4,
+        "extra_body": {"allowed_token_ids": eos},  # vLLM's: only a stop token can come
+    }
+    whole = client.responses.create(**request)
+    events = list(client.responses.create(**request, stream=True))
+    assert whole.usage is not None and whole.usage.output_tokens == 1
+    for response in (whole, events[-1].response):
+        assert response.status == "completed" and response.output_text == ""
+        assert [item.type for item in response.output] == ["message"]
+    assert "response.output_text.delta" not in [e.type for e in events]
+
+
 def test_the_sdks_stream_helper_assembles_the_same_response(
     client: openai.OpenAI, server: RunningServer
 ) -> None:

@@ -122,6 +122,8 @@ async def stream_response(
         yield events.event("error", code=e.code, message=e.message, param=e.param)
         return
     status = _status(generation)
+    for event in events.at_least_a_message():
+        yield event
     for event in events.close(status):
         yield event
     kind = "response.completed" if status == "completed" else "response.incomplete"

@@ -112,6 +112,8 @@ def output_items(
 ) -> list[dict[str, Any]]:
     """A whole answer's output: its thinking, its text, its tool call, each if it has one.
     `status` is the last item's: an earlier one ended (the thinking, before the text)."""
+    if reasoning is None and text is None and call is None:
+        text = ""  # (an answer of nothing is an empty message, as OpenAI gives it)
     items = []
     if reasoning is not None:
         ended = text is not None or call is not None
@@ -142,22 +144,28 @@ class OutputEvents:
 
     def text(self, kind: Literal["reasoning", "message"], delta: str) -> Iterator[str]:
         """A piece of the thinking ("reasoning") or of the answer's text ("message")."""
-        if self._open != kind:
-            yield from self.close("completed")
-            self._open, self._id, self._text = (
-                kind,
-                new_item_id("rs" if kind == "reasoning" else "msg"),
-                "",
-            )
-            item = reasoning_item if kind == "reasoning" else message_item
-            yield self._item_event("added", item(self._id, None, "in_progress"))
-            yield self._part_event("added", "")
+        yield from self._begin(kind)
         self._text += delta
         where = self._where()
         if kind == "reasoning":
             yield self.event("response.reasoning_text.delta", **where, delta=delta)
         else:
             yield self.event("response.output_text.delta", **where, delta=delta, logprobs=[])
+
+    def _begin(self, kind: Literal["reasoning", "message"]) -> Iterator[str]:
+        if self._open == kind:
+            return
+        yield from self.close("completed")
+        self._open, self._id = kind, new_item_id("rs" if kind == "reasoning" else "msg")
+        self._text = ""
+        item = reasoning_item if kind == "reasoning" else message_item
+        yield self._item_event("added", item(self._id, None, "in_progress"))
+        yield self._part_event("added", "")
+
+    def at_least_a_message(self) -> Iterator[str]:
+        """An answer with no output at all (EOS first) is one empty message, as whole."""
+        if not self.output and self._open is None:
+            yield from self._begin("message")
 
     def function_call(self, call: ToolCall) -> Iterator[str]:
         """A whole tool call (held back until the answer ended, as chat's stream holds it)."""
