@@ -90,6 +90,7 @@ def test_api_key_guards_every_v1_route_and_tokenize(guarded: RunningServer) -> N
         ("GET", f"/v1/models/{guarded.model_name}", {}),
         ("POST", "/v1/completions", {"Authorization": "Bearer wrong"}),
         ("POST", "/v1/chat/completions", {"Authorization": f"Bearer {KEY}x"}),
+        ("POST", "/v1/responses", {}),
         ("POST", "/v1/completions", {"Authorization": f"Basic {KEY}"}),
         ("POST", "/v1/completions", {"Authorization": KEY}),
         ("GET", "/v1/nothing", {}),  # no route: still 401, nothing under /v1 is told apart
@@ -148,7 +149,8 @@ def test_health_metrics_and_version_need_no_key(guarded: RunningServer) -> None:
 def test_a_body_not_declared_json_is_415(guarded: RunningServer, content_type: str | None) -> None:
     headers = dict(AUTH) | ({"Content-Type": content_type} if content_type else {})
     body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
-    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+    paths = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize")
+    for path in paths:
         response, took = _timed_post(guarded.url + path, content=body, headers=headers)
         assert took < REFUSAL_S
         assert openai_error(response, 415)["code"] == "unsupported_media_type"
@@ -240,7 +242,7 @@ ODD_JSON = [
 
 @pytest.mark.parametrize(("body", "says"), ODD_JSON, ids=range(len(ODD_JSON)))
 def test_odd_json_is_400_never_500(guarded: RunningServer, body: bytes, says: str) -> None:
-    for path in ("/v1/completions", "/v1/chat/completions"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
         response, took = _timed_post(guarded.url + path, content=body, headers=AUTH | JSON_TYPE)
         assert took < REFUSAL_S, f"{took:.2f} s"
         error = openai_error(response, 400)
