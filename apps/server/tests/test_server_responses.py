@@ -225,6 +225,25 @@ def test_text_format_json_schema_validates(client: openai.OpenAI, server: Runnin
     assert response.text.format.type == "json_schema"
 
 
+def test_the_sdks_parse_helper_reads_a_pydantic_models_schema(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=20)
+        coastal: bool
+
+    response = client.responses.parse(
+        model=server.model_name,
+        input="Describe Lisbon as JSON.",
+        max_output_tokens=40,
+        temperature=0,
+        text_format=City,
+    )
+    assert isinstance(response.output_parsed, City)
+
+
 def test_text_format_json_schema_streamed_validates(
     client: openai.OpenAI, server: RunningServer
 ) -> None:
