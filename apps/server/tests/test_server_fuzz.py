@@ -149,7 +149,8 @@ RESPONSES_VALID = {
     ),
     "tool_choice": st.sampled_from(["auto", "none"]),
     "truncation": st.just("disabled"),
-    "include": st.just([]),
+    "include": st.sampled_from([[], ["message.output_text.logprobs"]]),
+    "top_logprobs": st.integers(0, 3),
 }
 RESPONSES_FIELDS = st.sampled_from([*RESPONSES_VALID, "input", "tools", "tool_choice",
                                     "reasoning", "include", "truncation", "previous_response_id",

@@ -208,6 +208,55 @@ def test_items_become_the_chat_messages_they_stand_for() -> None:
     ]
 
 
+# --- log-probabilities ----------------------------------------------------------------------
+
+LOGPROBS = "message.output_text.logprobs"
+
+
+def test_logprobs_are_the_chat_completions_whole_and_streamed(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    asked: dict[str, Any] = {"include": [LOGPROBS], "top_logprobs": 2}
+    request = {"model": server.model_name, "input": QUESTION, "max_output_tokens": 8}
+    whole = client.responses.create(**request, **asked, temperature=0)
+    chat = client.chat.completions.create(
+        model=server.model_name,
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    expected = (chat.choices[0].logprobs.content or []) if chat.choices[0].logprobs else []
+    (message,) = whole.output
+    assert message.type == "message"
+    logprobs = message.content[0].logprobs or []  # type: ignore[union-attr]
+    assert len(logprobs) == len(expected) > 0 and whole.top_logprobs == 2
+    # (the same tokens; their values to float noise: a prompt's KV may come from the prefix
+    # cache or be computed anew, in other sums)
+    for got, want in zip(logprobs, expected, strict=True):
+        assert (got.token, got.bytes) == (want.token, want.bytes)
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+        assert [t.token for t in got.top_logprobs] == [t.token for t in want.top_logprobs]
+        assert [t.logprob for t in got.top_logprobs] == pytest.approx(
+            [t.logprob for t in want.top_logprobs], abs=1e-4
+        )
+    events = list(client.responses.create(**request, **asked, temperature=0, stream=True))
+    streamed = [
+        (lp.token, lp.logprob)
+        for e in events
+        if e.type == "response.output_text.delta"
+        for lp in e.logprobs
+    ]
+    assert [t for t, _ in streamed] == [lp.token for lp in logprobs]
+    assert [v for _, v in streamed] == pytest.approx([lp.logprob for lp in logprobs], abs=1e-4)
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [lp.token for lp in done.logprobs] == [lp.token for lp in logprobs]
+    # Not asked for: none.
+    plain = client.responses.create(**request, temperature=0)
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
+
+
 # --- structured output ----------------------------------------------------------------------
 
 
@@ -449,8 +498,10 @@ BASE: dict[str, Any] = {"input": QUESTION, "max_output_tokens": 2}
         ({"prompt": {"id": "pmpt_1"}}, "prompt", "stores no responses"),
         ({"background": True}, "background", "in the foreground"),
         ({"truncation": "auto"}, "truncation", "does not drop input items"),
-        ({"include": ["reasoning.encrypted_content"]}, "include", "nothing extra"),
-        ({"top_logprobs": 2}, "top_logprobs", "no log-probabilities"),
+        ({"include": ["reasoning.encrypted_content"]}, "include", "takes only"),
+        ({"include": "x"}, "include", "takes only"),
+        ({"top_logprobs": 2}, "top_logprobs", "needs 'include'"),
+        ({"include": [LOGPROBS], "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
         ({"reasoning": {"effort": "high"}}, "reasoning", "no reasoning effort"),
         ({"service_tier": "flex"}, "service_tier", "one service tier"),
         ({"metadata": {"a": 1}}, "metadata", "'metadata' must be an object"),

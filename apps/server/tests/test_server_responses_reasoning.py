@@ -79,3 +79,14 @@ def test_the_thinking_is_a_reasoning_item_as_chat_splits_it(
     final = events[-1].response
     assert final.usage == response.usage
     assert [item.type for item in final.output] == [item.type for item in response.output]
+
+
+def test_logprobs_are_refused_under_a_reasoning_parser(thinking_server: Any) -> None:
+    """A response's logprobs sit on its text: the thinking's tokens would have no place."""
+    import httpx
+    from server_test_support import openai_error
+
+    body = {"input": QUESTION, "include": ["message.output_text.logprobs"]}
+    answer = httpx.post(f"{thinking_server.url}/v1/responses", json=body, timeout=60)
+    error = openai_error(answer, 400)
+    assert error["param"] == "include" and "reasoning parser" in error["message"]

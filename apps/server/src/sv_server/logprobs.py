@@ -34,7 +34,8 @@ class LogprobsWriter:
         self._offset = 0  # completions: where the next token's text starts in the choice's text
 
     def render(self, scored: Sequence[Scored]) -> dict[str, Any]:
-        return self._chat(scored) if self._kind == "chat" else self._completion(scored)
+        # (the Responses API's output_text logprobs are chat's entries)
+        return self._completion(scored) if self._kind == "completion" else self._chat(scored)
 
     def _text(self, token_id: int) -> str:
         return self._tokenizer.shown_bytes(token_id).decode("utf-8", errors="replace")

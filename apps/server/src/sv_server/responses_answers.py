@@ -32,6 +32,13 @@ def _status(generation: Generation) -> Status:
     return "incomplete" if generation.finish_reason == "length" else "completed"
 
 
+def _logprobs(generation: Generation) -> list[dict[str, Any]] | None:
+    """The log-probabilities of the tokens since the last call, if asked for (chat's entries:
+    the Responses API's are the same)."""
+    rendered = generation.take_logprobs()
+    return None if rendered is None else rendered["content"]
+
+
 def _usage(generation: Generation, prompt_tokens: int) -> dict[str, Any]:
     thinking = generation.reasoning
     return responses_usage(
@@ -66,7 +73,7 @@ async def collect_response(
         int(time.time()),
         model,
         status,
-        output_items(reasoning, content, call, status),
+        output_items(reasoning, content, call, status, _logprobs(generation)),
         _usage(generation, prompt_tokens),
     )
     return JSONResponse(body)
@@ -104,8 +111,8 @@ async def stream_response(
         if end and calls is not None:
             deltas += calls.finish()
         for delta in deltas:
-            if "content" in delta:
-                yield from events.text("message", delta["content"])
+            if "content" in delta:  # (its tokens' logprobs: those not shown yet)
+                yield from events.text("message", delta["content"], _logprobs(generation))
         if calls is not None and calls.call is not None:
             yield from events.function_call(calls.call)
 

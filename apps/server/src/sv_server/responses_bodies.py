@@ -82,17 +82,23 @@ def reasoning_item(item_id: str, text: str | None, status: Status) -> dict[str, 
     return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+# One output token's log-probability and its top alternatives: chat's entry (logprobs.py).
+Logprobs = list[dict[str, Any]]
 
 
-def message_item(item_id: str, text: str | None, status: Status) -> dict[str, Any]:
+def text_part(text: str, logprobs: Logprobs | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def message_item(
+    item_id: str, text: str | None, status: Status, logprobs: Logprobs | None = None
+) -> dict[str, Any]:
     return {
         "type": "message",
         "id": item_id,
         "status": status,
         "role": "assistant",
-        "content": [] if text is None else [text_part(text)],
+        "content": [] if text is None else [text_part(text, logprobs)],
     }
 
 
@@ -108,10 +114,15 @@ def function_call_item(item_id: str, call: ToolCall, status: Status) -> dict[str
 
 
 def output_items(
-    reasoning: str | None, text: str | None, call: ToolCall | None, status: Status
+    reasoning: str | None,
+    text: str | None,
+    call: ToolCall | None,
+    status: Status,
+    logprobs: Logprobs | None = None,
 ) -> list[dict[str, Any]]:
-    """A whole answer's output: its thinking, its text, its tool call, each if it has one.
-    `status` is the last item's: an earlier one ended (the thinking, before the text)."""
+    """A whole answer's output: its thinking, its text (with its tokens' `logprobs`, if
+    asked for), its tool call, each if it has one. `status` is the last item's: an earlier
+    one ended (the thinking, before the text)."""
     if reasoning is None and text is None and call is None:
         text = ""  # (an answer of nothing is an empty message, as OpenAI gives it)
     items = []
@@ -119,7 +130,7 @@ def output_items(
         ended = text is not None or call is not None
         items.append(reasoning_item(new_item_id("rs"), reasoning, "completed" if ended else status))
     if text is not None:
-        items.append(message_item(new_item_id("msg"), text, status))
+        items.append(message_item(new_item_id("msg"), text, status, logprobs))
     if call is not None:
         items.append(function_call_item(new_item_id("fc"), call, "completed"))
     return items
@@ -136,28 +147,35 @@ class OutputEvents:
         self._open: str | None = None  # "reasoning" or "message": the item being written
         self._id = ""
         self._text = ""
+        self._logprobs: Logprobs = []  # the message's tokens', if asked for
 
     def event(self, kind: str, **fields: Any) -> str:
         body = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return f"event: {kind}\ndata: {event_json(body)}\n\n"
 
-    def text(self, kind: Literal["reasoning", "message"], delta: str) -> Iterator[str]:
-        """A piece of the thinking ("reasoning") or of the answer's text ("message")."""
+    def text(
+        self, kind: Literal["reasoning", "message"], delta: str, logprobs: Logprobs | None = None
+    ) -> Iterator[str]:
+        """A piece of the thinking ("reasoning") or of the answer's text ("message", with the
+        log-probabilities of the tokens it is the first to show, if asked for)."""
         yield from self._begin(kind)
         self._text += delta
+        self._logprobs += logprobs or []
         where = self._where()
         if kind == "reasoning":
             yield self.event("response.reasoning_text.delta", **where, delta=delta)
         else:
-            yield self.event("response.output_text.delta", **where, delta=delta, logprobs=[])
+            yield self.event(
+                "response.output_text.delta", **where, delta=delta, logprobs=logprobs or []
+            )
 
     def _begin(self, kind: Literal["reasoning", "message"]) -> Iterator[str]:
         if self._open == kind:
             return
         yield from self.close("completed")
         self._open, self._id = kind, new_item_id("rs" if kind == "reasoning" else "msg")
-        self._text = ""
+        self._text, self._logprobs = "", []
         item = reasoning_item if kind == "reasoning" else message_item
         yield self._item_event("added", item(self._id, None, "in_progress"))
         yield self._part_event("added", "")
@@ -188,8 +206,9 @@ class OutputEvents:
             yield self.event("response.reasoning_text.done", **where, text=text)
             item = reasoning_item(self._id, text, status)
         else:
-            yield self.event("response.output_text.done", **where, text=text, logprobs=[])
-            item = message_item(self._id, text, status)
+            logprobs = self._logprobs
+            yield self.event("response.output_text.done", **where, text=text, logprobs=logprobs)
+            item = message_item(self._id, text, status, logprobs)
         yield self._part_event("done", text)
         yield self._item_event("done", item)
         self.output.append(item)
@@ -202,7 +221,7 @@ class OutputEvents:
         part = (
             {"type": "reasoning_text", "text": text}
             if self._open == "reasoning"
-            else text_part(text)
+            else text_part(text, self._logprobs if stage == "done" else None)
         )
         return self.event(f"response.content_part.{stage}", **self._where(), part=part)
 

@@ -9,6 +9,7 @@ run one generation path; only the answer's shapes differ (responses_bodies.py).
     instructions  a system message before the input
     tools         flat function tools {"type": "function", "name", "parameters", ...}
     text.format   text, json_object or json_schema: the grammar of chat's response_format
+    include       ["message.output_text.logprobs"], with top_logprobs: chat's logprobs
     the sampling fields chat takes (max_output_tokens is chat's max_tokens)
 
 This server keeps nothing between requests: `previous_response_id`, `conversation`,
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from sv_engine import EngineError
+from sv_engine import MAX_LOGPROBS, EngineError
 from sv_engine.grammar import Grammar
 from sv_tokenizer import Message, ToolCall
 
@@ -87,6 +88,7 @@ _STATELESS = (
     "this server stores no responses, conversations or prompts: send the whole "
     "conversation in 'input' (and 'instructions')"
 )
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 MAX_METADATA = 16  # OpenAI's limits on metadata
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 # Image, file and audio parts: this server's models read text only.
@@ -138,7 +140,11 @@ def parse_responses_request(body: Any) -> GenerationRequest:
         "safety_identifier": body.get("safety_identifier"),
         "prompt_cache_key": body.get("prompt_cache_key"),
     }
-    return replace(req, tools=tools, grammar=grammar or call_grammar, settings=settings)
+    logprobs = _logprobs(body)
+    settings["top_logprobs"] = logprobs
+    return replace(
+        req, tools=tools, grammar=grammar or call_grammar, logprobs=logprobs, settings=settings
+    )
 
 
 def _check_fields(body: Mapping[str, Any]) -> None:
@@ -152,8 +158,6 @@ def _check_fields(body: Mapping[str, Any]) -> None:
     # Accepted for what they say, or refused for a value that asks for more than there is.
     _get(body, "store", lambda v: isinstance(v, bool), "true or false")  # answered false
     _off(body, "background", (False,), "runs every request in the foreground, streamed or not")
-    _off(body, "top_logprobs", (), "returns no log-probabilities on /v1/responses")
-    _off(body, "include", ([],), "has nothing extra to include in a response")
     _off(body, "service_tier", ("auto", "default"), "has one service tier")
     # "auto" drops the conversation's first items when it overflows the context; this
     # server never drops input: an overflow is a 400, which "disabled" (the default) asks for.
@@ -184,6 +188,29 @@ def _check_fields(body: Mapping[str, Any]) -> None:
                 "stream_options",
             )
     _metadata(body.get("metadata"))
+
+
+def _logprobs(body: Mapping[str, Any]) -> int | None:
+    """How many alternatives per output token, as chat's `top_logprobs` (None: no
+    log-probabilities): they come with `include: ["message.output_text.logprobs"]`, OpenAI's
+    way to ask for them, the only thing there is to include here."""
+    include = body.get("include")
+    if include is not None and (
+        not isinstance(include, list) or any(item != LOGPROBS_INCLUDE for item in include)
+    ):
+        raise bad_request(
+            f"'include' takes only {LOGPROBS_INCLUDE!r} here (nothing else is kept to include), "
+            f"got {_shown(include)}",
+            param="include",
+        )
+    top = _optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if not include:
+        if top:
+            raise bad_request(
+                f"'top_logprobs' needs 'include': [{LOGPROBS_INCLUDE!r}]", param="top_logprobs"
+            )
+        return None
+    return top or 0
 
 
 def _off(body: Mapping[str, Any], key: str, accepted: tuple[Any, ...], why: str) -> None:
