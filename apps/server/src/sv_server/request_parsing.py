@@ -118,13 +118,17 @@ CHAT_OPTION_FIELDS = frozenset(
 
 
 def parse_chat_options(body: Mapping[str, Any]) -> ChatOptions:
-    generation = _get(body, "add_generation_prompt", lambda v: isinstance(v, bool), "true or false")
-    kwargs = _get(body, "chat_template_kwargs", lambda v: isinstance(v, dict), "an object")
+    generation = checked_field(
+        body, "add_generation_prompt", lambda v: isinstance(v, bool), "true or false"
+    )
+    kwargs = checked_field(body, "chat_template_kwargs", lambda v: isinstance(v, dict), "an object")
     return ChatOptions(
         add_generation_prompt=generation,
         continue_final_message=_bool(body, "continue_final_message"),
         chat_template_kwargs=kwargs or {},
-        chat_template=_get(body, "chat_template", lambda v: isinstance(v, str), "a string"),
+        chat_template=checked_field(
+            body, "chat_template", lambda v: isinstance(v, str), "a string"
+        ),
     )
 
 
@@ -195,7 +199,7 @@ _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
 _SHOWN.maxstring = _SHOWN.maxlong = _SHOWN.maxother = 40
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
     """A value as an error message shows it: cut short (a body may be megabytes)."""
     return _SHOWN.repr(value)
 
@@ -208,23 +212,25 @@ def _is_number(value: Any) -> bool:
     return (isinstance(value, int | float) and not isinstance(value, bool)) and math.isfinite(value)
 
 
-def _get(body: Mapping[str, Any], key: str, check: Callable[[Any], bool], what: str) -> Any:
+def checked_field(
+    body: Mapping[str, Any], key: str, check: Callable[[Any], bool], what: str
+) -> Any:
     value = body.get(key)
     if value is not None and not check(value):
-        raise bad_request(f"'{key}' must be {what}, got {_shown(value)}", param=key)
+        raise bad_request(f"'{key}' must be {what}, got {shown_value(value)}", param=key)
     return value
 
 
-def _optional_int(body: Mapping[str, Any], key: str, lo: int, hi: int | None = None) -> int | None:
-    value = _get(body, key, _is_int, "an integer")
+def optional_int(body: Mapping[str, Any], key: str, lo: int, hi: int | None = None) -> int | None:
+    value = checked_field(body, key, _is_int, "an integer")
     if value is not None and (value < lo or (hi is not None and value > hi)):
         bounds = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
-        raise bad_request(f"'{key}' must be {bounds}, got {_shown(value)}", param=key)
+        raise bad_request(f"'{key}' must be {bounds}, got {shown_value(value)}", param=key)
     return value  # type: ignore[no-any-return]
 
 
 def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
-    value = _get(body, key, lambda v: isinstance(v, bool), "true or false")
+    value = checked_field(body, key, lambda v: isinstance(v, bool), "true or false")
     return default if value is None else bool(value)
 
 
@@ -242,10 +248,10 @@ def _check_fields(body: Mapping[str, Any], kind: Kind) -> None:
         if key in allowed:
             continue
         if key not in _OFF_VALUES or key in excluded:
-            raise bad_request(f"unknown field {_shown(key)}", param=key)
+            raise bad_request(f"unknown field {shown_value(key)}", param=key)
         if not _is_off(value, _OFF_VALUES[key]):
             raise bad_request(
-                f"'{key}' is not supported by this server (got {_shown(value)})", param=key
+                f"'{key}' is not supported by this server (got {shown_value(value)})", param=key
             )
 
 
@@ -256,7 +262,7 @@ def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise bad_request(
-            f"'stop' must be a string or a list of strings, got {_shown(stop)}", "stop"
+            f"'stop' must be a string or a list of strings, got {shown_value(stop)}", "stop"
         )
     if len(stops) > MAX_STOP_STRINGS:
         raise bad_request(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
@@ -271,7 +277,8 @@ def _stop_token_ids(body: Mapping[str, Any]) -> frozenset[int]:
         return frozenset()
     if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
         raise bad_request(
-            f"'stop_token_ids' must be a list of token ids, got {_shown(ids)}", "stop_token_ids"
+            f"'stop_token_ids' must be a list of token ids, got {shown_value(ids)}",
+            "stop_token_ids",
         )
     if len(ids) > MAX_STOP_TOKEN_IDS:
         raise bad_request(
@@ -285,17 +292,17 @@ def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
     `logprobs: true` and `top_logprobs: K`; completions with `logprobs: K` (false: off)."""
     if kind == "chat":
         on = _bool(body, "logprobs")
-        top = _optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+        top = optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
         if top and not on:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         return (top or 0) if on else None
     if body.get("logprobs") is False:
         return None
-    return _optional_int(body, "logprobs", 0, MAX_LOGPROBS)
+    return optional_int(body, "logprobs", 0, MAX_LOGPROBS)
 
 
 def _number_in(body: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
-    value = _get(body, key, _is_number, "a number")
+    value = checked_field(body, key, _is_number, "a number")
     if value is None:
         return default
     if not lo <= value <= hi:
@@ -309,19 +316,19 @@ def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
     if bias is None:
         return {}
     if not isinstance(bias, dict):
-        raise bad_request(f"'logit_bias' must be an object, got {_shown(bias)}", "logit_bias")
+        raise bad_request(f"'logit_bias' must be an object, got {shown_value(bias)}", "logit_bias")
     if len(bias) > MAX_LOGIT_BIAS:
         raise bad_request(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
     out = {}
     for key, value in bias.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit()):
             raise bad_request(
-                f"'logit_bias' keys must be token ids, got {_shown(key)}", "logit_bias"
+                f"'logit_bias' keys must be token ids, got {shown_value(key)}", "logit_bias"
             )
         if not (_is_number(value) and -MAX_BIAS <= value <= MAX_BIAS):
             raise bad_request(
                 f"'logit_bias' values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
-                f"got {_shown(value)} for token {key}",
+                f"got {shown_value(value)} for token {key}",
                 "logit_bias",
             )
         out[int(key)] = float(value)
@@ -336,7 +343,7 @@ def _allowed_token_ids(body: Mapping[str, Any]) -> frozenset[int] | None:
         return None
     if not isinstance(ids, list) or not ids or not all(_is_int(t) and t >= 0 for t in ids):
         raise bad_request(
-            f"'allowed_token_ids' must be a non-empty list of token ids, got {_shown(ids)}",
+            f"'allowed_token_ids' must be a non-empty list of token ids, got {shown_value(ids)}",
             "allowed_token_ids",
         )
     return frozenset(ids)
@@ -350,7 +357,7 @@ def _bad_words(body: Mapping[str, Any]) -> tuple[str, ...]:
         return ()
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise bad_request(
-            f"'bad_words' must be a list of strings, got {_shown(words)}", "bad_words"
+            f"'bad_words' must be a list of strings, got {shown_value(words)}", "bad_words"
         )
     if len(words) > MAX_BAD_WORDS:
         raise bad_request(f"'bad_words' takes at most {MAX_BAD_WORDS} words", "bad_words")
@@ -362,7 +369,7 @@ def _bad_words(body: Mapping[str, Any]) -> tuple[str, ...]:
 def _truncate_prompt_tokens(body: Mapping[str, Any]) -> int | None:
     """vLLM's: keep the last N prompt tokens, N >= 1, or -1 for the context (0 is refused, as
     vLLM refuses it: an empty prompt has nothing to continue)."""
-    value = _get(body, "truncate_prompt_tokens", _is_int, "an integer")
+    value = checked_field(body, "truncate_prompt_tokens", _is_int, "an integer")
     if value is not None and value < 1 and value != -1:
         raise bad_request(
             f"'truncate_prompt_tokens' must be at least 1, or -1 (the context), got {value}",
@@ -372,7 +379,7 @@ def _truncate_prompt_tokens(body: Mapping[str, Any]) -> int | None:
 
 
 def _repetition_penalty(body: Mapping[str, Any]) -> float:
-    value = _get(body, "repetition_penalty", _is_number, "a number")
+    value = checked_field(body, "repetition_penalty", _is_number, "a number")
     if value is None:
         return 1.0
     if not 1 / MAX_REPETITION_PENALTY <= value <= MAX_REPETITION_PENALTY:
@@ -383,36 +390,36 @@ def _repetition_penalty(body: Mapping[str, Any]) -> float:
     return float(value)
 
 
-def _sampling(
+def parse_sampling(
     body: Mapping[str, Any],
     kind: Kind,
     prompts: list[str | list[int]] | None,
     messages: list[Message] | None,
     max_tokens: int | None,
 ) -> GenerationRequest:
-    model = _get(body, "model", lambda v: isinstance(v, str), "a string")
+    model = checked_field(body, "model", lambda v: isinstance(v, str), "a string")
     for tag in _TAG_FIELDS:
-        _get(body, tag, lambda v: isinstance(v, str), "a string")
-    n = _optional_int(body, "n", 1, MAX_N) or 1
+        checked_field(body, tag, lambda v: isinstance(v, str), "a string")
+    n = optional_int(body, "n", 1, MAX_N) or 1
     if prompts is not None and len(prompts) * n > MAX_PROMPTS:
         raise bad_request(
             f"{len(prompts)} prompts x n={n} choices is {len(prompts) * n} generations; at "
             f"most {MAX_PROMPTS} fit in one request",
             param="n",
         )
-    temperature = _get(body, "temperature", _is_number, "a number")
+    temperature = checked_field(body, "temperature", _is_number, "a number")
     if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
         raise bad_request(
             f"'temperature' must be between 0 and {MAX_TEMPERATURE}, got {temperature}",
             "temperature",
         )
-    top_p = _get(body, "top_p", _is_number, "a number")
+    top_p = checked_field(body, "top_p", _is_number, "a number")
     if top_p is not None and not 0 < top_p <= 1:
         raise bad_request(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
-    top_k = _optional_int(body, "top_k", -1)  # -1 (as vLLM) or 0: off
-    seed = _optional_int(body, "seed", *SEED_RANGE)
+    top_k = optional_int(body, "top_k", -1)  # -1 (as vLLM) or 0: off
+    seed = optional_int(body, "seed", *SEED_RANGE)
     stream = _bool(body, "stream")
-    options = _get(body, "stream_options", lambda v: isinstance(v, dict), "an object")
+    options = checked_field(body, "stream_options", lambda v: isinstance(v, dict), "an object")
     include_usage = continuous_usage = False
     if options is not None:
         if not stream:
@@ -466,7 +473,7 @@ def _sampling(
         frequency_penalty=_number_in(body, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
         repetition_penalty=_repetition_penalty(body),
         min_p=_number_in(body, "min_p", 0.0, 1.0, 0.0),
-        min_tokens=_optional_int(body, "min_tokens", 0) or 0,
+        min_tokens=optional_int(body, "min_tokens", 0) or 0,
         logit_bias=_logit_bias(body),
         skip_special_tokens=_bool(body, "skip_special_tokens", default=True),
         truncate_prompt_tokens=_truncate_prompt_tokens(body),
@@ -496,8 +503,8 @@ def parse_completion_request(body: Any) -> GenerationRequest:
             param="prompt",
         )
     prompts = [_prompt(item, f"prompt[{i}]" if batch else "prompt") for i, item in enumerate(items)]
-    max_tokens = _optional_int(body, "max_tokens", 1)
-    return _sampling(body, "completion", prompts, None, max_tokens)
+    max_tokens = optional_int(body, "max_tokens", 1)
+    return parse_sampling(body, "completion", prompts, None, max_tokens)
 
 
 def _prompt(item: Any, where: str) -> str | list[int]:
@@ -507,7 +514,7 @@ def _prompt(item: Any, where: str) -> str | list[int]:
         return list(item)
     raise bad_request(
         f"'{where}' must be a non-empty string or a non-empty list of token ids, "
-        f"got {_shown(item)}",
+        f"got {shown_value(item)}",
         param="prompt",
     )
 
@@ -528,13 +535,13 @@ def parse_chat_request(body: Any) -> GenerationRequest:
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", param="messages")
     parsed = [_message(m, i) for i, m in enumerate(messages)]
-    max_tokens = _optional_int(body, "max_tokens", 1)
-    max_completion = _optional_int(body, "max_completion_tokens", 1)
+    max_tokens = optional_int(body, "max_tokens", 1)
+    max_completion = optional_int(body, "max_completion_tokens", 1)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise bad_request(
             "'max_tokens' and 'max_completion_tokens' disagree; give one", "max_completion_tokens"
         )
-    req = _sampling(body, "chat", None, parsed, max_completion or max_tokens)
+    req = parse_sampling(body, "chat", None, parsed, max_completion or max_tokens)
     tools = parse_tools(body)
     call_grammar = tools.grammar() if tools is not None else None
     if call_grammar is not None and req.grammar is not None:
@@ -567,10 +574,11 @@ def _message(item: Any, index: int) -> Message:
     unknown -= _DERIVED_REPLY_FIELDS
     for key in sorted(unknown):
         if key not in _EMPTY_REPLY_FIELDS:
-            raise bad_request(f"unknown field {_shown(f'{param}.{key}')}", param)
+            raise bad_request(f"unknown field {shown_value(f'{param}.{key}')}", param)
         if item[key] not in (None, []):
             raise bad_request(
-                f"{param}.{key} is not supported by this server (got {_shown(item[key])})", param
+                f"{param}.{key} is not supported by this server (got {shown_value(item[key])})",
+                param,
             )
     role, content, name = item.get("role"), item.get("content"), item.get("name")
     calls = _tool_calls(item.get("tool_calls"), role, param)
@@ -582,12 +590,12 @@ def _message(item: Any, index: int) -> Message:
         content = ""  # an assistant turn that only called a tool, or only thought
     if role not in CHAT_ROLES:
         raise bad_request(
-            f"{param}.role must be one of {', '.join(CHAT_ROLES)}, got {_shown(role)}", param
+            f"{param}.role must be one of {', '.join(CHAT_ROLES)}, got {shown_value(role)}", param
         )
     if role == "developer":  # OpenAI's newer name for the system message
         role = "system"
     if name is not None and not isinstance(name, str):
-        raise bad_request(f"{param}.name must be a string, got {_shown(name)}", param)
+        raise bad_request(f"{param}.name must be a string, got {shown_value(name)}", param)
     if isinstance(content, list):
         texts = []
         for part in content:
@@ -696,9 +704,11 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
     )
     for key in body:
         if key not in allowed:
-            raise bad_request(f"unknown field {_shown(key)}", param=key)
-    model = _get(body, "model", lambda v: isinstance(v, str), "a string")
-    add_special = _get(body, "add_special_tokens", lambda v: isinstance(v, bool), "true or false")
+            raise bad_request(f"unknown field {shown_value(key)}", param=key)
+    model = checked_field(body, "model", lambda v: isinstance(v, str), "a string")
+    add_special = checked_field(
+        body, "add_special_tokens", lambda v: isinstance(v, bool), "true or false"
+    )
     if chat:
         messages = body["messages"]
         if not isinstance(messages, list) or not messages:
@@ -726,11 +736,11 @@ def parse_detokenize_request(body: Any) -> tuple[str | None, list[int]]:
         raise bad_request("the request body must be a JSON object")
     for key in body:
         if key not in ("model", "tokens"):
-            raise bad_request(f"unknown field {_shown(key)}", param=key)
-    model = _get(body, "model", lambda v: isinstance(v, str), "a string")
+            raise bad_request(f"unknown field {shown_value(key)}", param=key)
+    model = checked_field(body, "model", lambda v: isinstance(v, str), "a string")
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
         raise bad_request(
-            f"'tokens' must be a list of token ids, got {_shown(tokens)}", param="tokens"
+            f"'tokens' must be a list of token ids, got {shown_value(tokens)}", param="tokens"
         )
     return model, tokens

@@ -30,7 +30,13 @@ from sv_engine.grammar import Grammar
 from sv_tokenizer import Message, ToolCall
 
 from sv_server.errors import bad_request
-from sv_server.request_parsing import GenerationRequest, _get, _optional_int, _sampling, _shown
+from sv_server.request_parsing import (
+    GenerationRequest,
+    checked_field,
+    optional_int,
+    parse_sampling,
+    shown_value,
+)
 from sv_server.tools import parse_tools
 
 # Chat's sampling fields that mean the same here, vLLM's extras included (vLLM takes them on
@@ -100,14 +106,14 @@ def parse_responses_request(body: Any) -> GenerationRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_fields(body)
-    instructions = _get(body, "instructions", lambda v: isinstance(v, str), "a string")
+    instructions = checked_field(body, "instructions", lambda v: isinstance(v, str), "a string")
     messages = [Message("system", instructions)] if instructions is not None else []
     messages += _input(body.get("input"))
     if not messages:
         raise bad_request("'input' must hold at least one item", param="input")
-    max_output = _optional_int(body, "max_output_tokens", 1)
+    max_output = optional_int(body, "max_output_tokens", 1)
     sampling = {key: value for key, value in body.items() if key in _SAMPLING_FIELDS}
-    req = _sampling(sampling, "responses", None, messages, max_output)
+    req = parse_sampling(sampling, "responses", None, messages, max_output)
     functions, choice = _tools(body.get("tools")), _tool_choice(body.get("tool_choice"))
     if not functions:  # (OpenAI's clients send `tools: []` for none, which chat refuses)
         functions = None
@@ -154,24 +160,24 @@ def _check_fields(body: Mapping[str, Any]) -> None:
                 raise bad_request(f"'{key}' is not supported: {_STATELESS}", param=key)
             continue
         if key not in _SAMPLING_FIELDS and key not in _OWN_FIELDS:
-            raise bad_request(f"unknown field {_shown(key)}", param=key)
+            raise bad_request(f"unknown field {shown_value(key)}", param=key)
     # Accepted for what they say, or refused for a value that asks for more than there is.
-    _get(body, "store", lambda v: isinstance(v, bool), "true or false")  # answered false
+    checked_field(body, "store", lambda v: isinstance(v, bool), "true or false")  # answered false
     _off(body, "background", (False,), "runs every request in the foreground, streamed or not")
     _off(body, "service_tier", ("auto", "default"), "has one service tier")
     # "auto" drops the conversation's first items when it overflows the context; this
     # server never drops input: an overflow is a 400, which "disabled" (the default) asks for.
     _off(body, "truncation", ("disabled",), "does not drop input items: send 'disabled'")
     _off(body, "max_tool_calls", (), "has no built-in tools to bound")
-    reasoning = _get(body, "reasoning", lambda v: isinstance(v, dict), "an object")
+    reasoning = checked_field(body, "reasoning", lambda v: isinstance(v, dict), "an object")
     if reasoning and any(value is not None for value in reasoning.values()):
         # As chat's reasoning_effort: the models here take no effort or summary setting.
         raise bad_request(
-            f"'reasoning' is not supported by this server (got {_shown(reasoning)}): its "
+            f"'reasoning' is not supported by this server (got {shown_value(reasoning)}): its "
             "models take no reasoning effort or summary; leave it out",
             param="reasoning",
         )
-    options = _get(body, "stream_options", lambda v: isinstance(v, dict), "an object")
+    options = checked_field(body, "stream_options", lambda v: isinstance(v, dict), "an object")
     if options:
         if body.get("stream") is not True:
             raise bad_request(
@@ -184,7 +190,7 @@ def _check_fields(body: Mapping[str, Any]) -> None:
         ):
             raise bad_request(
                 "'stream_options' takes only 'include_obfuscation': false here (these events "
-                f"carry no obfuscation padding), got {_shown(options)}",
+                f"carry no obfuscation padding), got {shown_value(options)}",
                 "stream_options",
             )
     _metadata(body.get("metadata"))
@@ -200,10 +206,10 @@ def _logprobs(body: Mapping[str, Any]) -> int | None:
     ):
         raise bad_request(
             f"'include' takes only {LOGPROBS_INCLUDE!r} here (nothing else is kept to include), "
-            f"got {_shown(include)}",
+            f"got {shown_value(include)}",
             param="include",
         )
-    top = _optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    top = optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if not include:
         if top:
             raise bad_request(
@@ -217,7 +223,7 @@ def _off(body: Mapping[str, Any], key: str, accepted: tuple[Any, ...], why: str)
     value = body.get(key)
     if value is not None and not any(value == a and type(value) is type(a) for a in accepted):
         raise bad_request(
-            f"'{key}' is not supported by this server (got {_shown(value)}): it {why}", key
+            f"'{key}' is not supported by this server (got {shown_value(value)}): it {why}", key
         )
 
 
@@ -239,7 +245,7 @@ def _metadata(value: Any) -> None:
         raise bad_request(
             f"'metadata' must be an object of at most {MAX_METADATA} string values (keys of at "
             f"most {MAX_METADATA_KEY} characters, values of at most {MAX_METADATA_VALUE}), got "
-            f"{_shown(value)}",
+            f"{shown_value(value)}",
             param="metadata",
         )
 
@@ -264,19 +270,19 @@ def _input(value: Any) -> list[Message]:
         return [Message("user", value)]
     if not isinstance(value, list):
         raise bad_request(
-            f"'input' must be a string or a list of items, got {_shown(value)}", param="input"
+            f"'input' must be a string or a list of items, got {shown_value(value)}", param="input"
         )
     messages: list[Message] = []
     for index, item in enumerate(value):
         where = f"input[{index}]"
         if not isinstance(item, dict):
-            raise bad_request(f"{where} must be an object, got {_shown(item)}", param="input")
+            raise bad_request(f"{where} must be an object, got {shown_value(item)}", param="input")
         kind = item.get("type", "message")
         if kind == "reasoning":  # an earlier turn's thinking: templates drop it too
             continue
         if kind not in _ITEM_FIELDS:
             raise bad_request(
-                f"{where} is of type {_shown(kind)}, which this server does not take: items "
+                f"{where} is of type {shown_value(kind)}, which this server does not take: items "
                 "are messages, function_call, function_call_output and reasoning",
                 param="input",
             )
@@ -285,7 +291,7 @@ def _input(value: Any) -> list[Message]:
         unknown = {k for k in item if item[k] is not None} - _ITEM_FIELDS[kind]
         unknown -= _OUTPUT_ITEM_FIELDS
         if unknown:
-            raise bad_request(f"unknown field {_shown(f'{where}.{min(unknown)}')}", "input")
+            raise bad_request(f"unknown field {shown_value(f'{where}.{min(unknown)}')}", "input")
         if kind == "message":
             messages.append(_message(item, where))
         elif kind == "function_call":
@@ -305,7 +311,9 @@ def _input(value: Any) -> list[Message]:
 def _string(item: Mapping[str, Any], key: str, where: str) -> str:
     value = item.get(key)
     if not isinstance(value, str):
-        raise bad_request(f"{where}.{key} must be a string, got {_shown(value)}", param="input")
+        raise bad_request(
+            f"{where}.{key} must be a string, got {shown_value(value)}", param="input"
+        )
     return value
 
 
@@ -313,7 +321,7 @@ def _message(item: Mapping[str, Any], where: str) -> Message:
     role = item.get("role")
     if role not in _ROLES:
         raise bad_request(
-            f"{where}.role must be one of {', '.join(_ROLES)}, got {_shown(role)}", "input"
+            f"{where}.role must be one of {', '.join(_ROLES)}, got {shown_value(role)}", "input"
         )
     # An assistant's text is what a response gave (output_text); the others' is input_text.
     parts = ("output_text",) if role == "assistant" else ("input_text",)
@@ -328,7 +336,8 @@ def _text(value: Any, where: str, parts: tuple[str, ...]) -> str:
         return value
     if not isinstance(value, list):
         raise bad_request(
-            f"{where} must be a string or a list of content parts, got {_shown(value)}", "input"
+            f"{where} must be a string or a list of content parts, got {shown_value(value)}",
+            "input",
         )
     texts = []
     for i, part in enumerate(value):
@@ -340,7 +349,7 @@ def _text(value: Any, where: str, parts: tuple[str, ...]) -> str:
         if kind not in parts or not isinstance(part.get("text"), str):
             raise bad_request(
                 f"{where}[{i}].type must be {' or '.join(map(repr, parts))} with a 'text' "
-                f"string, got {_shown(part)}",
+                f"string, got {shown_value(part)}",
                 "input",
             )
         unknown = {k for k in part if part[k] is not None} - {
@@ -350,7 +359,9 @@ def _text(value: Any, where: str, parts: tuple[str, ...]) -> str:
             "logprobs",
         }
         if unknown:
-            raise bad_request(f"unknown field {_shown(f'{where}[{i}].{min(unknown)}')}", "input")
+            raise bad_request(
+                f"unknown field {shown_value(f'{where}[{i}].{min(unknown)}')}", "input"
+            )
         texts.append(part["text"])
     return "".join(texts)
 
@@ -364,7 +375,7 @@ def _function_call(item: Mapping[str, Any], where: str) -> ToolCall:
         parsed = None
     if not isinstance(parsed, dict):
         raise bad_request(
-            f"{where}.arguments must be a JSON object's text, got {_shown(arguments)}", "input"
+            f"{where}.arguments must be a JSON object's text, got {shown_value(arguments)}", "input"
         )
     return ToolCall(name, arguments, _string(item, "call_id", where))
 
@@ -384,7 +395,7 @@ def _tools(value: Any) -> list[Any] | None:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
             raise bad_request(
-                f"tools[{index}] is of type {_shown(kind)}: this server runs no built-in tools; "
+                f"tools[{index}] is of type {shown_value(kind)}: this server runs no built-in tools; "
                 "only {'type': 'function', 'name', 'parameters', ...} tools are supported",
                 param="tools",
             )
@@ -403,7 +414,7 @@ def _tool_choice(value: Any) -> Any:
         if value.get("type") != "function" or set(value) != {"type", "name"}:
             raise bad_request(
                 "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', "
-                f"'name': one of the tools}}, got {_shown(value)}",
+                f"'name': one of the tools}}, got {shown_value(value)}",
                 param="tool_choice",
             )
         return {"type": "function", "function": {"name": value["name"]}}
@@ -416,7 +427,9 @@ def _text_format(value: Any) -> tuple[dict[str, Any], Grammar | None]:
     if value is None:
         return {"type": "text"}, None
     if not isinstance(value, dict) or set(value) - {"format", "verbosity"}:
-        raise bad_request(f"'text' must be an object with a 'format', got {_shown(value)}", "text")
+        raise bad_request(
+            f"'text' must be an object with a 'format', got {shown_value(value)}", "text"
+        )
     if value.get("verbosity") is not None:
         raise bad_request("'text.verbosity' is not supported by this server", "text")
     spec = value.get("format")
@@ -431,7 +444,7 @@ def _text_format(value: Any) -> tuple[dict[str, Any], Grammar | None]:
     if kind not in allowed:
         raise bad_request(
             "'text.format.type' must be 'text', 'json_object' or 'json_schema', got "
-            f"{_shown(kind)}",
+            f"{shown_value(kind)}",
             "text",
         )
     unknown = set(spec) - allowed[kind]
