@@ -101,6 +101,16 @@ class RunningServer:
                 values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return values
 
+    def after_hang_up(self, before: dict[str, float]) -> tuple[float, float]:
+        """Once idle again after a client hung up: checks that no page is held and nothing
+        runs, and returns the requests cancelled and the tokens generated since `before` (a
+        `wait_idle()` result)."""
+        after = self.wait_idle(timeout=10)
+        assert after["sv_kv_cache_pages_used"] == 0 and after["sv_requests_running"] == 0
+        cancelled = 'sv_requests_finished_total{finish_reason="cancelled"}'
+        generated = after["sv_generation_tokens_total"] - before["sv_generation_tokens_total"]
+        return after[cancelled] - before[cancelled], generated
+
     def wait_idle(self, timeout: float = 30.0) -> dict[str, float]:
         """Poll /metrics until nothing waits or runs and no page is held; returns the metrics."""
         deadline = time.monotonic() + timeout
