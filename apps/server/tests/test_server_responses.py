@@ -147,7 +147,7 @@ def test_earlier_reasoning_items_and_output_fields_sent_back_are_accepted(
     client: openai.OpenAI, server: RunningServer
 ) -> None:
     """`input += response.output`: the items come back with their ids and statuses (and a
-    reasoning item of an earlier turn, dropped as chat templates drop the thinking)."""
+    reasoning item of an earlier turn, with no text: it gives the turn after it nothing)."""
     first = client.responses.create(
         model=server.model_name, input=QUESTION, max_output_tokens=4, temperature=0
     )
@@ -173,8 +173,44 @@ def test_earlier_reasoning_items_and_output_fields_sent_back_are_accepted(
     assert again.usage.input_tokens == chat.usage.prompt_tokens
 
 
+def test_a_reasoning_item_is_the_next_turns_thinking() -> None:
+    """Its reasoning_text goes on the assistant turn that follows it (a message, or function
+    calls, which then start a turn of their own), as chat's reasoning_content; an item that is
+    not followed by an assistant turn gives nothing."""
+    thinking = {
+        "type": "reasoning",
+        "summary": [],
+        "content": [
+            {"type": "reasoning_text", "text": "Need "},
+            {"type": "reasoning_text", "text": "both."},
+        ],
+    }
+    call = {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"}
+    req = parse_responses_request(
+        {
+            "input": [
+                {"role": "user", "content": "Hi"},
+                thinking,
+                {"role": "assistant", "content": "Looking."},
+                thinking,
+                call,
+                thinking,
+                {"role": "user", "content": "Well?"},
+            ],
+        }
+    )
+    tool_call = ToolCall("w", "{}", "c1")
+    assert req.messages == [
+        Message("user", "Hi"),
+        Message("assistant", "Looking.", reasoning_content="Need both."),
+        Message("assistant", "", tool_calls=(tool_call,), reasoning_content="Need both."),
+        Message("user", "Well?"),
+    ]
+
+
 def test_items_become_the_chat_messages_they_stand_for() -> None:
-    """An assistant's text and the function calls after it are one turn; reasoning items drop."""
+    """An assistant's text and the function calls after it are one turn; a reasoning item
+    without text gives nothing (one with text: test_a_reasoning_item_is_the_next_turns_thinking)."""
     req = parse_responses_request(
         {
             "instructions": "Be kind.",

@@ -90,3 +90,56 @@ def test_logprobs_are_refused_under_a_reasoning_parser(thinking_server: Any) -> 
     answer = httpx.post(f"{thinking_server.url}/v1/responses", json=body, timeout=60)
     error = openai_error(answer, 400)
     assert error["param"] == "include" and "reasoning parser" in error["message"]
+
+
+def test_a_reasoning_item_before_a_call_renders_as_chats_reasoning_content(
+    thinking_server: Any,
+) -> None:
+    """In a tool loop Qwen3's template shows the latest assistant turn's thinking: the
+    conversation as Responses items and as chat messages (the thinking as reasoning_content)
+    gives the same prompt tokens, and more than without the reasoning item (so it was shown)."""
+    import httpx
+
+    tool = {
+        "name": "weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    args, thought = '{"city": "Paris"}', "I should ask the weather tool."
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": QUESTION},
+        {
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": thought}],
+        },
+        {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": args},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ]
+
+    def input_tokens(inputs: list[dict[str, Any]]) -> int:
+        body = {"input": inputs, "tools": [{"type": "function", **tool}], "max_output_tokens": 1}
+        answer = httpx.post(f"{thinking_server.url}/v1/responses", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["usage"]["input_tokens"])
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": args}}
+    chat = {
+        "messages": [
+            {"role": "user", "content": QUESTION},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": thought,
+                "tool_calls": [call],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ],
+        "tools": [{"type": "function", "function": tool}],
+        "max_tokens": 1,
+    }
+    answer = httpx.post(f"{thinking_server.url}/v1/chat/completions", json=chat, timeout=120)
+    assert answer.status_code == 200, answer.text
+    shown = input_tokens(items)
+    assert shown == answer.json()["usage"]["prompt_tokens"]
+    assert input_tokens([items[0], *items[2:]]) < shown

@@ -5,7 +5,8 @@ run one generation path; only the answer's shapes differ (responses_bodies.py).
     input         a string (one user message) or a list of items: messages (roles user,
                   system, developer, assistant; text parts only), function_call and
                   function_call_output items (an assistant's tool call and its result), and
-                  reasoning items of an earlier turn (dropped, as chat templates drop them)
+                  reasoning items of an earlier turn (the next assistant turn's
+                  reasoning_content, as chat takes it)
     instructions  a system message before the input
     tools         flat function tools {"type": "function", "name", "parameters", ...}
     text.format   text, json_object or json_schema: the grammar of chat's response_format
@@ -273,12 +274,14 @@ def _input(value: Any) -> list[Message]:
             f"'input' must be a string or a list of items, got {shown_value(value)}", param="input"
         )
     messages: list[Message] = []
+    thinking: str | None = None  # a reasoning item's, for the assistant turn that follows it
     for index, item in enumerate(value):
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise bad_request(f"{where} must be an object, got {shown_value(item)}", param="input")
         kind = item.get("type", "message")
-        if kind == "reasoning":  # an earlier turn's thinking: templates drop it too
+        if kind == "reasoning":
+            thinking = _reasoning_text(item, where)
             continue
         if kind not in _ITEM_FIELDS:
             raise bad_request(
@@ -293,19 +296,36 @@ def _input(value: Any) -> list[Message]:
         if unknown:
             raise bad_request(f"unknown field {shown_value(f'{where}.{min(unknown)}')}", "input")
         if kind == "message":
-            messages.append(_message(item, where))
+            message = _message(item, where)
+            if message.role == "assistant" and thinking is not None:
+                message = replace(message, reasoning_content=thinking)
+            messages.append(message)
         elif kind == "function_call":
             call = _function_call(item, where)
             last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant":  # the same turn goes on
-                messages[-1] = replace(last, tool_calls=(*last.tool_calls, call))
+            if last is not None and last.role == "assistant" and thinking is None:
+                messages[-1] = replace(last, tool_calls=(*last.tool_calls, call))  # its turn
             else:
-                messages.append(Message("assistant", "", tool_calls=(call,)))
+                messages.append(
+                    Message("assistant", "", tool_calls=(call,), reasoning_content=thinking)
+                )
         else:
             call_id = _string(item, "call_id", where)
             output = _text(item.get("output"), f"{where}.output", ("input_text", "output_text"))
             messages.append(Message("tool", output, tool_call_id=call_id))
+        thinking = None  # it belongs to the item just after it only
     return messages
+
+
+def _reasoning_text(item: Mapping[str, Any], where: str) -> str | None:
+    """A reasoning item's thinking (its `reasoning_text` parts, as this server writes them),
+    which becomes the next assistant turn's reasoning_content, as chat takes it: a template
+    that shows the latest thinking (Qwen3's) then renders the same prompt either way. Its
+    summary and encrypted content are not the thinking and are ignored; None without text."""
+    content = item.get("content")
+    if content is None:
+        return None
+    return _text(content, f"{where}.content", ("reasoning_text",)) or None
 
 
 def _string(item: Mapping[str, Any], key: str, where: str) -> str:
