@@ -64,6 +64,12 @@ def _check_kv_scales(op: str, k_cache: Tensor, kv_scales: Tensor | None) -> None
         fail(op, "kv_scales must be contiguous")
 
 
+def _check_block_tables(op: str, block_tables: Tensor, batch: int) -> None:
+    check_dims(op, "block_tables", block_tables, 2, "[B, max_pages]")
+    check_int(op, "block_tables", block_tables)
+    check_len(op, "block_tables", block_tables, 0, batch, "one row per sequence")
+
+
 def _check_query_and_cache(
     op: str, q: Tensor, layout: str, k_cache: Tensor, v_cache: Tensor, kv_scales: Tensor | None
 ) -> None:
@@ -286,9 +292,7 @@ def paged_decode_attention(
     op = "paged_decode_attention"
     _check_query_and_cache(op, q, "[B, Hq, D]", k_cache, v_cache, kv_scales)
     batch = q.shape[0]
-    check_dims(op, "block_tables", block_tables, 2, "[B, max_pages]")
-    check_int(op, "block_tables", block_tables)
-    check_len(op, "block_tables", block_tables, 0, batch, "one row per sequence")
+    _check_block_tables(op, block_tables, batch)
     check_dims(op, "seq_lens", seq_lens, 1, "[B]")
     check_int(op, "seq_lens", seq_lens)
     check_len(op, "seq_lens", seq_lens, 0, batch, "one per sequence")
@@ -302,20 +306,13 @@ def paged_decode_attention(
         seq_lens=seq_lens,
         kv_scales=kv_scales,
     )
+    attention = reference.paged_decode_attention  # the spec's signature: each twin has it
     if on_cuda(q):
         from .. import triton_ops
 
-        return triton_ops.paged_decode_attention(
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            scale,
-            kv_scales=kv_scales,
-            sliding_window=sliding_window,
-        )
-    attention = cpu_ops.paged_decode_attention if on_cpu(q) else reference.paged_decode_attention
+        attention = triton_ops.paged_decode_attention
+    elif on_cpu(q):
+        attention = cpu_ops.paged_decode_attention
     return attention(
         q,
         k_cache,
@@ -400,9 +397,7 @@ def prefill_attention(
     check_dims(op, "cu_seqlens_q", cu_seqlens_q, 1, "[B + 1]")
     check_int(op, "cu_seqlens_q", cu_seqlens_q)
     check_len(op, "cu_seqlens_q", cu_seqlens_q, 0, batch + 1, "B + 1 offsets")
-    check_dims(op, "block_tables", block_tables, 2, "[B, max_pages]")
-    check_int(op, "block_tables", block_tables)
-    check_len(op, "block_tables", block_tables, 0, batch, "one row per sequence")
+    _check_block_tables(op, block_tables, batch)
     if not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
         fail(op, f"max_seqlen_q must be a host int >= 0, got {max_seqlen_q!r}")
     _check_window(op, sliding_window)
@@ -418,23 +413,13 @@ def prefill_attention(
     )
     if decode_tail is not None:
         _check_decode_tail(op, decode_tail, cu_seqlens_q, seq_lens, block_tables)
+    attention = reference.prefill_attention  # the spec's signature: each twin has it
     if on_cuda(q):
         from .. import triton_ops
 
-        return triton_ops.prefill_attention(
-            q,
-            k_cache,
-            v_cache,
-            cu_seqlens_q,
-            seq_lens,
-            block_tables,
-            scale,
-            max_seqlen_q,
-            kv_scales=kv_scales,
-            sliding_window=sliding_window,
-            decode_tail=decode_tail,
-        )
-    attention = cpu_ops.prefill_attention if on_cpu(q) else reference.prefill_attention
+        attention = triton_ops.prefill_attention
+    elif on_cpu(q):
+        attention = cpu_ops.prefill_attention
     return attention(
         q,
         k_cache,
