@@ -153,8 +153,7 @@ def chat_loop(
             out.write(" [stopped]")
         except (EngineError, AdmissionError, TokenizerError) as e:
             dialog.pop()
-            shown = flag_named(e) if isinstance(e, EngineError) else e
-            print(f"sv chat: {shown}{pool_hint(e, engine)} (try /reset)", file=sys.stderr)
+            print(f"sv chat: {flag_named(e)}{pool_hint(e, engine)} (try /reset)", file=sys.stderr)
             continue
         if show is not None:
             show.finish()

@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sv_engine import Engine, EngineError, SamplingParams
+    from sv_engine import Engine, SamplingParams
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,10 +102,12 @@ def sampling_params(args: argparse.Namespace, max_new: int) -> SamplingParams:
         raise flag_named(e) from None
 
 
-def flag_named(error: EngineError) -> EngineError:
-    """`error` with the sampling field it names called by its flag (a bad_words entry is
-    found when the request is added, with the model's tokenizer); any other as it is."""
-    if error.field is None or error.field not in SAMPLING_FIELDS:
+def flag_named(error: Exception) -> Exception:
+    """An engine error with the sampling field it names called by its flag (a bad_words entry
+    is found when the request is added, with the model's tokenizer); any other as it is."""
+    from sv_engine import EngineError
+
+    if not isinstance(error, EngineError) or error.field not in SAMPLING_FIELDS:
         return error
     return error.named(f"--{error.field.replace('_', '-')}")
 

@@ -150,8 +150,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             _run_many(engine, events)
     except (EngineError, AdmissionError, TokenizerError) as e:
-        shown = flag_named(e) if isinstance(e, EngineError) else e
-        print(f"sv generate: error: {shown}{pool_hint(e, engine)}", file=sys.stderr)
+        print(f"sv generate: error: {flag_named(e)}{pool_hint(e, engine)}", file=sys.stderr)
         return 2
     finally:
         engine.cancel_all()  # Ctrl-C lands here too: every page goes back before exit

@@ -318,25 +318,21 @@ class Engine:
                 raise EngineError(
                     f"{name}: token id {token} is outside the vocabulary (0..{vocab_size - 1})"
                 )
+        bad_word_ids = (
+            bad_words.word_ids(self.tokenizer.encode, params.bad_words) if params.bad_words else ()
+        )
         # Found here, not when the step indexes the logits with them: a failed step ends
         # every request in flight, not only this one.
         for name, ids in (
             ("logit_bias", params.logit_bias),
             ("allowed_token_ids", params.allowed_token_ids or ()),
+            ("bad_words", [t for word in bad_word_ids for t in word]),
         ):
             outside = sorted(t for t in ids if t >= vocab_size)
             if outside:
                 raise EngineError(
                     f"{name}: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})"
                 )
-        bad_word_ids = (
-            bad_words.word_ids(self.tokenizer.encode, params.bad_words) if params.bad_words else ()
-        )
-        outside = sorted(t for word in bad_word_ids for t in word if t >= vocab_size)
-        if outside:
-            raise EngineError(
-                f"bad_words: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})"
-            )
         request_id = next(self._ids)
         # ignore_eos drops the model's stop ids only: the request's own still stop it. A
         # grammar's end is a stop token too (its mask allows nothing else), so those stay.
