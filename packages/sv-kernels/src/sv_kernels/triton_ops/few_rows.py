@@ -234,7 +234,21 @@ def _few_rows_kernel(
         x_mask = (m < M)[:, None] & (cols < k_end)[None, :]
         x = tl.load(x_rows + cols[None, :], mask=x_mask, other=0.0)
         acc = tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc, input_precision=PRECISION)
-    if not SPLIT:
+    last = True  # this program writes the tile: always, unless K is split
+    if SPLIT:
+        tile = m[:, None] * BLOCK_N + r[None, :]
+        tiles = tl.num_programs(0)
+        splits = tl.num_programs(1)
+        tl.store(partial_ptr + (pid_k * tiles + pid_n) * (BLOCK_M * BLOCK_N) + tile, acc)
+        tl.debug_barrier()  # every thread's partial stored before the count is released
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        last = arrived == splits - 1  # the last of this tile's programs adds the partials
+        if last:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(splits):
+                at = partial_ptr + (s * tiles + pid_n) * (BLOCK_M * BLOCK_N) + tile
+                acc += tl.load(at, cache_modifier=".cg")
+    if last:
         _finish(
             acc,
             x_ptr,
@@ -272,55 +286,7 @@ def _few_rows_kernel(
             FP8_CACHE,
             ROPE,
         )
-    else:
-        tile = m[:, None] * BLOCK_N + r[None, :]
-        tiles = tl.num_programs(0)
-        splits = tl.num_programs(1)
-        tl.store(partial_ptr + (pid_k * tiles + pid_n) * (BLOCK_M * BLOCK_N) + tile, acc)
-        tl.debug_barrier()  # every thread's partial stored before the count is released
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == splits - 1:  # the last of this tile's programs: add the partials
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(splits):
-                at = partial_ptr + (s * tiles + pid_n) * (BLOCK_M * BLOCK_N) + tile
-                total += tl.load(at, cache_modifier=".cg")
-            _finish(
-                total,
-                x_ptr,
-                bias_ptr,
-                out_ptr,
-                pid_n,
-                M,
-                N,
-                stride_om,
-                positions_ptr,
-                cos_ptr,
-                sin_ptr,
-                slots_ptr,
-                q_out_ptr,
-                k_cache_ptr,
-                v_cache_ptr,
-                kv_scales_ptr,
-                stride_cos,
-                num_positions,
-                stride_qm,
-                stride_kc_page,
-                stride_kc_slot,
-                stride_kc_head,
-                stride_vc_page,
-                stride_vc_slot,
-                stride_vc_head,
-                BLOCK_M,
-                BLOCK_N,
-                GATED,
-                HAS_BIAS,
-                NUM_Q_HEADS,
-                NUM_KV_HEADS,
-                HEAD_DIM,
-                PAGE_SIZE,
-                FP8_CACHE,
-                ROPE,
-            )
+        if SPLIT:
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
