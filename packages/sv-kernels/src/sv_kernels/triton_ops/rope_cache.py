@@ -205,9 +205,9 @@ def _rope_cache_kernel(
 
 class RopeCache:
     """What a q/k/v projection's RoPE epilogue takes besides the projection (see
-    `rope_cache_write`), as kernel arguments: `args(q)` in the order `rope_cache_epilogue`
-    takes them, and `constexprs()`. `RopeCache.none(out)` stands in for a kernel run without
-    the epilogue (pointers never read)."""
+    `rope_cache_write`), as kernel arguments: `args(q)`, the one tuple `rope_cache_epilogue`
+    unpacks (a kernel takes it as one argument), and `constexprs()`. `RopeCache.none(out)`
+    stands in for a kernel run without the epilogue (pointers never read)."""
 
     def __init__(
         self,
@@ -280,23 +280,7 @@ def rope_cache_epilogue(
     m_mask,
     head,
     j,
-    positions_ptr,
-    cos_ptr,
-    sin_ptr,
-    slots_ptr,
-    q_out_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    kv_scales_ptr,
-    stride_cos,
-    num_positions,
-    stride_qm,
-    stride_kc_page,
-    stride_kc_slot,
-    stride_kc_head,
-    stride_vc_page,
-    stride_vc_slot,
-    stride_vc_head,
+    rope_cache,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -307,7 +291,27 @@ def rope_cache_epilogue(
     x's dtype) are features j [P] and j + D/2 of one `head` for the tokens m [BLOCK_M] (m_mask:
     real ones). A query head's pairs are rotated and stored to q_out [M, Hq, D]; a key head's
     rotated, rounded to q's dtype and written to the tokens' cache slots; a value head's
-    written as they are. Rounding and saturation as `rope_cache_write`'s."""
+    written as they are. Rounding and saturation as `rope_cache_write`'s. `rope_cache`: the
+    pointers and strides of `RopeCache.args`, as one tuple."""
+    (
+        positions_ptr,
+        cos_ptr,
+        sin_ptr,
+        slots_ptr,
+        q_out_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        kv_scales_ptr,
+        stride_cos,
+        num_positions,
+        stride_qm,
+        stride_kc_page,
+        stride_kc_slot,
+        stride_kc_head,
+        stride_vc_page,
+        stride_vc_slot,
+        stride_vc_head,
+    ) = rope_cache
     HALF: tl.constexpr = HEAD_DIM // 2
     if head < NUM_Q_HEADS + NUM_KV_HEADS:  # q or k: rotate
         positions = tl.load(positions_ptr + m, mask=m_mask, other=0).to(tl.int64)
