@@ -11,7 +11,9 @@
 #   "--kernels --peer --profile --quantization fp8,int8"), SV_SKIP_TESTS=1,
 #   SV_PYTEST_ARGS="-k decode", SV_SERVE_ARGS and
 #   SV_MIX_ARGS (the two serving benchmarks' arguments), SV_SKIP_SERVE=1, SV_SKIP_FAMILIES=1
-#   (the Qwen presets' decode and throughput rows, run when .assets/qwen-tokenizer exists)
+#   (the Qwen presets' decode and throughput rows, run when .assets/qwen-tokenizer exists),
+#   SV_GPU_BUDGET_S=N: end within N seconds (a device call's limit); each step gets what is
+#   left, and once less than a minute is, the rest are skipped (rc 124 in the last line)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sv-gpu-out}
@@ -24,6 +26,16 @@ export PYTHONPATH PYTHONUNBUFFERED=1
 export SV_TOKENIZER_DIR=${SV_TOKENIZER_DIR:-$PWD/.assets/llama-3.2-tokenizer}
 export SV_BENCH_WORKDIR=${SV_BENCH_WORKDIR:-/tmp/sv-bench}
 
+END=$(( $(date +%s) + ${SV_GPU_BUDGET_S:-86400} ))
+within() {  # run "$@" in the time left; SIGINT, so pytest still prints what it finished
+    local left=$(( END - $(date +%s) ))
+    if [ "$left" -lt 60 ]; then
+        echo "(skipped: the ${SV_GPU_BUDGET_S}s budget is spent)"
+        return 124
+    fi
+    timeout -s INT "$left" "$@"
+}
+
 echo "== environment"
 python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
@@ -33,7 +45,7 @@ tests_rc=skipped
 if [ -z "${SV_SKIP_TESTS:-}" ]; then
     echo "== GPU tests (pytest -m gpu)"
     # Only the suites that hold GPU tests: other suites import packages the image lacks (gguf).
-    python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib -ra -rP" \
+    within python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib -ra -rP" \
         --continue-on-collection-errors ${SV_PYTEST_ARGS:-} \
         packages/sv-kernels/tests packages/sv-model/tests packages/sv-weights/tests/test_weights_safetensors.py \
         apps/cli/tests/test_bench_runner.py packages/sv-trace/tests/test_trace_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -60
@@ -41,7 +53,7 @@ if [ -z "${SV_SKIP_TESTS:-}" ]; then
 fi
 
 echo "== benchmarks"
-python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
+within python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
     ${SV_BENCH_FLAGS:---kernels --peer --profile --quantization fp8,int8} --json "$OUT/bench.json" ${SV_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^\[bench\]'
 bench_rc=${PIPESTATUS[0]}
 
@@ -52,7 +64,7 @@ if [ -d .assets/qwen-tokenizer ] && [ -z "${SV_SKIP_FAMILIES:-}" ]; then
     families_rc=0
     for preset in qwen2.5-0.5b qwen3-0.6b; do
         echo "== $preset (sv bench --preset $preset --only decode,throughput)"
-        python3 -m sv_cli bench --tokenizer-dir "$PWD/.assets/qwen-tokenizer" --workdir "$SV_BENCH_WORKDIR" \
+        within python3 -m sv_cli bench --tokenizer-dir "$PWD/.assets/qwen-tokenizer" --workdir "$SV_BENCH_WORKDIR" \
             --preset $preset --only decode,throughput --json "$OUT/bench-$preset.json" 2>&1 | tee "$OUT/bench-$preset.log" | grep -v '^\[bench\]'
         [ "${PIPESTATUS[0]}" = 0 ] || families_rc=1
     done
@@ -63,7 +75,7 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && [ -z "${SV_SKIP_TP:-}" ]; then
     # Tensor parallelism (NCCL, NVLink multicast off): decode-b1 and throughput at TP=2 beside
     # TP=1 in the same run; SV_TP_ARGS="--preset llama-3.1-8b" for the 8B shapes.
     echo "== tensor parallelism (sv bench --only tp --tensor-parallel-size 2)"
-    NCCL_NVLS_ENABLE=0 python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
+    NCCL_NVLS_ENABLE=0 within python3 -m sv_cli bench --tokenizer-dir "$SV_TOKENIZER_DIR" --workdir "$SV_BENCH_WORKDIR" \
         --only tp --tensor-parallel-size 2 ${SV_TP_ARGS:-} --json "$OUT/bench-tp.json" 2>&1 | tee "$OUT/bench-tp.log" | grep -v '^\[bench\]'
     tp_rc=${PIPESTATUS[0]}
 fi
@@ -73,7 +85,7 @@ if [ -d .http-deps ] && [ -z "${SV_SKIP_SERVE:-}" ]; then
     # The serving benchmark needs starlette/uvicorn, which the image lacks: carry .http-deps,
     # made by `bash apps/server/bench/http_deps.sh .http-deps`.
     echo "== serving benchmark (sv serve, concurrent streaming clients)"
-    PYTHONPATH="$PYTHONPATH$PWD/.http-deps" python3 apps/server/bench/bench_serve.py \
+    PYTHONPATH="$PYTHONPATH$PWD/.http-deps" within python3 apps/server/bench/bench_serve.py \
         "$SV_BENCH_WORKDIR/llama-3.2-1b-random" ${SV_SERVE_ARGS:---clients 64 --requests 256 --max-tokens 128} \
         --json "$OUT/serve.json" 2>&1 | tail -5
     serve_rc=${PIPESTATUS[0]}
@@ -81,7 +93,7 @@ if [ -d .http-deps ] && [ -z "${SV_SKIP_SERVE:-}" ]; then
     # limit), beside short completions; a pool small enough that admission matters.
     for admission in conservative preemptive; do
         echo "== serving mix, --admission $admission (half without max_tokens)"
-        PYTHONPATH="$PYTHONPATH$PWD/.http-deps" python3 apps/server/bench/bench_serve.py \
+        PYTHONPATH="$PYTHONPATH$PWD/.http-deps" within python3 apps/server/bench/bench_serve.py \
             "$SV_BENCH_WORKDIR/llama-3.2-1b-random" --admission $admission \
             ${SV_MIX_ARGS:---clients 64 --requests 256 --max-tokens 128 --omit-max-tokens 0.5 --max-model-len 2048 --kv-cache-mib 2048} \
             --json "$OUT/serve-mix-$admission.json" 2>&1 | tail -3
