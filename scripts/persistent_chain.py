@@ -311,24 +311,27 @@ def chains(mode: str, sms: int, variants: list[str], rounds: int) -> None:
             float((got.float() - want.float()).abs().max() / want.float().abs().max())
             for got, want in zip([*bufs, logits], expected, strict=True)
         ]
-        ok = flag.item() == 0 and max(diffs) < 2e-2
+        one_layer_flag = int(flag.item())
+        # Run 207: two BF16 shapes passed one layer and then hit the spin cap in every
+        # 16-layer chain (~0.9 s each); a full chain first keeps such a shape out of the timing.
+        flag.zero_()
+        persistent(variant)
+        torch.cuda.synchronize()
+        ok = one_layer_flag == 0 and flag.item() == 0 and max(diffs) < 2e-2
         print(f"  persistent {variant}: one layer, largest difference per buffer (q/k/v, o, "
-              f"SwiGLU, down, logits) / its range {[f'{d:.1e}' for d in diffs]}, barrier flag "
-              f"{int(flag.item())}: {'timed' if ok else 'NOT timed'}", flush=True)  # fmt: skip
+              f"SwiGLU, down, logits) / its range {[f'{d:.1e}' for d in diffs]}; barrier flag "
+              f"{one_layer_flag} (one layer), {int(flag.item())} ({LAYERS} layers): "
+              f"{'timed' if ok else 'NOT timed'}", flush=True)  # fmt: skip
         if ok:
             timed[variant] = lambda v=variant: persistent(v)
     times: dict[str, list[float]] = {name: [] for name in timed}
     for _ in range(rounds):
         for name, call in timed.items():
             times[name].append(graph_ms_per_call([call], min_calls=5) * 1e3)
-    flag.zero_()
-    for variant in timed:
-        if variant != "pdl":
-            persistent(variant)
     for name, ts in times.items():
         print(f"[{mode}] {name:12} {statistics.median(ts):8.1f} us {[round(t, 1) for t in ts]}",
               flush=True)  # fmt: skip
-    print(f"[{mode}] barrier flag, 16 layers of each variant: {int(flag.item())}", flush=True)
+    print(f"[{mode}] barrier flag after the timing: {int(flag.item())}", flush=True)
 
 
 def main() -> None:
