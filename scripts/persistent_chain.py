@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -281,7 +282,7 @@ def chains(mode: str, sms: int, variants: list[str], rounds: int) -> None:
     bar = torch.zeros(1, dtype=torch.int32, device="cuda")
     flag = torch.zeros(1, dtype=torch.int32, device="cuda")
 
-    def persistent(variant: str, n_layers: int = LAYERS) -> None:
+    def persistent(variant: str, n_layers: int = LAYERS) -> Any:
         spec, per_sm, warps = variant.split(":")
         if spec == "tuned":
             t = {n: tile[:2] for n, tile in tiles.items()}
@@ -290,7 +291,7 @@ def chains(mode: str, sms: int, variants: list[str], rounds: int) -> None:
             t = dict.fromkeys(tiles, (bn, bk))
         p = sms * int(per_sm)
         bar.zero_()
-        _persistent_chain[(p,)](
+        return _persistent_chain[(p,)](
             h0, *stacked["qkv"], *stacked["o"], *stacked["gate_up"], *stacked["down"],
             *parts(head), *bufs, logits, bar, flag, p, n_layers,
             SCALED=mode != "bf16", INT8=mode == "int8",
@@ -305,7 +306,7 @@ def chains(mode: str, sms: int, variants: list[str], rounds: int) -> None:
     timed: dict[str, Callable[[], object]] = {"pdl": pdl_chain}
     for variant in variants:
         flag.zero_()
-        persistent(variant, 1)
+        regs = persistent(variant, 1).n_regs
         torch.cuda.synchronize()
         diffs = [
             float((got.float() - want.float()).abs().max() / want.float().abs().max())
@@ -321,7 +322,7 @@ def chains(mode: str, sms: int, variants: list[str], rounds: int) -> None:
         print(f"  persistent {variant}: one layer, largest difference per buffer (q/k/v, o, "
               f"SwiGLU, down, logits) / its range {[f'{d:.1e}' for d in diffs]}; barrier flag "
               f"{one_layer_flag} (one layer), {int(flag.item())} ({LAYERS} layers): "
-              f"{'timed' if ok else 'NOT timed'}", flush=True)  # fmt: skip
+              f"{regs} registers: {'timed' if ok else 'NOT timed'}", flush=True)  # fmt: skip
         if ok:
             timed[variant] = lambda v=variant: persistent(v)
     times: dict[str, list[float]] = {name: [] for name in timed}
