@@ -14,7 +14,7 @@ script measures both:
    layers of Llama 3.2 1B's batch-1 GEMVs (q/k/v; o on q/k/v's first 2,048 outputs; gate/up
    with the SwiGLU epilogue; down) and the LM head, fp8 or BF16 random weights, no norms and
    no attention.
-   - pdl: `triton_ops.gemv` per matrix, on the tile the tuner picks (65 kernels);
+   - pdl: `ops.linear` per matrix, on the GEMV tile the tuner picks (65 kernels);
    - persistent: one kernel of SMs x PROGRAMS_PER_SM programs. Each phase (matrix) deals its
      row blocks round-robin; a program loads the first two slices of its next block before it
      reduces the current one, and of the next phase's first block before the barrier, as a
@@ -43,10 +43,11 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from sv_kernels import quantized, triton_ops
+from sv_kernels import ops, quantized, triton_ops
 from sv_kernels.graphs import graph_ms_per_call
+from sv_kernels.linear_plan import LinearPlan
 from sv_kernels.quantized import LinearWeight, QuantizedWeight
-from sv_kernels.triton_ops.gemv import _paired_halves, _to_f32, candidates
+from sv_kernels.triton_ops.gemv import _to_f32, block_rows, candidates, store_swiglu_block
 
 HIDDEN, INTER, VOCAB, LAYERS, Q_OUT, QKV = 2048, 8192, 128256, 16, 2048, 3072
 SHAPES = {"qkv": (QKV, HIDDEN), "o": (HIDDEN, Q_OUT), "gate_up": (2 * INTER, HIDDEN)}
@@ -74,27 +75,11 @@ def _grid_barrier(bar_ptr, flag_ptr, target):
 
 
 @triton.jit
-def _rows(b, N, BLOCK_N: tl.constexpr, GATED: tl.constexpr):
-    """Block b's rows of W and their mask; GATED: BLOCK_N / 2 gate rows and the matching up
-    rows, N / 2 further down (as `gemv(swiglu=True)` takes them)."""
-    if GATED:
-        HALF: tl.constexpr = BLOCK_N // 2
-        r = tl.arange(0, BLOCK_N)
-        features = b * HALF + r % HALF
-        rows = features + (r // HALF) * (N // 2)
-        mask = features < N // 2
-    else:
-        rows = b * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = rows < N
-    return rows, mask
-
-
-@triton.jit
 def _first_slices(
     w_ptr, b, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr
 ):
     """The first two BLOCK_K slices of block b's rows (zeros past the matrix's end)."""
-    rows, mask = _rows(b, N, BLOCK_N, GATED)
+    rows, mask = block_rows(b, N, BLOCK_N, GATED)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
     cols0 = tl.max_contiguous(tl.arange(0, BLOCK_K), 8)
     cols1 = BLOCK_K + cols0
@@ -117,7 +102,7 @@ def _phase(
     x0 = tl.load(x_ptr + cols0, mask=cols0 < K, other=0.0, cache_modifier=".cg").to(tl.float32)
     x1 = tl.load(x_ptr + cols1, mask=cols1 < K, other=0.0, cache_modifier=".cg").to(tl.float32)
     for b in range(pid, n_blocks, P):
-        rows, mask = _rows(b, N, BLOCK_N, GATED)
+        rows, mask = block_rows(b, N, BLOCK_N, GATED)
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
         acc = _to_f32(w0, INT8) * x0[None, :] + _to_f32(w1, INT8) * x1[None, :]
         for k0 in range(2 * BLOCK_K, K, BLOCK_K):
@@ -129,12 +114,8 @@ def _phase(
         y = tl.sum(acc, axis=1)
         if SCALED:
             y = y * tl.load(s_ptr + rows, mask=mask, other=0.0)
-        if GATED:  # rounded as `gemv(swiglu=True)` rounds
-            HALF: tl.constexpr = BLOCK_N // 2
-            gate, up = _paired_halves(y.to(tl.bfloat16).to(tl.float32), HALF)
-            features = b * HALF + tl.arange(0, HALF)
-            silu = gate / (1.0 + tl.exp(-gate))
-            tl.store(out_ptr + features, (silu * up).to(tl.bfloat16), mask=features < N // 2)
+        if GATED:
+            store_swiglu_block(y, out_ptr, b, N, BLOCK_N)
         elif OUT_F32:
             tl.store(out_ptr + rows, y.to(tl.bfloat16).to(tl.float32), mask=mask)
         else:
@@ -212,15 +193,7 @@ def weight(shape: tuple[int, int], mode: str, gen: torch.Generator) -> LinearWei
 
 def parts(w: LinearWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, per-row scales); a BF16 weight's 'scales' are its values (never read)."""
-    return (w.data, w.scale) if isinstance(w, QuantizedWeight) else (w, w)
-
-
-def gemv(
-    x: torch.Tensor, w: LinearWeight, tile: tuple[int, int, int], **kw: object
-) -> torch.Tensor:
-    data, scale = parts(w)
-    scaled = scale if isinstance(w, QuantizedWeight) else None
-    return triton_ops.gemv(x, data, tile, scale=scaled, **kw)  # type: ignore[arg-type]
+    return w.tensors() if isinstance(w, QuantizedWeight) else (w, w)
 
 
 def barrier_costs(sms: int) -> None:
@@ -259,17 +232,20 @@ def chains(mode: str, sms: int, variants: list[str], rounds: int) -> None:
     for name, t in zip([*SHAPES, "lm_head"], tuned, strict=True):
         w = head if name == "lm_head" else layers[0][name]
         tiles[name] = t.plan.one_row_gemv or candidates(w)[0]
+    plans = {name: LinearPlan(one_row_gemv=tile) for name, tile in tiles.items()}
     h0 = torch.randn(1, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
 
     def pdl_chain(n_layers: int = LAYERS) -> list[torch.Tensor]:
+        """The engine's batch-1 calls (`ops.linear`), every matrix on the GEMV tile in `tiles`."""
         hidden, out = h0, []
         for layer in layers[:n_layers]:
-            qkv = gemv(hidden, layer["qkv"], tiles["qkv"])
-            o = gemv(qkv[:, :Q_OUT], layer["o"], tiles["o"])
-            mlp = gemv(o, layer["gate_up"], tiles["gate_up"], swiglu=True)
-            hidden = gemv(mlp, layer["down"], tiles["down"])
+            qkv = ops.linear(hidden, layer["qkv"], plan=plans["qkv"])
+            o = ops.linear(qkv[:, :Q_OUT], layer["o"], plan=plans["o"])
+            mlp = ops.linear_swiglu(o, layer["gate_up"], plans["gate_up"])
+            hidden = ops.linear(mlp, layer["down"], plan=plans["down"])
             out = [qkv, o, mlp, hidden]
-        return [*out, gemv(hidden, head, tiles["lm_head"], out_dtype=torch.float32)]
+        logits = ops.linear(hidden, head, out_dtype=torch.float32, plan=plans["lm_head"])
+        return [*out, logits]
 
     stacked = {
         n: [torch.stack([parts(layer[n])[i] for layer in layers]).contiguous() for i in (0, 1)]

@@ -181,6 +181,40 @@ def _paired_halves(y, HALF_BLOCK: tl.constexpr):
 
 
 @triton.jit
+def block_rows(block, N, BLOCK_N: tl.constexpr, GATED: tl.constexpr):
+    """The rows of W that row block `block` owns, and their mask. GATED (the SwiGLU epilogue,
+    W = [gate; up], N = 2I rows): BLOCK_N / 2 gate rows and the up rows of the same features,
+    I rows further down."""
+    if GATED:
+        HALF_BLOCK: tl.constexpr = BLOCK_N // 2
+        r = tl.arange(0, BLOCK_N)
+        features = block * HALF_BLOCK + r % HALF_BLOCK
+        rows = features + (r // HALF_BLOCK) * (N // 2)
+        row_mask = features < N // 2
+    else:
+        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_mask = rows < N
+    return rows, row_mask
+
+
+@triton.jit
+def store_swiglu_block(y, out_ptr, block, N, BLOCK_N: tl.constexpr):
+    """The SwiGLU epilogue: y [BLOCK_N] (FP32) holds `block_rows(block, GATED=True)`'s dot
+    products, gate then up; store silu(gate) * up for the block's BLOCK_N / 2 features. Gate
+    and up are rounded to the output dtype first, as the unfused path stores them, so that
+    fused and unfused give the same bits (see `swiglu`)."""
+    HALF_BLOCK: tl.constexpr = BLOCK_N // 2
+    gate, up = _paired_halves(y.to(out_ptr.dtype.element_ty).to(tl.float32), HALF_BLOCK)
+    out_features = block * HALF_BLOCK + tl.arange(0, HALF_BLOCK)
+    silu = gate / (1.0 + tl.exp(-gate))
+    tl.store(
+        out_ptr + out_features,
+        (silu * up).to(out_ptr.dtype.element_ty),
+        mask=out_features < N // 2,
+    )
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -199,33 +233,14 @@ def _gemv_kernel(
     ONE_BYTE: tl.constexpr,
     INT8: tl.constexpr,
 ):
-    if GATED:
-        # SwiGLU epilogue: W is [gate; up] (N = 2I rows). The program's BLOCK_N rows are
-        # BLOCK_N / 2 gate rows and the up rows of the same features, I rows further down.
-        HALF_BLOCK: tl.constexpr = BLOCK_N // 2
-        r = tl.arange(0, BLOCK_N)
-        features = tl.program_id(0) * HALF_BLOCK + r % HALF_BLOCK
-        rows = features + (r // HALF_BLOCK) * (N // 2)
-        row_mask = features < N // 2
-    else:
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_mask = rows < N
+    rows, row_mask = block_rows(tl.program_id(0), N, BLOCK_N, GATED)
     y = _dot_rows(
         x_ptr, w_ptr, rows, row_mask, K, stride_wn, BLOCK_N, BLOCK_K, USE_PDL, ONE_BYTE, INT8
     )
     if SCALED:  # a quantized weight: row r stands for data[r] * scale[r]
         y = y * tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
     if GATED:
-        # Round gate and up to the output dtype first, as the unfused path stores them, so
-        # that fused and unfused give the same bits (see `swiglu`).
-        gate, up = _paired_halves(y.to(out_ptr.dtype.element_ty).to(tl.float32), HALF_BLOCK)
-        out_features = tl.program_id(0) * HALF_BLOCK + tl.arange(0, HALF_BLOCK)
-        silu = gate / (1.0 + tl.exp(-gate))
-        tl.store(
-            out_ptr + out_features,
-            (silu * up).to(out_ptr.dtype.element_ty),
-            mask=out_features < N // 2,
-        )
+        store_swiglu_block(y, out_ptr, tl.program_id(0), N, BLOCK_N)
     else:
         if HAS_BIAS:
             y += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
