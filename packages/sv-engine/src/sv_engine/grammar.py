@@ -38,14 +38,6 @@ GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"
 # model that keeps choosing newlines (a weak or random one does) never reaches the end.
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
-GRAMMAR_KINDS: tuple[GrammarKind, ...] = (
-    "json_object",
-    "json_schema",
-    "regex",
-    "choice",
-    "grammar",
-)
-
 
 @dataclass(frozen=True)
 class Grammar:

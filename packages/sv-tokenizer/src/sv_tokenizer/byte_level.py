@@ -27,9 +27,6 @@ def _build_byte_to_char() -> tuple[str, ...]:
 BYTE_TO_CHAR: tuple[str, ...] = _build_byte_to_char()
 """BYTE_TO_CHAR[b] is the character that spells byte b in a byte-level vocabulary."""
 
-CHAR_TO_BYTE: dict[str, int] = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
-"""The inverse of BYTE_TO_CHAR."""
-
 
 # str.translate table: alphabet characters -> the Latin-1 character of their byte; Latin-1
 # characters outside the alphabet are deleted (so a changed length reveals them).

@@ -50,17 +50,6 @@ SCALE_DTYPES = frozenset({"F32", "BF16", "F16"})
 WEIGHT_SCALE = "_scale"  # "X.weight" -> "X.weight_scale"
 INPUT_SCALE = "input_scale"
 
-# The linear layers of a Llama layer, as module names under "model.layers.N.".
-LINEAR_MODULES = (
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-)
-LM_HEAD_MODULE = "lm_head"
 # The modules sv runs as one matrix (sv_model.weights packs their rows): all FP8 or none.
 PACKED_GROUPS = (
     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
