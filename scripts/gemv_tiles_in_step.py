@@ -23,8 +23,9 @@ import os
 from pathlib import Path
 
 import torch
-from sv_cli.bench import _engine, _scratch_decode_step, prepare_checkpoint, replayed_ms
-from sv_cli.bench_runner import decode_replay
+from sv_cli.bench.inputs import bench_engine, prepare_checkpoint, scratch_decode_step
+from sv_cli.bench.runner import decode_replay
+from sv_cli.bench.timing import replayed_ms
 from sv_kernels.linear_plan import GemvTile
 from sv_kernels.triton_ops.gemv import candidates
 from sv_model import ModelRunner
@@ -61,13 +62,13 @@ def step_us(runner: ModelRunner, plans: LinearPlans) -> float:
     runner.decode_graphs = DecodeGraphs(
         runner._decode_forward, runner.last_ids, runner.scratch_table_row, 1
     )
-    replay = decode_replay(runner, _scratch_decode_step(runner, 1))
+    replay = decode_replay(runner, scratch_decode_step(runner, 1))
     return min(replayed_ms(replay) for _ in range(3)) * 1e3
 
 
 def sweep(model_dir: Path, mode: str, passes: int) -> None:
     quantization = None if mode == "bf16" else mode
-    engine = _engine(model_dir, max_num_seqs=1, kv_cache_mib=256, quantization=quantization)
+    engine = bench_engine(model_dir, max_num_seqs=1, kv_cache_mib=256, quantization=quantization)
     runner = engine.runner
     weights = runner.model.weights
     tuned: LinearPlans = runner.model.linear_plans

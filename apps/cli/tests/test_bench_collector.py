@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import gc
 
-from sv_cli import bench
+from sv_cli.bench import timing
 
 
 def test_collector_time_counts_full_collections_and_stops_counting() -> None:
-    with bench.collector_time() as collected:
+    with timing.collector_time() as collected:
         gc.collect(0)  # a young collection: time, not a full one
         gc.collect()  # a full one, by definition
     assert collected.full == 1 and collected.seconds > 0

@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-from sv_cli import bench
+from sv_cli.bench import inputs, main
 
 
 def test_unknown_preset_is_refused_with_the_names(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
-        bench.bench_main(["--preset", "llama-9b"])
+        main.bench_main(["--preset", "llama-9b"])
     assert caught.value.code == 2
     err = capsys.readouterr().err
     assert "unknown preset 'llama-9b'" in err and "llama-3.1-8b" in err and "mistral-7b" in err
@@ -26,7 +26,7 @@ def test_an_unknown_only_name_is_refused_before_anything_runs(
 ) -> None:
     """A typo in --only used to run no workload at all (on a GPU: only the rooflines)."""
     with pytest.raises(SystemExit) as caught:
-        bench.bench_main(["--only", only])
+        main.bench_main(["--only", only])
     assert caught.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("sv bench: error: unknown --only ") and err.count("\n") == 1
@@ -36,8 +36,8 @@ def test_an_unknown_only_name_is_refused_before_anything_runs(
 def test_prompts_are_the_documented_workload_and_fit_the_vocabulary() -> None:
     rng = random.Random(0)
     documented = [[rng.randint(0, 127999) for _ in range(rng.randint(100, 1024))] for _ in range(4)]
-    assert bench._random_prompts(random.Random(0), 4, 100, 1024) == documented
-    small = bench._random_prompts(random.Random(0), 4, 100, 1024, vocab=32000)
+    assert inputs.random_prompts(random.Random(0), 4, 100, 1024) == documented
+    small = inputs.random_prompts(random.Random(0), 4, 100, 1024, vocab=32000)
     assert [len(p) for p in small] == [len(p) for p in documented]
     assert max(max(p) for p in small) < 32000
 
@@ -45,7 +45,7 @@ def test_prompts_are_the_documented_workload_and_fit_the_vocabulary() -> None:
 def test_help_cites_only_documents_in_the_repository(capsys: pytest.CaptureFixture[str]) -> None:
     """It cited DESIGN.md, a document the repository does not have."""
     with pytest.raises(SystemExit) as caught:
-        bench.bench_main(["--help"])
+        main.bench_main(["--help"])
     assert caught.value.code == 0
     cited = re.findall(r"[\w-]+\.md\b", capsys.readouterr().out)
     root = Path(__file__).resolve().parents[3]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sv_cli.bench_runner import (
+from sv_cli.bench.runner import (
     decode_replay,
     kv_pool_bytes,
     num_parameters,

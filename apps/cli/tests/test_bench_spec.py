@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from sv_cli.bench import Report
-from sv_cli.bench_spec import replay_trace
+from sv_cli.bench.report import Report
+from sv_cli.bench.spec import replay_trace
 
 
 def _trace(tmp_path: Path, verifications: list[list[int]], **extra: int) -> Path:

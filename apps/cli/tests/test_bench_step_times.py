@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from sv_cli import bench
+from sv_cli.bench import timing
 
 
 @dataclass
@@ -45,7 +45,7 @@ def test_step_times_split_prompt_and_decode_steps_and_restore_the_launch(
     monkeypatch.setattr(torch.cuda, "Event", lambda **kw: _Event(next(clock)))
     runner: Any = _Runner()
     original = runner.launch
-    with bench.step_times(runner) as times:
+    with timing.step_times(runner) as times:
         assert runner.launch(_Step([40, 1, 1])) == "pending"  # a prompt chunk and two decodes
         runner.launch(_Step([17]))
         runner.launch(_Step([1, 1]))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sv_cli.critical_path import KernelSpan, critical_path, format_path, split_steps
+from sv_cli.bench.critical_path import KernelSpan, critical_path, format_path, split_steps
 
 
 def _shares(steps: list[list[KernelSpan]]) -> dict[str, tuple[float, float, float]]:
@@ -129,7 +129,7 @@ def _profile_with(
 ) -> tuple[str, int]:
     import torch
     import torch.profiler
-    from sv_cli import bench, bench_runner
+    from sv_cli.bench import profiles, runner
 
     replays: list[int] = []
 
@@ -138,11 +138,11 @@ def _profile_with(
         assert step.query_lens == [1] * batch and step.table_rows == [7] * batch
         return lambda: replays.append(1)
 
-    monkeypatch.setattr(bench_runner, "decode_replay", decode_replay)
+    monkeypatch.setattr(runner, "decode_replay", decode_replay)
     monkeypatch.setattr(torch.profiler, "profile", _FakeProfile(events))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     engine = SimpleNamespace(runner=SimpleNamespace(scratch_table_row=7))
-    bench.profile_decode_path(engine, " [fp8]", tmp_path, batch, replays=6)
+    profiles.profile_decode_path(engine, " [fp8]", tmp_path, batch, replays=6)
     return (tmp_path / "profiles.txt").read_text(), len(replays)
 
 

@@ -56,7 +56,7 @@ def build_parser() -> OneLineErrorParser:
         "sv_cli.weights_inspect", "inspect_main",
     )  # fmt: skip
     _add_passthrough(
-        sub, "bench", "benchmarks (see `sv bench --help`)", "sv_cli.bench", "bench_main"
+        sub, "bench", "benchmarks (see `sv bench --help`)", "sv_cli.bench.main", "bench_main"
     )
     _add_passthrough(
         sub, "serve", "serve a model over an OpenAI-compatible HTTP API (see `sv serve --help`)",

@@ -18,11 +18,14 @@ from typing import Any
 def bench_tensor_parallel(
     report: Any, model_dir: Path, roof: dict[str, float], size: int, quick: bool
 ) -> None:
-    from sv_cli.bench import Row, _engine, bench_decode_b1, bench_throughput, free_device_memory
+    from sv_cli.bench.inputs import bench_engine
+    from sv_cli.bench.report import Row
+    from sv_cli.bench.timing import free_device_memory
+    from sv_cli.bench.workloads import bench_decode_b1, bench_throughput
 
     rates: dict[int, float] = {}
     for n in (1, size):
-        engine, graphs = _open(_engine, model_dir, n)
+        engine, graphs = _open(bench_engine, model_dir, n)
         tag = f" [tp={n}{'' if graphs else ', no CUDA graphs'}]"
         try:
             bench_decode_b1(report, engine, roof, 64 if quick else 256, tag)

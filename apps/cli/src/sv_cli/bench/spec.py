@@ -32,7 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sv_cli.bench import Report, Row, free_device_memory
+from sv_cli.bench.report import Report, Row
+from sv_cli.bench.timing import free_device_memory
 
 
 def bench_verify_steps(
@@ -85,8 +86,9 @@ def bench_verify_steps(
 def _graph_alone(runner: Any, step: Any, k: int, profile_dir: Path | None) -> str:
     """The step's graph replayed 20 times back to back: its GPU time alone, and the host's time
     to launch it (queued without waiting; an unoverlapped step pays it before its GPU work)."""
-    from sv_cli.bench import back_to_back, cuda_ms, profile_steps, replayed_ms
-    from sv_cli.bench_runner import decode_replay
+    from sv_cli.bench.profiles import profile_steps
+    from sv_cli.bench.runner import decode_replay
+    from sv_cli.bench.timing import back_to_back, cuda_ms, replayed_ms
 
     replay = decode_replay(runner, step)
     replays = 20
@@ -155,15 +157,14 @@ def bench_spec_decode_b1(report: Report, model_dir: Any, new_tokens: int) -> flo
     schedulers), the best of each kept (the host's speed drifts within a run); returns the
     plain one's tok/s."""
     from sv_engine import Engine, SamplingParams
-    from sv_engine.options import default_tuning_cache
     from sv_scheduler import Scheduler, SpeculationConfig
+
+    from sv_cli.bench.inputs import bench_engine
 
     rng = random.Random(1)
     warm, prompt = ([rng.randint(0, 127999) for _ in range(128)] for _ in range(2))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    plain_engine = Engine.from_model_dir(
-        model_dir, device="cuda", max_num_seqs=256, tuning_cache=default_tuning_cache()
-    )
+    plain_engine = bench_engine(model_dir, max_num_seqs=256)
     spec_config = replace(plain_engine.scheduler.config, speculation=SpeculationConfig())
     engines = {
         "decode-b1 (same engine settings)": plain_engine,

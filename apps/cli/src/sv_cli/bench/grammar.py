@@ -14,7 +14,7 @@ import random
 import time
 from typing import Any
 
-from sv_cli.bench import Report, Row
+from sv_cli.bench.report import Report, Row
 
 SCHEMA = {
     "type": "object",
