@@ -52,6 +52,8 @@ def bench_engine(model_dir: Path, **kwargs: Any) -> Any:
 def random_prompts(
     rng: random.Random, count: int, lo: int, hi: int, vocab: int = PROMPT_ID_BOUND
 ) -> list[list[int]]:
+    """`count` prompts of `lo`..`hi` token ids drawn from `rng` (lengths and ids from the one
+    stream, as the throughput workload of BENCHMARKS.md draws them), each id modulo `vocab`."""
     return [
         [rng.randint(0, PROMPT_ID_BOUND - 1) % vocab for _ in range(rng.randint(lo, hi))]
         for _ in range(count)
@@ -59,6 +61,7 @@ def random_prompts(
 
 
 def vocab_size(engine: Any) -> int:
+    """The engine's model's vocabulary size, the bound of the prompts drawn for it."""
     return int(engine.runner.config.vocab_size)
 
 
