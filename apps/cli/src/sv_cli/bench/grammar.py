@@ -14,6 +14,7 @@ import random
 import time
 from typing import Any
 
+from sv_cli.bench.inputs import random_prompts
 from sv_cli.bench.report import Report, Row
 
 SCHEMA = {
@@ -26,10 +27,6 @@ SCHEMA = {
     "required": ["id", "kind", "text"],
     "additionalProperties": False,
 }
-
-
-def _prompts(rng: random.Random, count: int, lo: int, hi: int) -> list[list[int]]:
-    return [[rng.randint(0, 127999) for _ in range(rng.randint(lo, hi))] for _ in range(count)]
 
 
 def bench_grammar(report: Report, engine: Any, new_tokens: int, batch: int) -> None:
@@ -46,7 +43,7 @@ def bench_grammar(report: Report, engine: Any, new_tokens: int, batch: int) -> N
     plain = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     constrained = SamplingParams(max_new_tokens=new_tokens, grammar=grammar)
     rng = random.Random(2)
-    warm, prompt = _prompts(rng, 2, 128, 128)
+    warm, prompt = random_prompts(rng, 2, 128, 128)
     figures = {}
     for name, params in (("plain", plain), ("json-schema", constrained)):
         engine.generate([warm], params)  # builds the grammar vocabulary once, off the clock
@@ -62,7 +59,7 @@ def bench_grammar(report: Report, engine: Any, new_tokens: int, batch: int) -> N
                 note=f"TTFT {(times[0] - t0) * 1e3:.1f} ms, {len(times)} tokens{ratio}",
             )
         )
-    prompts = _prompts(random.Random(0), batch, 100, 1024)
+    prompts = random_prompts(random.Random(0), batch, 100, 1024)
     throughput = {}
     for name, params in (("plain", plain), ("json-schema", constrained)):
         engine.clear_prefix_cache()
