@@ -17,6 +17,7 @@ import transformers
 from speculation_testing import completions, engine_like, pattern
 from sv_engine import Engine, SamplingParams
 from sv_engine import engine as engine_module
+from sv_engine import step_inputs as step_inputs_module
 from sv_engine.bad_words import word_ids
 from sv_scheduler import SpeculationConfig
 
@@ -95,7 +96,7 @@ def test_greedy_avoids_the_word_as_transformers_does(
     assert _contains(plain.output_ids, ids[0]) or _contains(plain.output_ids, ids[-1])
 
     pending_bans: list[Any] = []
-    step_controls = engine_module.step_controls
+    step_controls = step_inputs_module.step_controls
 
     def spy(*args: Any) -> Any:
         controls = step_controls(*args)
@@ -103,7 +104,7 @@ def test_greedy_avoids_the_word_as_transformers_does(
             pending_bans.extend(controls.pending_bans)
         return controls
 
-    monkeypatch.setattr(engine_module, "step_controls", spy)
+    monkeypatch.setattr(step_inputs_module, "step_controls", spy)
     engine.overlap = overlap
     try:
         params = SamplingParams(max_new_tokens=N, ignore_eos=True, bad_words=[text])

@@ -181,7 +181,7 @@ def test_a_cancelled_waiting_request_leaves_nothing_behind(base: Engine) -> None
     next(stream)
     stream.close()
     assert_all_back(engine)
-    assert engine._num_constrained == 0  # no grammar row is left to mask
+    assert engine._live.num_constrained == 0  # no grammar row is left to mask
     # and the engine constrains afresh afterwards
     again = completions(engine, prompts(1), [params])
     fresh = completions(engine_like(base, None), prompts(1), [params])

@@ -32,8 +32,9 @@ whole step of about 800 us. When no decoder would draft (each one paused for mis
 tokens so far ending in no n-gram seen before: see `Scheduler.would_draft`) the loop overlaps
 again.
 
-Everything else here is bookkeeping around that loop: request ids, sampling parameters,
-streaming text, completions.
+Everything else here is bookkeeping around that loop: request ids, prompts, cancels, grammars.
+Its parts live apart: what is kept per request and per launched step (`live`), a plan turned
+into the runner's inputs (`step_inputs`), a step's tokens turned into events (`events`).
 """
 
 from __future__ import annotations
@@ -42,22 +43,13 @@ import itertools
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
 from sv_kernels import TuningCache
 from sv_kernels.quantized import QuantKind
-from sv_model import (
-    LogitControls,
-    Logprobs,
-    ModelRunner,
-    PendingTokens,
-    SamplingRows,
-    StepInputs,
-    TokenBitmask,
-)
+from sv_model import ModelRunner, TokenBitmask
 from sv_scheduler import (
     Admission,
     FinishedRequest,
@@ -74,12 +66,15 @@ from sv_tokenizer import Message, StreamDecoder, Tokenizer
 
 from sv_engine import bad_words, draft_choices
 from sv_engine.errors import EngineError
+from sv_engine.events import finish_event, token_events
 from sv_engine.grammar import GrammarMatcher, Grammars
+from sv_engine.live import LaunchedStep, LiveRequest, LiveRequests
 from sv_engine.loading import EngineConfig, KVCacheDtype, TokenizerCheck, load_model
-from sv_engine.logit_controls import RowControls, step_controls
+from sv_engine.logit_controls import RowControls
 from sv_engine.logprobs import OutputLogprobs, PromptLogprobs, with_first_rows
 from sv_engine.params import Completion, SamplingParams, StreamEvent
 from sv_engine.ranks import start_leader
+from sv_engine.step_inputs import step_inputs
 
 if TYPE_CHECKING:
     from sv_trace.recorder import StepRecorder
@@ -87,50 +82,6 @@ if TYPE_CHECKING:
 # A prompt is a user message (str, formatted with the model's chat format), a whole dialog
 # (a list of Messages), or token ids used as they are.
 Prompt = str | Sequence[Message] | Sequence[int]
-
-
-@dataclass
-class _Live:
-    """Engine-side state of one request in flight."""
-
-    params: SamplingParams
-    seed: int
-    decoder: StreamDecoder | None  # None: the caller wants no text until the completion
-    stop_ids: frozenset[int]
-    prompt_ids: list[int]
-    start: float
-    first_token_at: float | None = None
-    logprobs: OutputLogprobs | None = None  # with params.logprobs
-    prompt_logprobs: PromptLogprobs | None = None  # with params.prompt_logprobs
-    controls: RowControls | None = None  # with params.processes_logits
-    hidden_ids: frozenset[int] = frozenset()  # tokens whose text is not shown
-    matcher: GrammarMatcher | None = None  # the request's grammar, if it has one
-
-
-class _Launched:
-    """A step queued on the device: its plan and its sampled ids on their way to the host."""
-
-    def __init__(
-        self,
-        plan: StepPlan,
-        tokens: PendingTokens,
-        prompt_targets: Sequence[tuple[RequestId, Sequence[int]]] = (),
-    ) -> None:
-        self.plan = plan
-        self.tokens = tokens
-        self.prompt_targets = prompt_targets  # (request, prompt ids scored), in row order
-        self._rows: dict[int, int] | None = None
-        self.grammars_advanced = False  # its tokens have been given to the grammar matchers
-
-    def rows(self) -> dict[int, int]:
-        """id(seq) -> the row of its token among this step's sampled ids."""
-        if self._rows is None:
-            self._rows = {id(s): i for i, s in enumerate(self.plan.sampling)}
-        return self._rows
-
-    def row_of(self, seq: object) -> int:
-        """The row of `seq`'s token among this step's sampled ids."""
-        return self.rows()[id(seq)]
 
 
 def _sampling_params(params: object) -> SamplingParams:
@@ -155,22 +106,18 @@ class Engine:
         self.runner = runner
         self.scheduler = scheduler
         self.stop_ids = stop_ids
-        self._live: dict[RequestId, _Live] = {}
+        self._live = LiveRequests()
         self._ids = itertools.count(1)  # request 1 is the first prompt, in every message
-        self._num_sampling = 0  # live requests with temperature > 0
-        self._num_logprobs = 0  # live requests with logprobs or prompt_logprobs
-        self._num_controlled = 0  # live requests with logit processing
         self._special_ids = frozenset(tokenizer.special_tokens.values())
         # Rows of the model's logits past the tokenizer's vocabulary (Qwen's checkpoints pad
         # 151,669 tokens to 151,936): a model may sample one (random weights often do), and it
         # has no text, as in HF's decode.
         self._tokenless_ids = frozenset(range(tokenizer.vocab_size, runner.config.vocab_size))
         self.grammars = Grammars(tokenizer, runner.config.vocab_size, stop_ids)
-        self._num_constrained = 0  # live requests with a grammar
         scheduler.draft_limit = self._draft_limit
         # Plan and launch the next step before reading this one's tokens (see the module doc).
         self.overlap = True
-        self._in_flight: _Launched | None = None  # launched and advanced, not yet resolved
+        self._in_flight: LaunchedStep | None = None  # launched and advanced, not yet resolved
         self.tracer: StepRecorder | None = None  # --trace (sv_engine.tracing.start_trace)
 
     @classmethod
@@ -358,7 +305,7 @@ class Engine:
         # inputs carry int64: reducing mod 2**63 keeps those bits (negative seeds included, as
         # two's complement) and fits.
         seed = params.seed % 2**63 if params.seed is not None else random.getrandbits(63)
-        self._live[request_id] = _Live(
+        live = LiveRequest(
             params=params,
             seed=seed,
             decoder=StreamDecoder(self.tokenizer) if stream_text else None,
@@ -387,16 +334,9 @@ class Engine:
             | (self._special_ids if params.skip_special_tokens else frozenset()),
             matcher=matcher,
         )
+        self._live.add(request_id, live)
         if self.tracer is not None:
             self.tracer.queued(request_id, prompt_ids, params.max_new_tokens)
-        if not params.greedy:
-            self._num_sampling += 1
-        if params.logprobs is not None or params.prompt_logprobs is not None:
-            self._num_logprobs += 1
-        if params.processes_logits:
-            self._num_controlled += 1
-        if matcher is not None:
-            self._num_constrained += 1
         return request_id
 
     def add_choices(
@@ -428,8 +368,12 @@ class Engine:
         # After the cancel: a token still on the device is not part of the output.
         output = seq.output_ids
         prompt_ids = self._live[request_id].prompt_ids
-        event = self._finish_event(
-            FinishedRequest(request_id, prompt_ids, output, "cancelled"), None, ""
+        event = finish_event(
+            FinishedRequest(request_id, prompt_ids, output, "cancelled"),
+            None,
+            "",
+            self._live,
+            self.tokenizer,
         )
         if self.tracer is not None:
             self.tracer.cancelled(request_id)
@@ -500,7 +444,7 @@ class Engine:
             self._abandon_all()
             raise
 
-    def _launch_next(self, previous: _Launched | None) -> _Launched | None:
+    def _launch_next(self, previous: LaunchedStep | None) -> LaunchedStep | None:
         """Plan the next step and queue it on the device; None when there is nothing to run.
         `previous` is the step still in flight, whose tokens this one may feed."""
         plan = self.scheduler.schedule()
@@ -511,16 +455,19 @@ class Engine:
         self.runner.set_block_tables(
             [(s.table_row, s.block_table) for s in plan.block_table_changed]
         )
-        prompt_targets = self._prompt_targets(plan) if self._num_logprobs else []
-        inputs = self._step_inputs(plan, previous, prompt_targets)
-        launched = _Launched(
+        prompt_targets = self._prompt_targets(plan) if self._live.num_logprobs else []
+        bitmask = self._token_bitmask(plan, previous) if self._live.num_constrained else None
+        inputs = step_inputs(
+            plan, previous, self._live, self.runner.config.vocab_size, prompt_targets, bitmask
+        )
+        launched = LaunchedStep(
             plan, self.runner.launch(inputs), [(r, t) for r, _, _, t in prompt_targets]
         )
         if self.tracer is not None:
             self.tracer.launched(plan)
         return launched
 
-    def _resolve(self, launched: _Launched) -> list[StreamEvent]:
+    def _resolve(self, launched: LaunchedStep) -> list[StreamEvent]:
         """Wait for a launched step's tokens; hand them to the scheduler; make the events."""
         plan = launched.plan
         tokens = launched.tokens.result()
@@ -535,82 +482,18 @@ class Engine:
             }
         finished = {f.request_id: f for f in self.scheduler.resolve(plan, tokens)}
         self._deliver_prompt_logprobs(launched)
-        events = self._token_events(plan, tokens, launched.tokens.logprobs(), finished, runs)
+        events = token_events(
+            plan,
+            tokens,
+            launched.tokens.logprobs(),
+            finished,
+            runs,
+            self._live,
+            self.tokenizer,
+        )
         if self.tracer is not None:
             self.tracer.resolved(plan, tokens, events)
         return events
-
-    def _token_events(
-        self,
-        plan: StepPlan,
-        tokens: list[int],
-        rows: Logprobs | None,
-        finished: dict[RequestId, FinishedRequest],
-        runs: dict[int, tuple[int, draft_choices.DraftChoices]],
-    ) -> list[StreamEvent]:
-        """The events of a resolved step: one per sampled token of a live request, in the
-        order of `plan.sampling` (a verified draft's accepted run before its last token).
-
-        This runs for every token of every step (256 a step at batch 256), so the common
-        token (no text, no log-probabilities, not finished, no draft) costs a few attribute
-        tests and its event: each rarer case is tested once, then handled in its own call."""
-        events: list[StreamEvent] = []
-        now = time.perf_counter()
-        live_of = self._live.get
-        for row, (seq, token) in enumerate(zip(plan.sampling, tokens, strict=False)):
-            request_id = seq.request_id
-            live = live_of(request_id)
-            if live is None:  # cancelled, or stopped a step earlier: this token is dropped
-                continue
-            first = live.first_token_at is None
-            if first:
-                live.first_token_at = now
-            if runs and id(seq) in runs:  # a verified draft: its accepted run comes first
-                start, choice = runs[id(seq)]
-                kept = seq.token_ids[start:]
-                token, row = self._accepted_run(request_id, live, kept, choice, rows, events)
-            text = "" if live.decoder is None else self._text(live, token)
-            logprob = None
-            if rows is not None and live.logprobs is not None:
-                logprob = live.logprobs.add(token, rows, row)  # before the completion reads them
-            done = finished.get(request_id) if finished else None
-            event = (
-                StreamEvent(request_id, token, text)
-                if done is None
-                else self._finish_event(done, token, text)
-            )
-            if logprob is not None:
-                event.logprob = logprob
-            if first and live.prompt_logprobs is not None:
-                event.prompt_logprobs = live.prompt_logprobs.scored
-            events.append(event)
-        return events
-
-    def _accepted_run(
-        self,
-        request_id: RequestId,
-        live: _Live,
-        kept: list[int],
-        choice: draft_choices.DraftChoices,
-        rows: Logprobs | None,
-        events: list[StreamEvent],
-    ) -> tuple[int, int]:
-        """Events for a verified draft's `kept` tokens (its first choice, then the accepted
-        run) but the last; returns (the last kept token, the row of its choice)."""
-        if live.matcher is not None:  # its choice 0 was given to it with the others
-            for accepted in kept[1:]:
-                live.matcher.accept(accepted)
-        for i, accepted in enumerate(kept[:-1]):
-            event = StreamEvent(request_id, accepted, self._text(live, accepted))
-            if rows is not None and live.logprobs is not None:
-                event.logprob = live.logprobs.add(accepted, rows, choice.row(i))
-            events.append(event)
-        return kept[-1], choice.row(len(kept) - 1)
-
-    @staticmethod
-    def _text(live: _Live, token: int) -> str:
-        decoder = live.decoder
-        return "" if decoder is None or token in live.hidden_ids else decoder.push(token)
 
     def _prompt_targets(self, plan: StepPlan) -> list[tuple[RequestId, int, int, list[int]]]:
         """(request, prefill row, offset in its chunk, prompt ids) of each chunk of this plan
@@ -623,7 +506,7 @@ class Engine:
                 out.append((chunk.seq.request_id, row, *found))
         return out
 
-    def _deliver_prompt_logprobs(self, launched: _Launched) -> None:
+    def _deliver_prompt_logprobs(self, launched: LaunchedStep) -> None:
         rows = launched.tokens.prompt_logprobs()
         if rows is None:
             return
@@ -640,87 +523,11 @@ class Engine:
         for request_id in list(self._live):
             self.cancel(request_id)
         self._live.clear()
-        self._num_sampling = 0
-        self._num_logprobs = 0
-        self._num_controlled = 0
-        self._num_constrained = 0
-
-    def _step_inputs(
-        self,
-        plan: StepPlan,
-        previous: _Launched | None,
-        prompt_targets: Sequence[tuple[RequestId, int, int, list[int]]] = (),
-    ) -> StepInputs:
-        token_ids: list[int] = []
-        positions: list[int] = []
-        table_rows: list[int] = []
-        query_lens: list[int] = []
-        seq_lens: list[int] = []
-        sample_rows: list[int] = []
-        feed: list[tuple[int, int]] = []  # tokens still on the device (see StepInputs.feed)
-        for row, chunk in enumerate(plan.prefills):
-            seq = chunk.seq
-            token_ids.extend(seq.token_ids[chunk.start : chunk.end])
-            if chunk.end > len(seq.token_ids):  # a preempted sequence resuming, its token pending
-                assert previous is not None
-                feed.append((len(token_ids), previous.row_of(seq)))
-                token_ids.append(0)  # a stand-in: the device writes the sampled id here
-            positions.extend(range(chunk.start, chunk.end))
-            table_rows.append(seq.table_row)
-            query_lens.append(chunk.end - chunk.start)
-            seq_lens.append(chunk.end)
-            if chunk.samples:
-                sample_rows.append(row)
-        first = len(plan.prefills)
-        # What the sequences' rows ask of this step beyond their tokens (a verify step's draft
-        # positions ask it of the choices they make too: draft_choices).
-        logprobs = self._num_logprobs > 0 and any(
-            self._live[s.request_id].logprobs is not None for s in plan.sampling
-        )
-        prompt_logprobs = [(row, offset, t) for _, row, offset, t in prompt_targets]
-        controls = self._controls(plan, previous) if self._num_controlled else None
-        bitmask = self._token_bitmask(plan, previous) if self._num_constrained else None
-        logits_at = None
-        if plan.num_draft_tokens:
-            logits_at = self._add_verify_rows(
-                plan, token_ids, positions, table_rows, query_lens, seq_lens, sample_rows
-            )
-        else:
-            self._add_decode_rows(
-                plan, previous, token_ids, positions, table_rows, query_lens, seq_lens, feed
-            )
-            sample_rows.extend(range(first, first + len(plan.decodes)))
-        return StepInputs(
-            token_ids=token_ids,
-            positions=positions,
-            table_rows=table_rows,
-            query_lens=query_lens,
-            seq_lens=seq_lens,
-            sample_rows=sample_rows,
-            sampling=self._sampling_rows(plan) if self._num_sampling else None,
-            feed=feed,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            controls=controls,
-            token_bitmask=bitmask,
-            logits_at=logits_at,
-            drafts=[(c.head, c.draft) for c in draft_choices.drafting(plan).values()],
-        )
-
-    def _controls(self, plan: StepPlan, previous: _Launched | None) -> LogitControls | None:
-        def pending_row(seq: object) -> int:
-            assert previous is not None
-            return previous.row_of(seq)
-
-        rows = [
-            (seq, self._live[seq.request_id].controls, i) for seq, i in draft_choices.choices(plan)
-        ]
-        return step_controls(rows, pending_row)
 
     # --- structured output ----------------------------------------------------------------------
 
     def _token_bitmask(
-        self, plan: StepPlan, previous: _Launched | None
+        self, plan: StepPlan, previous: LaunchedStep | None
     ) -> Callable[[], TokenBitmask | None]:
         """What the runner calls once the step's forward is queued: the grammar masks of its
         constrained rows. A constrained request's mask depends on the token the step before
@@ -756,12 +563,12 @@ class Engine:
             return len(draft)
         return live.matcher.draft_prefix(draft, live.stop_ids)
 
-    def _advance_grammars(self, launched: _Launched) -> None:
+    def _advance_grammars(self, launched: LaunchedStep) -> None:
         """Give a step's tokens to the matchers of its live constrained requests, once."""
         if launched.grammars_advanced:
             return
         launched.grammars_advanced = True
-        if not self._num_constrained:
+        if not self._live.num_constrained:
             return
         # One token per plan.sampling entry first; a verify step's draft choices follow them,
         # and the accepted ones are given to the matchers by _resolve, once it knows them.
@@ -769,124 +576,6 @@ class Engine:
             live = self._live.get(seq.request_id)
             if live is not None and live.matcher is not None:
                 live.matcher.accept(token)
-
-    @staticmethod
-    def _add_decode_rows(
-        plan: StepPlan,
-        previous: _Launched | None,
-        token_ids: list[int],
-        positions: list[int],
-        table_rows: list[int],
-        query_lens: list[int],
-        seq_lens: list[int],
-        feed: list[tuple[int, int]],
-    ) -> None:
-        """The decodes of a step without drafts, added after its prefill chunks: each feeds
-        its newest token. This runs for every running sequence in every step, so each list is
-        one comprehension rather than a loop of appends (about half the host time at batch
-        256). A token still on the device goes in as a stand-in 0 with a `feed` entry naming
-        the row of the previous launch's sampled ids that holds it."""
-        decodes = plan.decodes
-        first = len(token_ids)
-        lengths = [len(seq.token_ids) + seq.num_pending for seq in decodes]  # num_tokens
-        pending = [seq.num_pending for seq in decodes]
-        if previous is None:
-            assert not any(pending)  # nothing is on the device
-        elif all(pending) and decodes == previous.plan.decodes:
-            # The decoders of the step before, in its order (most steps): their tokens are
-            # that launch's sampled ids after its prefill chunks' own.
-            n, after = len(decodes), previous.plan.num_prefill_samples
-            feed += zip(range(first, first + n), range(after, after + n), strict=True)
-        else:
-            rows = previous.rows()
-            feed += [(first + i, rows[id(seq)]) for i, seq in enumerate(decodes) if seq.num_pending]
-        token_ids += [0 if seq.num_pending else seq.token_ids[-1] for seq in decodes]
-        positions += [n - 1 for n in lengths]
-        table_rows += [seq.table_row for seq in decodes]
-        query_lens += itertools.repeat(1, len(decodes))
-        seq_lens += lengths
-
-    def _add_verify_rows(
-        self,
-        plan: StepPlan,
-        token_ids: list[int],
-        positions: list[int],
-        table_rows: list[int],
-        query_lens: list[int],
-        seq_lens: list[int],
-        sample_rows: list[int],
-    ) -> list[int]:
-        """The decodes of a step that verifies drafts, added after its prefill chunks: each
-        decode feeds its newest token and its draft. Returns where choices are made (the
-        packed rows of `StepInputs.logits_at`): at each sampling prefill's last token, at each
-        decode's newest token, and then at every draft position, in that order (the
-        scheduler's order of sampled tokens). Every token is known: no `feed`."""
-        ends = list(itertools.accumulate(query_lens))
-        logits_at = [ends[row] - 1 for row in sample_rows]  # the sampling prefill chunks
-        drafts_at: list[int] = []
-        row = len(plan.prefills)
-        for seq in plan.decodes:
-            n = seq.num_tokens
-            draft = seq.draft
-            logits_at.append(len(token_ids))
-            token_ids.append(seq.token_ids[-1])
-            token_ids.extend(draft)
-            drafts_at.extend(range(len(token_ids) - len(draft), len(token_ids)))
-            positions.extend(range(n - 1, n + len(draft)))
-            table_rows.append(seq.table_row)
-            query_lens.append(1 + len(draft))
-            seq_lens.append(n + len(draft))
-            sample_rows.append(row)
-            row += 1
-        return logits_at + drafts_at
-
-    def _sampling_rows(self, plan: StepPlan) -> SamplingRows:
-        """Each choice's sampling parameters, in the scheduler's order of sampled tokens. A
-        choice's step is the output index of the token it makes (a draft position's too), so
-        its noise is the one plain decoding draws for that token."""
-        temps, top_ks, top_ps, seeds, steps = [], [], [], [], []
-        vocab_size = self.runner.config.vocab_size
-        for seq, offset in draft_choices.choices(plan):
-            live = self._live[seq.request_id]
-            temps.append(live.params.temperature)
-            # More than the vocabulary keeps every token, as 0 does; clamped so that any Python
-            # int is a valid top_k (the step inputs are int32 on the device).
-            top_ks.append(min(live.params.top_k, vocab_size))
-            top_ps.append(live.params.top_p)
-            seeds.append(live.seed)
-            steps.append(seq.num_output_tokens + offset)
-        return SamplingRows(temps, top_ks, top_ps, seeds, steps)
-
-    def _finish_event(self, done: FinishedRequest, token: int | None, text: str) -> StreamEvent:
-        live = self._live.pop(done.request_id)
-        if not live.params.greedy:
-            self._num_sampling -= 1
-        if live.logprobs is not None or live.prompt_logprobs is not None:
-            self._num_logprobs -= 1
-        if live.controls is not None:
-            self._num_controlled -= 1
-        if live.matcher is not None:
-            self._num_constrained -= 1
-        if live.decoder is not None:
-            text += live.decoder.flush()
-        output = list(done.output_ids)
-        visible = output[:-1] if done.finish_reason == "stop" and output else output
-        now = time.perf_counter()
-        completion = Completion(
-            request_id=done.request_id,
-            prompt_ids=list(done.prompt_ids),
-            output_ids=output,
-            text=self.tokenizer.decode(t for t in visible if t not in live.hidden_ids),
-            finish_reason=done.finish_reason,
-            num_cached_tokens=done.num_cached_tokens,
-            time_to_first_token_s=(
-                None if live.first_token_at is None else live.first_token_at - live.start
-            ),
-            latency_s=now - live.start,
-            logprobs=None if live.logprobs is None else live.logprobs.truncate(len(output)),
-            prompt_logprobs=None if live.prompt_logprobs is None else live.prompt_logprobs.scored,
-        )
-        return StreamEvent(done.request_id, token, text, done.finish_reason, completion)
 
     # --- conveniences -------------------------------------------------------------------------
 

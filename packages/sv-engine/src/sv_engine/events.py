@@ -1,0 +1,126 @@
+"""A resolved step's tokens turned into the events the engine returns (sv_engine.params).
+
+Each live request gets one `StreamEvent` per token the step kept for it (a verified draft's
+accepted run, then its last token), with its text when the caller streams text, its
+log-probabilities when asked, and, when it finished, its `Completion`; a finished request
+leaves the live requests here.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sv_model import Logprobs
+from sv_scheduler import FinishedRequest, RequestId, StepPlan
+from sv_tokenizer import Tokenizer
+
+from sv_engine.draft_choices import DraftChoices
+from sv_engine.live import LiveRequest, LiveRequests
+from sv_engine.params import Completion, StreamEvent
+
+
+def token_events(
+    plan: StepPlan,
+    tokens: list[int],
+    rows: Logprobs | None,
+    finished: dict[RequestId, FinishedRequest],
+    runs: dict[int, tuple[int, DraftChoices]],
+    live: LiveRequests,
+    tokenizer: Tokenizer,
+) -> list[StreamEvent]:
+    """The events of a resolved step: one per sampled token of a live request, in the order
+    of `plan.sampling` (a verified draft's accepted run before its last token). `runs`:
+    id(seq) -> (its length before the step, its draft's choices), for each verified draft.
+
+    This runs for every token of every step (256 a step at batch 256), so the common token
+    (no text, no log-probabilities, not finished, no draft) costs a few attribute tests and
+    its event: each rarer case is tested once, then handled in its own call."""
+    events: list[StreamEvent] = []
+    now = time.perf_counter()
+    live_of = live.by_id.get
+    for row, (seq, token) in enumerate(zip(plan.sampling, tokens, strict=False)):
+        request_id = seq.request_id
+        request = live_of(request_id)
+        if request is None:  # cancelled, or stopped a step earlier: this token is dropped
+            continue
+        first = request.first_token_at is None
+        if first:
+            request.first_token_at = now
+        if runs and id(seq) in runs:  # a verified draft: its accepted run comes first
+            start, choice = runs[id(seq)]
+            kept = seq.token_ids[start:]
+            token, row = _accepted_run(request_id, request, kept, choice, rows, events)
+        text = "" if request.decoder is None else _text(request, token)
+        logprob = None
+        if rows is not None and request.logprobs is not None:
+            logprob = request.logprobs.add(token, rows, row)  # before the completion reads them
+        done = finished.get(request_id) if finished else None
+        event = (
+            StreamEvent(request_id, token, text)
+            if done is None
+            else finish_event(done, token, text, live, tokenizer)
+        )
+        if logprob is not None:
+            event.logprob = logprob
+        if first and request.prompt_logprobs is not None:
+            event.prompt_logprobs = request.prompt_logprobs.scored
+        events.append(event)
+    return events
+
+
+def _accepted_run(
+    request_id: RequestId,
+    request: LiveRequest,
+    kept: list[int],
+    choice: DraftChoices,
+    rows: Logprobs | None,
+    events: list[StreamEvent],
+) -> tuple[int, int]:
+    """Events for a verified draft's `kept` tokens (its first choice, then the accepted run)
+    but the last; returns (the last kept token, the row of its choice)."""
+    if request.matcher is not None:  # its choice 0 was given to it with the others
+        for accepted in kept[1:]:
+            request.matcher.accept(accepted)
+    for i, accepted in enumerate(kept[:-1]):
+        event = StreamEvent(request_id, accepted, _text(request, accepted))
+        if rows is not None and request.logprobs is not None:
+            event.logprob = request.logprobs.add(accepted, rows, choice.row(i))
+        events.append(event)
+    return kept[-1], choice.row(len(kept) - 1)
+
+
+def _text(request: LiveRequest, token: int) -> str:
+    decoder = request.decoder
+    return "" if decoder is None or token in request.hidden_ids else decoder.push(token)
+
+
+def finish_event(
+    done: FinishedRequest,
+    token: int | None,
+    text: str,
+    live: LiveRequests,
+    tokenizer: Tokenizer,
+) -> StreamEvent:
+    """The final event of a finished request (`token`: its last, None for a cancel), which
+    leaves `live`: the streamed text's tail and the whole completion."""
+    request = live.pop(done.request_id)
+    if request.decoder is not None:
+        text += request.decoder.flush()
+    output = list(done.output_ids)
+    visible = output[:-1] if done.finish_reason == "stop" and output else output
+    now = time.perf_counter()
+    completion = Completion(
+        request_id=done.request_id,
+        prompt_ids=list(done.prompt_ids),
+        output_ids=output,
+        text=tokenizer.decode(t for t in visible if t not in request.hidden_ids),
+        finish_reason=done.finish_reason,
+        num_cached_tokens=done.num_cached_tokens,
+        time_to_first_token_s=(
+            None if request.first_token_at is None else request.first_token_at - request.start
+        ),
+        latency_s=now - request.start,
+        logprobs=None if request.logprobs is None else request.logprobs.truncate(len(output)),
+        prompt_logprobs=None if request.prompt_logprobs is None else request.prompt_logprobs.scored,
+    )
+    return StreamEvent(done.request_id, token, text, done.finish_reason, completion)
