@@ -70,13 +70,12 @@ from sv_server.request_parsing import (
     GenerationRequest,
     parse_chat_request,
     parse_completion_request,
-    parse_detokenize_request,
-    parse_tokenize_request,
 )
 from sv_server.responses_answers import collect_response, stream_response
 from sv_server.responses_parsing import parse_responses_request
 from sv_server.state import ServerState
 from sv_server.stops import StopStringMatcher
+from sv_server.tokenize_parsing import parse_detokenize_request, parse_tokenize_request
 
 log = logging.getLogger("sv_server")
 

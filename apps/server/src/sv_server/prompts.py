@@ -19,9 +19,10 @@ from sv_scheduler import max_new_tokens_that_fit
 from sv_tokenizer import ChatFormat, Message, TokenizerError, Tools
 
 from sv_server.body import decode_json
+from sv_server.chat_messages import ChatOptions
 from sv_server.errors import ServerError, bad_request
 from sv_server.reasoning import ReasoningParser
-from sv_server.request_parsing import DEFAULT_COMPLETION_MAX_TOKENS, ChatOptions, GenerationRequest
+from sv_server.request_parsing import DEFAULT_COMPLETION_MAX_TOKENS, GenerationRequest
 from sv_server.state import ServerState
 
 # parse_completion_request or parse_chat_request (request_parsing.py): JSON -> a checked request

@@ -1,6 +1,6 @@
-"""Request parsing: a request body, decoded (body.py), checked field by field into what the
-handlers take: a `GenerationRequest` for /v1/completions and /v1/chat/completions, a
-`TokenizeRequest` or token ids for vLLM's /tokenize and /detokenize.
+"""Request parsing: a /v1/completions or /v1/chat/completions body, decoded (body.py), checked
+field by field into the `GenerationRequest` the handlers take. The conversation and its
+template options are chat_messages.py's; /tokenize and /detokenize, tokenize_parsing.py's.
 
 Only what the engine can honour is accepted. A field the engine has no use for is refused with
 a 400 naming it, unless it is set to the value that means "off" (e.g. `presence_penalty: 0`,
@@ -10,19 +10,30 @@ The answers' bodies are response_bodies.py's.
 
 from __future__ import annotations
 
-import json
-import math
-import reprlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from sv_engine import MAX_LOGPROBS
 from sv_engine.grammar import Grammar
 from sv_engine.params import MAX_BAD_WORDS, MAX_REPETITION_PENALTY
-from sv_tokenizer import Message, ToolCall
+from sv_tokenizer import Message
 
+from sv_server.chat_messages import (
+    CHAT_OPTION_FIELDS,
+    ChatOptions,
+    parse_chat_options,
+    parse_message,
+)
 from sv_server.errors import bad_request
+from sv_server.fields import (
+    bool_field,
+    checked_field,
+    is_int,
+    is_number,
+    optional_int,
+    shown_value,
+)
 from sv_server.structured import STRUCTURED_FIELDS, parse_grammar
 from sv_server.tools import TOOL_FIELDS, ToolRequest, parse_tools
 
@@ -94,44 +105,6 @@ class GenerationRequest:
     settings: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True)
-class ChatOptions:
-    """vLLM's chat fields that steer the chat template, checked for type here and for meaning
-    by the chat format (sv_tokenizer's encode_dialog takes them as they are).
-
-    add_generation_prompt: None = true, unless continue_final_message.
-    continue_final_message: leave the last (assistant) message open, for the model to go on.
-    chat_template_kwargs: extra variables for the chat template.
-    chat_template: a jinja template used instead of the model's (vLLM's; the server takes it
-                   only when started with --trust-request-chat-template).
-    """
-
-    add_generation_prompt: bool | None = None
-    continue_final_message: bool = False
-    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    chat_template: str | None = None
-
-
-CHAT_OPTION_FIELDS = frozenset(
-    {"add_generation_prompt", "continue_final_message", "chat_template_kwargs", "chat_template"}
-)
-
-
-def parse_chat_options(body: Mapping[str, Any]) -> ChatOptions:
-    generation = checked_field(
-        body, "add_generation_prompt", lambda v: isinstance(v, bool), "true or false"
-    )
-    kwargs = checked_field(body, "chat_template_kwargs", lambda v: isinstance(v, dict), "an object")
-    return ChatOptions(
-        add_generation_prompt=generation,
-        continue_final_message=_bool(body, "continue_final_message"),
-        chat_template_kwargs=kwargs or {},
-        chat_template=checked_field(
-            body, "chat_template", lambda v: isinstance(v, str), "a string"
-        ),
-    )
-
-
 # Fields a request may carry only with their "off" value: the engine does not implement them.
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
@@ -192,48 +165,6 @@ _NOT_FOR_CHAT = frozenset({"best_of", "suffix"})
 _NOT_FOR_COMPLETIONS = frozenset(_OFF_VALUES) - _NOT_FOR_CHAT
 
 
-# --- field checks ---------------------------------------------------------------------------
-
-_SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
-_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
-_SHOWN.maxstring = _SHOWN.maxlong = _SHOWN.maxother = 40
-
-
-def shown_value(value: Any) -> str:
-    """A value as an error message shows it: cut short (a body may be megabytes)."""
-    return _SHOWN.repr(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)) and math.isfinite(value)
-
-
-def checked_field(
-    body: Mapping[str, Any], key: str, check: Callable[[Any], bool], what: str
-) -> Any:
-    value = body.get(key)
-    if value is not None and not check(value):
-        raise bad_request(f"'{key}' must be {what}, got {shown_value(value)}", param=key)
-    return value
-
-
-def optional_int(body: Mapping[str, Any], key: str, lo: int, hi: int | None = None) -> int | None:
-    value = checked_field(body, key, _is_int, "an integer")
-    if value is not None and (value < lo or (hi is not None and value > hi)):
-        bounds = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
-        raise bad_request(f"'{key}' must be {bounds}, got {shown_value(value)}", param=key)
-    return value  # type: ignore[no-any-return]
-
-
-def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
-    value = checked_field(body, key, lambda v: isinstance(v, bool), "true or false")
-    return default if value is None else bool(value)
-
-
 def _is_off(value: Any, off_values: tuple[Any, ...]) -> bool:
     # 0 means off for a penalty, but True is not 1 here: compare bool-ness too.
     return value is None or any(
@@ -275,7 +206,7 @@ def _stop_token_ids(body: Mapping[str, Any]) -> frozenset[int]:
     ids = body.get("stop_token_ids")
     if ids is None:
         return frozenset()
-    if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+    if not isinstance(ids, list) or not all(is_int(t) and t >= 0 for t in ids):
         raise bad_request(
             f"'stop_token_ids' must be a list of token ids, got {shown_value(ids)}",
             "stop_token_ids",
@@ -291,7 +222,7 @@ def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
     """How many alternatives per output token (None: no log-probabilities). Chat asks with
     `logprobs: true` and `top_logprobs: K`; completions with `logprobs: K` (false: off)."""
     if kind == "chat":
-        on = _bool(body, "logprobs")
+        on = bool_field(body, "logprobs")
         top = optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
         if top and not on:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
@@ -302,7 +233,7 @@ def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
 
 
 def _number_in(body: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
-    value = checked_field(body, key, _is_number, "a number")
+    value = checked_field(body, key, is_number, "a number")
     if value is None:
         return default
     if not lo <= value <= hi:
@@ -325,7 +256,7 @@ def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
             raise bad_request(
                 f"'logit_bias' keys must be token ids, got {shown_value(key)}", "logit_bias"
             )
-        if not (_is_number(value) and -MAX_BIAS <= value <= MAX_BIAS):
+        if not (is_number(value) and -MAX_BIAS <= value <= MAX_BIAS):
             raise bad_request(
                 f"'logit_bias' values must be numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
                 f"got {shown_value(value)} for token {key}",
@@ -341,7 +272,7 @@ def _allowed_token_ids(body: Mapping[str, Any]) -> frozenset[int] | None:
     ids = body.get("allowed_token_ids")
     if ids is None:
         return None
-    if not isinstance(ids, list) or not ids or not all(_is_int(t) and t >= 0 for t in ids):
+    if not isinstance(ids, list) or not ids or not all(is_int(t) and t >= 0 for t in ids):
         raise bad_request(
             f"'allowed_token_ids' must be a non-empty list of token ids, got {shown_value(ids)}",
             "allowed_token_ids",
@@ -369,7 +300,7 @@ def _bad_words(body: Mapping[str, Any]) -> tuple[str, ...]:
 def _truncate_prompt_tokens(body: Mapping[str, Any]) -> int | None:
     """vLLM's: keep the last N prompt tokens, N >= 1, or -1 for the context (0 is refused, as
     vLLM refuses it: an empty prompt has nothing to continue)."""
-    value = checked_field(body, "truncate_prompt_tokens", _is_int, "an integer")
+    value = checked_field(body, "truncate_prompt_tokens", is_int, "an integer")
     if value is not None and value < 1 and value != -1:
         raise bad_request(
             f"'truncate_prompt_tokens' must be at least 1, or -1 (the context), got {value}",
@@ -379,7 +310,7 @@ def _truncate_prompt_tokens(body: Mapping[str, Any]) -> int | None:
 
 
 def _repetition_penalty(body: Mapping[str, Any]) -> float:
-    value = checked_field(body, "repetition_penalty", _is_number, "a number")
+    value = checked_field(body, "repetition_penalty", is_number, "a number")
     if value is None:
         return 1.0
     if not 1 / MAX_REPETITION_PENALTY <= value <= MAX_REPETITION_PENALTY:
@@ -407,18 +338,18 @@ def parse_sampling(
             f"most {MAX_PROMPTS} fit in one request",
             param="n",
         )
-    temperature = checked_field(body, "temperature", _is_number, "a number")
+    temperature = checked_field(body, "temperature", is_number, "a number")
     if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
         raise bad_request(
             f"'temperature' must be between 0 and {MAX_TEMPERATURE}, got {temperature}",
             "temperature",
         )
-    top_p = checked_field(body, "top_p", _is_number, "a number")
+    top_p = checked_field(body, "top_p", is_number, "a number")
     if top_p is not None and not 0 < top_p <= 1:
         raise bad_request(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
     top_k = optional_int(body, "top_k", -1)  # -1 (as vLLM) or 0: off
     seed = optional_int(body, "seed", *SEED_RANGE)
-    stream = _bool(body, "stream")
+    stream = bool_field(body, "stream")
     options = checked_field(body, "stream_options", lambda v: isinstance(v, dict), "an object")
     include_usage = continuous_usage = False
     if options is not None:
@@ -431,18 +362,18 @@ def parse_sampling(
             raise bad_request(
                 f"unknown field 'stream_options.{sorted(unknown)[0]}'", "stream_options"
             )
-        include_usage = _bool(options, "include_usage")
-        continuous_usage = _bool(options, "continuous_usage_stats")
+        include_usage = bool_field(options, "include_usage")
+        continuous_usage = bool_field(options, "continuous_usage_stats")
         # OpenAI pads its chunks with random `obfuscation` text unless this is false; these
         # chunks carry none, so false (or null) is what this server does.
-        if _bool(options, "include_obfuscation", default=False):
+        if bool_field(options, "include_obfuscation", default=False):
             raise bad_request(
                 "'stream_options.include_obfuscation' is not supported by this server "
                 "(its chunks carry no obfuscation padding): leave it out or set it false",
                 "stream_options",
             )
     stop_token_ids = _stop_token_ids(body)
-    include_stop = _bool(body, "include_stop_str_in_output")
+    include_stop = bool_field(body, "include_stop_str_in_output")
     if include_stop and stop_token_ids:
         raise bad_request(
             "'include_stop_str_in_output' applies to stop strings only here: a stop token's "
@@ -465,17 +396,17 @@ def parse_sampling(
         stream=stream,
         include_usage=include_usage,
         continuous_usage=continuous_usage,
-        ignore_eos=_bool(body, "ignore_eos"),
+        ignore_eos=bool_field(body, "ignore_eos"),
         n=n,
         logprobs=_logprobs(body, kind),
-        echo=_bool(body, "echo"),
+        echo=bool_field(body, "echo"),
         presence_penalty=_number_in(body, "presence_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
         frequency_penalty=_number_in(body, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
         repetition_penalty=_repetition_penalty(body),
         min_p=_number_in(body, "min_p", 0.0, 1.0, 0.0),
         min_tokens=optional_int(body, "min_tokens", 0) or 0,
         logit_bias=_logit_bias(body),
-        skip_special_tokens=_bool(body, "skip_special_tokens", default=True),
+        skip_special_tokens=bool_field(body, "skip_special_tokens", default=True),
         truncate_prompt_tokens=_truncate_prompt_tokens(body),
         allowed_token_ids=_allowed_token_ids(body),
         bad_words=_bad_words(body),
@@ -510,17 +441,13 @@ def parse_completion_request(body: Any) -> GenerationRequest:
 def _prompt(item: Any, where: str) -> str | list[int]:
     if isinstance(item, str) and item:
         return item
-    if isinstance(item, list) and item and all(_is_int(t) for t in item):
+    if isinstance(item, list) and item and all(is_int(t) for t in item):
         return list(item)
     raise bad_request(
         f"'{where}' must be a non-empty string or a non-empty list of token ids, "
         f"got {shown_value(item)}",
         param="prompt",
     )
-
-
-# OpenAI's message roles ("developer": its newer name for "system", which the models here know).
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def parse_chat_request(body: Any) -> GenerationRequest:
@@ -534,7 +461,7 @@ def parse_chat_request(body: Any) -> GenerationRequest:
         raise bad_request("'messages' is required", param="messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", param="messages")
-    parsed = [_message(m, i) for i, m in enumerate(messages)]
+    parsed = [parse_message(m, i) for i, m in enumerate(messages)]
     max_tokens = optional_int(body, "max_tokens", 1)
     max_completion = optional_int(body, "max_completion_tokens", 1)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
@@ -555,192 +482,3 @@ def parse_chat_request(body: Any) -> GenerationRequest:
         grammar=req.grammar or call_grammar,
         chat_options=parse_chat_options(body),
     )
-
-
-# Fields of OpenAI's assistant reply that its client sends back as they are when a reply is
-# put into the history whole (`message.model_dump()`): accepted empty, as they then say nothing.
-_EMPTY_REPLY_FIELDS = frozenset({"refusal", "annotations", "audio", "function_call"})
-# The client's own parse of `content`, on the replies of its `.parse()` and `.stream()`
-# helpers (the reply object itself is sent back so): it repeats `content`, so it is ignored.
-_DERIVED_REPLY_FIELDS = frozenset({"parsed"})
-
-
-def _message(item: Any, index: int) -> Message:
-    param = f"messages[{index}]"
-    if not isinstance(item, dict):
-        raise bad_request(f"{param} must be an object with 'role' and 'content'", param)
-    known = {"role", "content", "name", "tool_calls", "tool_call_id", *REASONING_FIELDS}
-    unknown = set(item) - known
-    unknown -= _DERIVED_REPLY_FIELDS
-    for key in sorted(unknown):
-        if key not in _EMPTY_REPLY_FIELDS:
-            raise bad_request(f"unknown field {shown_value(f'{param}.{key}')}", param)
-        if item[key] not in (None, []):
-            raise bad_request(
-                f"{param}.{key} is not supported by this server (got {shown_value(item[key])})",
-                param,
-            )
-    role, content, name = item.get("role"), item.get("content"), item.get("name")
-    calls = _tool_calls(item.get("tool_calls"), role, param)
-    call_id = item.get("tool_call_id")
-    if call_id is not None and (role != "tool" or not isinstance(call_id, str)):
-        raise bad_request(f"{param}.tool_call_id must be a string, on a 'tool' message", param)
-    reasoning = _reasoning(item, role, param)
-    if (calls or reasoning is not None) and content is None:
-        content = ""  # an assistant turn that only called a tool, or only thought
-    if role not in CHAT_ROLES:
-        raise bad_request(
-            f"{param}.role must be one of {', '.join(CHAT_ROLES)}, got {shown_value(role)}", param
-        )
-    if role == "developer":  # OpenAI's newer name for the system message
-        role = "system"
-    if name is not None and not isinstance(name, str):
-        raise bad_request(f"{param}.name must be a string, got {shown_value(name)}", param)
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-                and set(part) == {"type", "text"}
-            ):
-                raise bad_request(
-                    f"{param}.content parts must be {{'type': 'text', 'text': str}}", param
-                )
-            texts.append(part["text"])
-        content = "".join(texts)
-    if not isinstance(content, str):
-        raise bad_request(f"{param}.content must be a string or a list of text parts", param)
-    return Message(role, content, name, calls, call_id, reasoning)
-
-
-# An assistant message's thinking, as a reasoning parser gave it: vLLM's newer name for it
-# first (`reasoning`, which vLLM reads from the history), then the older one, which this
-# server's replies carry beside it and Qwen3's template reads.
-REASONING_FIELDS = ("reasoning", "reasoning_content")
-
-
-def _reasoning(item: Mapping[str, Any], role: Any, param: str) -> str | None:
-    """An assistant message's thinking, under either name (the openai client sends a reply
-    back whole, with both as this server gave them); both given, they must agree."""
-    given = {}
-    for key in REASONING_FIELDS:
-        value = item.get(key)
-        if value is None:
-            continue
-        if role != "assistant" or not isinstance(value, str):
-            raise bad_request(f"{param}.{key} must be a string, on an 'assistant' message", param)
-        given[key] = value
-    if len(set(given.values())) > 1:
-        raise bad_request(
-            f"{param}.reasoning and {param}.reasoning_content differ (two names for the same "
-            "thinking): give one, or the same text in both",
-            param,
-        )
-    return next(iter(given.values()), None)
-
-
-def _tool_calls(value: Any, role: Any, param: str) -> tuple[ToolCall, ...]:
-    """An assistant message's `tool_calls`, as OpenAI sends them back in the history."""
-    if value is None:
-        return ()
-    if role != "assistant" or not isinstance(value, list):
-        raise bad_request(f"{param}.tool_calls must be a list, on an 'assistant' message", param)
-    calls = []
-    for call in value:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not (
-            isinstance(function, dict)
-            and call.get("type", "function") == "function"
-            and isinstance(function.get("name"), str)
-            and isinstance(function.get("arguments"), str)
-            and (call.get("id") is None or isinstance(call["id"], str))
-        ):
-            raise bad_request(
-                f"{param}.tool_calls entries must be {{'id', 'type': 'function', "
-                "'function': {'name': str, 'arguments': str}}",
-                param,
-            )
-        try:
-            arguments = json.loads(function["arguments"])
-        except json.JSONDecodeError:
-            arguments = None
-        if not isinstance(arguments, dict):
-            raise bad_request(
-                f"{param}.tool_calls: the arguments of {function['name']!r} must be a JSON "
-                "object's text",
-                param,
-            )
-        calls.append(ToolCall(function["name"], function["arguments"], call.get("id")))
-    return tuple(calls)
-
-
-# --- vLLM's /tokenize and /detokenize -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TokenizeRequest:
-    """A /tokenize body: a text (`prompt`, raw as /v1/completions takes it) or a conversation
-    (`messages`, in the chat format, with a chat request's template options and `tools`, which
-    the format renders as a chat request's). add_special_tokens: BOS first where the model's
-    tokenizer adds one (vLLM's default: true for a text, false for a conversation, whose chat
-    format has its own)."""
-
-    model: str | None
-    prompt: str | None
-    messages: list[Message] | None
-    add_special_tokens: bool
-    chat_options: ChatOptions | None = None
-    tools: list[dict[str, Any]] | None = None
-
-
-def parse_tokenize_request(body: Any) -> TokenizeRequest:
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    chat = "messages" in body
-    allowed = {"model", "add_special_tokens"} | (
-        {"messages", "tools", *CHAT_OPTION_FIELDS} if chat else {"prompt"}
-    )
-    for key in body:
-        if key not in allowed:
-            raise bad_request(f"unknown field {shown_value(key)}", param=key)
-    model = checked_field(body, "model", lambda v: isinstance(v, str), "a string")
-    add_special = checked_field(
-        body, "add_special_tokens", lambda v: isinstance(v, bool), "true or false"
-    )
-    if chat:
-        messages = body["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise bad_request("'messages' must be a non-empty list", param="messages")
-        tools = parse_tools({"tools": body.get("tools")})  # (vLLM's takes no tool_choice)
-        return TokenizeRequest(
-            model=model,
-            prompt=None,
-            messages=[_message(m, i) for i, m in enumerate(messages)],
-            add_special_tokens=bool(add_special),
-            chat_options=parse_chat_options(body),
-            tools=tools.tools if tools is not None else None,
-        )
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str):
-        raise bad_request("'prompt' (a string) or 'messages' is required", param="prompt")
-    return TokenizeRequest(
-        model=model, prompt=prompt, messages=None, add_special_tokens=add_special is not False
-    )
-
-
-def parse_detokenize_request(body: Any) -> tuple[str | None, list[int]]:
-    """A /detokenize body: `tokens`, a list of token ids; returns (model, tokens)."""
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    for key in body:
-        if key not in ("model", "tokens"):
-            raise bad_request(f"unknown field {shown_value(key)}", param=key)
-    model = checked_field(body, "model", lambda v: isinstance(v, str), "a string")
-    tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
-        raise bad_request(
-            f"'tokens' must be a list of token ids, got {shown_value(tokens)}", param="tokens"
-        )
-    return model, tokens

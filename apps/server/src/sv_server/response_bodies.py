@@ -11,7 +11,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sv_server.request_parsing import REASONING_FIELDS, Kind
+from sv_server.chat_messages import REASONING_FIELDS
+from sv_server.request_parsing import Kind
 
 
 def new_id(kind: Kind) -> str:

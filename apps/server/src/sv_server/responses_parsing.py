@@ -31,13 +31,8 @@ from sv_engine.grammar import Grammar
 from sv_tokenizer import Message, ToolCall
 
 from sv_server.errors import bad_request
-from sv_server.request_parsing import (
-    GenerationRequest,
-    checked_field,
-    optional_int,
-    parse_sampling,
-    shown_value,
-)
+from sv_server.fields import checked_field, optional_int, shown_value
+from sv_server.request_parsing import GenerationRequest, parse_sampling
 from sv_server.tools import parse_tools
 
 # Chat's sampling fields that mean the same here, vLLM's extras included (vLLM takes them on
