@@ -4,18 +4,11 @@ SmolLM2 (tokenizer.json), with incremental decoding and the models' chat formats
 Needs only `regex`; jinja2 (the `chat-template` extra) only to render a folder's chat template.
 """
 
-from .chat import (
-    ChatFormat,
-    ChatMLFormat,
-    ChatTokenizer,
-    Llama3ChatFormat,
-    Message,
-    ToolCall,
-    Tools,
-)
+from .chat import ChatFormat, ChatMLFormat, ChatTokenizer, Llama3ChatFormat
 from .chat_choice import choose_chat_format
 from .chat_template import TemplateChatFormat, TemplateTokenizer
 from .errors import TokenizerError
+from .messages import Message, ToolCall, Tools
 from .stream import StreamDecoder
 from .tokenizer import Tokenizer
 

@@ -34,8 +34,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from .chat import ChatTokenizer, Message, Tools, check_template_kwargs, generation_prompt
+from .chat import ChatTokenizer, check_template_kwargs, generation_prompt
 from .errors import TokenizerError
+from .messages import Message, Tools
 
 _OPEN = "\U000f0000"  # Supplementary Private Use Area-A: never in real text, untouched by
 _CLOSE = "\U000f0001"  # upper/lower/trim/escaping filters

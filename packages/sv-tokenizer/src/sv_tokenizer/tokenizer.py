@@ -31,11 +31,12 @@ from pathlib import Path
 import regex  # type: ignore[import-untyped]  # (no types-regex in the lock)
 
 from .bpe import UTF8_BYTES, PairMerger, RankMerger
-from .chat import ChatFormat, Message
+from .chat import ChatFormat
 from .chat_choice import choose_chat_format
 from .chat_template import TemplateChatFormat
 from .errors import TokenizerError
 from .hf_json import AddedToken, parse_hf_tokenizer_json
+from .messages import Message
 from .model_dir import ModelDirConfig, find_tokenizer_file, read_model_dir_config
 from .pretokenize import LLAMA3_PATTERN, PreTokenizer
 from .sentencepiece_bpe import Pieces, byte_fallback_text

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .chat import Message, ToolCall
 from .errors import TokenizerError
+from .messages import Message, ToolCall
 
 LLAMA3_TOOL_INSTRUCTION = (
     "Given the following functions, please respond with a JSON for a function call with its "
