@@ -15,13 +15,11 @@ dozen in all: the sweep takes well under two minutes on an H200.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from sv_kernels.bench_harness import Bench, Row
 from sv_kernels.linear_plan import GemvTile
 from sv_kernels.quantized import LinearWeight, QuantizedWeight, quantize
-
-if TYPE_CHECKING:
-    from sv_kernels.bench import Bench
 
 WeightType = Literal["bf16", "fp8", "int8"]
 WEIGHT_TYPES: tuple[WeightType, ...] = ("bf16", "fp8", "int8")
@@ -52,8 +50,6 @@ def _tile(tile: GemvTile) -> str:
 
 
 def bench_gemv(b: Bench) -> None:
-    from sv_kernels.bench import Row
-
     per_token_ms = dict.fromkeys(WEIGHT_TYPES, 0.0)
     per_token_bytes = dict.fromkeys(WEIGHT_TYPES, 0)
     for name, n, k in matrices(b):
