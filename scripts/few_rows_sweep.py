@@ -15,8 +15,8 @@ import itertools
 
 import torch
 from sv_kernels.linear_plan import FewRowsTile
+from sv_kernels.linear_tuning import time_few_rows_tiles, time_gemv_tiles
 from sv_kernels.triton_ops import few_rows
-from sv_kernels.triton_ops.gemv import time_tiles as gemv_time_tiles
 
 SHAPES = {
     "qkv": (3072, 2048),
@@ -51,13 +51,13 @@ def main() -> None:
     layer = {"gemv 1 row": 0.0, "cuBLAS 16": 0.0, "best 16": 0.0}
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        one = gemv_time_tiles(w)
+        one = time_gemv_tiles(w)
         tile1, ms1 = one.best()
         print(
             f"{name:8s}  1 row: cuBLAS {one.cublas_ms * 1e3:6.1f} us, GEMV {ms1 * 1e3:6.1f} {tile1}"
         )
         tiles = grid(n, k) if args.grid else few_rows.CONFIGS
-        cublas, times = few_rows.time_tiles(w, 16, tiles)
+        cublas, times = time_few_rows_tiles(w, 16, tiles)
         ranked = sorted(times.items(), key=lambda kv: kv[1])
         top = "  ".join(f"{t}:{ms * 1e3:.1f}" for t, ms in ranked[:5])
         print(
@@ -69,7 +69,7 @@ def main() -> None:
             layer["cuBLAS 16"] += cublas * 1e3
             layer["best 16"] += min(cublas, ranked[0][1]) * 1e3
         for rows in rows_list:
-            cublas_r, again = few_rows.time_tiles(w, rows, tuple(t for t, _ in ranked[:3]))
+            cublas_r, again = time_few_rows_tiles(w, rows, tuple(t for t, _ in ranked[:3]))
             shown = "  ".join(f"{t}:{ms * 1e3:.1f}" for t, ms in again.items())
             print(f"{name:8s} {rows:2d} rows: cuBLAS {cublas_r * 1e3:6.1f} us; {shown}", flush=True)
     print(

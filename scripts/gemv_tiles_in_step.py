@@ -1,6 +1,6 @@
 """Batch-1 GEMV tiles chosen inside the decode step, against the tuner's choice (GPU only).
 
-The tuner (`sv_kernels.triton_ops.gemv.tune_gemv`) times each matrix's tiles alone: 20 calls
+The tuner (`sv_kernels.linear_tuning.tune_gemv`) times each matrix's tiles alone: 20 calls
 of one plain GEMV back to back, each starting its weight loads under the previous call's tail
 (PDL). In a decode step every GEMV follows a different kernel: q/k/v (with its RoPE and cache
 write epilogue) an RMSNorm, o the split merge after the attention, gate/up a norm, down the

@@ -43,9 +43,10 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from sv_kernels import ops, quantized, triton_ops
+from sv_kernels import ops, quantized
 from sv_kernels.graphs import graph_ms_per_call
 from sv_kernels.linear_plan import LinearPlan
+from sv_kernels.linear_tuning import tune_gemv
 from sv_kernels.quantized import LinearWeight, QuantizedWeight
 from sv_kernels.triton_ops.gemv import _to_f32, block_rows, candidates, store_swiglu_block
 
@@ -227,7 +228,7 @@ def chains(mode: str, sms: int, variants: list[str], rounds: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     layers = [{n: weight(s, mode, gen) for n, s in SHAPES.items()} for _ in range(LAYERS)]
     head = weight((VOCAB, HIDDEN), mode, gen)
-    tuned = triton_ops.tune_gemv([layers[0][n] for n in SHAPES] + [head])
+    tuned = tune_gemv([layers[0][n] for n in SHAPES] + [head])
     tiles = {}
     for name, t in zip([*SHAPES, "lm_head"], tuned, strict=True):
         w = head if name == "lm_head" else layers[0][name]

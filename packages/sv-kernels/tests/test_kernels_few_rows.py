@@ -152,6 +152,7 @@ def test_linear_dispatch_by_rows_and_graph_replays(gen: torch.Generator, rows: i
 
 
 FEW_ROWS_MODULE = importlib.import_module("sv_kernels.triton_ops.few_rows")
+TUNING_MODULE = importlib.import_module("sv_kernels.linear_tuning")
 
 
 def test_few_row_tuner_keeps_its_choices_for_the_next_process(
@@ -167,17 +168,17 @@ def test_few_row_tuner_keeps_its_choices_for_the_next_process(
         timed.append((w.shape[0], w.shape[1]))
         return TunedShape(winner, 1.0, 2.0)
 
-    monkeypatch.setattr(FEW_ROWS_MODULE, "_time_tiles", fake_timing)
+    monkeypatch.setattr(TUNING_MODULE, "_time_few_rows_tiles", fake_timing)
     monkeypatch.setattr(FEW_ROWS_MODULE, "_COUNTERS", {})
     path = tmp_path / "tuning.json"
     weights = [randn(gen, 64, 32, dtype=BF16), randn(gen, 48, 32, dtype=BF16)]
     weights.append(weights[0].clone())  # a second matrix of the first shape: one timing
-    first = triton_ops.tune_few_rows(weights, TuningCache(path), "test GPU")
+    first = TUNING_MODULE.tune_few_rows(weights, TuningCache(path), "test GPU")
     assert timed == [(64, 32), (48, 32)]
     assert [tile for tile, _ in first] == [winner] * 3
     assert first[0][1] == f"at 16 rows triton {winner}: 1.0 us (cuBLAS 2.0 us), measured"
     assert FEW_ROWS_MODULE._COUNTERS[weights[0].device].numel() >= 64 // winner[0]
-    again = triton_ops.tune_few_rows(weights, TuningCache(path), "test GPU")
+    again = TUNING_MODULE.tune_few_rows(weights, TuningCache(path), "test GPU")
     assert timed == [(64, 32), (48, 32)], "kept shapes were timed again"
     assert all(summary.endswith("kept from the tuning cache") for _, summary in again)
     document = json.loads(path.read_text())
@@ -185,9 +186,9 @@ def test_few_row_tuner_keeps_its_choices_for_the_next_process(
     assert entries["64x32 torch.bfloat16, 16 rows"]["choice"] == list(winner)
     entries["64x32 torch.bfloat16, 16 rows"]["choice"] = [3, 3, 3, 3, 3]  # not a candidate
     path.write_text(json.dumps(document))
-    triton_ops.tune_few_rows(weights, TuningCache(path), "test GPU")
+    TUNING_MODULE.tune_few_rows(weights, TuningCache(path), "test GPU")
     assert timed[2:] == [(64, 32)]
-    triton_ops.tune_few_rows(weights, TuningCache(path, retune=True), "test GPU")
+    TUNING_MODULE.tune_few_rows(weights, TuningCache(path, retune=True), "test GPU")
     assert timed[3:] == [(64, 32), (48, 32)]
 
 

@@ -179,8 +179,8 @@ def test_tuned_linear_dispatch_and_graph_capture(gen: torch.Generator) -> None:
     assert_dot_products_close(got, two, weights[0], "two rows")
 
 
-# `triton_ops.gemv` is the function; its module holds the tuner and its timing.
-GEMV_MODULE = importlib.import_module("sv_kernels.triton_ops.gemv")
+# The tuner and its timing.
+TUNING_MODULE = importlib.import_module("sv_kernels.linear_tuning")
 
 
 def _tune(
@@ -191,7 +191,7 @@ def _tune(
 ) -> list[TunedLinear]:
     progress = None if heard is None else heard.append
     cache = None if path is None else TuningCache(path, retune)
-    return GEMV_MODULE.tune_gemv(weights, cache, progress)  # type: ignore[no-any-return]
+    return TUNING_MODULE.tune_gemv(weights, cache, progress)  # type: ignore[no-any-return]
 
 
 def _fake_timing(
@@ -205,8 +205,8 @@ def _fake_timing(
         timed.append((w.shape[0], w.shape[1]))
         return 0.002, winner[0], 0.001
 
-    monkeypatch.setattr(GEMV_MODULE, "_time_candidates", fake_timing)
-    monkeypatch.setattr(GEMV_MODULE, "tuning_fingerprint", lambda device: "test GPU")
+    monkeypatch.setattr(TUNING_MODULE, "_time_candidates", fake_timing)
+    monkeypatch.setattr(TUNING_MODULE, "tuning_fingerprint", lambda device: "test GPU")
     return timed
 
 
@@ -294,7 +294,7 @@ def test_real_tuning_is_kept_for_the_next_process(gen: torch.Generator, tmp_path
         raise AssertionError("a kept shape was timed again")
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(GEMV_MODULE, "_time_candidates", no_timing)
+        m.setattr(TUNING_MODULE, "_time_candidates", no_timing)
         second = _tune(weights, path)
     assert [t.plan for t in second] == [t.plan for t in first]
     assert [t.summary.split(", ")[0] for t in second] == [t.summary.split(", ")[0] for t in first]

@@ -27,7 +27,7 @@ from sv_kernels import (
     triton_ops,
     tuning_cache,
 )
-from sv_kernels.linear_plan import FEW_ROWS, MANY_ROWS, LinearPlan, QuantizedPath
+from sv_kernels.linear_plan import FEW_ROWS, MANY_ROWS, W8A16_MAX_ROWS, LinearPlan, QuantizedPath
 from sv_kernels.ops import linear_layers
 from sv_kernels.quantized import (
     FP8_SCALE_STEPS,
@@ -466,7 +466,7 @@ def test_quantized_calls_take_their_path_by_rows_and_plan(
         )
         for rows in (1, FEW_ROWS, FEW_ROWS + 1, MANY_ROWS, len(x)):
             path = few if rows <= FEW_ROWS or rows > MANY_ROWS else many
-            if path == "w8a16" and rows > quantized_ops.W8A16_MAX_ROWS:
+            if path == "w8a16" and rows > W8A16_MAX_ROWS:
                 path = "cublas"
             out = ops.linear(x[:rows], w, plan=plan)
             assert torch.equal(out, paths[path](x[:rows])), f"plan {plan}, {rows} rows"
@@ -575,6 +575,7 @@ def test_quantized_tiles_at_llama_shapes(
 
 
 GEMV_MODULE = importlib.import_module("sv_kernels.triton_ops.gemv")
+TUNING_MODULE = importlib.import_module("sv_kernels.linear_tuning")
 
 
 def test_tuner_times_the_quantized_tiles_for_quantized_weights(
@@ -596,14 +597,14 @@ def test_tuner_times_the_quantized_tiles_for_quantized_weights(
         assert_close(call(), want, f"timed call {tile}", tol=1e-2)
         return 10.0 if tile is None else fake_ms[tile]
 
-    monkeypatch.setattr(GEMV_MODULE, "graph_ms_per_call", fake_graph_ms)
-    monkeypatch.setattr(GEMV_MODULE, "copies_to_overflow_l2", lambda w: [w])
-    monkeypatch.setattr(GEMV_MODULE, "tuning_fingerprint", lambda device: "test GPU")
-    monkeypatch.setattr(GEMV_MODULE, "_fp8_tensor_cores", lambda device: False)
+    monkeypatch.setattr(TUNING_MODULE, "graph_ms_per_call", fake_graph_ms)
+    monkeypatch.setattr(TUNING_MODULE, "copies_to_overflow_l2", lambda w: [w])
+    monkeypatch.setattr(TUNING_MODULE, "tuning_fingerprint", lambda device: "test GPU")
+    monkeypatch.setattr(TUNING_MODULE, "_fp8_tensor_cores", lambda device: False)
     cpu = torch.Generator().manual_seed(gen.initial_seed())
     plain = randn(cpu, 24, 40, dtype=torch.float32)
     quantized = quantize(plain, "int8")
-    tuned = GEMV_MODULE.tune_gemv([quantized, plain])
+    tuned = TUNING_MODULE.tune_gemv([quantized, plain])
     assert timed == [None, *QUANTIZED_CONFIGS, None, *CONFIGS]
     assert tuned[0].plan.one_row_gemv == QUANTIZED_CONFIGS[-1]  # 1.0 ms, the fastest
     assert tuned[1].plan.one_row_gemv == CONFIGS[0]
@@ -618,8 +619,8 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
     not at PROMPT_ROWS), each band's fastest goes into the plan, a later tuning takes them all
     from the cache, and a cache that lacks one band's choice (written before that band was
     tuned) has that band's paths timed and nothing else."""
-    few, many, prompt = FEW_ROWS, MANY_ROWS, GEMV_MODULE.PROMPT_ROWS
-    assert many == quantized_ops.W8A16_MAX_ROWS < prompt
+    few, many, prompt = FEW_ROWS, MANY_ROWS, TUNING_MODULE.PROMPT_ROWS
+    assert many == W8A16_MAX_ROWS < prompt
     fake_ms = {
         (few, "w8a16"): 1.0,
         (few, "scaled_mm"): 2.0,
@@ -638,15 +639,15 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
         timed.append((rows, path))
         return fake_ms.get((rows, path), 3.0)  # 3.0: dequantize + cuBLAS, every GEMV tile
 
-    monkeypatch.setattr(GEMV_MODULE, "graph_ms_per_call", fake_graph_ms)
-    monkeypatch.setattr(GEMV_MODULE, "copies_to_overflow_l2", lambda w: [w])
-    monkeypatch.setattr(GEMV_MODULE, "tuning_fingerprint", lambda device: "test GPU")
-    monkeypatch.setattr(GEMV_MODULE, "_fp8_tensor_cores", lambda device: True)
+    monkeypatch.setattr(TUNING_MODULE, "graph_ms_per_call", fake_graph_ms)
+    monkeypatch.setattr(TUNING_MODULE, "copies_to_overflow_l2", lambda w: [w])
+    monkeypatch.setattr(TUNING_MODULE, "tuning_fingerprint", lambda device: "test GPU")
+    monkeypatch.setattr(TUNING_MODULE, "_fp8_tensor_cores", lambda device: True)
     cpu = torch.Generator().manual_seed(gen.initial_seed())
     w = quantize(randn(cpu, 32, 48, dtype=torch.bfloat16), "fp8")
     cache = TuningCache(tmp_path / "tuning.json")
 
-    (tuned,) = GEMV_MODULE.tune_gemv([w], cache)
+    (tuned,) = TUNING_MODULE.tune_gemv([w], cache)
     want = LinearPlan(
         quantized_few_rows="w8a16",
         quantized_many_rows="scaled_mm_tensorwise",
@@ -661,7 +662,7 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
     assert f"at {prompt} rows scaled_mm: 1000.0 us" in tuned.summary
 
     timed.clear()
-    assert GEMV_MODULE.tune_gemv([w], cache)[0].plan == want
+    assert TUNING_MODULE.tune_gemv([w], cache)[0].plan == want
     assert timed == [], "kept choices must not be timed again"
 
     kept = tuning_cache.load(cache.path, "test GPU")
@@ -669,7 +670,7 @@ def test_tuner_plans_a_path_per_row_band_and_keeps_them(
     del kept[few_key]
     cache.path.unlink()
     tuning_cache.store(cache.path, "test GPU", kept)
-    assert GEMV_MODULE.tune_gemv([w], cache)[0].plan == want
+    assert TUNING_MODULE.tune_gemv([w], cache)[0].plan == want
     assert timed == [(few, path) for path in paths]
 
 

@@ -1,7 +1,7 @@
 """The batch-1 GEMV sweep: every candidate tile on every decode-step matrix, BF16, FP8 and int8.
 
 For each matrix of a Llama 3.2 1B decode step (q/k/v, o, gate/up, down, the LM head) and each
-weight type, the tuner's own timing (`triton_ops.gemv.time_tiles`: CUDA-graph replays over
+weight type, the tuner's own timing (`linear_tuning.time_gemv_tiles`: CUDA-graph replays over
 copies of the weight that overflow L2) of cuBLAS and of every candidate tile of that type. One
 row per (matrix, type) for cuBLAS and one for the fastest tile, whose note lists every tile's
 time; then per type the step's sum over its layers and the LM head (each matrix at its best),
@@ -92,10 +92,12 @@ def _times(b: Bench, weight: LinearWeight) -> tuple[float, dict[GemvTile, float]
     the Triton interpreter) one wall-clock call of each of the first `gemv_tiles` tiles, which
     only checks the script."""
     from sv_kernels import reference, triton_ops
-    from sv_kernels.triton_ops.gemv import candidates, time_tiles
+    from sv_kernels.triton_ops.gemv import candidates
 
     if b.device.type == "cuda":
-        times = time_tiles(weight)
+        from sv_kernels.linear_tuning import time_gemv_tiles
+
+        times = time_gemv_tiles(weight)
         return times.cublas_ms, times.tiles
     x = b.randn(1, weight.shape[1])
     cublas_ms = b.time_ms(lambda: reference.linear(x, weight))

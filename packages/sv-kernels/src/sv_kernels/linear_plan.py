@@ -31,6 +31,12 @@ FEW_ROWS = 16
 # and scaling it afterwards costs little beside a 256-row matmul and grows with the rows.
 MANY_ROWS = 256
 
+# The most rows of a call sent to the 8-bit-weight matmul ("w8a16" below). At 2,048 rows (a
+# prompt) dequantizing for cuBLAS was 1.4-1.6x faster on every matrix (BENCHMARKS.md run 123:
+# q/k/v 42.9 against 67.0 µs, gate/up 230 against 329, down 108 against 155): the dequantized
+# copy costs the same at any row count, and many rows repay it.
+W8A16_MAX_ROWS = 256
+
 # How a quantized weight is multiplied on CUDA when no GEMV tile takes the call: "cublas"
 # dequantizes it to the activations' dtype and calls cuBLAS; "scaled_mm" (FP8 only) quantizes
 # the activations per token to FP8 and multiplies on the FP8 tensor cores (`torch._scaled_mm`),

@@ -33,18 +33,14 @@ import torch
 from torch import Tensor
 
 from . import int8_threads, quantized, reference
+from .cublas_linear import cublas_linear
 from .errors import KernelError
-from .linear_plan import LinearPlan, QuantizedPath
+from .linear_plan import W8A16_MAX_ROWS, LinearPlan, QuantizedPath
 from .quantized import FP8Rows, QuantizedWeight, ScaledProduct
 
 # torch._weight_int8pack_mm needs K % 8 == 0; it wins at decode batch sizes (see the module doc).
 _INT8PACK_K_MULTIPLE = 8
 INT8_KERNEL_MAX_ROWS = 16
-# The most rows of a call sent to the 8-bit-weight matmul. At 2,048 rows (a prompt) dequantizing
-# for cuBLAS was 1.4-1.6x faster on every matrix (BENCHMARKS.md run 123: q/k/v 42.9 against
-# 67.0 µs, gate/up 230 against 329, down 108 against 155): the dequantized copy costs the
-# same at any row count, and many rows repay it.
-W8A16_MAX_ROWS = 256
 # The activation types the 8-bit-weight matmul multiplies in (its tensor cores' 16-bit inputs).
 W8A16_DTYPES = (torch.bfloat16, torch.float16)
 # The paths that multiply on the FP8 tensor cores, whose activations are `FP8Rows`.
@@ -318,11 +314,9 @@ def dequantized_linear(
     x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None = None
 ) -> Tensor:
     """x @ dequantize(weight)^T by cuBLAS, the weight dequantized to x's dtype first and then
-    multiplied as `ops.linear` multiplies a plain weight (FP32 out of 16-bit x straight from
-    cuBLAS's accumulator)."""
-    from . import ops  # ops imports this module
-
-    return ops.linear(x, dequantize(weight, x.dtype), out_dtype)
+    multiplied as `ops.linear` multiplies a plain weight (`cublas_linear`: FP32 out of 16-bit x
+    straight from cuBLAS's accumulator)."""
+    return cublas_linear(x, dequantize(weight, x.dtype), out_dtype)
 
 
 def w8a16(x: Tensor, weight: QuantizedWeight, out_dtype: torch.dtype | None = None) -> Tensor:

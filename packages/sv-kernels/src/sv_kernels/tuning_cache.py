@@ -1,6 +1,6 @@
 """Kernel tuning results kept on disk, so a process does not time the same shapes again.
 
-The GEMV tuner (`triton_ops.gemv.tune_gemv`) times cuBLAS and every tile config for each weight
+The GEMV tuner (`linear_tuning.tune_gemv`) times cuBLAS and every tile config for each weight
 shape: about 4.6 s of a 7.8 s engine start on the H200 with Triton's own cache warm
 (BENCHMARKS.md run 54), for a choice that is the same every time on the same machine. So the
 choices are kept in a JSON file, per *fingerprint*: the GPU's name and compute capability, the

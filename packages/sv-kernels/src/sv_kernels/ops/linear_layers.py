@@ -8,7 +8,6 @@ says where the model should ask for FP8 rows.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Literal, overload
 
@@ -16,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import cpu_ops, quantized_ops, reference
+from ..cublas_linear import cublas_linear
 from ..linear_plan import CUBLAS, LinearPlan, TunedLinear
 from ..quantized import FP8Rows, LinearWeight, QuantizedWeight, ScaledProduct
 from ..tuning_cache import TuningCache
@@ -211,10 +211,9 @@ def linear(
     goes to the Triton GEMV with the plan's tile when it has one, a call of 2 to 16 rows (a
     verify step) to the few-row kernel with its tile when it has one; both write out_dtype
     themselves, rounded to x's dtype first.
-    FP32 out of 16-bit inputs on CUDA comes straight from cuBLAS's FP32 accumulator
-    (`torch.mm`'s out_dtype): at batch 256 the LM head's BF16 logits are 66 MB, and widening
-    them afterwards was a ~95 us kernel per step on the H200. Those logits are then not rounded
-    to BF16 first, unlike the GEMV's (BF16 results may differ across batch sizes anyway).
+    Anything else is `cublas_linear`, whose FP32 out of 16-bit inputs comes straight from
+    cuBLAS's FP32 accumulator: those logits are then not rounded to BF16 first, unlike the
+    GEMV's (BF16 results may differ across batch sizes anyway).
 
     A `QuantizedWeight` (FP8 or int8 with per-row scales) goes to `quantized_ops.linear`, which
     also takes x as `FP8Rows` where the plan multiplies on the FP8 tensor cores. With
@@ -238,17 +237,7 @@ def linear(
         from .. import triton_ops
 
         return triton_ops.few_rows_linear(x, weight, plan.few_rows, out_dtype=out_dtype, bias=bias)
-    if (
-        bias is None
-        and out_dtype == torch.float32
-        and on_cuda(x)
-        and x.dim() == 2
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == x.dtype
-    ):
-        return torch.mm(x, weight.t(), torch.float32)
-    out = reference.linear(x, weight, bias)
-    return out if out_dtype is None else out.to(out_dtype)
+    return cublas_linear(x, weight, out_dtype, bias)
 
 
 @overload
@@ -308,9 +297,9 @@ def tune_linear(
     progress: Callable[[str], None] | None = None,
 ) -> list[TunedLinear]:
     """Measure, for each distinct CUDA weight shape, whether the Triton GEMV beats cuBLAS at
-    one row (see `triton_ops.gemv`), and for an unquantized one whether the few-row kernel does
-    at 16 rows (`triton_ops.few_rows`); returns one `TunedLinear` per weight, in order (cuBLAS,
-    untimed, for a weight not on CUDA). Call before capturing CUDA graphs.
+    one row, which path a quantized weight takes at each row band, and whether the few-row
+    kernel beats cuBLAS at 16 rows (see `linear_tuning`); returns one `TunedLinear` per weight,
+    in order (cuBLAS, untimed, for a weight not on CUDA). Call before capturing CUDA graphs.
 
     cache: where results are kept between processes (see `tuning_cache`); shapes found there
     for this GPU and software are not measured again, unless `cache.retune`. `progress` hears
@@ -318,15 +307,9 @@ def tune_linear(
     cuda = [w for w in weights if on_cuda(w)]
     tuned: list[TunedLinear] = []
     if cuda:
-        from .. import triton_ops
+        from .. import linear_tuning
 
-        tuned = triton_ops.tune_gemv(cuda, cache, progress)
-        plain = [(i, w) for i, w in enumerate(cuda) if not isinstance(w, QuantizedWeight)]
-        fingerprint = triton_ops.tuning_fingerprint(cuda[0].device)
-        few = triton_ops.tune_few_rows([w for _, w in plain], cache, fingerprint, progress)
-        for (i, _), (tile, summary) in zip(plain, few, strict=True):
-            plan = dataclasses.replace(tuned[i].plan, few_rows=tile)
-            tuned[i] = TunedLinear(plan, f"{tuned[i].summary}; {summary}")
+        tuned = linear_tuning.tune(cuda, cache, progress)
     cuda_tuned = iter(tuned)
     untimed = TunedLinear(CUBLAS, "cuBLAS: not on CUDA, not timed")
     return [next(cuda_tuned) if on_cuda(w) else untimed for w in weights]

@@ -16,8 +16,8 @@ from .decode_metadata import decode_metadata
 from .dequantize import dequantize
 from .embedding import embedding
 from .feed_tokens import feed_tokens
-from .few_rows import few_rows_linear, tune_few_rows
-from .gemv import gemv, tune_gemv, tuning_fingerprint
+from .few_rows import few_rows_linear
+from .gemv import gemv
 from .prefill_attention import prefill_attention
 from .qkv_rope_cache import fits as qkv_rope_fits
 from .qkv_rope_cache import qkv_rope_cache
@@ -52,8 +52,5 @@ __all__ = [
     "scale_product",
     "swiglu",
     "token_logprobs",
-    "tune_few_rows",
-    "tune_gemv",
-    "tuning_fingerprint",
     "w8a16_matmul",
 ]

@@ -31,16 +31,11 @@ tokens' K/V cache slots: see `qkv_rope_cache`).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
 
-from .. import tuning_cache
 from ..errors import KernelError
-from ..graphs import copies_to_overflow_l2, graph_ms_per_call
 from ..linear_plan import FEW_ROWS, FewRowsTile
 from ._common import cdiv, dot_dtype, dot_precision, use_pdl, wait_for_prior_kernels
 from .rope_cache import RopeCache, rope_cache_epilogue
@@ -368,81 +363,3 @@ def few_rows_linear(
         launch_pdl=pdl,
     )
     return out
-
-
-# Timed as the tuner times the GEMV (see `gemv._TUNE_CALLS`): graph replays of this many calls
-# over enough copies of the weight to overflow L2, at FEW_ROWS rows, against cuBLAS.
-_TUNE_CALLS = 20
-
-
-def tune_few_rows(
-    weights: list[torch.Tensor],
-    cache: tuning_cache.TuningCache | None = None,
-    fingerprint: str = "",
-    progress: Callable[[str], None] | None = None,
-) -> list[tuple[FewRowsTile | None, str]]:
-    """For each weight: the fastest tile at FEW_ROWS rows, or None where cuBLAS is faster, and a
-    line saying so. Shapes kept in `cache` under `fingerprint` are not timed again (unless
-    `cache.retune`); the counters of every chosen tile are made here, so the calls can be
-    captured afterwards. Must not run during a graph capture."""
-    kept = {}
-    if cache is not None and not cache.retune:
-        kept = tuning_cache.load(cache.path, fingerprint)
-    measured: dict[str, tuning_cache.TunedShape] = {}
-    by_key: dict[str, tuple[FewRowsTile | None, str]] = {}
-    for w in weights:
-        key = _shape_key(w)
-        if key in by_key:
-            continue
-        tuned = kept.get(key)
-        source = "kept from the tuning cache"
-        if tuned is None or (tuned.choice is not None and tuned.choice not in CONFIGS):
-            if progress is not None and not measured:
-                progress(f"timing the {FEW_ROWS}-row linear tiles against cuBLAS")
-            tuned = measured[key] = _time_tiles(w)
-            source = "measured"
-        tile = None if tuned.choice is None else CONFIGS[CONFIGS.index(tuned.choice)]
-        if tile is not None:
-            prepare_counters(w, tile, swiglu=False)
-            prepare_counters(w, tile, swiglu=True)
-        name = "cuBLAS" if tile is None else f"triton {tile}"
-        by_key[key] = (
-            tile,
-            f"at {FEW_ROWS} rows {name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}",
-        )
-    if cache is not None and measured:
-        tuning_cache.store(cache.path, fingerprint, measured)
-    return [by_key[_shape_key(w)] for w in weights]
-
-
-def _shape_key(w: torch.Tensor) -> str:
-    """A weight shape as the tuning cache names its few-row entry: "2048x2048 torch.bfloat16,
-    16 rows" (the batch-1 GEMV's entry for the shape lacks the rows)."""
-    return f"{w.shape[0]}x{w.shape[1]} {w.dtype}, {FEW_ROWS} rows"
-
-
-def time_tiles(
-    w: torch.Tensor, rows: int = FEW_ROWS, tiles: tuple[FewRowsTile, ...] = CONFIGS
-) -> tuple[float, dict[FewRowsTile, float]]:
-    """cuBLAS's ms per call and each tile's (the candidates unless given), at `rows` rows of x,
-    graph-replayed over copies of w that overflow L2. Must not run during a graph capture."""
-    copies = copies_to_overflow_l2(w)
-    x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
-    cublas = graph_ms_per_call(
-        [functools.partial(torch.nn.functional.linear, x, c) for c in copies], _TUNE_CALLS
-    )
-    times = {}
-    for tile in tiles:
-        prepare_counters(w, tile)
-        calls = [functools.partial(few_rows_linear, x, c, tile) for c in copies]
-        times[tile] = graph_ms_per_call(calls, _TUNE_CALLS)
-    return cublas, times
-
-
-def _time_tiles(w: torch.Tensor) -> tuning_cache.TunedShape:
-    cublas, tiles = time_tiles(w)
-    best: tuple[FewRowsTile | None, float] = (None, cublas)
-    for tile, ms in tiles.items():
-        if ms < best[1]:
-            best = (tile, ms)
-    return tuning_cache.TunedShape(best[0], best[1] * 1e3, cublas * 1e3)

@@ -10,8 +10,9 @@ program p owns BLOCK_N consecutive output features (rows of W), walks K in BLOCK
 16-byte loads, accumulates in FP32 and reduces once at the end.
 
 Whether it beats cuBLAS depends on the shape and the chip, so nothing assumes it does:
-`tune_gemv` times both (and a few tile shapes) for each weight shape the model has and returns
-a `LinearPlan` per weight; its caller keeps them and passes each to `ops.linear`.
+`linear_tuning.tune_gemv` times both (and each tile of `candidates`) for each weight shape the
+model has and returns a `LinearPlan` per weight; its caller keeps them and passes each to
+`ops.linear`.
 
 Quantized weights (FP8 e4m3 or int8, see `sv_kernels.quantized`) stream through the same
 kernel: it loads 1-byte values, converts them to FP32 in registers and multiplies each row's
@@ -37,38 +38,16 @@ as cuBLAS's bias epilogue does: no separate add kernel.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from .. import tuning_cache
 from ..errors import KernelError
-from ..graphs import copies_to_overflow_l2, graph_ms_per_call
 from ..linear_plan import (
-    FEW_ROWS,
-    MANY_ROWS,
-    QUANTIZED_PATHS,
     GemvTile,
-    LinearPlan,
-    QuantizedPath,
-    TunedLinear,
 )
 from ..quantized import LinearWeight, QuantizedWeight
-from ..quantized_ops import (
-    PATH_CALLS,
-    W8A16_DTYPES,
-    W8A16_MAX_ROWS,
-    dequantized_linear,
-    scaled_mm_fits,
-)
-from . import few_rows
 from ._common import INTERPRET, cdiv, unit_last_stride, use_pdl, wait_for_prior_kernels
-from .w8a16 import TILES as W8A16_TILES
 
 # Compiled kernels build int8's FP32 bit patterns with byte permutes (`_int8_to_f32`); the
 # interpreter, which runs no inline PTX, with integer ops that give the same values.
@@ -363,210 +342,3 @@ def gemv(
         launch_pdl=pdl,
     )
     return out
-
-
-# Tuning replays each candidate from a CUDA graph, as the decode step runs it: timing eager
-# calls measured the host's launch cost too, which on a slow host made cuBLAS (a cheaper launch
-# from Python) "win" shapes where its kernel is the slower one. Each replay makes
-# _TUNE_CALLS calls over enough copies of the weight to overflow L2, as a decode step, which
-# streams 2.5 GB of weights, sees them: from DRAM.
-_TUNE_CALLS = 20
-
-
-def tune_gemv(
-    weights: list[LinearWeight],
-    cache: tuning_cache.TuningCache | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> list[TunedLinear]:
-    """Time cuBLAS and every candidate tile (`candidates`) on each distinct weight shape; one
-    result per weight.
-
-    cache: a `tuning_cache` file. Shapes it holds for this GPU and software (see
-    `tuning_fingerprint`) are not timed again, unless `cache.retune`; shapes timed here are
-    added to it. `progress` hears one line before the first shape that has to be timed (a few
-    seconds in all). Weights of one shape share one result. Remembers nothing itself.
-
-    A quantized weight is also timed on each path of `_quantized_paths` (dequantize + cuBLAS,
-    the 8-bit-weight matmul, FP8 tensor cores) at each of TUNED_ROWS, for its plan's
-    `quantized_few_rows`, `quantized_many_rows` and `quantized_prompt_rows` (each kept under a
-    cache key of its own).
-
-    Must not run while a CUDA graph is being captured (it synchronizes and captures graphs of
-    its own).
-    """
-    if not weights:
-        return []
-    fingerprint = tuning_fingerprint(weights[0].device)
-    kept = {}
-    if cache is not None and not cache.retune:
-        kept = tuning_cache.load(cache.path, fingerprint)
-    measured: dict[str, tuning_cache.TunedShape] = {}
-    by_shape: dict[str, TunedLinear] = {}
-
-    def announce(what: str) -> None:  # one progress line, before the first timing of any kind
-        if progress is not None and not measured:
-            where = f" (kept in {cache.path})" if cache is not None else ""
-            progress(f"timing {what} against cuBLAS{where}")
-
-    for w in weights:
-        shape = _shape_key(w)
-        if shape in by_shape:  # a second matrix of a shape already done
-            continue
-        tuned = kept.get(shape)
-        tiles = candidates(w)
-        if tuned is not None and tuned.choice is not None and tuned.choice not in tiles:
-            tuned = None  # not a candidate of this code (a hand-edited file): time it
-        source = "kept from the tuning cache"
-        if tuned is None:
-            announce("the batch-1 GEMV tiles")
-            cublas, best, best_ms = _time_candidates(w)
-            tuned = measured[shape] = tuning_cache.TunedShape(best, best_ms * 1e3, cublas * 1e3)
-            source = "measured"
-        tile = None if tuned.choice is None else tiles[tiles.index(tuned.choice)]
-        name = "cuBLAS" if tile is None else f"triton gemv {tile}"
-        summary = f"{name}: {tuned.us:.1f} us (cuBLAS {tuned.cublas_us:.1f} us), {source}"
-        paths: dict[int, QuantizedPath] = dict.fromkeys(TUNED_ROWS, "cublas")
-        if isinstance(w, QuantizedWeight) and _quantized_paths(w, FEW_ROWS) != ["cublas"]:
-            for rows in paths:
-                key = f"{shape}, {rows} rows"
-                timed = kept.get(key)
-                if timed is None or _quantized_path(timed.choice) not in _quantized_paths(w, rows):
-                    announce("the quantized weights' paths")
-                    timed = measured[key] = _time_quantized_paths(w, rows)
-                paths[rows] = _quantized_path(timed.choice)
-                summary += (
-                    f"; at {rows} rows {paths[rows]}: {timed.us:.1f} us "
-                    f"(dequantize + cuBLAS {timed.cublas_us:.1f} us)"
-                )
-        plan = LinearPlan(
-            one_row_gemv=tile,
-            quantized_few_rows=paths[FEW_ROWS],
-            quantized_many_rows=paths[MANY_ROWS],
-            quantized_prompt_rows=paths[PROMPT_ROWS],
-        )
-        by_shape[shape] = TunedLinear(plan, summary)
-    if cache is not None and measured:
-        tuning_cache.store(cache.path, fingerprint, measured)
-    return [by_shape[_shape_key(w)] for w in weights]
-
-
-def _shape_key(w: LinearWeight) -> str:
-    """A weight shape as the tuning cache names it: "3072x2048 torch.bfloat16", or for a
-    quantized one "3072x2048 torch.float8_e4m3fn per-row scales -> torch.bfloat16"."""
-    if isinstance(w, QuantizedWeight):
-        return f"{w.shape[0]}x{w.shape[1]} {w.data.dtype} per-row scales -> {w.dtype}"
-    return f"{w.shape[0]}x{w.shape[1]} {w.dtype}"
-
-
-# The row counts at which a quantized weight's paths are timed, one per band of its plan: the
-# most rows of the few-row and many-row bands, and for the prompt-row band a quarter of a
-# step's default token budget (its choice held at 2,048 and 8,192 rows alike: BENCHMARKS.md
-# run 152).
-PROMPT_ROWS = 2048
-TUNED_ROWS = (FEW_ROWS, MANY_ROWS, PROMPT_ROWS)
-
-
-def _fp8_tensor_cores(device: torch.device) -> bool:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(index) >= (8, 9)
-
-
-def _cublas(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
-    if isinstance(w, QuantizedWeight):
-        return dequantized_linear(x, w)
-    return torch.nn.functional.linear(x, w)
-
-
-def _gemv_call(x: torch.Tensor, w: LinearWeight, config: GemvTile) -> torch.Tensor:
-    if isinstance(w, QuantizedWeight):
-        return gemv(x, w.data, config, scale=w.scale)
-    return gemv(x, w, config)
-
-
-def _quantized_paths(w: QuantizedWeight, rows: int) -> list[QuantizedPath]:
-    """The paths `ops.linear` can take for a call of w on its device with `rows` rows that no
-    GEMV tile takes."""
-    paths: list[QuantizedPath] = ["cublas"]
-    if scaled_mm_fits(w) and _fp8_tensor_cores(w.device):
-        paths += ["scaled_mm", "scaled_mm_tensorwise"]
-    # the dtype of the activations it will meet, and no more rows than it takes
-    if w.dtype in W8A16_DTYPES and rows <= W8A16_MAX_ROWS:
-        paths.append("w8a16")
-    return paths
-
-
-def _quantized_path(choice: tuple[int, ...] | None) -> QuantizedPath:
-    """A kept choice as a path: None is cuBLAS, (i,) the i-th of QUANTIZED_PATHS (an index
-    past the list, from a hand-edited file, reads as cuBLAS and is timed again)."""
-    if choice is None or len(choice) != 1 or not 0 < choice[0] < len(QUANTIZED_PATHS):
-        return "cublas"
-    return QUANTIZED_PATHS[choice[0]]
-
-
-def _time_quantized_paths(w: QuantizedWeight, rows: int) -> tuning_cache.TunedShape:
-    """Every path of `_quantized_paths(w, rows)` at `rows` rows: the fastest path's index in
-    QUANTIZED_PATHS as the choice, None when dequantize + cuBLAS wins."""
-    copies = copies_to_overflow_l2(w)
-    x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
-    times = {
-        path: graph_ms_per_call(
-            [functools.partial(PATH_CALLS[path], x, c) for c in copies], _TUNE_CALLS
-        )
-        for path in _quantized_paths(w, rows)
-    }
-    best = min(times, key=lambda path: times[path])
-    choice = None if best == "cublas" else (QUANTIZED_PATHS.index(best),)
-    return tuning_cache.TunedShape(choice, times[best] * 1e3, times["cublas"] * 1e3)
-
-
-def tuning_fingerprint(device: torch.device) -> str:
-    """What a kept tuning result is valid for: this GPU model, these torch and Triton versions
-    and these candidate lists (their hash; the few-row tiles' too, kept in the same file)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    lists = (CONFIGS, QUANTIZED_CONFIGS, few_rows.CONFIGS, QUANTIZED_PATHS, W8A16_TILES)
-    configs = hashlib.sha256(repr(lists).encode()).hexdigest()[:8]
-    return (
-        f"{torch.cuda.get_device_name(index)} (sm {major}.{minor}), torch {torch.__version__}, "
-        f"triton {triton.__version__}, configs {configs}"
-    )
-
-
-@dataclass(frozen=True)
-class GemvTimes:
-    """One weight shape's batch-1 timings: cuBLAS (on the matrix dequantized, for a quantized
-    weight) and every candidate tile, in ms per call."""
-
-    cublas_ms: float
-    tiles: dict[GemvTile, float]
-
-    def best(self) -> tuple[GemvTile | None, float]:
-        """The fastest tile and its ms, or (None, cuBLAS's ms) when no tile beats cuBLAS."""
-        best: tuple[GemvTile | None, float] = (None, self.cublas_ms)
-        for tile, ms in self.tiles.items():
-            if ms < best[1]:
-                best = (tile, ms)
-        return best
-
-
-def time_tiles(w: LinearWeight) -> GemvTimes:
-    """Time cuBLAS and every candidate tile of `candidates(w)` on weight w, as the tuner does:
-    graph replays over enough copies of w to overflow L2. Must not run while a CUDA graph is
-    being captured."""
-    copies = copies_to_overflow_l2(w)
-    x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
-    calls = [functools.partial(_cublas, x, c) for c in copies]
-    cublas = graph_ms_per_call(calls, _TUNE_CALLS)
-    tiles = {}
-    for config in candidates(w):
-        calls = [functools.partial(_gemv_call, x, c, config) for c in copies]
-        tiles[config] = graph_ms_per_call(calls, _TUNE_CALLS)
-    return GemvTimes(cublas, tiles)
-
-
-def _time_candidates(w: LinearWeight) -> tuple[float, GemvTile | None, float]:
-    """(cuBLAS ms, the best config or None if cuBLAS won, its ms) per call, for weight w (a
-    quantized one: cuBLAS on it dequantized, as `ops.linear` would run it without a tile)."""
-    times = time_tiles(w)
-    best, best_ms = times.best()
-    return times.cublas_ms, best, best_ms

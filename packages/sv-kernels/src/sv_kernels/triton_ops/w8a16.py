@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..errors import KernelError
-from ..quantized_ops import W8A16_MAX_ROWS
+from ..linear_plan import W8A16_MAX_ROWS
 from ._common import (
     cdiv,
     dot_dtype,
