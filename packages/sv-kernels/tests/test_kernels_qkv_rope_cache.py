@@ -26,7 +26,18 @@ MAX_POSITIONS = 4096
 
 
 def _fitting(tiles: tuple[T, ...], head_dim: int) -> list[T]:
-    return [t for t in tiles if triton_ops.qkv_rope_fits(t[0], head_dim)]
+    """The tiles whose rows hold whole RoPE pairs of a head. Under the interpreter, one per
+    block shape: it runs no warps and no pipeline stages, so tiles that differ only in those
+    compute the same values the same way (GEMV tiles end in num_warps; few-row tiles in
+    num_warps and STAGES)."""
+    fitting = [t for t in tiles if triton_ops.qkv_rope_fits(t[0], head_dim)]
+    if DEVICE.type == "cuda":
+        return fitting
+    shape = 2 if len(fitting[0]) == 3 else 3
+    first: dict[tuple[int, ...], T] = {}
+    for tile in fitting:
+        first.setdefault(tile[:shape], tile)
+    return list(first.values())
 
 
 RopeArgs = tuple[
