@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import triton
@@ -48,6 +49,8 @@ from .quantized_ops import PATH_CALLS, W8A16_DTYPES, dequantized_linear, scaled_
 from .triton_ops import few_rows
 from .triton_ops.gemv import CONFIGS, QUANTIZED_CONFIGS, candidates, gemv
 from .triton_ops.w8a16 import TILES as W8A16_TILES
+
+Tile = TypeVar("Tile", GemvTile, FewRowsTile)
 
 
 def tune(
@@ -252,11 +255,17 @@ class GemvTimes:
 
     def best(self) -> tuple[GemvTile | None, float]:
         """The fastest tile and its ms, or (None, cuBLAS's ms) when no tile beats cuBLAS."""
-        best: tuple[GemvTile | None, float] = (None, self.cublas_ms)
-        for tile, ms in self.tiles.items():
-            if ms < best[1]:
-                best = (tile, ms)
-        return best
+        return _fastest(self.cublas_ms, self.tiles)
+
+
+def _fastest(cublas_ms: float, tiles: Mapping[Tile, float]) -> tuple[Tile | None, float]:
+    """The fastest of `tiles` (ms per call) and its ms, or (None, cublas_ms) when none is
+    faster than cuBLAS; the first of equal times."""
+    best: tuple[Tile | None, float] = (None, cublas_ms)
+    for tile, ms in tiles.items():
+        if ms < best[1]:
+            best = (tile, ms)
+    return best
 
 
 def time_gemv_tiles(w: LinearWeight) -> GemvTimes:
@@ -350,8 +359,5 @@ def time_few_rows_tiles(
 
 def _time_few_rows_tiles(w: torch.Tensor) -> tuning_cache.TunedShape:
     cublas, tiles = time_few_rows_tiles(w)
-    best: tuple[FewRowsTile | None, float] = (None, cublas)
-    for tile, ms in tiles.items():
-        if ms < best[1]:
-            best = (tile, ms)
-    return tuning_cache.TunedShape(best[0], best[1] * 1e3, cublas * 1e3)
+    tile, ms = _fastest(cublas, tiles)
+    return tuning_cache.TunedShape(tile, ms * 1e3, cublas * 1e3)
