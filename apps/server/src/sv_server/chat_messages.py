@@ -12,7 +12,7 @@ from typing import Any
 from sv_tokenizer import Message, ToolCall
 
 from sv_server.errors import bad_request
-from sv_server.fields import bool_field, checked_field, shown_value
+from sv_server.fields import bool_field, checked_field, optional_bool, optional_str, shown_value
 
 
 @dataclass(frozen=True)
@@ -39,17 +39,13 @@ CHAT_OPTION_FIELDS = frozenset(
 
 
 def parse_chat_options(body: Mapping[str, Any]) -> ChatOptions:
-    generation = checked_field(
-        body, "add_generation_prompt", lambda v: isinstance(v, bool), "true or false"
-    )
+    generation = optional_bool(body, "add_generation_prompt")
     kwargs = checked_field(body, "chat_template_kwargs", lambda v: isinstance(v, dict), "an object")
     return ChatOptions(
         add_generation_prompt=generation,
         continue_final_message=bool_field(body, "continue_final_message"),
         chat_template_kwargs=kwargs or {},
-        chat_template=checked_field(
-            body, "chat_template", lambda v: isinstance(v, str), "a string"
-        ),
+        chat_template=optional_str(body, "chat_template"),
     )
 
 

@@ -50,7 +50,17 @@ def optional_int(body: Mapping[str, Any], key: str, lo: int, hi: int | None = No
     return value  # type: ignore[no-any-return]
 
 
+def optional_str(body: Mapping[str, Any], key: str) -> str | None:
+    """A string field, or None."""
+    return checked_field(body, key, lambda v: isinstance(v, str), "a string")  # type: ignore[no-any-return]
+
+
+def optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
+    """A true/false field, or None."""
+    return checked_field(body, key, lambda v: isinstance(v, bool), "true or false")  # type: ignore[no-any-return]
+
+
 def bool_field(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
     """A true/false field; `default` when absent or null."""
-    value = checked_field(body, key, lambda v: isinstance(v, bool), "true or false")
-    return default if value is None else bool(value)
+    value = optional_bool(body, key)
+    return default if value is None else value

@@ -32,6 +32,7 @@ from sv_server.fields import (
     is_int,
     is_number,
     optional_int,
+    optional_str,
     shown_value,
 )
 from sv_server.structured import STRUCTURED_FIELDS, parse_grammar
@@ -328,9 +329,9 @@ def parse_sampling(
     messages: list[Message] | None,
     max_tokens: int | None,
 ) -> GenerationRequest:
-    model = checked_field(body, "model", lambda v: isinstance(v, str), "a string")
+    model = optional_str(body, "model")
     for tag in _TAG_FIELDS:
-        checked_field(body, tag, lambda v: isinstance(v, str), "a string")
+        optional_str(body, tag)
     n = optional_int(body, "n", 1, MAX_N) or 1
     if prompts is not None and len(prompts) * n > MAX_PROMPTS:
         raise bad_request(

@@ -31,7 +31,7 @@ from sv_engine.grammar import Grammar
 from sv_tokenizer import Message, ToolCall
 
 from sv_server.errors import bad_request
-from sv_server.fields import checked_field, optional_int, shown_value
+from sv_server.fields import checked_field, optional_bool, optional_int, optional_str, shown_value
 from sv_server.request_parsing import GenerationRequest, parse_sampling
 from sv_server.tools import parse_tools
 
@@ -102,7 +102,7 @@ def parse_responses_request(body: Any) -> GenerationRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_fields(body)
-    instructions = checked_field(body, "instructions", lambda v: isinstance(v, str), "a string")
+    instructions = optional_str(body, "instructions")
     messages = [Message("system", instructions)] if instructions is not None else []
     messages += _input(body.get("input"))
     if not messages:
@@ -158,7 +158,7 @@ def _check_fields(body: Mapping[str, Any]) -> None:
         if key not in _SAMPLING_FIELDS and key not in _OWN_FIELDS:
             raise bad_request(f"unknown field {shown_value(key)}", param=key)
     # Accepted for what they say, or refused for a value that asks for more than there is.
-    checked_field(body, "store", lambda v: isinstance(v, bool), "true or false")  # answered false
+    optional_bool(body, "store")  # answered false
     _off(body, "background", (False,), "runs every request in the foreground, streamed or not")
     _off(body, "service_tier", ("auto", "default"), "has one service tier")
     # "auto" drops the conversation's first items when it overflows the context; this

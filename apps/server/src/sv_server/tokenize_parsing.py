@@ -14,7 +14,7 @@ from sv_server.chat_messages import (
     parse_message,
 )
 from sv_server.errors import bad_request
-from sv_server.fields import checked_field, is_int, shown_value
+from sv_server.fields import is_int, optional_bool, optional_str, shown_value
 from sv_server.tools import parse_tools
 
 
@@ -44,10 +44,8 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
     for key in body:
         if key not in allowed:
             raise bad_request(f"unknown field {shown_value(key)}", param=key)
-    model = checked_field(body, "model", lambda v: isinstance(v, str), "a string")
-    add_special = checked_field(
-        body, "add_special_tokens", lambda v: isinstance(v, bool), "true or false"
-    )
+    model = optional_str(body, "model")
+    add_special = optional_bool(body, "add_special_tokens")
     if chat:
         messages = body["messages"]
         if not isinstance(messages, list) or not messages:
@@ -76,7 +74,7 @@ def parse_detokenize_request(body: Any) -> tuple[str | None, list[int]]:
     for key in body:
         if key not in ("model", "tokens"):
             raise bad_request(f"unknown field {shown_value(key)}", param=key)
-    model = checked_field(body, "model", lambda v: isinstance(v, str), "a string")
+    model = optional_str(body, "model")
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(is_int(t) for t in tokens):
         raise bad_request(
