@@ -251,6 +251,61 @@ def test_odd_json_is_400_never_500(guarded: RunningServer, body: bytes, says: st
         assert len(error["message"]) < 500  # a huge value is not echoed back whole
 
 
+DEEP_TEXT = "[" * 2000 + "]" * 2000
+BIG_NUMBER_TEXT = '{"a": ' + "1" * 5000 + "}"
+
+
+def _assistant_call(arguments: str) -> dict[str, Any]:
+    function = {"name": "f", "arguments": arguments}
+    return {
+        "role": "assistant",
+        "tool_calls": [{"id": "c", "type": "function", "function": function}],
+    }
+
+
+def _responses_call(arguments: str) -> dict[str, Any]:
+    return {"type": "function_call", "call_id": "c", "name": "f", "arguments": arguments}
+
+
+CHAT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+JSON_IN_TEXT = [
+    # (path, body, the param named, what the message must say): JSON given as a string
+    ("/v1/chat/completions", CHAT | {"guided_json": DEEP_TEXT}, "guided_json", "nested deeper"),
+    ("/v1/chat/completions", CHAT | {"guided_json": BIG_NUMBER_TEXT}, "guided_json", "too large"),
+    ("/v1/chat/completions", CHAT | {"guided_json": '{"a": NaN}'}, "guided_json", "NaN"),
+    *(
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}, _assistant_call(text)]},
+            "messages[1]",
+            says,
+        )
+        for text, says in ((DEEP_TEXT, "nested deeper"), (BIG_NUMBER_TEXT, "too large"))
+    ),
+    *(
+        ("/v1/responses", {"input": [_responses_call(text)]}, "input", says)
+        for text, says in ((DEEP_TEXT, "nested deeper"), (BIG_NUMBER_TEXT, "too large"))
+    ),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"9" * 5000: 1}}, "logit_bias", "token ids"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "says"), JSON_IN_TEXT)
+def test_json_inside_a_string_has_the_bodys_limits(
+    guarded: RunningServer, path: str, body: dict[str, Any], param: str, says: str
+) -> None:
+    """A schema or a tool call's arguments given as JSON text is parsed after the body's own
+    checks: deep, huge or NaN there is a 400 naming the field too, and the connection stays
+    open for the next request (a 500 would close it)."""
+    with httpx.Client(headers=AUTH, timeout=30) as client:
+        response = client.post(guarded.url + path, json=body)
+        error = openai_error(response, 400)
+        assert error["param"] == param and says in error["message"], error
+        assert len(error["message"]) < 500
+        assert client.get(f"{guarded.url}/health").status_code == 200
+        assert client.get(f"{guarded.url}/health").status_code == 200
+
+
 def test_a_top_k_beyond_any_integer_type_is_harmless(guarded: RunningServer) -> None:
     before = guarded.metrics()
     body = {"prompt": "hi", "max_tokens": 2, "top_k": 10**30, "temperature": 1.0}
@@ -316,7 +371,10 @@ def test_connections_past_the_bound_get_503_until_the_slow_ones_are_closed(
         for sock in slow:
             sock.sendall(b"GET /health HTTP/1.1\r\n")  # and nothing more
         time.sleep(0.1)
-        assert httpx.get(f"{guarded.url}/health").status_code == 503
+        refused = httpx.get(f"{guarded.url}/health")
+        error = openai_error(refused, 503)  # the API's error shape, as the queue's 429 has
+        assert error["code"] == "too_many_connections" and error["type"] == "server_error"
+        assert refused.headers["retry-after"] == "1" and refused.headers["connection"] == "close"
         for sock in slow:  # the header deadline frees their places
             _read_until_closed(sock, wait_s=READ_TIMEOUT_S + 5)
         assert httpx.get(f"{guarded.url}/health").status_code == 200

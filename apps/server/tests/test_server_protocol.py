@@ -83,6 +83,11 @@ def test_chat_fields() -> None:
         ({"prompt": "x", "top_k": -2}, "top_k"),
         ({"prompt": "x", "stop": [""]}, "stop"),
         ({"prompt": "x", "stream": True, "stream_options": {"foo": 1}}, "stream_options"),
+        ({"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options"),
+        (
+            {"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": "yes"}},
+            "stream_options",
+        ),
         ({"prompt": [[1, 2], "x", []]}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": [True]}, "prompt"),

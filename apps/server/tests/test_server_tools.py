@@ -322,6 +322,9 @@ def test_parse_tool_call() -> None:
         "Sunny.",
         '{"name": "get_weather", "parameters": 3}',
         "{",
+        # a model's answer is text like any other: deeper than a body may be, or NaN
+        '{"name": "get_weather", "parameters": {"a": ' + "[" * 2000 + "]" * 2000 + "}}",
+        '{"name": "get_weather", "parameters": {"a": NaN}}',
     ]:
         assert parse_tool_call(text, names) is None
 

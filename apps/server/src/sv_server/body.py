@@ -114,25 +114,43 @@ def _too_large(what: str, max_bytes: int) -> ServerError:
 def decode_json(raw: bytes) -> Any:
     """The body's JSON value, or a 400 that says what is wrong with it."""
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant)
+        return json_value(raw)
+    except JsonTextError as e:
+        raise bad_request(f"the request body {e}") from None
+
+
+class JsonTextError(ValueError):
+    """What is wrong with a JSON text, worded to follow the name of what held it."""
+
+
+def json_value(text: bytes | str) -> Any:
+    """The JSON value of `text`, with the body's limits: no deeper than `MAX_JSON_DEPTH`, no
+    number past Python's int-string conversion limit (4300 digits), no NaN or Infinity, no
+    lone surrogate. Else a `JsonTextError` whose message completes "the request body ..." or
+    "this text ...": also for JSON given as a string inside a body (a schema, a tool call's
+    arguments), which the body's own checks never parsed."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except JsonTextError:
+        raise
     except RecursionError:
         raise _too_deep() from None
     except json.JSONDecodeError as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
+        raise JsonTextError(f"is not valid JSON: {e}") from None
     except UnicodeDecodeError as e:
-        raise bad_request(f"the request body is not UTF-8: {e.reason} at byte {e.start}") from None
-    except ValueError as e:  # an integer beyond Python's int-string conversion limit (4300 digits)
-        raise bad_request(f"the request body has a number that is too large: {e}") from None
+        raise JsonTextError(f"is not UTF-8: {e.reason} at byte {e.start}") from None
+    except ValueError as e:  # an integer beyond Python's int-string conversion limit
+        raise JsonTextError(f"has a number that is too large: {e}") from None
     _check_value(value)
     return value
 
 
 def _refuse_constant(name: str) -> Any:
-    raise bad_request(f"the request body is not valid JSON: {name} is not a JSON number")
+    raise JsonTextError(f"is not valid JSON: {name} is not a JSON number")
 
 
-def _too_deep() -> ServerError:
-    return bad_request(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
+def _too_deep() -> JsonTextError:
+    return JsonTextError(f"is nested deeper than {MAX_JSON_DEPTH} levels")
 
 
 def _check_value(value: Any) -> None:
@@ -160,7 +178,6 @@ def _check_string(text: str) -> None:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise bad_request(
-                f"the request body has a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}): "
-                "not a character"
+            raise JsonTextError(
+                f"has a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}): not a character"
             ) from None

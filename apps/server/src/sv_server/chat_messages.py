@@ -4,13 +4,13 @@ steer the chat template. Used by /v1/chat/completions and vLLM's /tokenize alike
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sv_tokenizer import Message, ToolCall
 
+from sv_server.body import JsonTextError, json_value
 from sv_server.errors import bad_request
 from sv_server.fields import bool_field, checked_field, optional_bool, optional_str, shown_value
 
@@ -161,9 +161,13 @@ def _tool_calls(value: Any, role: Any, param: str) -> tuple[ToolCall, ...]:
                 param,
             )
         try:
-            arguments = json.loads(function["arguments"])
-        except json.JSONDecodeError:
-            arguments = None
+            arguments = json_value(function["arguments"])
+        except JsonTextError as e:
+            raise bad_request(
+                f"{param}.tool_calls: the arguments of {function['name']!r} must be a JSON "
+                f"object's text; this text {e}",
+                param,
+            ) from None
         if not isinstance(arguments, dict):
             raise bad_request(
                 f"{param}.tool_calls: the arguments of {function['name']!r} must be a JSON "

@@ -21,7 +21,6 @@ A field the server cannot honour is refused with a 400 naming it, as chat refuse
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -30,6 +29,7 @@ from sv_engine import MAX_LOGPROBS, EngineError
 from sv_engine.grammar import Grammar
 from sv_tokenizer import Message, ToolCall
 
+from sv_server.body import JsonTextError, json_value
 from sv_server.errors import bad_request
 from sv_server.fields import checked_field, optional_bool, optional_int, optional_str, shown_value
 from sv_server.request_parsing import GenerationRequest, parse_sampling
@@ -385,9 +385,11 @@ def _function_call(item: Mapping[str, Any], where: str) -> ToolCall:
     name = _string(item, "name", where)
     arguments = _string(item, "arguments", where)
     try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError:
-        parsed = None
+        parsed = json_value(arguments)
+    except JsonTextError as e:
+        raise bad_request(
+            f"{where}.arguments must be a JSON object's text; this text {e}", "input"
+        ) from None
     if not isinstance(parsed, dict):
         raise bad_request(
             f"{where}.arguments must be a JSON object's text, got {shown_value(arguments)}", "input"

@@ -15,13 +15,13 @@ request reaches the engine.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from sv_engine import EngineError
 from sv_engine.grammar import Grammar
 
+from sv_server.body import JsonTextError, json_value
 from sv_server.errors import bad_request
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -91,9 +91,9 @@ def _guided(key: str, value: Any) -> Grammar:
     if key == "guided_json":
         if isinstance(value, str):  # vLLM takes the schema as JSON text too
             try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise EngineError(f"the schema is not valid JSON: {e}") from None
+                value = json_value(value)
+            except JsonTextError as e:
+                raise EngineError(f"the schema's text {e}") from None
         return Grammar.json_schema(value)
     if key == "guided_regex":
         return Grammar.regex(value)

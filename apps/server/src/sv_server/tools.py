@@ -33,6 +33,7 @@ from sv_engine import EngineError
 from sv_engine.grammar import Grammar
 from sv_tokenizer import ToolCall
 
+from sv_server.body import JsonTextError, json_value
 from sv_server.errors import bad_request
 
 TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls"})
@@ -156,8 +157,8 @@ def parse_tool_call(text: str, names: list[str]) -> ToolCall | None:
     if body.startswith(_PYTHON_TAG):
         body = body[len(_PYTHON_TAG) :].strip()
     try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
+        value = json_value(body)
+    except JsonTextError:
         return None
     if not isinstance(value, dict) or value.get("name") not in names:
         return None
