@@ -13,6 +13,7 @@ import httpx
 import openai
 import pydantic
 import pytest
+import sv_server.app
 import tokenizers
 from server_test_support import openai_error
 from sv_engine import SamplingParams
@@ -547,3 +548,67 @@ def test_failed_engine_step_is_a_500_and_the_server_goes_on(server: RunningServe
     assert ok.status_code == 200
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and "injected fault" in health["last_engine_error"]
+
+
+def test_an_unexpected_error_is_a_500_that_closes_its_connection(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a handler: OpenAI's error shape, and `Connection: close` (uvicorn closes the
+    connection after it), so a kept-alive client opens a new one and is served."""
+
+    def broken(_body: Any) -> Any:
+        raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(sv_server.app, "parse_tokenize_request", broken)
+    with httpx.Client(timeout=30) as client:
+        response = client.post(f"{server.url}/tokenize", json={"prompt": "hi"})
+        error = openai_error(response, 500)
+        assert (
+            error["type"] == "server_error" and error["message"] == "internal error: RuntimeError"
+        )
+        assert response.headers["connection"] == "close"
+        monkeypatch.undo()
+        again = client.post(f"{server.url}/tokenize", json={"prompt": "hi"})
+        assert again.status_code == 200 and again.json()["count"] >= 1
+
+
+def test_a_request_that_arrives_during_a_long_step_is_counted_as_waiting(
+    server: RunningServer,
+) -> None:
+    """/metrics between steps only would show no request while a long step runs (a CPU
+    prefill of many choices takes seconds): a request submitted meanwhile waits, and says so."""
+    engine = server.app.state.server.loop.engine
+    real_step = engine.step
+    in_step, release = threading.Event(), threading.Event()
+
+    def long_step() -> Any:
+        in_step.set()
+        release.wait(30)
+        return real_step()
+
+    server.wait_idle()
+    engine.step = long_step
+    replies: list[httpx.Response] = []
+    body = {"prompt": "hi", "max_tokens": 2}
+
+    def post() -> None:
+        replies.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=60))
+
+    first = threading.Thread(target=post)
+    second = threading.Thread(target=post)
+    try:
+        first.start()
+        assert in_step.wait(30), "the engine never stepped"
+        second.start()  # while the engine thread is held in the step
+        deadline = time.monotonic() + 30
+        while server.metrics()["sv_requests_waiting"] != 1:
+            assert time.monotonic() < deadline, "the second request was never counted"
+            time.sleep(0.05)
+    finally:
+        engine.step = real_step
+        release.set()
+        first.join(60)
+        second.join(60)
+    assert [r.status_code for r in replies] == [200, 200]
+    m = server.wait_idle()
+    assert m["sv_requests_waiting"] == 0 and m["sv_requests_running"] == 0

@@ -42,7 +42,7 @@ def test_metrics_text_parses_as_prometheus() -> None:
         steps=9, finished_requests=2, cancelled_requests=0, free_pages=8, cached_pages=2,
         assigned_pages=2, free_credits=10,
     )  # fmt: skip
-    text = metrics.render(LoopSnapshot(waiting=3, running=1, stats=stats))
+    text = metrics.render(LoopSnapshot(waiting=1, running=1, stats=stats), waiting=3)
     families = {f.name: f for f in text_string_to_metric_families(text)}
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -234,7 +234,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _internal_error(_request: Request, exc: Exception) -> Response:
     log.error("unhandled error", exc_info=exc)
     return _error_response(
-        ServerError(f"internal error: {type(exc).__name__}", status=500, type="server_error")
+        # Starlette raises the error on after this answer, and uvicorn then closes the
+        # connection: say so, so that a client does not send its next request into it.
+        ServerError(
+            f"internal error: {type(exc).__name__}",
+            status=500,
+            type="server_error",
+            headers={"Connection": "close"},
+        )
     )
 
 
@@ -267,7 +274,7 @@ async def _health(_request: Request, state: ServerState) -> Response:
 
 
 async def _metrics(_request: Request, state: ServerState) -> Response:
-    text = state.metrics.render(state.loop.snapshot)
+    text = state.metrics.render(*state.loop.observed())
     return PlainTextResponse(text, headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -388,7 +395,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             first = await generation.handle.deliveries.get()
             if isinstance(first, Rejected):
                 where = "" if len(prompts) == 1 else f"prompt[{index // req.n}]: "
-                raise bad_request(where + first.message, code="rejected")
+                raise bad_request(where + first.message, first.param, code="rejected")
             if isinstance(first, Failed):
                 raise first.error()
     except BaseException:  # refused, failed, or the handler was cancelled: end every one

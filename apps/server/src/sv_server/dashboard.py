@@ -182,12 +182,12 @@ def _overall_ms(histogram: Histogram) -> float | None:
 
 
 def _frame(state: ServerState, rates: _Rates) -> dict[str, Any]:
-    snapshot = state.loop.snapshot
+    snapshot, waiting = state.loop.observed()
     metrics = state.metrics
     stats = snapshot.stats
     return {
         "model": state.model_name,
-        "waiting": state.loop.queue_depth,
+        "waiting": waiting,
         "running": snapshot.running,
         "steps": None if stats is None else stats.steps,
         "preemptions": None if stats is None else stats.preemptions,

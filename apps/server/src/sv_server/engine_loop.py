@@ -48,9 +48,11 @@ _ENGINE_REQUEST = re.compile(r"^request \S+ rejected: ")
 
 @dataclass(frozen=True)
 class Rejected:
-    """The engine refused the request: it could never run (the message says why)."""
+    """The engine refused the request: it could never run (the message says why, and
+    `param` names the request field at fault, when one is)."""
 
     message: str
+    param: str | None = None
 
 
 @dataclass(frozen=True)
@@ -197,8 +199,13 @@ class EngineLoop:
     @property
     def queue_depth(self) -> int:
         """Requests waiting to start: submitted but not yet seen, plus the scheduler's queue."""
+        return self.observed()[1]
+
+    def observed(self) -> tuple[LoopSnapshot, int]:
+        """The latest snapshot and `queue_depth`, read together. A request submitted during
+        a long step is counted as waiting at once, not only when the step has ended."""
         with self._pending_lock:
-            return self._pending_submits + self.snapshot.waiting
+            return self.snapshot, self._pending_submits + self.snapshot.waiting
 
     # --- the engine thread ----------------------------------------------------------------------
 
@@ -234,7 +241,9 @@ class EngineLoop:
             request_id = self.engine.add_request(handle.prompt_ids, handle.params)
         except (EngineError, AdmissionError) as e:
             # The engine's request number means nothing to the client: its answer leaves it out.
-            batch.append((handle, Rejected(_ENGINE_REQUEST.sub("", str(e)))))
+            field = e.field if isinstance(e, EngineError) else None
+            param = {"max_new_tokens": "max_tokens"}.get(field or "", field)  # the API's name
+            batch.append((handle, Rejected(_ENGINE_REQUEST.sub("", str(e)), param)))
             return
         except Exception as e:  # a bug, not the client's fault: the handler answers 500
             log.exception("add_request failed")

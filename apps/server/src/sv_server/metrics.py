@@ -75,9 +75,11 @@ class Metrics:
                 self.finished[event.finished] += 1
                 self.latency.observe(at - handle.arrived_at)
 
-    def render(self, snapshot: LoopSnapshot) -> str:
+    def render(self, snapshot: LoopSnapshot, waiting: int) -> str:
+        """The metrics text; `waiting` counts the requests submitted but not yet admitted
+        (`EngineLoop.observed`), which the snapshot of the last step may not have seen."""
         out = _Writer()
-        out.gauge("sv_requests_waiting", "Requests waiting to be admitted.", snapshot.waiting)
+        out.gauge("sv_requests_waiting", "Requests waiting to be admitted.", waiting)
         out.gauge("sv_requests_running", "Requests admitted and not finished.", snapshot.running)
         stats = snapshot.stats
         if stats is not None:
