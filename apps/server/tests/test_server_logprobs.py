@@ -36,7 +36,8 @@ def hf_logprobs(model: transformers.LlamaForCausalLM, ids: list[int]) -> torch.T
 
 
 def text_of(engine: Any, token_id: int) -> str:
-    return str(engine.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace"))
+    """A token as OpenAI shows one: a byte of no whole character as \\xNN."""
+    return str(engine.tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace"))
 
 
 def greedy(engine: Any, prompt: Any, n: int) -> Any:
@@ -102,17 +103,25 @@ def test_chat_logprobs_equal_transformers(
     ]
 
 
-@pytest.mark.parametrize("prompt_ids", [False, True])
+SPLIT = "Привет, как дела? 日本語は"  # characters the tokenizer splits across tokens
+
+
+@pytest.mark.parametrize(
+    ("prompt_ids", "text"),
+    [(False, "The capital of France is"), (True, "The capital of France is"), (False, SPLIT)],
+    ids=["text", "token-ids", "split-characters"],
+)
 def test_completion_echo_scores_the_prompt(
     client: openai.OpenAI,
     server: RunningServer,
     oracle_engine: Any,
     oracle: transformers.LlamaForCausalLM,
     prompt_ids: bool,
+    text: str,
 ) -> None:
     """echo + logprobs (what lm-eval's loglikelihood asks): the prompt's tokens first, the
-    first unscored, then the output's; as one answer and streamed."""
-    text = "The capital of France is"
+    first unscored, then the output's; as one answer and streamed. Each text offset counts
+    the text's characters before the token, a character split across tokens once."""
     ids = oracle_engine.tokenizer.encode(text)
     prompt: Any = ids if prompt_ids else text
     expected = greedy(oracle_engine, ids, 3)
@@ -149,7 +158,13 @@ def test_completion_echo_scores_the_prompt(
         assert list(got) == list(expected_top)
         assert list(got.values()) == pytest.approx(list(expected_top.values()), abs=TOL)
     assert outside_top > 0  # the prompt has tokens the model did not rank in its top 2
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(scored))]
+    pieces = [oracle_engine.tokenizer.token_bytes(t) for t in scored]
+    starts = [sum(map(len, pieces[:i])) for i in range(len(scored))]
+    whole = b"".join(pieces)
+    assert lp.text_offset == [len(whole[:s].decode("utf-8", errors="ignore")) for s in starts]
+    assert lp.text_offset[-1] < len(choice.text)
+    if text == SPLIT:  # the case is there: tokens that are parts of a character
+        assert sum("\\x" in t for t in lp.tokens) >= 2
 
     chunks = list(client.completions.create(**args, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == choice.text

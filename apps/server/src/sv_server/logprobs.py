@@ -6,12 +6,16 @@ completions: {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token:
               "text_offset": [...]}; with echo the prompt's tokens come first, the very first
               with null log-probabilities (nothing precedes it).
 
-A token is shown as its text (its bytes as UTF-8, a cut multi-byte character as U+FFFD) and,
-for chat, its raw bytes too, so a client can join split characters back.
+A token is shown as its text, and a byte of it that is no whole UTF-8 character (a
+character split across tokens) as `\\xNN`, as OpenAI shows one: distinct byte tokens stay
+distinct among a position's top alternatives. Chat also gives each token's raw bytes, so a
+client can join split characters back; completions' `text_offset` counts the characters of
+the choice's text before each token, a split character counted once, where it starts.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,13 +36,15 @@ class LogprobsWriter:
         self._kind = kind
         self._tokenizer = tokenizer
         self._offset = 0  # completions: where the next token's text starts in the choice's text
+        # (the text's characters so far: a split character's first bytes add none until its last)
+        self._characters = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def render(self, scored: Sequence[Scored]) -> dict[str, Any]:
         # (the Responses API's output_text logprobs are chat's entries)
         return self._completion(scored) if self._kind == "completion" else self._chat(scored)
 
     def _text(self, token_id: int) -> str:
-        return self._tokenizer.shown_bytes(token_id).decode("utf-8", errors="replace")
+        return self._tokenizer.shown_bytes(token_id).decode("utf-8", errors="backslashreplace")
 
     def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         return {
@@ -62,10 +68,9 @@ class LogprobsWriter:
         top: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for token_id, lp in scored:
-            text = self._text(token_id)
-            tokens.append(text)
+            tokens.append(self._text(token_id))
             offsets.append(self._offset)
-            self._offset += len(text)
+            self._offset += len(self._characters.decode(self._tokenizer.shown_bytes(token_id)))
             token_logprobs.append(None if lp is None else lp.logprob)
             top.append(None if lp is None else self._completion_top(token_id, lp))
         return {
