@@ -129,6 +129,10 @@ def test_sv_serve_ends_requests_cleanly_on_a_signal(default_model: Path, sig: in
     assert process.returncode == 0, out
     pages = re.search(r"(\d+) of (\d+) KV pages free", out)
     assert pages and pages[1] == pages[2], out
+    # 32 MiB hold fewer tokens than the model's context: said at the start
+    start = re.search(r"\(context (\d+) tokens, (\d+) KV pages\)", out)
+    assert start and int(start[2]) * 16 < int(start[1]), out
+    assert f"the KV cache holds {int(start[2]) * 16:,} tokens in all, fewer than the context" in out
 
 
 @pytest.mark.slow
@@ -138,7 +142,9 @@ def test_a_second_ctrl_c_ends_the_drain(default_model: Path) -> None:
     cancelled with a traceback at exit."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    process = _start_sv_serve(default_model, port, "--drain-seconds", "600")
+    # (a context the 32 MiB cache holds whole: no note at the start)
+    options = ("--drain-seconds", "600", "--max-model-len", "512")
+    process = _start_sv_serve(default_model, port, *options)
     body = {"prompt": "Count: 1, 2, 3,", "stream": True} | LONG
     try:
         _wait_healthy(process, url)
@@ -159,7 +165,7 @@ def test_a_second_ctrl_c_ends_the_drain(default_model: Path) -> None:
     assert json.loads(rest[-2])["error"]["code"] == "shutting_down", rest[-3:]
     assert len(rest) < LONG["max_tokens"]
     assert process.returncode == 0, out
-    assert "Traceback" not in out, out
+    assert "Traceback" not in out and "KV cache holds" not in out, out
     pages = re.search(r"(\d+) of (\d+) KV pages free", out)
     assert pages and pages[1] == pages[2], out
 

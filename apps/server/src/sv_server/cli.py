@@ -208,6 +208,15 @@ def serve_main(argv: list[str]) -> int:
         f"{', API key required' if args.api_key else ''})",
         file=sys.stderr,
     )
+    pool_tokens = engine.stats.pool_pages * engine.runner.page_size
+    if pool_tokens < engine.runner.max_model_len:
+        # /v1/models advertises the context; a client sizing prompts by it should know.
+        print(
+            f"sv serve: note: the KV cache holds {pool_tokens:,} tokens in all, fewer than the "
+            f"context: a request needing more is refused. Give the cache more memory "
+            "(--kv-cache-mib) or set a shorter context (--max-model-len).",
+            file=sys.stderr,
+        )
     server = build_server(
         app,
         host=args.host,

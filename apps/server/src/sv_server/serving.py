@@ -3,7 +3,9 @@ headers, and a shutdown that ends every request in flight properly.
 
 What uvicorn 0.54 gives and what is added here:
 
-- `limit_concurrency` bounds connections (and requests) at once: past it, a request gets 503.
+- `limit_concurrency` bounds connections (and requests) at once: past it, a request gets a
+  plain-text 503. `_ConnectionBound` applies the same bound in front of the app instead, so
+  the 503 is in OpenAI's error shape, with Retry-After, as the queue's 429 is.
 - Idle kept-alive connections are closed after `timeout_keep_alive`. But a connection that
   never finishes its request headers has no timer at all (one byte every few seconds keeps it
   open for ever): `_HeaderDeadlineProtocol` closes it after the read timeout. The body has its
@@ -18,13 +20,20 @@ What uvicorn 0.54 gives and what is added here:
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
-from sv_server.app import shut_down
+from sv_server.app import RETRY_AFTER_S, shut_down
+from sv_server.errors import ServerError
+
+log = logging.getLogger("sv_server")
 
 DEFAULT_MAX_CONNECTIONS = 1024
 GRACEFUL_SHUTDOWN_S = 5  # for uvicorn, after the app has ended its requests: ample
@@ -79,6 +88,39 @@ def _protocol_with_deadline(timeout_s: float) -> type[_HeaderDeadlineProtocol]:
     )
 
 
+class _ConnectionBound:
+    """The app behind uvicorn's bound on connections and requests at once (`limit_concurrency`,
+    left unset), answered as the API answers: a request that finds more than `limit`
+    connections open, or more than `limit` requests in flight (its own counted in both),
+    gets a 503 in OpenAI's error shape with Retry-After, and its connection is closed."""
+
+    def __init__(self, app: Starlette, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.server_state: ServerState | None = None  # the server's, once it is made
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self.server_state
+        if (
+            scope["type"] == "http"
+            and state is not None
+            and max(len(state.connections), len(state.tasks)) > self.limit
+        ):
+            log.warning("refused a request: more than %d connections open", self.limit)
+            error = ServerError(
+                f"the server has more than its {self.limit} connections open (--max-connections); "
+                "retry later",
+                status=503,
+                type="server_error",
+                code="too_many_connections",
+                headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"},
+            )
+            response = JSONResponse(error.body(), status_code=503, headers=error.headers)
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 class GracefulServer(uvicorn.Server):
     """uvicorn's server, whose shutdown first stops accepting and ends the app's requests."""
 
@@ -110,15 +152,15 @@ def build_server(
 ) -> GracefulServer:
     """The uvicorn server `sv serve` runs (and the tests run): h11 with the header deadline,
     at most `max_connections` connections, requests drained for `drain_s` at shutdown."""
+    bound = _ConnectionBound(app, max_connections)
     config = uvicorn.Config(
-        app,
+        bound,
         host=host,
         port=port,
         log_level=log_level,
         http=_protocol_with_deadline(read_timeout_s),
-        # uvicorn counts the connection asking among those open: +1, so that `max_connections`
-        # connections are served and the next one's request gets the 503
-        limit_concurrency=max_connections + 1,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
-    return GracefulServer(config, app, drain_s)
+    server = GracefulServer(config, app, drain_s)
+    bound.server_state = server.server_state
+    return server
