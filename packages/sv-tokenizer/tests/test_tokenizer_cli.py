@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,20 @@ def test_encode_and_decode_with_a_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert status == 0 and out.split() == [
         str(i) for i in Tokenizer.from_file(model).encode("hello world")
     ]
+
+
+def test_a_lone_dash_reads_standard_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(tiny_tiktoken_file())
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello w\n"))
+    status, out, _ = run(["--tokenizer", str(model), "-"], capsys)
+    assert status == 0 and out.split() == [
+        str(i) for i in Tokenizer.from_file(model).encode("hello w\n")
+    ]
+    monkeypatch.setattr("sys.stdin", io.StringIO("259, 32 119"))
+    assert run(["--tokenizer", str(model), "--decode", "-"], capsys) == (0, "hello w\n", "")
 
 
 def test_default_llama_tokenizer_and_special_tokens(
@@ -81,7 +96,13 @@ def test_special_token_text_is_plain_without_allow_special(
             "token id 99999 is not in the vocabulary",
         ),
         (["--tokenizer", "{missing}", "hi"], "cannot read the tokenizer file"),
-        (["--model", "{missing}", "hi"], "not a directory"),
+        (["--model", "{missing}", "hi"], "does not exist"),
+        (["--model", "", "hi"], "--model must not be empty"),
+        (["--tokenizer", "", "hi"], "--tokenizer must not be empty"),
+        # digits to str.isdigit, but no token id: ², ① and Arabic-Indic ١٢
+        (["--decode", "--tokenizer", "{model}", "²"], "'²' is not a token id"),
+        (["--decode", "--tokenizer", "{model}", "①"], "'①' is not a token id"),
+        (["--decode", "--tokenizer", "{model}", "١٢"], "'١٢' is not a token id"),
         (["--model", "{dir}", "--tokenizer", "{model}", "hi"], "not allowed with argument"),
         (["--bogus", "hi"], "unrecognized arguments: --bogus"),
         ([], "the following arguments are required: TEXT"),

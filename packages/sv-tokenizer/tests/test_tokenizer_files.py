@@ -303,8 +303,12 @@ def test_fuzzed_tokenizer_json_loads_or_fails_cleanly(
 
 
 def test_model_dir_errors(tmp_path: Path) -> None:
-    with pytest.raises(TokenizerError, match=re.escape(f"{tmp_path / 'nope'}: not a directory")):
-        Tokenizer.from_model_dir(tmp_path / "nope")
+    missing = tmp_path / "nope"
+    with pytest.raises(TokenizerError, match=re.escape(f"model folder {missing} does not exist")):
+        Tokenizer.from_model_dir(missing)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(TokenizerError, match=re.escape(f"{tmp_path / 'a-file'}: not a directory")):
+        Tokenizer.from_model_dir(tmp_path / "a-file")
     with pytest.raises(TokenizerError, match="no tokenizer file found"):
         Tokenizer.from_model_dir(tmp_path)
     write(tmp_path / "tokenizer.json", tiny_tokenizer_document(added=[("<s>", 300, True)]))

