@@ -74,3 +74,24 @@ def test_an_fp8_checkpoint_on_the_cpu(tiny_llama_dir: Path, tmp_path: Path) -> N
     quantized = [m for m in matrices if isinstance(m, QuantizedWeight)]
     assert len(quantized) == 1 + 4 * len(weights.layers)
     assert all(m.kind == "int8" for m in quantized)
+
+
+def test_fp8_asked_for_on_the_cpu_is_dequantized_at_load(tiny_llama_dir: Path) -> None:
+    """The CPU has no FP8 kernel: `quantization="fp8"` there rounds the matrices to FP8 and
+    keeps them as FP32 once, instead of dequantizing each at every call (~100x slower on the
+    default model). The greedy tokens are those of the FP8 weights kept quantized (the
+    reference path, each matrix dequantized per call), and every matrix is a plain tensor."""
+    from sv_model import quantize_weights
+
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    prompts = ["Name a colour.", "Count to five."]
+    fp8 = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=4, quantization="fp8")
+    weights = fp8.runner.model.weights
+    matrices = [weights.lm_head] + [m for layer in weights.layers for m in vars(layer).values()]
+    assert not any(isinstance(m, QuantizedWeight) for m in matrices)
+    assert weights.layers[0].qkv.dtype == torch.float32
+    kept = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=4)
+    kept.runner.model.weights = quantize_weights(kept.runner.model.weights, "fp8")
+    assert isinstance(kept.runner.model.weights.layers[0].qkv, QuantizedWeight)
+    got = [c.output_ids for c in fp8.generate(prompts, params)]
+    assert got == [c.output_ids for c in kept.generate(prompts, params)]
