@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_test_support import SV, one_line_error, sv
@@ -243,7 +244,8 @@ def test_chat_commands_and_cut_replies(
     engine = Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=16)
     inp = io.StringIO("/help\n/exti\nName three rivers.\n/quit\nNever read.\n")
     out = io.StringIO()
-    assert chat_loop(engine, SamplingParams(max_new_tokens=3), None, inp, out) == 0
+    # (1: piped input had a mistyped command, which a script must see)
+    assert chat_loop(engine, SamplingParams(max_new_tokens=3), None, inp, out) == 1
     err = capsys.readouterr().err
     assert HELP in out.getvalue()
     assert "sv chat: unknown command /exti" in err
@@ -253,6 +255,57 @@ def test_chat_commands_and_cut_replies(
     inp = io.StringIO("Write a long poem about the sea.\n")
     assert chat_loop(small, SamplingParams(max_new_tokens=100), None, inp, io.StringIO()) == 0
     assert "the end of the model's context (40 tokens): /reset to go on" in capsys.readouterr().err
+
+
+class _Recording:
+    """An engine whose stream() calls are kept (the dialogs chat sent), otherwise the engine."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.dialogs = engine, []
+
+    def stream(self, dialogs: Any, params: Any) -> Any:
+        self.dialogs.append(list(dialogs[0]))
+        return self.engine.stream(dialogs, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+def test_piped_chat_fails_on_a_refused_turn_and_hints_reset_only_with_history(
+    default_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first turn longer than the context: refused, and /reset would not help. A later
+    turn refused where earlier ones take room: /reset is the hint. Piped, either makes the
+    exit status 1; a chat with no refusal is 0."""
+    from sv_cli.chat import chat_loop
+    from sv_engine import Engine, SamplingParams
+
+    small = Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=16, max_model_len=48)
+    params = SamplingParams(max_new_tokens=4)
+    long = "Tell me a very long story about dragons and knights and castles far away. " * 3
+    assert chat_loop(small, params, None, io.StringIO(long + "\n"), io.StringIO()) == 1
+    err = capsys.readouterr().err
+    assert "rejected" in err and "/reset" not in err, err
+    inp = io.StringIO("Hi\nHow are you\nWhat is 2+2 and what is 3+3\n")
+    assert chat_loop(small, params, None, inp, io.StringIO()) == 1
+    err = capsys.readouterr().err
+    assert "rejected" in err and err.strip().endswith("(try /reset)"), err
+    assert chat_loop(small, params, None, io.StringIO("Hi\n"), io.StringIO()) == 0
+    assert small.stats.free_pages == small.stats.pool_pages
+
+
+def test_an_empty_system_message_is_sent(default_model: Path) -> None:
+    """`--system ""` replaces the default system message the template adds without one
+    (SmolLM2's names the assistant): it is sent, not dropped."""
+    from sv_cli.chat import chat_loop
+    from sv_engine import Engine, SamplingParams
+    from sv_tokenizer import Message
+
+    engine = _Recording(Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=16))
+    params = SamplingParams(max_new_tokens=2)
+    for system, first in (("", [Message("system", "")]), (None, [])):
+        assert chat_loop(engine, params, system, io.StringIO("Hi\n"), io.StringIO()) == 0
+        assert engine.dialogs.pop() == [*first, Message("user", "Hi")]
 
 
 def test_the_sv_entry_point_runs(default_model: Path) -> None:
@@ -348,7 +401,9 @@ def test_max_new_not_a_positive_integer(max_new: str) -> None:
 
 def test_max_model_len_1(default_model: Path) -> None:
     line = one_line_error(sv("generate", "--max-model-len", "1", "Hi"))
-    assert "max_model_len must be at least 2 tokens" in line
+    assert "error: --max-model-len must be at least 2 tokens" in line
+    line = one_line_error(sv("generate", "--max-model-len", "999999", "Hi"))
+    assert "error: --max-model-len 999999 is over the model's context of 8192 tokens" in line
 
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve"])
@@ -635,3 +690,12 @@ def test_bad_words_flag_equals_the_engine(
     assert main(["generate", "--bad-words", "Hello", "zebra", "--", "Say hello.", "6"]) == 0
     out = capsys.readouterr().out
     assert eval(re.search(r"ids=(\[[\d, ]*\])", out).group(1)) == want  # type: ignore[union-attr]
+
+
+def test_version_is_the_packages() -> None:
+    """`sv --version`, as `vllm --version`: the version apps/cli/pyproject.toml declares."""
+    import tomllib
+
+    declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    done = sv("--version")
+    assert done.returncode == 0 and done.stdout == f"sv {declared['project']['version']}\n"

@@ -84,6 +84,17 @@ def test_an_unwritable_trace_is_one_line(tmp_path: Path) -> None:
     assert "cannot write the trace file" in line and "none" in line
 
 
+def test_the_trace_file_is_checked_before_the_model_loads(tmp_path: Path) -> None:
+    """Found first: a model that does not exist is not what the error names. And a load that
+    fails leaves no empty trace file behind."""
+    missing = str(tmp_path / "no-model")
+    line = one_line_error(sv("generate", "--model", missing, "--trace", str(tmp_path), "Hi", "2"))
+    assert line.startswith("sv generate: error: --trace: cannot write the trace file"), line
+    trace = tmp_path / "t.jsonl"
+    line = one_line_error(sv("generate", "--model", missing, "--trace", str(trace), "Hi", "2"))
+    assert "no-model" in line and not trace.exists()
+
+
 @pytest.fixture(scope="module")
 def real_trace(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     trace = tmp_path_factory.mktemp("trace") / "run.jsonl"

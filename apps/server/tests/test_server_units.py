@@ -131,6 +131,8 @@ def test_the_early_refusal_bound_never_exceeds_the_real_token_count(
         ["--drain-seconds", "-1"],
         ["--drain-seconds", "inf"],
         ["--api-key", ""],
+        ["--host", ""],  # (not every interface)
+        ["--served-model-name", " "],
         ["--bogus"],
         ["extra"],
     ],
@@ -146,17 +148,22 @@ def test_bad_options_are_one_line_and_exit_2(
 
 
 def test_the_api_key_comes_from_the_flag_or_the_environment(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sv_server.cli import build_parser
+    from sv_server.cli import parse_args
 
     monkeypatch.delenv("SV_API_KEY", raising=False)
-    assert build_parser().parse_args([]).api_key is None
+    assert parse_args([]).api_key is None
     monkeypatch.setenv("SV_API_KEY", "from-env")
-    assert build_parser().parse_args([]).api_key == "from-env"
-    assert build_parser().parse_args(["--api-key", "flag"]).api_key == "flag"
+    assert parse_args([]).api_key == "from-env"
+    assert parse_args(["--api-key", "flag"]).api_key == "flag"
     monkeypatch.setenv("SV_API_KEY", "")  # set but empty: no key, not an empty one
-    assert build_parser().parse_args([]).api_key is None
+    assert parse_args([]).api_key is None
+    monkeypatch.setenv("SV_API_KEY", "  ")  # blank: refused, naming the variable
+    assert parse_args(["--api-key", "flag"]).api_key == "flag"  # (the flag wins)
+    with pytest.raises(SystemExit):
+        parse_args([])
+    assert "$SV_API_KEY must not be blank" in capsys.readouterr().err
 
 
 def test_missing_model_folder_is_one_line_and_exit_2(
@@ -165,6 +172,10 @@ def test_missing_model_folder_is_one_line_and_exit_2(
     assert serve_main(["--model", str(tmp_path / "nope"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
+    # an empty --model (an unset shell variable) is not the current folder's model
+    assert serve_main(["--model", "", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--model must not be empty" in err
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "host.invalid"])

@@ -70,6 +70,6 @@ def test_bad_values_refused(value: object) -> None:
 
 def test_ids_outside_the_vocabulary_are_refused_at_add(engine: Engine) -> None:
     vocab_size = engine.runner.config.vocab_size
-    with pytest.raises(EngineError, match=f"allowed_token_ids: token id {vocab_size} is outside"):
+    with pytest.raises(EngineError, match=f"allowed_token_ids has token id {vocab_size}, outside"):
         engine.add_request(PROMPTS[0], SamplingParams(allowed_token_ids={5, vocab_size}))
     assert not engine.has_unfinished()

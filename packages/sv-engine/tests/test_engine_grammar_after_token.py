@@ -210,5 +210,5 @@ def test_a_token_outside_the_vocabulary_is_refused(
     base: Engine, fields: dict[str, int], name: str
 ) -> None:
     params = SamplingParams(grammar=GRAMMAR, **fields)
-    with pytest.raises(EngineError, match=rf"{name}: token id \d+ is outside"):
+    with pytest.raises(EngineError, match=rf"{name} has token id \d+, outside"):
         base.add_request([3, 4, 5], params)

@@ -238,7 +238,7 @@ def test_logit_bias_outside_the_vocabulary_is_refused_at_add(engine: Engine) -> 
     vocab_size = engine.runner.config.vocab_size
     running = engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=8, ignore_eos=True))
     engine.step()
-    with pytest.raises(EngineError, match=f"logit_bias: token id {vocab_size} is outside"):
+    with pytest.raises(EngineError, match=f"logit_bias has token id {vocab_size}, outside"):
         engine.add_request(PROMPTS[1], SamplingParams(logit_bias={5: 1.0, vocab_size: 1.0}))
     finished = []
     while engine.has_unfinished():

@@ -42,7 +42,12 @@ def add_parser(sub: Any) -> None:
     )
     add_engine_arguments(p, admission="conservative")
     add_sampling_arguments(p)
-    p.add_argument("--system", metavar="TEXT", help="a system message for the conversation")
+    p.add_argument(
+        "--system",
+        metavar="TEXT",
+        help="a system message for the conversation (an empty one replaces the default "
+        "system message some chat templates add)",
+    )
     p.add_argument(
         "-n",
         "--max-new-tokens",
@@ -97,16 +102,24 @@ def chat_loop(
     thinking: ReasoningParser | None = None,
 ) -> int:
     """Read turns from `inp`, stream the answers to `out`. `thinking`: show each answer's
-    thinking dimmed and without its tags (the history keeps the text as written)."""
+    thinking dimmed and without its tags (the history keeps the text as written). The exit
+    status is 0, or 1 when `inp` is not a terminal and a turn was refused or a command
+    mistyped: a script sees what went wrong, as a person at the terminal does."""
     from sv_engine import EngineError
     from sv_scheduler import AdmissionError
     from sv_tokenizer import Message, TokenizerError
 
     def fresh() -> list[Message]:
-        return [Message("system", system)] if system else []
+        # (an empty one too: it replaces the default some templates add without one)
+        return [Message("system", system)] if system is not None else []
 
     dialog = fresh()
     interactive = inp.isatty()
+    failures = 0
+
+    def status() -> int:
+        return 1 if failures and not interactive else 0
+
     if interactive:
         print(HELP, file=out)
     while True:
@@ -117,21 +130,22 @@ def chat_loop(
             line = inp.readline()
         except KeyboardInterrupt:
             print(file=out)
-            return 0
+            return status()
         if not line:
-            return 0
+            return status()
         text = line.strip()
         if not text:
             continue
         if COMMAND.fullmatch(text):
             if text in ("/exit", "/quit"):
-                return 0
+                return status()
             if text == "/reset":
                 dialog = fresh()
                 print("(conversation reset)", file=out)
             elif text in ("/help", "/?"):
                 print(HELP, file=out)
             else:
+                failures += 1
                 print(f"sv chat: unknown command {text} ({HELP})", file=sys.stderr)
             continue
         dialog.append(Message("user", text))
@@ -152,8 +166,11 @@ def chat_loop(
                 show.finish()
             out.write(" [stopped]")
         except (EngineError, AdmissionError, TokenizerError) as e:
+            failures += 1
             dialog.pop()
-            print(f"sv chat: {flag_named(e)}{pool_hint(e, engine)} (try /reset)", file=sys.stderr)
+            # /reset helps only where earlier turns take room
+            reset = " (try /reset)" if len(dialog) > len(fresh()) else ""
+            print(f"sv chat: {flag_named(e)}{pool_hint(e, engine)}{reset}", file=sys.stderr)
             continue
         if show is not None:
             show.finish()

@@ -65,12 +65,10 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _token_ids(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated token ids, got {text!r}"
-        ) from None
+    fields = [t.strip() for t in text.split(",")]
+    if not all(t.isascii() and t.isdigit() for t in fields):  # (no sign: ids are >= 0)
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}")
+    return [int(t) for t in fields]
 
 
 # The sampling flags: each sets the SamplingParams field of its name (--top-k sets top_k).

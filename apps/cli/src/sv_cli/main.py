@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import signal
 import sys
@@ -31,6 +32,9 @@ def build_parser() -> OneLineErrorParser:
     parser = OneLineErrorParser(
         prog="sv",
         description="sv: a from-scratch LLM inference engine (Llama architecture, paged KV cache).",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"sv {importlib.metadata.version('sv-cli')}"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     sub.required = True

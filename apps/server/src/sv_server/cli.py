@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -57,6 +58,18 @@ def _api_key(text: str) -> str:
     return text
 
 
+def _not_empty(what: str) -> Callable[[str], str]:
+    """An argparse type: `text` unless blank (an unset shell variable, say), when the error
+    names `what` the value would otherwise silently become."""
+
+    def check(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"must not be empty ({what})")
+        return text
+
+    return check
+
+
 def build_parser() -> OneLineErrorParser:
     from sv_server.app import DEFAULT_MAX_QUEUE
     from sv_server.body import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
@@ -70,7 +83,12 @@ def build_parser() -> OneLineErrorParser:
         "/health, /metrics).",
     )
     add_engine_arguments(p, admission="preemptive")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--host",
+        type=_not_empty("an empty host would listen on every interface: say 0.0.0.0 for that"),
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface)",
+    )
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free)")
     p.add_argument(
         "--max-queue",
@@ -81,6 +99,7 @@ def build_parser() -> OneLineErrorParser:
     )
     p.add_argument(
         "--served-model-name",
+        type=_not_empty("leave the flag out for the model folder's name"),
         metavar="NAME",
         help="the model id clients use (default: the model folder's name)",
     )
@@ -88,7 +107,6 @@ def build_parser() -> OneLineErrorParser:
         "--api-key",
         type=_api_key,
         metavar="KEY",
-        default=os.environ.get(API_KEY_ENV) or None,
         help="require 'Authorization: Bearer KEY' on every /v1/* route and on /tokenize and "
         f"/detokenize (default: ${API_KEY_ENV}, else none); /health, /metrics and /version stay "
         "open",
@@ -140,7 +158,13 @@ def build_parser() -> OneLineErrorParser:
         "of the model's, as vLLM's flag of that name); without it such a request gets 400: a "
         "template is the client's code run on the server",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe messages logged, by sv and by uvicorn (whose access log of "
+        "every request is at info): one of %(choices)s (default %(default)s)",
+    )
     return p
 
 
@@ -158,8 +182,21 @@ def wants_bos(model_dir: Path, tokenizer: Tokenizer) -> bool:
     return not (isinstance(data, dict) and data.get("add_bos_token") is False)
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """`sv serve`'s options; without --api-key, the key is $SV_API_KEY's (none when unset or
+    empty; a blank one is an error that names the variable, not the flag)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from_env = os.environ.get(API_KEY_ENV, "")
+    if args.api_key is None and from_env:
+        if not from_env.strip():
+            parser.error(f"${API_KEY_ENV} must not be blank (unset it, or give a key)")
+        args.api_key = from_env
+    return args
+
+
 def serve_main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
 
     from sv_engine import EngineError

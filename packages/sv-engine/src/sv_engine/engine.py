@@ -262,8 +262,8 @@ class Engine:
         for name in ("grammar_after_token", "grammar_wait_opener"):
             token = getattr(params, name)
             if token is not None and token >= vocab_size:
-                raise EngineError(
-                    f"{name}: token id {token} is outside the vocabulary (0..{vocab_size - 1})"
+                raise EngineError.bad_field(
+                    name, f"has token id {token}, outside the vocabulary (0..{vocab_size - 1})"
                 )
         bad_word_ids = (
             bad_words.word_ids(self.tokenizer.encode, params.bad_words) if params.bad_words else ()
@@ -277,8 +277,8 @@ class Engine:
         ):
             outside = sorted(t for t in ids if t >= vocab_size)
             if outside:
-                raise EngineError(
-                    f"{name}: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})"
+                raise EngineError.bad_field(
+                    name, f"has token id {outside[0]}, outside the vocabulary (0..{vocab_size - 1})"
                 )
         request_id = next(self._ids)
         # ignore_eos drops the model's stop ids only: the request's own still stop it. A

@@ -215,7 +215,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         help="quantize the weight matrices at load: fp8 (e4m3) or int8, one scale per output "
         "channel, half the bytes of BF16 per decode step (int8 quantizes an FP8 checkpoint's "
         "matrices again); none: the checkpoint's own dtypes (an FP8 checkpoint's matrices stay "
-        "FP8 on CUDA; the CPU, which has no FP8 kernel, dequantizes them at load); auto "
+        "FP8 on CUDA); the CPU has no FP8 kernel: there FP8 matrices (fp8's, or a "
+        "checkpoint's) are dequantized at load, FP8's values at FP32's speed and size; auto "
         "(default): int8 on the CPU, where its perplexity on the default model is within "
         "0.5%% of FP32's (BENCHMARKS.md), none on CUDA and for a checkpoint that comes quantized",
     )
@@ -421,10 +422,52 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
             names=("--gpu-memory-utilization", "--kv-cache-mib"),
         )
     chat_template = chat_template_from_args(args)
+    if args.model == "":  # (an unset shell variable: not the current folder's model)
+        raise EngineError("--model must not be empty")
+    trace: str | None = getattr(args, "trace", None)
+    created_trace = trace is not None and _check_trace_file(trace)
+    try:
+        return _load_engine(args, speculation, chat_template, overrides)
+    except BaseException as e:
+        if trace is not None and created_trace:  # the empty file the check made, not a trace
+            Path(trace).unlink(missing_ok=True)
+        if isinstance(e, EngineError) and e.field == "max_model_len":  # the flag's name
+            raise e.named("--max-model-len") from None
+        raise
+
+
+def _check_trace_file(path: str) -> bool:
+    """--trace's FILE can be written: found before the load rather than after it. True if the
+    check created the (empty) file."""
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise EngineError(f"--trace: cannot write the trace file {path!r}: {e.strerror}") from None
+    return not existed
+
+
+def _load_engine(
+    args: argparse.Namespace,
+    speculation: SpeculationConfig | None,
+    chat_template: tuple[str, str] | None,
+    overrides: dict[str, Any],
+) -> tuple[Engine, Path]:
     if args.model is not None:
         model_dir = Path(args.model)
     else:
         model_dir = default_model_dir(progress=lambda message: print(message, file=sys.stderr))
+    quantization = resolve_quantization(
+        getattr(args, "quantization", "auto"), args.device, model_dir
+    )
+    if quantization == "fp8" and resolve_device(args.device).type == "cpu":
+        print(
+            "sv: note: the CPU has no FP8 kernel: --quantization fp8 rounds the weights to FP8 "
+            "and holds them in FP32 (FP8's outputs at FP32's speed and memory); int8, the "
+            "CPU's default, is the fast one",
+            file=sys.stderr,
+        )
     engine = Engine.from_model_dir(
         model_dir,
         device=args.device,
@@ -434,9 +477,7 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
         kv_cache_dtype=args.kv_cache_dtype,
         speculation=speculation,
         tuning_cache=default_tuning_cache(),
-        quantization=resolve_quantization(
-            getattr(args, "quantization", "auto"), args.device, model_dir
-        ),
+        quantization=quantization,
         progress=lambda message: print(f"sv: {message}", file=sys.stderr, flush=True),
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         max_num_seqs=getattr(args, "max_num_seqs", _ENGINE.max_num_seqs),
