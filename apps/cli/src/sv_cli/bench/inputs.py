@@ -14,6 +14,9 @@ DEFAULT_PRESET = "llama-3.2-1b"
 # Prompt token ids are drawn below this (Llama 3's vocabulary); a smaller vocabulary (Mistral's
 # 32,000) takes them modulo its size, so the 1B workloads stay the ones of BENCHMARKS.md.
 PROMPT_ID_BOUND = 128000
+# The tokenizer files `prepare_checkpoint` copies into the checkpoint: the engine loads one of
+# them (tokenizer.json first); tokenizer_config.json comes along when there.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
 def prepare_checkpoint(
@@ -33,7 +36,7 @@ def prepare_checkpoint(
         )
         print(f"[bench] ... done in {time.perf_counter() - t0:.1f} s", flush=True)
     if tokenizer_dir is not None:
-        for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
+        for name in (*TOKENIZER_FILES, "tokenizer_config.json"):
             if (tokenizer_dir / name).exists() and not (model_dir / name).exists():
                 shutil.copy(tokenizer_dir / name, model_dir / name)
     return model_dir

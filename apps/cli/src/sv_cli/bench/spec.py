@@ -110,6 +110,23 @@ def _graph_alone(runner: Any, step: Any, k: int, profile_dir: Path | None) -> st
     )
 
 
+# What an acceptance trace (scripts/spec_acceptance.py --trace) must hold for `replay_trace`.
+TRACE_KEYS = ("model", "requests", "output_tokens", "verifications")
+
+
+def load_trace(trace_file: Path) -> dict[str, Any]:
+    """The acceptance trace in `trace_file`. Raises OSError (unreadable) or ValueError (not
+    JSON, or not an object with every one of TRACE_KEYS); `sv bench` calls it before any work
+    starts, so a bad --spec-trace fails at once, not after the GPU workloads."""
+    trace = json.loads(trace_file.read_text())
+    if not isinstance(trace, dict):
+        raise ValueError("not a JSON object")
+    missing = [key for key in TRACE_KEYS if key not in trace]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)} (a trace has {', '.join(TRACE_KEYS)})")
+    return trace
+
+
 def replay_trace(report: Report, costs: list[float], trace_file: Path, plain: float) -> None:
     """The replayed row, as a fraction of `plain` (the measured decode-b1 tok/s, overlapped).
 
@@ -117,7 +134,7 @@ def replay_trace(report: Report, costs: list[float], trace_file: Path, plain: fl
     after the step before was resolved (`resolved_plain_steps`: the engine waited for a draft
     that did not come); they cost the k=0 step unoverlapped, the others the measured plain
     decode-b1's time per token. Without that count every plain step is costed unoverlapped."""
-    trace = json.loads(trace_file.read_text())
+    trace = load_trace(trace_file)
     verifications = [(d, a) for d, a in trace["verifications"] if d < len(costs)]
     if len(verifications) != len(trace["verifications"]):
         raise ValueError(f"{trace_file}: drafts longer than k = {len(costs) - 1} were measured")
