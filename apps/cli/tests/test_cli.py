@@ -699,3 +699,24 @@ def test_version_is_the_packages() -> None:
     declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     done = sv("--version")
     assert done.returncode == 0 and done.stdout == f"sv {declared['project']['version']}\n"
+
+
+def test_the_parser_needs_no_package_metadata(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A source tree run from PYTHONPATH (the GPU machine's way) has no installed metadata:
+    every command still parses, and --version says where it runs from."""
+    import importlib.metadata
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--help"])
+    assert e.value.code == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == "sv (from a source tree, not an installed package)\n"

@@ -26,6 +26,19 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool killed by a closed pip
 EXIT_WRITE_FAILED = 1  # as `cat` to a full disk
 
 
+class _Version(argparse.Action):
+    """--version: the installed package's, looked up only when asked (a source tree run from
+    PYTHONPATH, as on the GPU machine, has no package metadata)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        try:
+            version = importlib.metadata.version("sv-cli")
+        except importlib.metadata.PackageNotFoundError:
+            version = "(from a source tree, not an installed package)"
+        print(f"sv {version}")
+        parser.exit()
+
+
 def build_parser() -> OneLineErrorParser:
     from sv_engine.options import OneLineErrorParser
 
@@ -33,9 +46,7 @@ def build_parser() -> OneLineErrorParser:
         prog="sv",
         description="sv: a from-scratch LLM inference engine (Llama architecture, paged KV cache).",
     )
-    parser.add_argument(
-        "--version", action="version", version=f"sv {importlib.metadata.version('sv-cli')}"
-    )
+    parser.add_argument("--version", action=_Version, nargs=0, help="print sv's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     sub.required = True
 
