@@ -275,8 +275,10 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
     )
 
 
-def add_tensor_parallel_argument(p: argparse.ArgumentParser) -> None:
-    """--tensor-parallel-size (also `sv bench`'s)."""
+def add_tensor_parallel_argument(p: argparse.ArgumentParser, pool_flag: bool = True) -> None:
+    """--tensor-parallel-size (also `sv bench`'s, which has no --kv-cache-mib: `pool_flag`
+    False leaves its mention out of the help)."""
+    per_rank = "and --kv-cache-mib is per rank; " if pool_flag else ""
     p.add_argument(
         "--tensor-parallel-size",
         type=positive_int,
@@ -284,7 +286,7 @@ def add_tensor_parallel_argument(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="split the model over N ranks, one process and one GPU each (this process is "
         "rank 0 and starts the others; under torchrun, its processes are the ranks): each "
-        "holds 1/N of the attention heads, KV heads and MLP, and --kv-cache-mib is per rank; "
+        f"holds 1/N of the attention heads, KV heads and MLP, {per_rank}"
         "N must divide the model's attention and key/value heads (default 1)",
     )
 

@@ -109,7 +109,7 @@ def build_parser() -> OneLineErrorParser:
         f"default: all but {_and_list(NAMED_ONLY)}. "
         + "; ".join(f"{name}: {what}" for name, what in WORKLOADS.items()),
     )
-    add_tensor_parallel_argument(p)
+    add_tensor_parallel_argument(p, pool_flag=False)
     p.add_argument(
         "--profile",
         action="store_true",
