@@ -52,12 +52,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _api_key(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the API key must not be empty")
-    return text
-
-
 def _not_empty(what: str) -> Callable[[str], str]:
     """An argparse type: `text` unless blank (an unset shell variable, say), when the error
     names `what` the value would otherwise silently become."""
@@ -105,7 +99,7 @@ def build_parser() -> OneLineErrorParser:
     )
     p.add_argument(
         "--api-key",
-        type=_api_key,
+        type=_not_empty("leave the flag out for no key"),
         metavar="KEY",
         help="require 'Authorization: Bearer KEY' on every /v1/* route and on /tokenize and "
         f"/detokenize (default: ${API_KEY_ENV}, else none); /health, /metrics and /version stay "

@@ -31,13 +31,19 @@ def is_number(value: Any) -> bool:
 
 
 def checked_field(
-    body: Mapping[str, Any], key: str, check: Callable[[Any], bool], what: str
+    body: Mapping[str, Any],
+    key: str,
+    check: Callable[[Any], bool],
+    what: str,
+    within: str | None = None,
 ) -> Any:
     """`body[key]`, None when absent or null; a 400 saying it must be `what` when `check`
-    refuses it."""
+    refuses it. `within`: the request field `body` is nested in (`stream_options`), which the
+    400 names as its param, the message naming `within.key`."""
     value = body.get(key)
     if value is not None and not check(value):
-        raise bad_request(f"'{key}' must be {what}, got {shown_value(value)}", param=key)
+        name, param = (key, key) if within is None else (f"{within}.{key}", within)
+        raise bad_request(f"'{name}' must be {what}, got {shown_value(value)}", param=param)
     return value
 
 
@@ -55,12 +61,14 @@ def optional_str(body: Mapping[str, Any], key: str) -> str | None:
     return checked_field(body, key, lambda v: isinstance(v, str), "a string")  # type: ignore[no-any-return]
 
 
-def optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
-    """A true/false field, or None."""
-    return checked_field(body, key, lambda v: isinstance(v, bool), "true or false")  # type: ignore[no-any-return]
+def optional_bool(body: Mapping[str, Any], key: str, within: str | None = None) -> bool | None:
+    """A true/false field, or None (`within`: as `checked_field`'s)."""
+    return checked_field(body, key, lambda v: isinstance(v, bool), "true or false", within)  # type: ignore[no-any-return]
 
 
-def bool_field(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
-    """A true/false field; `default` when absent or null."""
-    value = optional_bool(body, key)
+def bool_field(
+    body: Mapping[str, Any], key: str, default: bool = False, within: str | None = None
+) -> bool:
+    """A true/false field; `default` when absent or null (`within`: as `checked_field`'s)."""
+    value = optional_bool(body, key, within)
     return default if value is None else value

@@ -44,7 +44,7 @@ class LogprobsWriter:
         return self._completion(scored) if self._kind == "completion" else self._chat(scored)
 
     def _text(self, token_id: int) -> str:
-        return self._tokenizer.shown_bytes(token_id).decode("utf-8", errors="backslashreplace")
+        return _shown(self._tokenizer.shown_bytes(token_id))
 
     def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         return {
@@ -68,9 +68,10 @@ class LogprobsWriter:
         top: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for token_id, lp in scored:
-            tokens.append(self._text(token_id))
+            data = self._tokenizer.shown_bytes(token_id)
+            tokens.append(_shown(data))
             offsets.append(self._offset)
-            self._offset += len(self._characters.decode(self._tokenizer.shown_bytes(token_id)))
+            self._offset += len(self._characters.decode(data))
             token_logprobs.append(None if lp is None else lp.logprob)
             top.append(None if lp is None else self._completion_top(token_id, lp))
         return {
@@ -88,3 +89,8 @@ class LogprobsWriter:
         if all(t != token_id for t, _ in lp.top):
             top.setdefault(self._text(token_id), lp.logprob)
         return top
+
+
+def _shown(data: bytes) -> str:
+    """A token's bytes as its text: a byte of no whole UTF-8 character as `\\xNN`."""
+    return data.decode("utf-8", errors="backslashreplace")

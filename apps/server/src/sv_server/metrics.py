@@ -76,8 +76,8 @@ class Metrics:
                 self.latency.observe(at - handle.arrived_at)
 
     def render(self, snapshot: LoopSnapshot, waiting: int) -> str:
-        """The metrics text; `waiting` counts the requests submitted but not yet admitted
-        (`EngineLoop.observed`), which the snapshot of the last step may not have seen."""
+        """The metrics text; `waiting` is `EngineLoop.observed`'s: the snapshot's waiting
+        requests and those whose first step has not ended, which it has not seen."""
         out = _Writer()
         out.gauge("sv_requests_waiting", "Requests waiting to be admitted.", waiting)
         out.gauge("sv_requests_running", "Requests admitted and not finished.", snapshot.running)

