@@ -175,6 +175,50 @@ def test_bad_input_is_one_line_and_exit_2(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["generate", "--no-such-flag"], "sv generate: error: unrecognized arguments: --no-such-flag"),
+        (["generate", "--no-such=x"], "sv generate: error: unrecognized arguments: --no-such=x"),
+        (["trace", "report", "--no-such-flag", "t"], "sv trace report: error: unrecognized"),
+        (["weights", "inspect", "--no-such-flag"], "sv weights inspect: error: unrecognized"),
+        (["trace", "--no-such-flag"], "sv trace: error: unrecognized arguments: --no-such-flag"),
+        (["--no-such-flag"], "sv: error: unrecognized arguments: --no-such-flag (see sv --help)"),
+        # nothing unknown: the missing argument, as before
+        (["generate", "--stats"], "sv generate: error: the following arguments are required: "
+         "PROMPT (see sv generate --help)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_option_is_reported_before_a_missing_argument(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse checks the required arguments first: `sv generate --no-such-flag` said PROMPT
+    was missing, not that the flag is unknown."""
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--bad-words", "foo", "my prompt"],
+        ["generate", "--stats", "--bad-words", "bar", "--bad-words", "foo", "my prompt"],
+    ],
+)
+def test_a_list_option_that_took_the_prompt_says_to_end_it(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--bad-words takes every argument up to the next flag, the prompt too: the error said
+    only that PROMPT was missing."""
+    assert run_cli(argv) == 2
+    assert capsys.readouterr().err == (
+        "sv generate: error: the following arguments are required: PROMPT (--bad-words took "
+        "'foo' 'my prompt' as its words, which run to the next flag: end them with --, as in "
+        "`--bad-words WORD ... -- PROMPT`) (see sv generate --help)\n"
+    )
+
+
 def run_cli(argv: list[str]) -> int | str | None:
     """main(), with argparse's own exits turned into a return code."""
     try:
@@ -480,6 +524,23 @@ def test_stdout_on_a_full_disk_is_one_line_and_exit_1(default_model: Path, argv:
     with open("/dev/full", "w") as full:
         done = subprocess.run(
             [str(SV), *argv], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "sv: error: [Errno 28] No space left on device\n"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("unbuffered", [True, False])
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["weights", "inspect", "-h"]])
+def test_help_on_a_full_disk_is_one_line_and_exit_1(argv: list[str], unbuffered: bool) -> None:
+    """`sv --help > /dev/full` exited 0 (argparse ignores a failed write: stdout unbuffered) or
+    120 with "Exception ignored" (the failure seen only at interpreter exit)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [str(SV), *argv], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300, env=env
         )
     assert done.returncode == 1, done.stderr
     assert done.stderr == "sv: error: [Errno 28] No space left on device\n"

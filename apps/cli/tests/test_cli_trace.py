@@ -102,6 +102,24 @@ def real_trace(default_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return trace
 
 
+def test_report_of_a_cut_trace_says_its_last_line_was_skipped(
+    real_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace still being written (or whose writer was killed) ends mid-line: that line is
+    dropped, as before, but no longer silently."""
+    lines = real_trace.read_text(encoding="utf-8").splitlines()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(line + "\n" for line in lines[:-1]) + lines[-1][:7], encoding="utf-8")
+    out = tmp_path / "out.html"
+    assert main(["trace", "report", str(cut), "-o", str(out)]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"sv trace report: note: {cut}:{len(lines)}: the last line is incomplete (7 bytes, not a "
+        "JSON object): skipped (a trace still being written, or its writer killed)",
+        f"sv trace report: wrote {out}",
+    ]
+    assert out.exists()
+
+
 DELETE = object()  # the field is removed
 
 

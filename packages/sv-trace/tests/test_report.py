@@ -112,9 +112,18 @@ def test_a_last_line_cut_short_is_dropped(trace: Path, tmp_path: Path) -> None:
     lines = trace.read_text(encoding="utf-8").splitlines()
     cut = tmp_path / "cut.jsonl"
     cut.write_text("\n".join([*lines[:-1], lines[-1][:10]]), encoding="utf-8")
-    records = read_trace(cut)
+    notes: list[str] = []
+    records = read_trace(cut, notes.append)
     assert len(records) == len(lines) - 1
     assert report_data(records)["stats"] is None  # no end line: the page says so
+    # ... and it is not dropped without a word (it was)
+    assert notes == [
+        f"{cut}:{len(lines)}: the last line is incomplete (10 bytes, not a JSON object): "
+        "skipped (a trace still being written, or its writer killed)"
+    ]
+    notes.clear()
+    read_trace(trace, notes.append)
+    assert notes == []  # a whole trace: nothing to tell
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:

@@ -223,6 +223,17 @@ def test_defaults_match_transformers(tmp_path: Path) -> None:
     assert ours.rope_scaling is None and ours.eos_token_ids == () and ours.bos_token_id is None
 
 
+def test_null_where_transformers_reads_it_as_its_default(tmp_path: Path) -> None:
+    """num_key_value_heads and head_dim null: derived, as transformers derives them; a missing
+    rope_theta is the default. (An explicit null rope_theta is an error: BAD_CONFIGS.)"""
+    raw = _with(SMOLLM2_135M_JSON, num_key_value_heads=None, head_dim=None, rope_theta=_DROP)
+    ours = ModelConfig.from_json(write_json(tmp_path, raw))
+    theirs = transformers.LlamaConfig(**raw)
+    assert ours.num_key_value_heads == theirs.num_key_value_heads == 9
+    assert ours.head_dim == theirs.head_dim == 64
+    assert ours.rope_theta == 10000.0
+
+
 def test_empty_eos_list_means_no_eos_as_in_transformers(tmp_path: Path) -> None:
     path = write_json(tmp_path, _with(SMOLLM2_135M_JSON, eos_token_id=[]))
     assert transformers.LlamaConfig.from_pretrained(tmp_path).eos_token_id == []
@@ -306,6 +317,34 @@ BAD_CONFIGS = [
         "'rope_scaling': expected an object or null",
     ),
     (_with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_theta=-1.0), "rope_theta: expected a positive float"),
+    # an explicit null is not the default (it was: theta 10000 for a config transformers fails on)
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_theta=None),
+        "config key 'rope_theta': expected a number, got null (leave the key out for its default)",
+    ),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_theta=True), "key 'rope_theta': expected float"),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_theta="5e5"), "key 'rope_theta': expected float"),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_theta=0), "rope_theta: expected a positive float"),
+    (
+        _with(
+            LLAMA_3_2_1B_INSTRUCT_JSON,
+            rope_scaling={**LLAMA_3_2_1B_INSTRUCT_JSON["rope_scaling"], "rope_theta": None},
+        ),
+        "config rope_scaling key 'rope_theta': expected a number, got null",
+    ),
+    (
+        _with(
+            LLAMA_3_2_1B_INSTRUCT_JSON,
+            rope_scaling=None,
+            rope_parameters={"rope_type": "default", "rope_theta": None},
+        ),
+        "config rope_parameters key 'rope_theta': expected a number, got null",
+    ),
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, tie_word_embeddings=None),
+        "key 'tie_word_embeddings': expected true or false, got null",
+    ),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, rms_norm_eps=None), "key 'rms_norm_eps': expected a number"),
     (
         _with(LLAMA_3_2_1B_INSTRUCT_JSON, max_position_embeddings=1),
         "max_position_embeddings: expected 2 (a prompt token and an output token) to 16,777,216",

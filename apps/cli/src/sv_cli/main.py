@@ -95,10 +95,17 @@ def _add_passthrough(sub: Any, name: str, help: str, module: str, function: str)
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        _import_engine()
-        args = build_parser().parse_args(argv)
-        handler: Callable[[argparse.Namespace], int] = args.handler
-        code = handler(args)
+        try:
+            _import_engine()
+            args = build_parser().parse_args(argv)
+            handler: Callable[[argparse.Namespace], int] = args.handler
+            code = handler(args)
+        except SystemExit:
+            # argparse's exit after --help (or a subcommand's): its text is flushed here too,
+            # or a failure is only seen at interpreter exit, which reports it as a traceback
+            # and exit status 120 (`sv --help > /dev/full`).
+            sys.stdout.flush()
+            raise
         sys.stdout.flush()  # here, where a closed pipe is handled, not at interpreter exit
         return code
     except KeyboardInterrupt:

@@ -28,8 +28,11 @@ def run(args: argparse.Namespace) -> int:
     from sv_trace import TraceError
     from sv_trace.report import write_report
 
+    def note(message: str) -> None:
+        print(f"sv trace report: note: {message}", file=sys.stderr)
+
     try:
-        write_report(args.trace_file, args.output)
+        write_report(args.trace_file, args.output, note)
     except TraceError as e:
         print(f"sv trace report: error: {e}", file=sys.stderr)
         return 2

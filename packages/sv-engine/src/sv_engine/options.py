@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from sv_kernels import TuningCache
@@ -31,6 +32,9 @@ from sv_engine.loading import (
 from sv_engine.ranks import serve_torchrun_rank, torchrun_rank
 from sv_engine.tracing import start_trace
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
 EXIT_USAGE = 2
 _SPECULATION = SpeculationConfig()  # the defaults --spec-k and --spec-ngram show
 _ENGINE = EngineConfig()  # the defaults --max-num-seqs and --max-num-batched-tokens show
@@ -45,16 +49,55 @@ DTYPES: dict[str, torch.dtype | None] = {
 }
 
 
+class _MissingRequired(Exception):
+    """argparse's "the following arguments are required" met inside a parse: held back until
+    the arguments the parser did not know have been looked for (they are reported first)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# argparse's messages for a required argument, or a required group's, that was not given.
+_MISSING_REQUIRED = re.compile(
+    r"the following arguments are required: (?P<names>.*)|one of the arguments .* is required"
+)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit code 2."""
+    """argparse, but a usage error is one line on stderr and exit code 2; an unknown option is
+    reported before a missing argument (argparse checks the required ones first, so `sv generate
+    --no-such-flag` said PROMPT was missing); a missing positional after an option of several
+    values says that option took them; and help that cannot be written is an error."""
+
+    _parsing = False  # inside parse_known_args: a missing argument is held back, not reported
 
     def error(self, message: str) -> NoReturn:
+        if self._parsing and _MISSING_REQUIRED.fullmatch(message):
+            raise _MissingRequired(message)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        # argparse ignores an OSError here: `sv --help > /dev/full` printed nothing and exited
+        # 0. Standard output's is raised, for `sv` to report (stderr's is still ignored: an
+        # error message that cannot be written has nowhere else to go).
+        if message and file is not None and file is sys.stdout:
+            file.write(message)
+            return
+        super()._print_message(message, file)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        parsed, extras = super().parse_known_args(args, namespace)
+        given = sys.argv[1:] if args is None else list(args)
+        self._parsing = True
+        try:
+            parsed, extras = super().parse_known_args(given, namespace)
+        except _MissingRequired as missing:
+            self._parsing = False  # from here on, error() reports (and exits)
+            self._missing_required(given, missing.message)
+        finally:
+            self._parsing = False
         if extras and not hasattr(parsed, _EXTRAS_PARSER):
             setattr(parsed, _EXTRAS_PARSER, self)  # the innermost subcommand's, first
         return parsed, extras
@@ -72,6 +115,61 @@ class OneLineErrorParser(argparse.ArgumentParser):
         if hasattr(parsed, _EXTRAS_PARSER):
             delattr(parsed, _EXTRAS_PARSER)
         return parsed
+
+    def _missing_required(self, given: list[str], message: str) -> NoReturn:
+        """Report an argument that `given` lacks (`message`, argparse's), unless `given` also
+        holds one this parser does not know: that is the mistake to fix first (a mistyped
+        option, whose value argparse may then have taken as the missing positional)."""
+        required = [a for a in self._actions if a.required]
+        groups = [g for g in self._mutually_exclusive_groups if g.required]
+        for action in required:
+            action.required = False
+        for group in groups:
+            group.required = False
+        try:  # the same arguments with nothing required: what is left over is unknown
+            parsed, extras = super().parse_known_args(given, None)
+        finally:
+            for action in required:
+                action.required = True
+            for group in groups:
+                group.required = True
+        if extras:
+            parser: OneLineErrorParser = getattr(parsed, _EXTRAS_PARSER, self)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        self.error(message + self._list_option_hint(given, message))
+
+    def _list_option_hint(self, given: list[str], message: str) -> str:
+        """Where a positional is missing because an option of several values (nargs + or *,
+        e.g. --bad-words) came last and took every argument after it: how to end its list."""
+        missing = _MISSING_REQUIRED.fullmatch(message)
+        names = (missing.group("names") or "").split(", ") if missing else []
+        positionals = [a for a in self._actions if not a.option_strings]
+        positional = next((n for n in names for a in positionals if n == _name(a)), None)
+        if positional is None:
+            return ""
+        last: argparse.Action | None = None  # the option the arguments since it went to
+        taken: list[str] = []
+        for arg in given:
+            if arg == "--":  # every argument after it is a positional: none was taken
+                return ""
+            if arg[:1] in self.prefix_chars and len(arg) > 1:
+                action = self._option_string_actions.get(arg)  # (`--opt=value`: one value)
+                last, taken = (action, []) if action and action.nargs in ("+", "*") else (None, [])
+            elif last is not None:
+                taken.append(arg)
+        if last is None or not taken:
+            return ""
+        option = last.option_strings[-1]
+        metavar = last.metavar if isinstance(last.metavar, str) else "VALUE"
+        return (
+            f" ({option} took {' '.join(map(repr, taken))} as its {metavar.lower()}s, which run "
+            f"to the next flag: end them with --, as in `{option} {metavar} ... -- {positional}`)"
+        )
+
+
+def _name(action: argparse.Action) -> str:
+    """A positional's name in argparse's messages: its metavar, else its dest."""
+    return action.metavar if isinstance(action.metavar, str) else action.dest
 
 
 _EXTRAS_PARSER = "_sv_extras_parser"  # the parser that met unknown arguments (in a Namespace)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable
 from importlib import resources
 from math import inf
 from pathlib import Path
@@ -21,9 +22,10 @@ from sv_trace.errors import TraceError
 from sv_trace.schema import read_trace
 
 
-def render_report(trace_path: str | Path) -> str:
-    """The report page of the trace file at `trace_path` (raises TraceError if unreadable)."""
-    records = read_trace(trace_path)
+def render_report(trace_path: str | Path, note: Callable[[str], None] | None = None) -> str:
+    """The report page of the trace file at `trace_path` (raises TraceError if unreadable);
+    `note` hears of what was read past (read_trace)."""
+    records = read_trace(trace_path, note)
     data = report_data(records)
     data["source"] = Path(trace_path).name
     title = f"sv trace: {data['source']}"
@@ -174,8 +176,10 @@ def page(title: str, styles: tuple[str, ...], scripts: tuple[str, ...], body_fil
     return _page(title, styles, None, scripts, body_file)
 
 
-def write_report(trace_path: str | Path, out_path: str | Path) -> None:
-    text = render_report(trace_path)
+def write_report(
+    trace_path: str | Path, out_path: str | Path, note: Callable[[str], None] | None = None
+) -> None:
+    text = render_report(trace_path, note)
     try:
         Path(out_path).write_text(text, encoding="utf-8")
     except OSError as e:

@@ -4,6 +4,7 @@ reader that checks what a report needs (sv_trace.check)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,12 @@ def trace_schema() -> dict[str, Any]:
     return schema
 
 
-def read_trace(path: str | Path) -> list[dict[str, Any]]:
+def read_trace(path: str | Path, note: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every record of a trace file, in order. Raises TraceError naming the file, the line and
     the field when it is not a trace of this version: a field the report reads is missing or
     out of its range, or a line contradicts an earlier one (a page outside the pool, a request
-    never queued). A last line cut short by a killed process is dropped."""
+    never queued). A last line cut short (a trace still being written, or its writer killed)
+    is dropped, and `note` is told so in one sentence naming the file and the line."""
     name = str(path)
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -36,13 +38,19 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
     except UnicodeDecodeError:
         raise TraceError(f"{name}: not a trace (not UTF-8 text)") from None
     numbered: list[tuple[int, dict[str, Any]]] = []
+    cut = ""  # the note on a dropped last line: told only of a trace that is read, not refused
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except ValueError:
-            if number == len(lines):  # the writer was killed mid-line
+            if number == len(lines):  # the writer was killed mid-line, or is still writing
+                cut = (
+                    f"{name}:{number}: the last line is incomplete ({len(line.encode())} bytes, "
+                    "not a JSON object): skipped (a trace still being written, or its writer "
+                    "killed)"
+                )
                 break
             raise TraceError(f"{name}:{number}: not a JSON object") from None
         if not isinstance(record, dict) or not isinstance(record.get("type"), str):
@@ -59,4 +67,6 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
     checker = TraceChecker(name)
     for number, record in numbered:
         checker.check(number, record)
+    if cut and note is not None:
+        note(cut)
     return records

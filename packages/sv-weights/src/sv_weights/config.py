@@ -223,7 +223,10 @@ class ModelConfig:
             hidden_size=hidden_size,
             num_hidden_layers=_get(raw, "num_hidden_layers", int),
             num_attention_heads=num_attention_heads,
-            num_key_value_heads=_get(raw, "num_key_value_heads", int, default=num_attention_heads),
+            # null: as many as the query heads, as transformers reads it (no GQA)
+            num_key_value_heads=_get(
+                raw, "num_key_value_heads", int, default=num_attention_heads, null_is_default=True
+            ),
             head_dim=head_dim,
             intermediate_size=_get(raw, "intermediate_size", int),
             vocab_size=_get(raw, "vocab_size", int),
@@ -307,13 +310,27 @@ def _is_int(value: Any) -> bool:
 
 
 _MISSING = object()
+# What a null in place of a value of each type of `_get` is told it should have been.
+_KINDS = {int: "an integer", float: "a number", bool: "true or false"}
 
 
 def _get(
-    raw: dict[str, Any], key: str, kind: type, default: Any = _MISSING, where: str = "config"
+    raw: dict[str, Any],
+    key: str,
+    kind: type,
+    default: Any = _MISSING,
+    where: str = "config",
+    *,
+    null_is_default: bool = False,
 ) -> Any:
+    """`raw[key]`, of type `kind`; `default` where the key is absent. An explicit null is an
+    error unless `null_is_default` (only where transformers itself reads null as its default,
+    so that a config it would fail on, e.g. `"rope_theta": null`, is not run on a guess)."""
     value = raw.get(key, _MISSING)
-    if value is _MISSING or (value is None and default is not _MISSING):
+    if value is None and not null_is_default:
+        absent = "" if default is _MISSING else " (leave the key out for its default)"
+        raise WeightsError(f"{where} key {key!r}: expected {_KINDS[kind]}, got null{absent}")
+    if value is _MISSING or value is None:
         if default is _MISSING:
             raise WeightsError(f"{where} key {key!r} is missing")
         return default
