@@ -532,20 +532,47 @@ def test_every_quantized_tile_swiglu_and_bias_epilogues(
     assert_matches_dequantized(with_bias - bias.double(), x, w, GEMV_TOL[dtype], "bias")
 
 
-@pytest.mark.parametrize("tile", [QUANTIZED_CONFIGS[0], CONFIGS[0]])
-def test_every_int8_value_converts_exactly(
-    gen: torch.Generator, tile: tuple[int, int, int]
+def _every_value(kind: QuantKind) -> torch.Tensor:
+    """All 256 int8 values, or the 254 finite e4m3 ones, as 32 rows of 8 (e4m3 pads with 0)."""
+    if kind == "int8":
+        return torch.arange(-128, 128, dtype=torch.int8).reshape(32, 8)
+    values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    finite = values[~values.float().isnan()]
+    return torch.cat([finite, torch.zeros(2, dtype=torch.float8_e4m3fn)]).reshape(32, 8)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("tile", [QUANTIZED_CONFIGS[0], QUANTIZED_CONFIGS[-1], CONFIGS[0]])
+def test_every_weight_value_converts_exactly(
+    gen: torch.Generator, kind: QuantKind, dtype: torch.dtype, tile: tuple[int, int, int]
 ) -> None:
-    """The int8 -> FP32 conversion through float bit patterns, for all 256 values: with x a
-    one-hot row picking column j, output n is data[n, j] * scale[n] exactly (one product)."""
-    values = torch.arange(-128, 128, dtype=torch.int8).reshape(32, 8)  # 32 rows, 8 columns
+    """Each weight value's conversion (int8 through float bit patterns, e4m3 through the FP16
+    pairs of BF16 activations): with x a one-hot row picking column j, output n is
+    data[n, j] * scale[n] exactly (one product), rounded once to x's dtype."""
+    values = _every_value(kind)
     scale = torch.rand(32, generator=torch.Generator().manual_seed(gen.initial_seed())) + 0.5
-    w = QuantizedWeight(values.to(DEVICE), scale.to(DEVICE), "int8", torch.float32)
+    w = QuantizedWeight(values.to(DEVICE), scale.to(DEVICE), kind, dtype)
     for j in range(8):
-        x = torch.zeros(1, 8, device=DEVICE)
+        x = torch.zeros(1, 8, dtype=dtype, device=DEVICE)
         x[0, j] = 1.0
         out = triton_ops.gemv(x, w.data, tile, scale=w.scale)
-        assert torch.equal(out[0], values[:, j].float().to(DEVICE) * w.scale), f"column {j}"
+        expected = (values[:, j].float().to(DEVICE) * w.scale).to(dtype)
+        assert torch.equal(out[0], expected), f"{kind} {dtype} column {j}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_large_bf16_activations_stay_finite(gen: torch.Generator, kind: QuantKind) -> None:
+    """BF16 activations meet 1-byte weights in FP16, scaled by 2^-8: four products of the
+    largest weight and 2^13 summed in one FP16 lane (4 * 448 * 2^13 * 2^-8 = 57,344) stay
+    finite and exact; unscaled they would pass FP16's 65,504."""
+    biggest = 448.0 if kind == "fp8" else 127.0
+    data = torch.full((4, 64), biggest).to(torch.float8_e4m3fn if kind == "fp8" else torch.int8)
+    w = QuantizedWeight(data.to(DEVICE), torch.ones(4, device=DEVICE), kind, BF16)
+    x = torch.zeros(1, 64, dtype=BF16, device=DEVICE)
+    x[0, 0:8:2] = 2.0**13  # four even columns of one 8-column group: one FP16 lane's chain
+    out = triton_ops.gemv(x, w.data, QUANTIZED_CONFIGS[0], scale=w.scale, out_dtype=torch.float32)
+    assert torch.equal(out, torch.full_like(out, 4 * biggest * 2.0**13))
 
 
 @pytest.mark.parametrize("kind", KINDS)
