@@ -31,6 +31,8 @@ against the PDL chain's.
 
 Measured on an H100 (BENCHMARKS.md, runs 206-207): a barrier 1.04-1.90 us against 1.01-1.29 us
 a PDL kernel; the fp8 chain 476 us as kernels, 715 us persistent at best (BF16 854 / 949).
+Both chains then multiplied 1-byte weights in FP32; since 67f664a both run the GEMV's packed
+FP16 products (`slice_products`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,13 @@ from sv_kernels.graphs import graph_ms_per_call
 from sv_kernels.linear_plan import LinearPlan
 from sv_kernels.linear_tuning import tune_gemv
 from sv_kernels.quantized import LinearWeight, QuantizedWeight
-from sv_kernels.triton_ops.gemv import _to_f32, block_rows, candidates, store_swiglu_block
+from sv_kernels.triton_ops.gemv import (
+    block_rows,
+    candidates,
+    row_sums,
+    slice_products,
+    store_swiglu_block,
+)
 
 HIDDEN, INTER, VOCAB, LAYERS, Q_OUT, QKV = 2048, 8192, 128256, 16, 2048, 3072
 SHAPES = {"qkv": (QKV, HIDDEN), "o": (HIDDEN, Q_OUT), "gate_up": (2 * INTER, HIDDEN)}
@@ -97,6 +105,8 @@ def _phase(
 ):  # fmt: skip
     """out = x @ W^T (SwiGLU'd if GATED) for blocks pid, pid + P, ...; w0, w1: block pid's
     first two slices, already loaded. x was written by other programs: loaded past L1."""
+    # the GEMV's own dot products: 1-byte weights against BF16 x in packed FP16
+    HALF2: tl.constexpr = SCALED and x_ptr.dtype.element_ty != tl.float32
     n_blocks = tl.cdiv(N // 2, BLOCK_N // 2) if GATED else tl.cdiv(N, BLOCK_N)
     cols0 = tl.max_contiguous(tl.arange(0, BLOCK_K), 8)
     cols1 = BLOCK_K + cols0
@@ -105,14 +115,15 @@ def _phase(
     for b in range(pid, n_blocks, P):
         rows, mask = block_rows(b, N, BLOCK_N, GATED)
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
-        acc = _to_f32(w0, INT8) * x0[None, :] + _to_f32(w1, INT8) * x1[None, :]
+        acc = slice_products(w0, x0, HALF2, INT8, BLOCK_N, BLOCK_K)
+        acc += slice_products(w1, x1, HALF2, INT8, BLOCK_N, BLOCK_K)
         for k0 in range(2 * BLOCK_K, K, BLOCK_K):
             cols = tl.max_contiguous(k0 + tl.arange(0, BLOCK_K), 8)
             x = tl.load(x_ptr + cols, mask=cols < K, other=0.0, cache_modifier=".cg")
             w = tl.load(w_rows + cols[None, :], mask=mask[:, None] & (cols < K)[None, :], other=0.0)
-            acc += _to_f32(w, INT8) * x.to(tl.float32)[None, :]
+            acc += slice_products(w, x.to(tl.float32), HALF2, INT8, BLOCK_N, BLOCK_K)
         w0, w1 = _first_slices(w_ptr, b + P, N, K, BLOCK_N, BLOCK_K, GATED)
-        y = tl.sum(acc, axis=1)
+        y = row_sums(acc, HALF2)
         if SCALED:
             y = y * tl.load(s_ptr + rows, mask=mask, other=0.0)
         if GATED:

@@ -140,11 +140,8 @@ def _dot_rows(
     wait_for_prior_kernels(USE_PDL)
     x0 = tl.load(x_ptr + cols0, mask=cols0 < K, other=0.0).to(tl.float32)
     x1 = tl.load(x_ptr + cols1, mask=cols1 < K, other=0.0).to(tl.float32)
-    if HALF2:
-        acc = _half2_dot(w0, x0, INT8, BLOCK_N, BLOCK_K)
-        acc += _half2_dot(w1, x1, INT8, BLOCK_N, BLOCK_K)
-    else:
-        acc = _to_f32(w0, INT8) * x0[None, :] + _to_f32(w1, INT8) * x1[None, :]
+    acc = slice_products(w0, x0, HALF2, INT8, BLOCK_N, BLOCK_K)
+    acc += slice_products(w1, x1, HALF2, INT8, BLOCK_N, BLOCK_K)
     for k0 in range(2 * BLOCK_K, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         if ONE_BYTE:
@@ -152,10 +149,24 @@ def _dot_rows(
         col_mask = cols < K
         x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        if HALF2:
-            acc += _half2_dot(w, x, INT8, BLOCK_N, BLOCK_K)
-        else:
-            acc += _to_f32(w, INT8) * x[None, :]
+        acc += slice_products(w, x, HALF2, INT8, BLOCK_N, BLOCK_K)
+    return row_sums(acc, HALF2)
+
+
+@triton.jit
+def slice_products(
+    w, x, HALF2: tl.constexpr, INT8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """One K slice's share of the rows' dot products, to add to the accumulator: w [BLOCK_N,
+    BLOCK_K] (as loaded), x [BLOCK_K] (FP32). HALF2: in packed FP16 (`_half2_dot`), else each
+    product in FP32. `row_sums` turns the accumulated shares into the dot products."""
+    # (one return: Triton wants one type from both, and the two shares differ in shape)
+    return _half2_dot(w, x, INT8, BLOCK_N, BLOCK_K) if HALF2 else _to_f32(w, INT8) * x[None, :]
+
+
+@triton.jit
+def row_sums(acc, HALF2: tl.constexpr):
+    """The dot products [BLOCK_N] (FP32) from `slice_products`' accumulated shares."""
     if HALF2:
         return tl.sum(acc, axis=1) * X_UNSCALE
     return tl.sum(acc, axis=1)
