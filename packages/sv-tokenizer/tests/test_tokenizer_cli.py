@@ -105,6 +105,9 @@ def test_special_token_text_is_plain_without_allow_special(
         (["--decode", "--tokenizer", "{model}", "١٢"], "'١٢' is not a token id"),
         (["--model", "{dir}", "--tokenizer", "{model}", "hi"], "not allowed with argument"),
         (["--bogus", "hi"], "unrecognized arguments: --bogus"),
+        # An unknown option is the mistake to report, not the TEXT it left missing.
+        (["--help-me"], "unrecognized arguments: --help-me"),
+        (["--decode"], "the following arguments are required: TEXT"),
         ([], "the following arguments are required: TEXT"),
     ],
 )

@@ -85,7 +85,12 @@ def tokenize_main(
 ) -> int:
     """`default_tokenizer` (described to the user as `default_model_name`'s) gives the
     tokenizer used when neither --model nor --tokenizer is given; it raises TokenizerError."""
-    parser = _Parser(prog="sv tokenize", description="Encode text to token ids, or decode ids.")
+    parser = _Parser(
+        prog="sv tokenize",
+        usage="%(prog)s [-h] [--model DIR | --tokenizer FILE] [--allow-special] [--decode] "
+        "TEXT [TEXT ...]",
+        description="Encode text to token ids, or decode ids.",
+    )
     source = parser.add_mutually_exclusive_group()
     default = default_model_name if default_tokenizer else "the Llama 3.2 tokenizer"
     source.add_argument(
@@ -106,13 +111,17 @@ def tokenize_main(
     )
     parser.add_argument(
         "text",
-        nargs="+",
+        # "*", checked below: with "+" argparse reports a missing TEXT before an unknown option
+        # (`sv tokenize --no-such-flag` said TEXT was missing).
+        nargs="*",
         metavar="TEXT",
         help="the text to encode; several are joined with single spaces; - alone reads "
         "standard input",
     )
     try:
         arguments = parser.parse_args(argv)
+        if not arguments.text:
+            raise _UsageError("the following arguments are required: TEXT")
         tokenizer = _load(arguments, default_tokenizer)
         texts = [sys.stdin.read()] if arguments.text == ["-"] else arguments.text
         if arguments.decode:
