@@ -5,6 +5,7 @@ a bad value is one line naming the flag, exit code 2."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -114,6 +115,31 @@ def test_chat_template_renders_as_transformers_does(default_model: Path, tmp_pat
     assert as_text.tokenizer.chat_format.encode_dialog(messages) == expected
     # the folder's own template renders something else
     assert _engine().tokenizer.chat_format.encode_dialog(messages) != expected
+
+
+def test_a_folder_without_a_chat_template_is_noted(
+    default_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The built-in format a folder's special tokens name stands in for a missing template,
+    and the load says so (once); a folder's own template or --chat-template gets no note."""
+    bare = tmp_path / "no-template"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (bare / name).symlink_to(default_model / name)
+    config = json.loads((default_model / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    engine = _engine("--model", str(bare))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"sv: note: {bare} has no chat template" in err
+    assert "the built-in ChatML format" in err
+    assert engine.tokenizer.builtin_chat_format == "ChatML"
+    _engine()
+    assert "chat template" not in capsys.readouterr().err
+    _engine("--model", str(bare), "--chat-template", TEMPLATE.replace("\n", "\\n"))
+    assert "chat template" not in capsys.readouterr().err
 
 
 def test_chat_template_text_decodes_escapes_and_keeps_other_characters() -> None:

@@ -310,6 +310,7 @@ def test_model_dir_chooses_the_format(tmp_path: Path) -> None:
     )
     tokenizer = Tokenizer.from_model_dir(tmp_path)
     assert isinstance(tokenizer.chat_format, Llama3ChatFormat)
+    assert tokenizer.builtin_chat_format == "Llama 3"
     assert tokenizer.chat_format.encode_dialog(CONVERSATION) == hand_built_llama3(
         tokenizer, CONVERSATION
     )
@@ -324,6 +325,7 @@ def test_model_dir_chooses_the_format(tmp_path: Path) -> None:
     )
     tokenizer = Tokenizer.from_model_dir(tmp_path)
     assert isinstance(tokenizer.chat_format, TemplateChatFormat)
+    assert tokenizer.builtin_chat_format is None
     assert tokenizer.chat_format.encode_dialog(CONVERSATION) == hand_built_llama3(
         tokenizer, CONVERSATION
     )

@@ -592,6 +592,14 @@ def _load_engine(
         chat_template_source=None if chat_template is None else chat_template[1],
         **overrides,
     )
+    builtin = None if chat_template is not None else engine.tokenizer.builtin_chat_format
+    if builtin is not None:
+        print(
+            f"sv: note: {model_dir} has no chat template (tokenizer_config.json's chat_template "
+            f"or chat_template.jinja): chat prompts use the built-in {builtin} format that its "
+            "special tokens name; --chat-template gives another",
+            file=sys.stderr,
+        )
     engine.overlap = getattr(args, "overlap", True)
     trace = getattr(args, "trace", None)
     if trace is not None:

@@ -121,6 +121,8 @@ class Llama3ChatFormat:
     folder that ships such a template gets it through TemplateChatFormat.
     """
 
+    NAME = "Llama 3"  # in the note that a folder without a template gets this format
+
     ROLES = ("system", "user", "assistant", "ipython", "tool")
 
     def __init__(self, tokenizer: ChatTokenizer) -> None:
@@ -188,6 +190,8 @@ class ChatMLFormat:
     prompt comes first (as its template does; pass `default_system_prompt=None` for none).
     Contents are not stripped. No BOS token.
     """
+
+    NAME = "ChatML"
 
     ROLES = ("system", "user", "assistant", "tool")
 

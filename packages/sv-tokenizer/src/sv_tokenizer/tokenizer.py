@@ -31,7 +31,7 @@ from pathlib import Path
 import regex  # type: ignore[import-untyped]  # (no types-regex in the lock)
 
 from .bpe import UTF8_BYTES, PairMerger, RankMerger
-from .chat import ChatFormat
+from .chat import ChatFormat, ChatMLFormat, Llama3ChatFormat
 from .chat_choice import choose_chat_format
 from .chat_template import TemplateChatFormat
 from .errors import TokenizerError
@@ -354,6 +354,15 @@ class Tokenizer:
                 "<|start_header_id|> (Llama 3) nor <|im_start|> (ChatML) is a special token"
             )
         return self._chat_format
+
+    @property
+    def builtin_chat_format(self) -> str | None:
+        """The name of the built-in format ("Llama 3" or "ChatML") that chat prompts get
+        because the model folder has no chat template of its own (`choose_chat_format`); None
+        when it has one, or when there is no chat format at all."""
+        if isinstance(self._chat_format, (Llama3ChatFormat, ChatMLFormat)):
+            return self._chat_format.NAME
+        return None
 
     def template_chat_format(self, template: str, source: str) -> TemplateChatFormat:
         """The chat format of the jinja `template` in place of the model's (vLLM's per-request
