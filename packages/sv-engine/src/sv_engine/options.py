@@ -592,7 +592,7 @@ def _load_engine(
         chat_template_source=None if chat_template is None else chat_template[1],
         **overrides,
     )
-    builtin = None if chat_template is not None else engine.tokenizer.builtin_chat_format
+    builtin = engine.tokenizer.builtin_chat_format  # None with --chat-template: it is used
     if builtin is not None:
         print(
             f"sv: note: {model_dir} has no chat template (tokenizer_config.json's chat_template "
