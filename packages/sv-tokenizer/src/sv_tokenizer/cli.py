@@ -85,12 +85,7 @@ def tokenize_main(
 ) -> int:
     """`default_tokenizer` (described to the user as `default_model_name`'s) gives the
     tokenizer used when neither --model nor --tokenizer is given; it raises TokenizerError."""
-    parser = _Parser(
-        prog="sv tokenize",
-        usage="%(prog)s [-h] [--model DIR | --tokenizer FILE] [--allow-special] [--decode] "
-        "TEXT [TEXT ...]",
-        description="Encode text to token ids, or decode ids.",
-    )
+    parser = _Parser(prog="sv tokenize", description="Encode text to token ids, or decode ids.")
     source = parser.add_mutually_exclusive_group()
     default = default_model_name if default_tokenizer else "the Llama 3.2 tokenizer"
     source.add_argument(
@@ -118,6 +113,9 @@ def tokenize_main(
         help="the text to encode; several are joined with single spaces; - alone reads "
         "standard input",
     )
+    # argparse's own usage line, with TEXT shown required as it is ("+" would show it so)
+    usage = parser.format_usage().removeprefix("usage: ").rstrip()
+    parser.usage = usage.replace("[TEXT ...]", "TEXT [TEXT ...]")
     try:
         arguments = parser.parse_args(argv)
         if not arguments.text:
