@@ -138,7 +138,11 @@ def test_spec_traces_are_taken_with_the_spec_workload(tmp_path: Path) -> None:
     for trace in traces:
         trace.write_text(json.dumps(TRACE))
     argv = ["--only", "decode,spec", "--spec-trace", *map(str, traces)]
-    assert main.parse_args(argv).spec_trace == traces
-    default = main.parse_args(["--only", "spec"]).spec_trace  # the checkout's recorded trace
-    assert len(default) == 1 and default[0].is_file()
+    read = main.parse_args(argv).spec_trace
+    assert [(t.file_name, t.model, t.verifications) for t in read] == [
+        ("a.json", "m", [(2, 1)]),
+        ("b.json", "m", [(2, 1)]),
+    ]
+    (default,) = main.parse_args(["--only", "spec"]).spec_trace  # the checkout's recorded trace
+    assert default.file_name == main.DEFAULT_SPEC_TRACE.name and default.verifications
     assert main.parse_args([]).spec_trace == []  # not replayed without the spec workload

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from sv_cli.bench.inputs import DEFAULT_PRESET, TOKENIZER_FILES, bench_engine, prepare_checkpoint
 from sv_cli.bench.profiles import run_profiles
 from sv_cli.bench.report import Report, Row
+from sv_cli.bench.spec import AcceptanceTrace, load_trace
 from sv_cli.bench.timing import free_device_memory, host_probe_ms, measure_rooflines
 from sv_cli.bench.workloads import (
     bench_decode_b1,
@@ -139,7 +140,7 @@ def build_parser() -> OneLineErrorParser:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """`sv bench`'s arguments, every usage error found here, before any work starts (a bad
     --json path used to fail only after the whole GPU run): one line and exit code 2.
-    `spec_trace` comes back resolved: the files the spec workload replays, [] without it."""
+    `spec_trace` comes back read: the traces the spec workload replays, [] without it."""
     from sv_engine.options import cannot_write
 
     p = build_parser()
@@ -176,11 +177,9 @@ def _check_tokenizer_dir(p: OneLineErrorParser, value: str) -> None:
 
 def _spec_traces(
     p: OneLineErrorParser, given: list[str] | None, spec: bool, only: str | None
-) -> list[Path]:
+) -> list[AcceptanceTrace]:
     """The traces the spec workload replays, each read now: a missing or malformed one used to
     fail after the spec workload's GPU runs, and one given without the workload was ignored."""
-    from sv_cli.bench.spec import load_trace
-
     if not spec:
         if given is not None:
             left_out = f"--only {only}" if only is not None else "the default set"
@@ -189,14 +188,15 @@ def _spec_traces(
                 f"it, and {left_out} leaves spec out (add spec to --only)"
             )
         return []
-    traces = [Path(f) for f in given] if given is not None else [DEFAULT_SPEC_TRACE]
-    for trace in traces:
+    files = [Path(f) for f in given] if given is not None else [DEFAULT_SPEC_TRACE]
+    traces = []
+    for file in files:
         try:
-            load_trace(trace)
+            traces.append(load_trace(file))
         except OSError as e:
-            p.error(f"--spec-trace {str(trace)!r}: cannot be read ({e.strerror or e})")
+            p.error(f"--spec-trace {str(file)!r}: cannot be read ({e.strerror or e})")
         except ValueError as e:  # not JSON, or not a trace
-            p.error(f"--spec-trace {str(trace)!r}: not an acceptance trace ({e})")
+            p.error(f"--spec-trace {str(file)!r}: not an acceptance trace ({e})")
     return traces
 
 

@@ -28,16 +28,19 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sv_cli.bench.report import Report, Row
 from sv_cli.bench.timing import free_device_memory
 
+# The longest draft whose verify step `bench_verify_steps` measures; a trace's drafts must fit.
+MAX_MEASURED_DRAFT = 16
+
 
 def bench_verify_steps(
-    report: Report, engine: Any, max_k: int = 16, profile_dir: Path | None = None
+    report: Report, engine: Any, max_k: int = MAX_MEASURED_DRAFT, profile_dir: Path | None = None
 ) -> list[float]:
     """The rows above; returns the ms per step for k = 0..max_k (launch + wait). Each row's
     note also gives, for the steps the decode graphs run (k < 16), the step's GPU time alone
@@ -114,46 +117,112 @@ def _graph_alone(runner: Any, step: Any, k: int, profile_dir: Path | None) -> st
 TRACE_KEYS = ("model", "requests", "output_tokens", "verifications")
 
 
-def load_trace(trace_file: Path) -> dict[str, Any]:
-    """The acceptance trace in `trace_file`. Raises OSError (unreadable) or ValueError (not
-    JSON, or not an object with every one of TRACE_KEYS); `sv bench` calls it before any work
-    starts, so a bad --spec-trace fails at once, not after the GPU workloads."""
+@dataclass(frozen=True)
+class AcceptanceTrace:
+    """One acceptance trace, checked: `verifications` holds (drafted, accepted) per verify
+    step, `resolved_plain_steps` the plain steps planned only after the step before was
+    resolved (every plain step where the trace does not say)."""
+
+    file_name: str
+    model: str
+    requests: int
+    output_tokens: int
+    verifications: list[tuple[int, int]]
+    resolved_plain_steps: int
+
+    @property
+    def decoded(self) -> int:
+        """Tokens from decode steps: each request's first token comes from its prefill."""
+        return self.output_tokens - self.requests
+
+    @property
+    def plain_steps(self) -> int:
+        """Decoded tokens not from a verification (each gives 1 + accepted)."""
+        return self.decoded - sum(1 + a for _, a in self.verifications)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def load_trace(trace_file: Path) -> AcceptanceTrace:
+    """The acceptance trace in `trace_file`, read once. Raises OSError (unreadable) or
+    ValueError naming what is wrong (not JSON, a key of TRACE_KEYS missing, a count that is not
+    a whole number, no decoded token, a draft longer than the bench measures, more plain steps resolved than the
+    trace has); `sv bench` calls it before any work starts, so a bad --spec-trace fails at
+    once, not after the GPU workloads."""
     trace = json.loads(trace_file.read_text())
     if not isinstance(trace, dict):
         raise ValueError("not a JSON object")
     missing = [key for key in TRACE_KEYS if key not in trace]
     if missing:
         raise ValueError(f"no {', '.join(missing)} (a trace has {', '.join(TRACE_KEYS)})")
-    return trace
+    for key in ("requests", "output_tokens"):
+        if not _count(trace[key]):
+            raise ValueError(f"{key} {trace[key]!r} is not a whole number >= 0")
+    pairs = trace["verifications"]
+    if not isinstance(pairs, list) or not all(
+        isinstance(pair, list)
+        and len(pair) == 2
+        and all(_count(n) for n in pair)
+        and 1 <= pair[0] <= MAX_MEASURED_DRAFT
+        and pair[1] <= pair[0]
+        for pair in pairs
+    ):
+        raise ValueError(
+            "verifications must be [drafted, accepted] pairs with 1 <= drafted <= "
+            f"{MAX_MEASURED_DRAFT} (the longest draft measured) and accepted <= drafted"
+        )
+    if trace["output_tokens"] <= trace["requests"]:
+        raise ValueError(
+            f"{trace['output_tokens']} output tokens of {trace['requests']} requests leave no "
+            "decoded token to replay (each request's first token comes from its prefill)"
+        )
+    verifications = [(int(d), int(a)) for d, a in pairs]
+    plain_steps = trace["output_tokens"] - trace["requests"] - sum(1 + a for _, a in verifications)
+    if plain_steps < 0:
+        raise ValueError(
+            f"its verifications give more tokens than the {trace['output_tokens']} output "
+            f"tokens of {trace['requests']} requests"
+        )
+    resolved = trace.get("resolved_plain_steps", plain_steps)
+    if not _count(resolved) or resolved > plain_steps:
+        raise ValueError(
+            f"resolved_plain_steps {resolved!r} is not within the trace's {plain_steps} plain steps"
+        )
+    return AcceptanceTrace(
+        trace_file.name,
+        str(trace["model"]),
+        trace["requests"],
+        trace["output_tokens"],
+        verifications,
+        resolved,
+    )
 
 
-def replay_trace(report: Report, costs: list[float], trace_file: Path, plain: float) -> None:
+def replay_trace(report: Report, costs: list[float], trace: AcceptanceTrace, plain: float) -> None:
     """The replayed row, as a fraction of `plain` (the measured decode-b1 tok/s, overlapped).
 
     A trace recorded one request at a time says how many of its plain steps were planned only
     after the step before was resolved (`resolved_plain_steps`: the engine waited for a draft
     that did not come); they cost the k=0 step unoverlapped, the others the measured plain
-    decode-b1's time per token. Without that count every plain step is costed unoverlapped."""
-    trace = load_trace(trace_file)
-    verifications = [(d, a) for d, a in trace["verifications"] if d < len(costs)]
-    if len(verifications) != len(trace["verifications"]):
-        raise ValueError(f"{trace_file}: drafts longer than k = {len(costs) - 1} were measured")
-    # Each request's first token comes from its prefill; every other token from a plain decode
-    # step or a verification (1 + accepted each).
-    decoded = trace["output_tokens"] - trace["requests"]
-    plain_steps = decoded - sum(1 + a for _, a in verifications)
-    resolved = trace.get("resolved_plain_steps", plain_steps)
-    if not 0 <= resolved <= plain_steps:
+    decode-b1's time per token. Without that count every plain step is costed unoverlapped.
+    `costs` is the ms per verify step for k = 0..len(costs) - 1."""
+    longest = max((d for d, _ in trace.verifications), default=0)
+    if longest >= len(costs):
         raise ValueError(
-            f"{trace_file}: resolved_plain_steps {resolved} is not within the trace's "
-            f"{plain_steps} plain steps"
+            f"{trace.file_name}: a draft of {longest} tokens, longer than k = "
+            f"{len(costs) - 1} were measured"
         )
+    resolved = trace.resolved_plain_steps
     ms = (
-        (plain_steps - resolved) * 1e3 / plain
+        (trace.plain_steps - resolved) * 1e3 / plain
         + resolved * costs[0]
-        + sum(costs[d] for d, _ in verifications)
+        + sum(costs[d] for d, _ in trace.verifications)
     )
-    speed = decoded / ms * 1e3
+    speed = trace.decoded / ms * 1e3
+    accepted = sum(a for _, a in trace.verifications)
+    drafted = sum(d for d, _ in trace.verifications)
     report.add(
         Row(
             "decode-b1, acceptance trace replayed (model, not measured end to end)",
@@ -161,10 +230,9 @@ def replay_trace(report: Report, costs: list[float], trace_file: Path, plain: fl
             "tok/s",
             note=f"{speed / plain:.2f}x the measured plain decode-b1 ({plain:,.0f} tok/s; "
             f"{speed / (1e3 / costs[0]):.2f}x plain steps unoverlapped); trace "
-            f"{trace_file.name}: {trace['model']}, {trace['requests']} prompts, "
-            f"{len(verifications)} verifications, {sum(a for _, a in verifications)} of "
-            f"{sum(d for d, _ in verifications)} drafted tokens accepted, {resolved} of "
-            f"{plain_steps} plain steps resolved first",
+            f"{trace.file_name}: {trace.model}, {trace.requests} prompts, "
+            f"{len(trace.verifications)} verifications, {accepted} of {drafted} drafted "
+            f"tokens accepted, {resolved} of {trace.plain_steps} plain steps resolved first",
         )
     )
 
