@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import random
+import reprlib
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -147,10 +148,11 @@ def _count(value: object) -> bool:
 
 def load_trace(trace_file: Path) -> AcceptanceTrace:
     """The acceptance trace in `trace_file`, read once. Raises OSError (unreadable) or
-    ValueError naming what is wrong (not JSON, a key of TRACE_KEYS missing, a count that is not
-    a whole number, no decoded token, a draft longer than the bench measures, more plain steps resolved than the
-    trace has); `sv bench` calls it before any work starts, so a bad --spec-trace fails at
-    once, not after the GPU workloads."""
+    ValueError naming what is wrong: not JSON, a key of TRACE_KEYS missing, a count that is
+    not a whole number, a verification that is not a [drafted, accepted] pair the bench can
+    cost, more tokens verified than decoded, no decoded token, or more plain steps resolved
+    than the trace has. `sv bench` calls it before any work starts, so a bad --spec-trace
+    fails at once, not after the GPU workloads."""
     trace = json.loads(trace_file.read_text())
     if not isinstance(trace, dict):
         raise ValueError("not a JSON object")
@@ -159,45 +161,56 @@ def load_trace(trace_file: Path) -> AcceptanceTrace:
         raise ValueError(f"no {', '.join(missing)} (a trace has {', '.join(TRACE_KEYS)})")
     for key in ("requests", "output_tokens"):
         if not _count(trace[key]):
-            raise ValueError(f"{key} {trace[key]!r} is not a whole number >= 0")
-    pairs = trace["verifications"]
-    if not isinstance(pairs, list) or not all(
-        isinstance(pair, list)
-        and len(pair) == 2
-        and all(_count(n) for n in pair)
-        and 1 <= pair[0] <= MAX_MEASURED_DRAFT
-        and pair[1] <= pair[0]
-        for pair in pairs
-    ):
-        raise ValueError(
-            "verifications must be [drafted, accepted] pairs with 1 <= drafted <= "
-            f"{MAX_MEASURED_DRAFT} (the longest draft measured) and accepted <= drafted"
-        )
-    if trace["output_tokens"] <= trace["requests"]:
-        raise ValueError(
-            f"{trace['output_tokens']} output tokens of {trace['requests']} requests leave no "
-            "decoded token to replay (each request's first token comes from its prefill)"
-        )
-    verifications = [(int(d), int(a)) for d, a in pairs]
-    plain_steps = trace["output_tokens"] - trace["requests"] - sum(1 + a for _, a in verifications)
-    if plain_steps < 0:
-        raise ValueError(
-            f"its verifications give more tokens than the {trace['output_tokens']} output "
-            f"tokens of {trace['requests']} requests"
-        )
-    resolved = trace.get("resolved_plain_steps", plain_steps)
-    if not _count(resolved) or resolved > plain_steps:
-        raise ValueError(
-            f"resolved_plain_steps {resolved!r} is not within the trace's {plain_steps} plain steps"
-        )
-    return AcceptanceTrace(
+            raise ValueError(f"{key} {reprlib.repr(trace[key])} is not a whole number >= 0")
+    read = AcceptanceTrace(
         trace_file.name,
         str(trace["model"]),
         trace["requests"],
         trace["output_tokens"],
-        verifications,
-        resolved,
+        _verifications(trace["verifications"]),
+        resolved_plain_steps=0,
     )
+    if read.decoded <= 0:
+        raise ValueError(
+            f"{read.output_tokens} output tokens of {read.requests} requests leave no decoded "
+            "token to replay (each request's first token comes from its prefill)"
+        )
+    if read.plain_steps < 0:
+        raise ValueError(
+            f"its verifications give more tokens than the {read.decoded} decoded ones "
+            f"({read.output_tokens} output tokens of {read.requests} requests)"
+        )
+    resolved = trace.get("resolved_plain_steps", read.plain_steps)
+    if not _count(resolved) or resolved > read.plain_steps:
+        raise ValueError(
+            f"resolved_plain_steps {reprlib.repr(resolved)} is not within the trace's "
+            f"{read.plain_steps} plain steps"
+        )
+    return replace(read, resolved_plain_steps=resolved)
+
+
+def _verifications(pairs: object) -> list[tuple[int, int]]:
+    """A trace's verifications as (drafted, accepted) pairs, each checked; ValueError names
+    the first that is not one the bench can cost."""
+    if not isinstance(pairs, list):
+        raise ValueError(f"verifications {reprlib.repr(pairs)} is not a list")
+    checked = []
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(_count(n) for n in pair)):
+            raise ValueError(
+                f"verification {i} {reprlib.repr(pair)} is not a [drafted, accepted] pair of "
+                "whole numbers >= 0"
+            )
+        drafted, accepted = pair
+        if not 1 <= drafted <= MAX_MEASURED_DRAFT:
+            raise ValueError(
+                f"verification {i} {pair}: drafted must be 1..{MAX_MEASURED_DRAFT} (the "
+                "longest draft whose verify step the bench measures)"
+            )
+        if accepted > drafted:
+            raise ValueError(f"verification {i} {pair}: more tokens accepted than drafted")
+        checked.append((drafted, accepted))
+    return checked
 
 
 def replay_trace(report: Report, costs: list[float], trace: AcceptanceTrace, plain: float) -> None:
