@@ -100,6 +100,28 @@ def test_cancel_while_a_step_is_in_flight(tiny_llama_dir: Path) -> None:
     assert stats.free_pages == stats.pool_pages and stats.assigned_pages == 0
 
 
+def test_cancel_before_the_last_token_of_a_length_limit_arrives(tiny_llama_dir: Path) -> None:
+    # With the step that holds its last token in flight, the request has left the scheduler
+    # (its length limit is known at advance) but its final event is still to come: cancelling
+    # it then ends it as cancelled, and no late "length" event follows (a stream closed early).
+    engine = make(tiny_llama_dir, overlap=True, kv_cache_mib=64)
+    short = engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    other = engine.add_request(PROMPTS[1], SamplingParams(max_new_tokens=40, ignore_eos=True))
+    delivered: list[int] = []
+    while len(delivered) < 3:
+        delivered += [e.token_id for e in engine.step() if e.request_id == short]
+    assert engine.scheduler.get(short) is None  # its 4th token is the step in flight
+    event = engine.cancel(short)
+    assert event is not None and event.completion is not None
+    assert (event.completion.finish_reason, event.completion.output_ids) == ("cancelled", delivered)
+    assert engine.cancel(short) is None
+    engine.cancel(other)
+    assert not engine.has_unfinished() and engine.step() == []
+    stats = engine.stats
+    assert (stats.finished_requests, stats.cancelled_requests) == (0, 2)
+    assert stats.free_pages == stats.pool_pages and stats.assigned_pages == 0
+
+
 def test_a_failed_step_ends_every_request_and_the_engine_goes_on(tiny_llama_dir: Path) -> None:
     engine = make(tiny_llama_dir, overlap=True, kv_cache_mib=64)
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)

@@ -200,9 +200,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 1000))
     def cancel(self, pick: int) -> None:
         rid = sorted(self.seqs)[pick % len(self.seqs)]
-        unfinished = self.seqs[rid].status is not SequenceStatus.FINISHED
-        assert self.sched.cancel(rid) is unfinished
-        if unfinished:
+        # Cancellable until its finish is reported: a request that reached its length limit in
+        # the step advanced and not yet resolved (pipelined) is finished but unreported.
+        unreported = rid not in self.results and rid not in self.cancelled
+        assert (self.sched.cancel(rid) is not None) is unreported
+        if unreported:
             self.cancelled.add(rid)
             assert self.seqs[rid].finish_reason == "cancelled"
             assert self.seqs[rid].block_table == []
@@ -255,7 +257,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             victim = previous.sampling[cancel % len(previous.sampling)]
             rid = victim.request_id
             assert isinstance(rid, int)
-            if sched.cancel(rid):  # False: it finished by length when step i was advanced
+            if sched.cancel(rid):  # None: cancelled before, or its finish already reported
                 self.cancelled.add(rid)
                 assert victim.num_pending == 0
         finished = sched.resolve(previous, previous_tokens)

@@ -90,10 +90,10 @@ def test_cancel_waiting_running_and_unknown() -> None:
     b = sched.add(Request("B", [1] * 4, 10))
     sched.complete_step(sched.schedule(), [NO_STOP])
     assert sched.free_credits == 6 and sched.pool.num_assigned == 2
-    assert sched.cancel("B") is True
+    assert sched.cancel("B") is b
     assert b.status is SequenceStatus.FINISHED and b.finish_reason == "cancelled"
-    assert sched.cancel("B") is False and sched.cancel("nobody") is False
-    assert sched.cancel("A") is True
+    assert sched.cancel("B") is None and sched.cancel("nobody") is None
+    assert sched.cancel("A") is a
     assert a.finish_reason == "cancelled" and a.block_table == []
     assert sched.free_credits == 8 and sched.pool.num_assigned == 0
     assert not sched.has_unfinished()
@@ -345,11 +345,44 @@ def test_pipelined_length_limit_is_known_at_advance() -> None:
     plan = sched.schedule()
     sched.advance(plan)  # A's second and last token: it leaves before its value is known
     assert not sched.has_unfinished() and sched.pool.num_assigned == 0
-    assert sched.cancel("A") is False  # already finished, reported by resolve
     assert sched.schedule().is_empty
     (done,) = sched.resolve(plan, [55])
     assert (done.output_ids, done.finish_reason) == ([NO_STOP, 55], "length")
     assert a.token_ids[-1] == 55
+    assert sched.cancel("A") is None  # reported: nothing left to cancel
+    assert (sched.stats.finished_requests, sched.stats.cancelled_requests) == (1, 0)
+
+
+def test_pipelined_cancel_before_a_length_finish_is_reported() -> None:
+    # A reached its limit when the step was advanced, but its last token is not known yet:
+    # cancelling it then ends it as cancelled, with the tokens resolved so far, and resolve
+    # reports nothing for it (a caller that closed its stream gets no late "length" finish).
+    sched = make(16, page_size=4)
+    a = sched.add(Request("A", [1] * 4, 2))
+    b = sched.add(Request("B", [1] * 4, 10))
+    sched.complete_step(sched.schedule(), [NO_STOP, NO_STOP])
+    plan = sched.schedule()
+    sched.advance(plan)
+    assert sched.get("A") is None and a.status is SequenceStatus.FINISHED
+    assert sched.cancel("A") is a
+    assert a.finish_reason == "cancelled" and a.output_ids == [NO_STOP]
+    assert sched.cancel("A") is None
+    assert sched.resolve(plan, [55, 56]) == []
+    assert a.output_ids == [NO_STOP] and b.output_ids == [NO_STOP, 56]
+    stats = sched.stats
+    assert (stats.finished_requests, stats.cancelled_requests) == (0, 1)
+    assert stats.assigned_pages == 2  # B's two pages; A's came back at advance
+
+
+def test_abandon_counts_unreported_finishes_as_cancelled() -> None:
+    sched = make(16, page_size=4)
+    sched.add(Request("A", [1] * 4, 2))
+    sched.complete_step(sched.schedule(), [NO_STOP])
+    sched.advance(sched.schedule())  # A finishes by length; its step then fails
+    sched.abandon()
+    stats = sched.stats
+    assert (stats.finished_requests, stats.cancelled_requests) == (0, 1)
+    assert not sched.has_unfinished() and stats.free_pages == 16
 
 
 def test_pipelined_cancel_drops_the_pending_token() -> None:

@@ -362,8 +362,8 @@ class Engine:
     def cancel(self, request_id: RequestId) -> StreamEvent | None:
         """Cancel a request at once (between steps): its pages and credits are returned.
         Returns the request's final event, or None if it was not in flight."""
-        seq = self.scheduler.get(request_id)
-        if seq is None or not self.scheduler.cancel(request_id) or request_id not in self._live:
+        seq = self.scheduler.cancel(request_id)
+        if seq is None or request_id not in self._live:
             return None
         # After the cancel: a token still on the device is not part of the output.
         output = seq.output_ids

@@ -144,16 +144,20 @@ class Scheduler:
         run's prompts do not serve the next); returns how many pages were freed."""
         return self.pool.clear_cache()
 
-    def cancel(self, request_id: RequestId) -> bool:
+    def cancel(self, request_id: RequestId) -> Sequence | None:
         """Drop a waiting or running request now, returning its pages, credits and table row.
 
-        Returns False if no unfinished request has this id. Safe while a plan is out: the token
-        `complete_step` then receives for this request is dropped. A token still pending (its
-        step advanced, not resolved) is dropped too: the request ends with the tokens resolved.
+        Returns the cancelled sequence, or None if no unfinished request has this id. Safe
+        while a plan is out: the token `complete_step` then receives for this request is
+        dropped. A token still pending (its step advanced, not resolved) is dropped too: the
+        request ends with the tokens resolved. That holds for a request that reached its
+        length limit in the step advanced and not yet resolved: its finish is not reported
+        yet (its last token is unknown), so it is cancelled instead, and `resolve` leaves it
+        out.
         """
         seq = self._unfinished.pop(request_id, None)
         if seq is None:
-            return False
+            return self._cancel_unreported(request_id)
         if seq.status is _WAITING:
             self._waiting.remove(seq)
         else:
@@ -164,7 +168,20 @@ class Scheduler:
         seq.status = _FINISHED
         seq.finish_reason = "cancelled"
         self._cancelled_requests += 1
-        return True
+        return seq
+
+    def _cancel_unreported(self, request_id: RequestId) -> Sequence | None:
+        """Cancel a request that finished in the advanced step, before `resolve` reports it
+        (its pages and credits are already back)."""
+        for i, (seq, _) in enumerate(self._finishing):
+            if seq.request_id == request_id:
+                del self._finishing[i]
+                seq.num_pending = 0
+                seq.finish_reason = "cancelled"
+                self._finished_requests -= 1
+                self._cancelled_requests += 1
+                return seq
+        return None
 
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
@@ -376,11 +393,13 @@ class Scheduler:
     def abandon(self) -> None:
         """The steps handed out (scheduled, or advanced and unresolved) will never complete:
         forget them. For an engine whose step failed; it then cancels its requests (a pending
-        token is dropped by `cancel`), and finishes not yet reported are dropped here."""
+        token is dropped by `cancel`). Finishes not yet reported never will be: those requests
+        count as cancelled."""
         self._plan = None
         self._unresolved = None
         self._drop_token.clear()
-        self._finishing.clear()
+        for seq, _ in list(self._finishing):
+            self._cancel_unreported(seq.request_id)
 
     def _stop(self, seq: Sequence) -> None:
         """`seq`'s newest token, just resolved, is one of its stop ids."""
