@@ -139,6 +139,40 @@ def test_fp8_checkpoint_errors_name_the_tensor(tmp_path: Path) -> None:
             load_checkpoint(folder)
 
 
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        ("lm_head.weight", FP8),  # quantization_config ignores lm_head: no scale for it
+        ("model.embed_tokens.weight", FP8),
+        ("model.norm.weight", torch.float8_e5m2),
+        ("model.layers.0.mlp.down_proj.weight", torch.float8_e5m2),
+    ],
+)
+def test_fp8_outside_the_quantized_linears_is_refused(
+    tmp_path: Path, name: str, dtype: torch.dtype
+) -> None:
+    # An FP8 value stands for value * scale: a tensor without scales in FP8 would load as
+    # if its scale were 1. Only the linear weights quantization_config quantizes may be FP8,
+    # and only as e4m3.
+    config = tiny_llama_config(tie_word_embeddings=False)
+    weight = random_weights(config, seed=3)[name].float().to(dtype)
+    write_fp8_checkpoint(tmp_path, config, tensors={name: weight})
+    with pytest.raises(WeightsError, match=re.escape(f"tensor {name!r}")):
+        load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [FP8, torch.float8_e5m2])
+def test_fp8_in_a_plain_checkpoint_is_refused(tmp_path: Path, dtype: torch.dtype) -> None:
+    config = tiny_llama_config()
+    state = random_weights(config, seed=3)
+    name = "model.layers.0.mlp.down_proj.weight"
+    state[name] = state[name].float().to(dtype)
+    safetensors.torch.save_file(state, str(tmp_path / "model.safetensors"))
+    config.write_json(tmp_path / "config.json")
+    with pytest.raises(WeightsError, match="has no quantization_config saying how to scale it"):
+        load_checkpoint(tmp_path)
+
+
 @pytest.mark.parametrize("copy", [False, True])
 @pytest.mark.parametrize("bad", [0.0, -0.01])
 def test_fp8_scales_must_be_positive(tmp_path: Path, copy: bool, bad: float) -> None:

@@ -46,6 +46,7 @@ from sv_weights.quantization import (
 from sv_weights.safetensors import (
     DTYPES,
     FLOAT_DTYPES,
+    FP8_DTYPES,
     SafetensorsHeader,
     TensorInfo,
     load_from_header,
@@ -120,16 +121,18 @@ def validate_checkpoint(
     if config.tie_word_embeddings and LM_HEAD in infos:
         expected[LM_HEAD] = expected[EMBED_TOKENS]
     scales: set[str] = set()
+    quantized: set[str] = set()  # FP8 weights, checked beside their scales
     if quantization is not None:
         linear = {n: s for n, s in expected.items() if n.endswith("_proj.weight") or n == LM_HEAD}
         scales = quantization.check_tensors(linear, infos, source)
+        quantized = {n for n in linear if quantization.quantizes(n.removesuffix(".weight"))}
         kv_scales = quantization.check_kv_scales(config.num_hidden_layers, infos, source)
         scales |= set(kv_scales.values())
     else:
-        fp8 = sorted(name for name, info in infos.items() if info.dtype == FP8_DTYPE)
+        fp8 = sorted(name for name, info in infos.items() if info.dtype in FP8_DTYPES)
         if fp8:
             raise WeightsError(
-                f"{source}: tensor {fp8[0]!r} is {FP8_DTYPE}, but config.json has no "
+                f"{source}: tensor {fp8[0]!r} is {infos[fp8[0]].dtype}, but config.json has no "
                 "quantization_config saying how to scale it"
             )
         kv_scales = kv_scales_in(config.num_hidden_layers, infos, source)
@@ -158,6 +161,14 @@ def validate_checkpoint(
             raise WeightsError(
                 f"{source}: tensor {name!r} has shape {list(info.shape)}, expected {list(shape)} "
                 "from config.json"
+            )
+        if name in quantized:
+            continue
+        if info.dtype in FP8_DTYPES:
+            raise WeightsError(
+                f"{source}: tensor {name!r} is {info.dtype}, but quantization_config does not "
+                f"quantize it (only the linear weights it quantizes may be {FP8_DTYPE}, each "
+                f"beside its weight_scale); expected one of {', '.join(sorted(FLOAT_DTYPES))}"
             )
         if info.dtype not in FLOAT_DTYPES:
             raise WeightsError(

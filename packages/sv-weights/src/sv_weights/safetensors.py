@@ -69,8 +69,11 @@ for _name, _attr in [
 
 DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
 
-# Float dtypes a model weight may have (checked by the checkpoint validator).
-FLOAT_DTYPES = frozenset(name for name in DTYPES if name.startswith(("F", "BF")))
+# Float dtypes a model weight may have (checked by the checkpoint validator). FP8 ones are
+# not among them: a value in FP8 stands for value * scale, so only the linear weights that a
+# checkpoint's quantization_config quantizes, each beside its scales, may be FP8.
+FP8_DTYPES = frozenset(name for name in DTYPES if name.startswith("F8_"))
+FLOAT_DTYPES = frozenset(name for name in DTYPES if name.startswith(("F", "BF"))) - FP8_DTYPES
 
 # Files are little-endian; so are x86-64 and ARM64 (the only hosts torch ships for today).
 if sys.byteorder != "little":  # pragma: no cover - no big-endian host to test on
