@@ -336,6 +336,12 @@ def test_sharded_errors(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
 
     write_sharded(tmp_path, config)
+    long_name = "0" * 5000  # past the file system's name limit: the lookup itself fails
+    edit_index(tmp_path, lambda m: m.update({"model.norm.weight": long_name}))
+    with pytest.raises(WeightsError, match=r"shard '0+\.\.\.0+' cannot be looked up in"):
+        load_checkpoint(tmp_path)
+
+    write_sharded(tmp_path, config)
     edit_index(tmp_path, lambda m: m.update({"model.norm.weight": "../elsewhere.safetensors"}))
     with pytest.raises(WeightsError, match="is not a plain file name"):
         load_checkpoint(tmp_path)
@@ -345,6 +351,9 @@ def test_sharded_errors(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
     (tmp_path / INDEX_FILE).write_text("nope")
     with pytest.raises(WeightsError, match="not valid JSON"):
+        load_checkpoint(tmp_path)
+    (tmp_path / INDEX_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(WeightsError, match=r"not valid JSON \(nested too deeply\)"):
         load_checkpoint(tmp_path)
     (tmp_path / INDEX_FILE).unlink()
     with pytest.raises(

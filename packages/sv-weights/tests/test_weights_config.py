@@ -19,6 +19,7 @@ from sv_weights import (
     llama_3_2_1b_config,
     tiny_llama_config,
 )
+from sv_weights.quantization import read_quantization
 
 # meta-llama/Llama-3.2-1B-Instruct/config.json, as published.
 LLAMA_3_2_1B_INSTRUCT_JSON: dict[str, Any] = {
@@ -253,6 +254,19 @@ def _with(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
 _DROP = object()
 
 BAD_CONFIGS = [
+    # An integer past a float's range (JSON has no limit) is refused by name, not OverflowError.
+    (
+        _with(LLAMA_3_2_1B_INSTRUCT_JSON, rope_theta=10**400),
+        "rope_theta: expected a positive float",
+    ),
+    (_with(LLAMA_3_2_1B_INSTRUCT_JSON, rms_norm_eps=10**400), "rms_norm_eps: expected a positive"),
+    (
+        _with(
+            LLAMA_3_2_1B_INSTRUCT_JSON,
+            rope_scaling={**LLAMA_3_2_1B_INSTRUCT_JSON["rope_scaling"], "factor": 10**400},
+        ),
+        "rope_scaling.factor: expected a positive number",
+    ),
     (_with(LLAMA_3_2_1B_INSTRUCT_JSON, hidden_size=_DROP), "key 'hidden_size' is missing"),
     (_with(LLAMA_3_2_1B_INSTRUCT_JSON, vocab_size=_DROP), "key 'vocab_size' is missing"),
     (
@@ -381,6 +395,14 @@ def test_unreadable_config_files(tmp_path: Path) -> None:
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(WeightsError, match="expected a JSON object"):
         ModelConfig.from_json(tmp_path / "list.json")
+    deep = tmp_path / "deep"  # past the JSON parser's recursion limit
+    deep.mkdir()
+    (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    for read in (ModelConfig.from_model_dir, read_quantization):
+        with pytest.raises(
+            WeightsError, match=r"config.json: not valid JSON \(nested too deeply\)"
+        ):
+            read(deep)
     with pytest.raises(WeightsError, match="not a folder"):
         ModelConfig.from_model_dir(tmp_path / "nowhere")
 

@@ -425,6 +425,16 @@ BAD_FILES: list[tuple[str, bytes, list[str]]] = [
         build_file({"w": {**F32_1, "dtype": "F99"}}, FOUR),
         ["tensor 'w'", "'F99'", "known safetensors dtype"],
     ),
+    (  # no bytes, but torch sizes an empty tensor's storage by its other dims
+        "empty tensor, a dim past int64",
+        build_file({"w": {**F32_1, "shape": [0, 2**64], "data_offsets": [0, 0]}}, b""),
+        ["tensor 'w'", "past 2^63 bytes"],
+    ),
+    (
+        "empty tensor, dims whose product is past int64",
+        build_file({"w": {**F32_1, "shape": [2**40, 2**40, 0], "data_offsets": [0, 0]}}, b""),
+        ["tensor 'w'", "past 2^63 bytes"],
+    ),
     (
         "negative dim",
         build_file({"w": {**F32_1, "shape": [-1]}}, FOUR),

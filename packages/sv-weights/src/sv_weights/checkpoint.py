@@ -26,16 +26,16 @@ scales, loaded under one name whichever spelling the file uses
 
 from __future__ import annotations
 
-import json
 import os
+import reprlib
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from sv_weights.config import ModelConfig
 from sv_weights.device_load import FileSpan, copy_file_spans_to
 from sv_weights.errors import WeightsError
+from sv_weights.json_files import read_json_file
 from sv_weights.quantization import (
     FP8_DTYPE,
     INPUT_SCALE,
@@ -202,7 +202,14 @@ def read_checkpoint_headers(model_dir: str | os.PathLike[str]) -> list[Safetenso
     seen: dict[str, str] = {}
     for shard_name in sorted(set(weight_map.values())):
         shard_path = model_dir / shard_name
-        if not shard_path.is_file():
+        try:
+            found = shard_path.is_file()
+        except OSError as exc:  # e.g. a name past the file system's length limit
+            raise WeightsError(
+                f"{index_path}: shard {reprlib.repr(shard_name)} cannot be looked up in "
+                f"{model_dir} ({exc.strerror or exc})"
+            ) from exc
+        if not found:
             raise WeightsError(f"{index_path}: shard {shard_name!r} does not exist in {model_dir}")
         header = read_header(shard_path)
         for name in header.tensors:
@@ -224,12 +231,7 @@ def read_checkpoint_headers(model_dir: str | os.PathLike[str]) -> list[Safetenso
 
 
 def _read_weight_map(index_path: Path) -> dict[str, str]:
-    try:
-        index: Any = json.loads(index_path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise WeightsError(f"{index_path}: cannot read ({exc.strerror or exc})") from exc
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise WeightsError(f"{index_path}: not valid JSON ({exc})") from exc
+    index = read_json_file(index_path, "index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise WeightsError(f"{index_path}: expected an object with a non-empty 'weight_map' object")

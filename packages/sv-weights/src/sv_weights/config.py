@@ -26,6 +26,7 @@ from typing import Any
 
 from sv_weights.architectures import ARCHITECTURES, Architecture, architecture_of
 from sv_weights.errors import WeightsError
+from sv_weights.json_files import read_json_file
 
 CONFIG_FILE = "config.json"
 
@@ -55,8 +56,7 @@ class RopeScaling:
     def __post_init__(self) -> None:
         where = "rope_scaling"
         for name in ("factor", "low_freq_factor", "high_freq_factor"):
-            if _is_int(getattr(self, name)):
-                object.__setattr__(self, name, float(getattr(self, name)))
+            object.__setattr__(self, name, _int_as_float(getattr(self, name)))
         if self.rope_type != "llama3":
             raise WeightsError(
                 f"{where}.rope_type: {self.rope_type!r} is not supported (expected 'llama3')"
@@ -107,8 +107,7 @@ class ModelConfig:
         # Accept the obvious conveniences of direct construction (ints for floats, a list of
         # eos ids); everything else must already have the right type.
         for name in ("rms_norm_eps", "rope_theta"):
-            if _is_int(getattr(self, name)):
-                object.__setattr__(self, name, float(getattr(self, name)))
+            object.__setattr__(self, name, _int_as_float(getattr(self, name)))
         if isinstance(self.eos_token_ids, list):
             object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
         for name in (
@@ -176,12 +175,7 @@ class ModelConfig:
     def from_json(cls, path: str | os.PathLike[str]) -> ModelConfig:
         """Read a `config.json`. A missing or ill-typed key raises `WeightsError` naming it."""
         path = Path(path)
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise WeightsError(f"{path}: cannot read the config ({exc.strerror or exc})") from exc
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise WeightsError(f"{path}: not valid JSON ({exc})") from exc
+        raw = read_json_file(path, "config")
         if not isinstance(raw, dict):
             raise WeightsError(f"{path}: expected a JSON object")
         try:
@@ -309,6 +303,17 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _int_as_float(value: Any) -> Any:
+    """An int as a float (JSON writes 500000.0 as 500000 sometimes); one past a float's range
+    becomes inf, which the finite checks then refuse by name. Anything else as it is."""
+    if not _is_int(value):
+        return value
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 _MISSING = object()
 # What a null in place of a value of each type of `_get` is told it should have been.
 _KINDS = {int: "an integer", float: "a number", bool: "true or false"}
@@ -334,8 +339,8 @@ def _get(
         if default is _MISSING:
             raise WeightsError(f"{where} key {key!r} is missing")
         return default
-    if kind is float and _is_int(value):
-        value = float(value)  # JSON writes 500000.0 as 500000 sometimes
+    if kind is float:
+        value = _int_as_float(value)
     ok = (
         isinstance(value, bool)
         if kind is bool

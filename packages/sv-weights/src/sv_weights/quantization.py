@@ -36,12 +36,12 @@ refused, naming the field.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from sv_weights.errors import WeightsError
+from sv_weights.json_files import read_json_file
 from sv_weights.safetensors import TensorInfo
 
 QUANT_METHOD = "compressed-tensors"
@@ -228,10 +228,7 @@ def read_quantization(model_dir: str | Path) -> FP8Quantization | None:
     """The FP8 scheme of `<model_dir>/config.json`, or None when it has no
     quantization_config. Raises WeightsError for a layout sv does not read."""
     path = Path(model_dir) / "config.json"
-    try:
-        raw: Any = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise WeightsError(f"{path}: cannot read it as JSON ({exc})") from exc
+    raw = read_json_file(path, "config")
     if not isinstance(raw, dict) or raw.get("quantization_config") is None:
         return None
     return parse_quantization_config(raw["quantization_config"], str(path))

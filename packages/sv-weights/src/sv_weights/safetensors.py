@@ -271,6 +271,11 @@ def _parse_tensor_entry(name: str, entry: Any, path: Path) -> TensorInfo:
     shape = entry["shape"]
     if not isinstance(shape, list) or not all(_is_int(dim) and dim >= 0 for dim in shape):
         raise WeightsError(f"{where}: shape {shape!r} must be a list of non-negative integers")
+    # Also for an empty tensor: torch sizes its storage as the product of the other dims.
+    if math.prod(dim for dim in shape if dim) * dtype_itemsize(dtype) >= 2**63:
+        raise WeightsError(
+            f"{where}: shape {shape!r} is past 2^63 bytes, more than any tensor holds"
+        )
     offsets = entry["data_offsets"]
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
         raise WeightsError(f"{where}: data_offsets {offsets!r} must be a list of two integers")
