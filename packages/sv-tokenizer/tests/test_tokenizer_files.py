@@ -141,6 +141,27 @@ def test_model_dir_tiktoken_uses_config_special_tokens(tmp_path: Path) -> None:
     assert tokenizer.encode("<|stop|>hello", allow_special=True) == [262, 259]
 
 
+@pytest.mark.parametrize(
+    ("added", "expected"),
+    [
+        # An id the merger gives to ordinary text: "h" would come out as the special token.
+        ({"104": {"content": "<|x|>", "special": True}}, "has id 104, already the id of the mergeable token b'h'"),
+        ({str(10**12): {"content": "<|x|>", "special": True}}, "token id 1,000,000,000,000 leaves"),
+    ],
+)  # fmt: skip
+def test_model_dir_tiktoken_added_token_errors(
+    tmp_path: Path, added: dict[str, Any], expected: str
+) -> None:
+    write(tmp_path / "tokenizer.model", tiny_tiktoken_file())
+    write(tmp_path / "tokenizer_config.json", {"added_tokens_decoder": added})
+    with pytest.raises(TokenizerError, match=re.escape(expected)) as caught:
+        Tokenizer.from_model_dir(tmp_path)
+    assert "tokenizer_config.json's added_tokens_decoder" in str(caught.value)
+    # The same id with the mergeable token's own text is that token: accepted.
+    write(tmp_path / "tokenizer_config.json", {"added_tokens_decoder": {"104": {"content": "h"}}})
+    assert Tokenizer.from_model_dir(tmp_path).encode("h") == [104]
+
+
 # ---------------------------------------------------------------- tokenizer.json
 
 
@@ -230,6 +251,18 @@ def broken(mutate: Any) -> dict[str, Any]:
         (
             broken(lambda d: d.update(added_tokens=[{"id": 3, "content": "<x>"}])),
             "field 'added_tokens[0].id' is 3, already the id of model.vocab entry '$'",
+        ),
+        (
+            broken(lambda d: d.update(added_tokens=[{"id": 300, "content": "<a>"}, {"id": 300, "content": "<b>"}])),
+            "field 'added_tokens[1].id' is 300, already the id of added_tokens[0] ('<a>')",
+        ),
+        (  # ids index a table: one far past the vocabulary would allocate it all
+            broken(lambda d: d.update(added_tokens=[{"id": 10**12, "content": "<x>"}])),
+            "token id 1,000,000,000,000 leaves 999,999,999,739 ids unused",  # 10**12 + 1 - 262
+        ),
+        (
+            broken(lambda d: d["model"]["vocab"].update({"far": 10**12})),
+            "token id 1,000,000,000,000 leaves",
         ),
     ],
 )  # fmt: skip
@@ -324,6 +357,8 @@ def test_model_dir_errors(tmp_path: Path) -> None:
         ({"bos_token": "<nope>"}, "bos_token '<nope>' is not a token"),
         ({"eos_token": 5}, "field 'eos_token' must be a token string"),
         ({"added_tokens_decoder": {"x": {}}}, "key 'x' is not a token id"),
+        ({"added_tokens_decoder": {"\u00b2": {}}}, "key '\u00b2' is not a token id"),
+        ({"added_tokens_decoder": {"\u0663": {}}}, "key '\u0663' is not a token id"),
     ]:
         write(config, content)  # type: ignore[arg-type]
         with pytest.raises(TokenizerError, match=re.escape(expected)):

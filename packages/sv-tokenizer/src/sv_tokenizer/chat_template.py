@@ -32,6 +32,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from itertools import zip_longest
 from typing import Any, Protocol
 
 from .chat import ChatTokenizer, check_template_kwargs, generation_prompt
@@ -323,7 +324,9 @@ class TemplateChatFormat:
         if segments is not None:
             return self._encode_segments(_cut(segments, end))
         # The template changes contents beyond trimming: the plain render is only safe when no
-        # content holds special-token text (then no content can turn into a control token).
+        # content holds special-token text, and when the transformed contents hold none either
+        # (a template that upper- or lower-cases them could make "<|EOT_ID|>" a control token):
+        # the render must hold the special tokens of the same render with every content empty.
         for index, message in enumerate(messages):
             forged = self.tokenizer.find_special(message.content)
             if forged is not None:
@@ -331,7 +334,28 @@ class TemplateChatFormat:
                     f"chat message {index} contains the special token text {forged!r} and this chat "
                     "template transforms message contents, so it cannot be kept as plain text"
                 )
+        without_contents = self._render_messages(
+            [replace(m, content="") for m in messages], options
+        )
+        made = self._special_tokens_in(rendered)
+        own = self._special_tokens_in(without_contents)
+        if made != own:
+            index, got = next((i, m) for i, (m, o) in enumerate(zip_longest(made, own)) if m != o)
+            raise TokenizerError(
+                "this chat template transforms message contents, and the transformed contents "
+                f"hold special-token text: the conversation renders {len(made)} special tokens "
+                f"where the template alone renders {len(own)}, the first that differs being "
+                f"{got!r} (number {index + 1}); so they cannot be kept as plain text"
+            )
         return self.tokenizer.encode(rendered[:end], allow_special=True)
+
+    def _special_tokens_in(self, text: str) -> list[str]:
+        """The special tokens' texts occurring in `text`, in order."""
+        found = []
+        while (token := self.tokenizer.find_special(text)) is not None:
+            found.append(token)
+            text = text[text.index(token) + len(token) :]
+        return found
 
     def encode_user_prompt(self, text: str) -> list[int]:
         return self.encode_dialog([Message("user", text)])

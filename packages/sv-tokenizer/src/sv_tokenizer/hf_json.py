@@ -63,6 +63,23 @@ class HFTokenizerSpec:
     byte_fallback_ids: frozenset[int] = frozenset()  # the <0xXX> tokens (SentencePiece style)
 
 
+# Token ids index tables (each id's bytes), so they must be about as many as the tokens the
+# file defines: ids this far past their count are a damaged file, not a vocabulary.
+MAX_UNUSED_IDS = 65_536
+
+
+def id_table_size(ids: list[int], count: int, source: str) -> int:
+    """The size of a table by token id (1 + the largest of `ids`), for a file that defines
+    `count` tokens; TokenizerError when that leaves more than MAX_UNUSED_IDS ids unused."""
+    size = 1 + max(ids, default=-1)
+    if size - count > MAX_UNUSED_IDS:
+        raise TokenizerError(
+            f"{source}: token id {size - 1:,} leaves {size - count:,} ids unused (the file "
+            f"defines {count:,} tokens; ids must be dense, at most {MAX_UNUSED_IDS:,} unused)"
+        )
+    return size
+
+
 def parse_json_document(data: bytes, source: str) -> Any:
     """json.loads with errors that name the file, line and column."""
     try:
@@ -75,6 +92,8 @@ def parse_json_document(data: bytes, source: str) -> Any:
         raise TokenizerError(
             f"{source}: invalid JSON at line {error.lineno} column {error.colno}: {error.msg}"
         ) from None
+    except RecursionError:
+        raise TokenizerError(f"{source}: invalid JSON: nested too deeply") from None
 
 
 class _Fields:
@@ -155,7 +174,11 @@ def parse_hf_tokenizer_json(data: bytes, source: str) -> HFTokenizerSpec:
             )
     added_ids = {token.id for token in added_tokens}
 
-    size = 1 + max([*vocab.values(), *added_ids], default=-1)
+    size = id_table_size(
+        [*vocab.values(), *added_ids],
+        len(vocab) + len(added_ids - set(vocab.values())),
+        root.source,
+    )
     token_bytes: list[bytes | None] = [None] * size
     for token, token_id in vocab.items():
         as_bytes = chars_to_bytes(token)
@@ -279,6 +302,7 @@ def _parse_added_tokens(root: _Fields) -> list[AddedToken]:
     if not isinstance(entries, list):
         raise root.error("added_tokens", f"must be a list, found {_kind(entries)}")
     tokens: list[AddedToken] = []
+    index_of_id: dict[int, int] = {}
     for index, entry in enumerate(entries):
         fields = _Fields(root.source, f"added_tokens[{index}]", entry)
         token_id = fields.required("id")
@@ -287,6 +311,13 @@ def _parse_added_tokens(root: _Fields) -> list[AddedToken]:
             raise fields.error("id", f"is {token_id!r}; expected an integer >= 0")
         if not isinstance(content, str) or not content:
             raise fields.error("content", f"is {content!r}; expected a non-empty string")
+        earlier = index_of_id.setdefault(token_id, index)
+        if earlier != index and tokens[earlier].content != content:
+            raise fields.error(
+                "id",
+                f"is {token_id}, already the id of added_tokens[{earlier}] "
+                f"({tokens[earlier].content!r})",
+            )
         for option in ("lstrip", "rstrip", "single_word"):
             if fields.flag(option):
                 raise fields.error(option, f"is true for {content!r}; this option is not supported")

@@ -115,7 +115,7 @@ def _added_tokens_decoder(value: object, path: Path) -> list[AddedToken]:
         raise TokenizerError(f"{where} must be an object of id -> token")
     tokens = []
     for key, entry in value.items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdecimal()):
             raise TokenizerError(f"{where}: key {key!r} is not a token id")
         if (
             not isinstance(entry, dict)

@@ -35,7 +35,7 @@ from .chat import ChatFormat, ChatMLFormat, Llama3ChatFormat
 from .chat_choice import choose_chat_format
 from .chat_template import TemplateChatFormat
 from .errors import TokenizerError
-from .hf_json import AddedToken, parse_hf_tokenizer_json
+from .hf_json import AddedToken, id_table_size, parse_hf_tokenizer_json
 from .messages import Message
 from .model_dir import ModelDirConfig, find_tokenizer_file, read_model_dir_config
 from .pretokenize import LLAMA3_PATTERN, PreTokenizer
@@ -446,10 +446,25 @@ def _tiktoken_parts(
         added_tokens = [
             AddedToken(name, i, True) for name, i in llama3_special_tokens(num_base).items()
         ]
-    size = max([num_base - 1, *(t.id for t in added_tokens)]) + 1
+    else:  # the folder's: what a bad one says is where it came from
+        source = f"{source} with tokenizer_config.json's added_tokens_decoder"
+    size = id_table_size(
+        [num_base - 1, *(t.id for t in added_tokens)],
+        num_base + sum(t.id >= num_base for t in added_tokens),
+        source,
+    )
     token_bytes: list[bytes | None] = [None] * size
     for token, rank in ranks.items():
         token_bytes[rank] = token
     for added in added_tokens:
-        token_bytes[added.id] = added.content.encode("utf-8")
+        content = added.content.encode("utf-8")
+        taken_by = token_bytes[added.id]
+        if added.id < num_base and taken_by != content:
+            # The merger would still give this id to the mergeable token's text: user text
+            # would then come out as the added (special) token.
+            raise TokenizerError(
+                f"{source}: added token {added.content!r} has id {added.id}, already the id "
+                f"of the mergeable token {taken_by!r}"
+            )
+        token_bytes[added.id] = content
     return RankMerger(ranks), token_bytes, added_tokens
