@@ -144,3 +144,27 @@ def test_shrink_to_gives_back_the_pages_past_a_length() -> None:
         table.shrink_to(4)
     table.release()
     assert pool.num_available == 8
+
+
+def test_shrink_to_keeps_off_pages_given_back_under_a_window() -> None:
+    # Pages before a sliding window go back early (`release_pages_before`) and another table
+    # may hold them now: shrinking past them would release someone else's page.
+    pool = PagePool(8, page_size=4)
+    table = BlockTable(pool)
+    table.ensure_capacity(11)  # 3 pages: positions 0..11
+    assert table.release_pages_before(9) == 2
+    other = BlockTable(pool)
+    other.ensure_capacity(7)  # takes pages back from the free list, maybe the released ones
+    held = [pool.refcount(p) for p in range(8)]
+    with pytest.raises(KVCacheError, match="already gave back"):
+        table.shrink_to(4)
+    assert [pool.refcount(p) for p in range(8)] == held
+    assert table.shrink_to(9) == 0  # 3 pages kept: nothing to give back
+
+
+@pytest.mark.parametrize("count", [-2, 1.5, True, "2"])
+def test_allocate_many_refuses_a_bad_count(count: object) -> None:
+    pool = PagePool(4)
+    with pytest.raises(KVCacheError, match="count must be an integer >= 0"):
+        pool.allocate_many(count)  # type: ignore[arg-type]
+    assert (pool.num_free, pool.num_assigned) == (4, 0)

@@ -63,6 +63,11 @@ class BlockTable:
                 f"shrink_to({num_tokens}) would drop a registered page ({len(self.page_keys)} "
                 f"full pages are registered)"
             )
+        if keep < self.num_released:  # those entries name pages another table may hold now
+            raise KVCacheError(
+                f"shrink_to({num_tokens}) would drop pages this table already gave back "
+                f"(the first {self.num_released} left the sliding window)"
+            )
         pool = self.pool
         dropped = 0
         while len(self.pages) > keep:

@@ -105,6 +105,8 @@ class PagePool:
     def allocate_many(self, count: int) -> list[int]:
         """`count` fresh pages, as `count` calls of `allocate` would give, in one call (the
         scheduler's decode path hands one page to each sequence crossing a page boundary)."""
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise KVCacheError(f"allocate_many: count must be an integer >= 0, got {count!r}")
         if count > len(self._free) + len(self._cached_lru):
             raise KVCacheError(
                 f"cannot allocate {count} pages: only {self.num_available} of "
