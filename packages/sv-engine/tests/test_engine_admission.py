@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sv_engine import Engine, SamplingParams
+from sv_engine import Engine, EngineError, SamplingParams
 
 PROMPTS = [
     "Write a haiku about the sea.",
@@ -53,3 +53,18 @@ def test_preemptive_outputs_equal_conservative(tiny_llama_dir: Path, overlap: bo
     # The pool is tight enough that preemption really happened, with recompute.
     assert preemptive.stats.preemptions > 0 and preemptive.stats.recomputed_tokens > 0
     assert preemptive.stats.peak_running > conservative.stats.peak_running
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"policy": "bogus"}, "policy must be 'continuous' or 'static', got 'bogus'"),
+        ({"admission": "bogus"}, "admission must be 'conservative' or 'preemptive', got 'bogus'"),
+    ],
+)
+def test_scheduler_options_are_checked_before_the_model_folder(
+    tmp_path: Path, options: dict[str, str], message: str
+) -> None:
+    # A folder that does not exist: the option's error comes first, before any read.
+    with pytest.raises(EngineError, match=message):
+        Engine.from_model_dir(tmp_path / "nowhere", device="cpu", **options)  # type: ignore[arg-type]

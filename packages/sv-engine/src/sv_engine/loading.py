@@ -111,6 +111,10 @@ def load_model(
     is the load's EngineError, found in a second rather than after the load."""
     if cfg.policy not in ("continuous", "static"):
         raise EngineError(f"policy must be 'continuous' or 'static', got {cfg.policy!r}")
+    if cfg.admission not in ("conservative", "preemptive"):
+        raise EngineError(
+            f"admission must be 'conservative' or 'preemptive', got {cfg.admission!r}"
+        )
     try:
         config = model_config(model_dir)
         max_model_len = _context_limit(config, model_dir, cfg.max_model_len)
