@@ -230,6 +230,10 @@ def broken(mutate: Any) -> dict[str, Any]:
             "field 'pre_tokenizer.pretokenizers[0].type' is 'Metaspace'",
         ),
         (broken(lambda d: d["pre_tokenizer"].update(add_prefix_space=True)), "'pre_tokenizer.add_prefix_space' is true"),
+        (  # HF refuses a string here; read as a truth value, "no" was true
+            broken(lambda d: d["pre_tokenizer"].update(use_regex="no")),
+            "field 'pre_tokenizer.use_regex' must be true or false, found a string",
+        ),
         (
             broken(lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
                 {"type": "Split", "pattern": {"Regex": "(a"}, "behavior": "Isolated"}, {"type": "ByteLevel"}]})),

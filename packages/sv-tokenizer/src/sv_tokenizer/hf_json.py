@@ -128,8 +128,8 @@ class _Fields:
             raise self.error(key, f"must be a string, found {_kind(value)}")
         return value
 
-    def flag(self, key: str) -> bool:
-        value = self.value.get(key, False)
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.value.get(key, default)
         if not isinstance(value, bool):
             raise self.error(key, f"must be true or false, found {_kind(value)}")
         return value
@@ -365,9 +365,7 @@ def _space_marker_pieces(root: _Fields, normalizer: str | None) -> SpaceMarkerPi
     scheme = fields.value.get("prepend_scheme", "always")
     if scheme not in ("always", "first", "never"):
         raise fields.error("prepend_scheme", f"is {scheme!r}; expected always, first or never")
-    split = fields.value.get("split", True)
-    if not isinstance(split, bool):
-        raise fields.error("split", f"must be true or false, found {_kind(split)}")
+    split = fields.flag("split", default=True)
     return SpaceMarkerPieces(scheme, prepend_twice=False, split=split)
 
 
@@ -479,7 +477,7 @@ def _parse_split_step(step: _Fields, *, is_last: bool) -> RegexSplit | None:
             raise step.error("type", "ByteLevel must be the last pre-tokenizer of the sequence")
         if step.flag("add_prefix_space"):
             raise step.error("add_prefix_space", "is true; this option is not supported")
-        return RegexSplit(GPT2_PATTERN) if step.value.get("use_regex", True) else None
+        return RegexSplit(GPT2_PATTERN) if step.flag("use_regex", default=True) else None
     if kind == "Digits":
         return RegexSplit(
             INDIVIDUAL_DIGITS_PATTERN if step.flag("individual_digits") else DIGIT_RUNS_PATTERN
