@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from sv_engine import Engine, EngineError, SamplingParams
+from sv_engine.params import sampler_seed
 
 
 def test_a_top_k_past_any_integer_type_means_keep_every_token(tiny_llama_dir: Path) -> None:
@@ -97,3 +99,70 @@ def test_max_step_tokens_below_max_num_seqs_is_refused_not_raised(tiny_llama_dir
         tiny_llama_dir, device="cpu", kv_cache_mib=8, max_step_tokens=16, max_num_seqs=4
     )
     assert engine.scheduler.config.max_step_tokens == 16
+
+
+def test_a_temperature_below_vllms_epsilon_is_greedy(tiny_llama_dir: Path) -> None:
+    """Below 1e-5 (vLLM's _SAMPLING_EPS) a temperature samples greedily. Divided by 1e-39 the
+    logits left FP32's range and the draw was the lowest-id infinite column, not the argmax."""
+    params = SamplingParams(max_new_tokens=6, temperature=1e-39, seed=0, ignore_eos=True)
+    assert params.temperature == 0.0 and params.greedy
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5  # from 1e-5 on: sampled
+    engine = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8)
+    greedy = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    want = engine.generate(["Name three colours."], greedy)[0].output_ids
+    assert engine.generate(["Name three colours."], params)[0].output_ids == want
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        # FP32's range: 1e39 was inf in the step's inputs (a NaN row; two +inf biases always
+        # picked the lower id)
+        ({"temperature": 1e39}, "temperature must be in [0, 3.403e+38]"),
+        ({"logit_bias": {1: 1e39}}, "logit_bias must map token ids to numbers FP32 holds"),
+        ({"logit_bias": {1: -1e39}}, "logit_bias must map token ids to numbers FP32 holds"),
+        ({"ignore_eos": "false"}, "ignore_eos must be true or false, got 'false'"),
+    ],
+)
+def test_values_past_what_the_step_holds_are_refused(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(EngineError, match=re.escape(message)):
+        SamplingParams(**fields)  # type: ignore[arg-type]
+
+
+def test_allowed_ids_that_are_all_banned_are_refused(tiny_llama_dir: Path) -> None:
+    """A row with no token left came out as token 0, outside allowed_token_ids."""
+    engine = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8)
+    eos = min(engine.stop_ids)
+    word = engine.tokenizer.decode([300])
+    assert engine.tokenizer.encode(word) == [300]  # a one-token word
+    cases = [
+        (SamplingParams(allowed_token_ids={eos}, min_tokens=2), "or a stop token, banned until"),
+        (SamplingParams(allowed_token_ids={300}, bad_words=[word]), "a one-token bad word"),
+    ]
+    for params, message in cases:
+        with pytest.raises(EngineError, match="allowed_token_ids leaves nothing to generate"):
+            engine.add_request("Hi", params)
+        with pytest.raises(EngineError, match=re.escape(message)):
+            engine.add_request("Hi", params)
+    assert not engine.has_unfinished()
+    # One id left is enough: eos once min_tokens is 0, or a word not banned.
+    done = engine.generate(["Hi"], SamplingParams(allowed_token_ids={eos, 300}, min_tokens=2))
+    assert done[0].output_ids[:2] == [300, 300]
+
+
+def test_seeds_a_multiple_of_2_32_apart_draw_differently(tiny_llama_dir: Path) -> None:
+    """The sampler's state is 32 bits; the bits above are mixed in, not dropped (seed 1 and
+    2**32 + 1 gave the same draws). Below 2**32 a seed is its own."""
+    assert [sampler_seed(s) for s in (0, 1, 2**32 - 1)] == [0, 1, 2**32 - 1]
+    assert sampler_seed(2**32 + 1) != 1 and sampler_seed(-1) != sampler_seed(2**32 - 1)
+    assert all(0 <= sampler_seed(s) < 2**32 for s in (-(2**70), -1, 2**63, 2**100))
+    engine = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=8)
+
+    def draw(seed: int) -> list[int]:
+        params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=seed, ignore_eos=True)
+        return engine.generate(["Hi"], params)[0].output_ids
+
+    assert draw(1) != draw(2**32 + 1)
+    assert draw(2**32 + 1) == draw(2**32 + 1)

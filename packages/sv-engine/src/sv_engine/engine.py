@@ -72,7 +72,7 @@ from sv_engine.live import LaunchedStep, LiveRequest, LiveRequests
 from sv_engine.loading import EngineConfig, KVCacheDtype, TokenizerCheck, load_model
 from sv_engine.logit_controls import RowControls
 from sv_engine.logprobs import OutputLogprobs, PromptLogprobs, with_first_rows
-from sv_engine.params import Completion, SamplingParams, StreamEvent
+from sv_engine.params import Completion, SamplingParams, StreamEvent, sampler_seed
 from sv_engine.ranks import start_leader
 from sv_engine.step_inputs import step_inputs
 
@@ -280,11 +280,22 @@ class Engine:
                 raise EngineError.bad_field(
                     name, f"has token id {outside[0]}, outside the vocabulary (0..{vocab_size - 1})"
                 )
-        request_id = next(self._ids)
         # ignore_eos drops the model's stop ids only: the request's own still stop it. A
         # grammar's end is a stop token too (its mask allows nothing else), so those stay.
         model_stops = frozenset() if params.ignore_eos and params.grammar is None else self.stop_ids
         stop_ids = model_stops | params.stop_token_ids
+        if params.allowed_token_ids is not None:
+            # A row with no token left would come out as token 0, outside the allowed set.
+            banned = {word[0] for word in bad_word_ids if len(word) == 1}
+            if params.min_tokens:
+                banned |= stop_ids
+            if params.allowed_token_ids <= banned:
+                raise EngineError.bad_field(
+                    "allowed_token_ids",
+                    "leaves nothing to generate: every allowed id is a one-token bad word"
+                    + (" or a stop token, banned until min_tokens" if params.min_tokens else ""),
+                )
+        request_id = next(self._ids)
         matcher = (
             self.grammars.matcher(
                 params.grammar, params.grammar_after_token, params.grammar_wait_opener
@@ -301,10 +312,7 @@ class Engine:
                 reuse_cached_prefix=params.prompt_logprobs is None,
             )
         )
-        # Any Python int is a valid seed. The sampler hashes only its low 32 bits and the step
-        # inputs carry int64: reducing mod 2**63 keeps those bits (negative seeds included, as
-        # two's complement) and fits.
-        seed = params.seed % 2**63 if params.seed is not None else random.getrandbits(63)
+        seed = sampler_seed(params.seed) if params.seed is not None else random.getrandbits(32)
         live = LiveRequest(
             params=params,
             seed=seed,

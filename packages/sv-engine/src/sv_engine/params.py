@@ -17,6 +17,10 @@ MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs (sv_kernel
 MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty, in [-MAX_PENALTY, MAX_PENALTY]
 MAX_REPETITION_PENALTY = 1e30  # and 1 / it, the least
 MAX_BAD_WORDS = 128  # words per request, as vLLM's MAX_NUM_BAD_WORDS
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS); logits are divided by the
+# temperature in FP32, and FP32_MAX is the largest value a step's FP32 inputs hold.
+GREEDY_BELOW = 1e-5
+FP32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -24,9 +28,14 @@ class SamplingParams:
     """How to pick each next token, and when to stop.
 
     temperature: 0 (the default) is greedy; otherwise logits are divided by it before sampling.
+                 Below 1e-5 it is greedy too, as in vLLM (kept as 0.0): dividing by less
+                 would leave FP32's range, and the draw is the most likely token anyway.
     top_k:       keep only the k most likely tokens (0 = off).
-    top_p:       keep the smallest set of most likely tokens whose mass reaches p (1.0 = off).
-    seed:        makes sampling reproducible per request; None draws one.
+    top_p:       keep the smallest set of most likely tokens whose mass reaches p, and every
+                 token as likely as the least likely one kept (ties are kept whole, where
+                 transformers and vLLM cut them in sort order) (1.0 = off).
+    seed:        makes sampling reproducible per request; None draws one. Any int: the
+                 sampler's state is 32 bits (see `sampler_seed`).
     ignore_eos:  never stop at the model's stop tokens (benchmarks: always generate max_new_tokens).
     stop_token_ids: more ids to stop at, beside the model's (kept under ignore_eos, as vLLM's);
                  like those, the stop token ends the output and its text is not shown. A
@@ -51,7 +60,8 @@ class SamplingParams:
                  token is banned wherever the output so far ends with its other tokens (a
                  one-token word: always). Only output tokens count, not the prompt. A list or
                  tuple of non-blank strings, at most 128; kept as a tuple.
-    logit_bias:  token id -> value added to its logit (OpenAI's: -100 bans, 100 all but forces).
+    logit_bias:  token id -> value added to its logit (OpenAI's: -100 bans, 100 all but forces;
+                 any value FP32 holds here).
     min_tokens:  the stop tokens (the model's unless ignore_eos, and stop_token_ids) are banned
                  until this many tokens have been generated.
     repetition_penalty: in [1e-30, 1e30]; a token already in the prompt or the output has a
@@ -111,8 +121,12 @@ class SamplingParams:
             raise EngineError.bad_field(
                 "temperature", f"must be a finite number, got {self.temperature!r}"
             )
-        if self.temperature < 0:
-            raise EngineError.bad_field("temperature", f"must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= FP32_MAX:
+            raise EngineError.bad_field(
+                "temperature", f"must be in [0, {FP32_MAX:.4g}], got {self.temperature}"
+            )
+        if self.temperature < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise EngineError.bad_field(
                 "top_k", f"must be a non-negative integer (0 = off), got {self.top_k!r}"
@@ -164,10 +178,13 @@ class SamplingParams:
         self._check_allowed_token_ids()
         self._check_bad_words()
         if not isinstance(self.logit_bias, Mapping) or not all(
-            _is_int(t) and t >= 0 and _is_finite(v) for t, v in self.logit_bias.items()
+            _is_int(t) and t >= 0 and _is_finite(v) and abs(v) <= FP32_MAX
+            for t, v in self.logit_bias.items()
         ):
             raise EngineError.bad_field(
-                "logit_bias", f"must map token ids to finite numbers, got {self.logit_bias!r}"
+                "logit_bias",
+                f"must map token ids to numbers FP32 holds (|value| <= {FP32_MAX:.4g}), "
+                f"got {self.logit_bias!r}",
             )
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise EngineError.bad_field(
@@ -191,6 +208,10 @@ class SamplingParams:
                 )
         if not (_is_finite(self.min_p) and 0 <= self.min_p <= 1):
             raise EngineError.bad_field("min_p", f"must be in [0, 1], got {self.min_p!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise EngineError.bad_field(
+                "ignore_eos", f"must be true or false, got {self.ignore_eos!r}"
+            )
         if not isinstance(self.skip_special_tokens, bool):
             raise EngineError.bad_field(
                 "skip_special_tokens", f"must be true or false, got {self.skip_special_tokens!r}"
@@ -273,6 +294,17 @@ def _mix(seed: int, index: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
     return (x ^ (x >> 31)) >> 1
+
+
+def sampler_seed(seed: int) -> int:
+    """The 32-bit seed the sampler hashes (`sv_kernels.reference.uniform_noise`) for a request's
+    seed, which may be any Python int (64-bit in vLLM and OpenAI). Below 2^32 a seed is its own;
+    the bits above are mixed into the low 32 rather than dropped, so that seeds a multiple of
+    2^32 apart (1 and 2^32 + 1) draw differently. A negative seed is read as 64-bit two's
+    complement. (With 32 bits of state, some pairs of seeds still share a stream.)"""
+    bits = seed % 2**64
+    low, high = bits & 0xFFFFFFFF, bits >> 32
+    return low ^ (_mix(high, 0) & 0xFFFFFFFF) if high else low
 
 
 def _is_int(value: object) -> bool:
