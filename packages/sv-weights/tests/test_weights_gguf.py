@@ -9,6 +9,7 @@ logits, tokenizer) on the same file.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -115,32 +116,52 @@ def write_tiny_gguf(
     pre: str = "smollm",
     arch: str = "llama",
     seed: int = 0,
+    kv: dict[str, tuple[Any, gguf.GGUFValueType]] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
+    rows_cut: dict[str, int] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Write a GGUF of random weights; return the HF float32 weights it encodes (pre-quantization)."""
+    """Write a GGUF of random weights; return the HF float32 weights it encodes (pre-quantization).
+    `kv` replaces metadata values (key -> value and GGUF type); `extra_tensors` are written
+    after the model's; `rows_cut` (GGUF name -> n) writes those tensors without their last n
+    rows."""
     hf = random_weights(config, seed=seed, dtype=torch.float32)
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_theta)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
     tokens = tiny_vocab()
-    writer.add_token_list(tokens)
-    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_pad_token_id(2)
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(TEMPLATE)
+    u32, f32, string, array = (
+        gguf.GGUFValueType.UINT32,
+        gguf.GGUFValueType.FLOAT32,
+        gguf.GGUFValueType.STRING,
+        gguf.GGUFValueType.ARRAY,
+    )
+    metadata: dict[str, tuple[Any, gguf.GGUFValueType]] = {
+        f"{arch}.block_count": (config.num_hidden_layers, u32),
+        f"{arch}.context_length": (config.max_position_embeddings, u32),
+        f"{arch}.embedding_length": (config.hidden_size, u32),
+        f"{arch}.feed_forward_length": (config.intermediate_size, u32),
+        f"{arch}.attention.head_count": (config.num_attention_heads, u32),
+        f"{arch}.attention.head_count_kv": (config.num_key_value_heads, u32),
+        f"{arch}.rope.freq_base": (config.rope_theta, f32),
+        f"{arch}.attention.layer_norm_rms_epsilon": (config.rms_norm_eps, f32),
+        f"{arch}.rope.dimension_count": (config.head_dim, u32),
+        f"{arch}.vocab_size": (config.vocab_size, u32),
+        "tokenizer.ggml.model": ("gpt2", string),
+        "tokenizer.ggml.pre": (pre, string),
+        "tokenizer.ggml.tokens": (tokens, array),
+        "tokenizer.ggml.token_type": (
+            [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)),
+            array,
+        ),
+        "tokenizer.ggml.merges": (MERGES, array),
+        "tokenizer.ggml.bos_token_id": (1, u32),
+        "tokenizer.ggml.eos_token_id": (2, u32),
+        "tokenizer.ggml.unknown_token_id": (0, u32),
+        "tokenizer.ggml.padding_token_id": (2, u32),
+        "tokenizer.ggml.add_bos_token": (False, gguf.GGUFValueType.BOOL),
+        "tokenizer.chat_template": (TEMPLATE, string),
+    }
+    metadata.update(kv or {})
+    for key, (value, vtype) in metadata.items():
+        writer.add_key_value(key, value, vtype)
     names = {
         "model.embed_tokens.weight": "token_embd.weight",
         "model.norm.weight": "output_norm.weight",
@@ -169,10 +190,14 @@ def write_tiny_gguf(
             array = llama_cpp_permute(array, config.num_attention_heads)
         elif name.endswith("k_proj.weight"):
             array = llama_cpp_permute(array, config.num_key_value_heads)
+        cut = (rows_cut or {}).get(gguf_name, 0)
+        array = array[: len(array) - cut]
         if array.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, quant), raw_dtype=quant)
         else:
             writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
+    for gguf_name, extra in (extra_tensors or {}).items():
+        writer.add_tensor(gguf_name, extra)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -304,6 +329,49 @@ def test_bad_gguf_inputs(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="already exists and is not an empty folder"):
         convert_gguf_to_hf(tmp_path / "ok.gguf", tmp_path / "full")
     assert (tmp_path / "full" / "x").read_text() == "keep me"
+
+
+U32, STRING, ARRAY = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY
+
+
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        # Tensors that do not fit the metadata: each used to convert, dropping or overwriting
+        # a layer without a word.
+        ({"kv": {"llama.block_count": (1, U32)}}, "tensor 'blk.1.attn_norm.weight' is not in the 1 layers"),
+        ({"extra_tensors": {"blk.7.attn_norm.weight": np.ones(64, np.float32)}}, "'blk.7.attn_norm.weight' is not in the 2 layers"),
+        (
+            {"extra_tensors": {"blk.01.attn_norm.weight": np.ones(64, np.float32)}},
+            "tensors 'blk.1.attn_norm.weight' and 'blk.01.attn_norm.weight' are both 'model.layers.1.input_layernorm.weight'",
+        ),
+        ({"kv": {"llama.attention.head_count": (0, U32)}}, "llama.attention.head_count is 0, expected at least 1"),
+        ({"kv": {"llama.attention.head_count_kv": (0, U32)}}, "num_key_value_heads: expected a positive integer, got 0"),
+        # Metadata of the wrong type: a raw TypeError, or a folder that then failed to load
+        ({"kv": {"tokenizer.ggml.pre": (["smollm"], ARRAY)}}, "tokenizer.ggml.pre ['smollm'] is not supported"),
+        ({"kv": {"tokenizer.chat_template": (5, U32)}}, "'tokenizer.chat_template' should be str, got 5"),
+        ({"kv": {"tokenizer.ggml.add_bos_token": ("yes", STRING)}}, "'tokenizer.ggml.add_bos_token' should be bool"),
+        ({"kv": {"tokenizer.ggml.merges": (["zz qq"], ARRAY)}}, "merge 'zz qq' names 'zz', which is not a token"),
+    ],
+)  # fmt: skip
+def test_gguf_that_does_not_fit_its_metadata_is_refused(
+    tmp_path: Path, edits: dict[str, Any], message: str
+) -> None:
+    write_tiny_gguf(tmp_path / "bad.gguf", tiny_gguf_config(), **edits)
+    with pytest.raises(WeightsError) as caught:
+        convert_gguf_to_hf(tmp_path / "bad.gguf", tmp_path / "out", progress=lambda _: None)
+    assert message in str(caught.value)
+    assert str(caught.value).count(str(tmp_path / "bad.gguf")) == 1  # named once
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_a_q_proj_that_does_not_split_into_heads_is_named(tmp_path: Path) -> None:
+    q = "blk.1.attn_q.weight"
+    write_tiny_gguf(tmp_path / "bad.gguf", tiny_gguf_config(), rows_cut={q: 2})
+    with pytest.raises(
+        WeightsError, match=re.escape(f"tensor {q!r}: cannot unpermute 62 rows into 4 heads")
+    ):
+        convert_gguf_to_hf(tmp_path / "bad.gguf", tmp_path / "out", progress=lambda _: None)
 
 
 def test_interrupted_conversion_leaves_no_folder(

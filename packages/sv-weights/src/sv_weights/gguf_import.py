@@ -194,11 +194,25 @@ class GgufFields:
         value = self.get(key)
         return None if value is None else self.require(key, int)
 
+    def optional_bool(self, key: str) -> bool:
+        """A boolean field, False where absent."""
+        return self.get(key) is not None and self.require(key, bool)
+
     def string_list(self, key: str) -> list[str]:
         value = self.get(key)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise WeightsError(f"{self.path}: metadata key {key!r} should be a list of strings")
         return value
+
+
+def _or_default(value: int | None, default: int) -> int:
+    """An optional metadata value, or `default` where the key is absent (a 0 stays 0, for the
+    config's check to name)."""
+    return default if value is None else value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _config_from_gguf(source: GgufFields) -> ModelConfig:
@@ -216,9 +230,11 @@ def _config_from_gguf(source: GgufFields) -> ModelConfig:
         )
     hidden = source.require("llama.embedding_length", int)
     heads = source.require("llama.attention.head_count", int)
-    kv_heads = source.optional_int("llama.attention.head_count_kv") or heads
-    head_dim = source.optional_int("llama.attention.key_length") or (hidden // max(heads, 1))
-    rotary_dim = source.optional_int("llama.rope.dimension_count") or head_dim
+    if heads < 1:
+        raise WeightsError(f"{path}: llama.attention.head_count is {heads}, expected at least 1")
+    kv_heads = _or_default(source.optional_int("llama.attention.head_count_kv"), heads)
+    head_dim = _or_default(source.optional_int("llama.attention.key_length"), hidden // heads)
+    rotary_dim = _or_default(source.optional_int("llama.rope.dimension_count"), head_dim)
     if rotary_dim != head_dim:
         raise WeightsError(
             f"{path}: partial RoPE ({rotary_dim} of {head_dim} dims) is not supported"
@@ -231,19 +247,25 @@ def _config_from_gguf(source: GgufFields) -> ModelConfig:
     eos = source.optional_int("tokenizer.ggml.eos_token_id")
     eot = source.optional_int("tokenizer.ggml.eot_token_id")
     eos_ids = tuple(dict.fromkeys(i for i in (eos, eot) if i is not None))
+    # (read before the try: their errors name the file already)
+    layers = source.require("llama.block_count", int)
+    intermediate = source.require("llama.feed_forward_length", int)
+    eps = source.float32("llama.attention.layer_norm_rms_epsilon")
+    theta = source.float32("llama.rope.freq_base", default=10000.0)
+    context = source.require("llama.context_length", int)
     try:
         return ModelConfig(
             hidden_size=hidden,
-            num_hidden_layers=source.require("llama.block_count", int),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            intermediate_size=source.require("llama.feed_forward_length", int),
+            intermediate_size=intermediate,
             vocab_size=vocab_size,
-            rms_norm_eps=source.float32("llama.attention.layer_norm_rms_epsilon"),
-            rope_theta=source.float32("llama.rope.freq_base", default=10000.0),
+            rms_norm_eps=eps,
+            rope_theta=theta,
             rope_scaling=None,
-            max_position_embeddings=source.require("llama.context_length", int),
+            max_position_embeddings=context,
             tie_word_embeddings="output.weight" not in names,
             bos_token_id=bos,
             eos_token_ids=eos_ids,
@@ -257,13 +279,25 @@ def _hf_weights_from_gguf(
     reader: gguf.GGUFReader, source: GgufFields, config: ModelConfig
 ) -> dict[str, torch.Tensor]:
     path = source.path
+    expected = expected_tensors(config)
     weights: dict[str, torch.Tensor] = {}
+    gguf_names: dict[str, str] = {}  # HF name -> the GGUF tensor that gave it
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
         if name is None:
             raise WeightsError(
                 f"{path}: tensor {tensor.name!r} has no counterpart in an HF Llama checkpoint"
             )
+        if name not in expected:  # a layer past llama.block_count
+            raise WeightsError(
+                f"{path}: tensor {tensor.name!r} is not in the {config.num_hidden_layers} layers "
+                "of llama.block_count"
+            )
+        if name in gguf_names:  # blk.1 and blk.01
+            raise WeightsError(
+                f"{path}: tensors {gguf_names[name]!r} and {tensor.name!r} are both {name!r}"
+            )
+        gguf_names[name] = tensor.name
         shape = tuple(
             int(d) for d in reversed(tensor.shape.tolist())
         )  # GGUF lists fastest dim first
@@ -275,12 +309,14 @@ def _hf_weights_from_gguf(
             ) from exc
         array = np.array(values, dtype=np.float32, copy=True).reshape(shape)
         weight = torch.from_numpy(array)
-        if name.endswith("q_proj.weight"):
-            weight = unpermute_rope_rows(weight, config.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            weight = unpermute_rope_rows(weight, config.num_key_value_heads)
+        try:
+            if name.endswith("q_proj.weight"):
+                weight = unpermute_rope_rows(weight, config.num_attention_heads)
+            elif name.endswith("k_proj.weight"):
+                weight = unpermute_rope_rows(weight, config.num_key_value_heads)
+        except WeightsError as exc:
+            raise WeightsError(f"{path}: tensor {tensor.name!r}: {exc}") from None
         weights[name] = weight.contiguous()
-    expected = expected_tensors(config)
     for name, shape in expected.items():
         if name not in weights:
             raise WeightsError(f"{path}: no tensor for {name!r} (expected shape {list(shape)})")
@@ -332,13 +368,19 @@ def _tokenizer_files_from_gguf(
             f"{path}: tokenizer.ggml.model {model!r} is not supported (expected 'gpt2', byte-level BPE)"
         )
     pre = source.get("tokenizer.ggml.pre", "default")
-    if pre not in _PRE_TOKENIZERS:
+    if not isinstance(pre, str) or pre not in _PRE_TOKENIZERS:
         raise WeightsError(
             f"{path}: tokenizer.ggml.pre {pre!r} is not supported (expected one of {sorted(_PRE_TOKENIZERS)})"
         )
     tokens = source.string_list("tokenizer.ggml.tokens")
     merges = source.string_list("tokenizer.ggml.merges")
-    token_types = source.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    token_types = source.get("tokenizer.ggml.token_type")
+    if token_types is None:
+        token_types = [1] * len(tokens)
+    if not isinstance(token_types, list) or not all(_is_int(t) for t in token_types):
+        raise WeightsError(
+            f"{path}: metadata key 'tokenizer.ggml.token_type' should be a list of integers"
+        )
     if len(tokens) != config.vocab_size or len(token_types) != len(tokens):
         raise WeightsError(
             f"{path}: {len(tokens)} tokens and {len(token_types)} token types for a vocabulary of "
@@ -354,6 +396,11 @@ def _tokenizer_files_from_gguf(
                 f"{path}: token {token!r} appears twice (ids {vocab[token]} and {token_id})"
             )
         vocab[token] = token_id
+
+    for merge in merges:  # (each side a token: a tokenizer.json that loads)
+        for side in merge.split(" "):
+            if side not in vocab:
+                raise WeightsError(f"{path}: merge {merge!r} names {side!r}, which is not a token")
 
     def token_at(key: str) -> str | None:
         token_id = source.optional_int(key)
@@ -410,8 +457,8 @@ def _tokenizer_files_from_gguf(
         },
     }
     tokenizer_config: dict[str, Any] = {
-        "add_bos_token": bool(source.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(source.get("tokenizer.ggml.add_eos_token", False)),
+        "add_bos_token": source.optional_bool("tokenizer.ggml.add_bos_token"),
+        "add_eos_token": source.optional_bool("tokenizer.ggml.add_eos_token"),
         "add_prefix_space": False,
         "added_tokens_decoder": {
             str(entry["id"]): {k: v for k, v in entry.items() if k != "id"}
@@ -428,5 +475,5 @@ def _tokenizer_files_from_gguf(
     }
     template = source.get("tokenizer.chat_template")
     if template is not None:
-        tokenizer_config["chat_template"] = template
+        tokenizer_config["chat_template"] = source.require("tokenizer.chat_template", str)
     return tokenizer, tokenizer_config
