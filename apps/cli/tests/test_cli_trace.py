@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from cli_test_support import one_line_error, sv
-from sv_cli.main import main
+from sv_cli.main import EXIT_WRITE_FAILED, main
 from sv_trace import read_trace
 
 
@@ -84,6 +84,17 @@ def test_an_unwritable_trace_is_one_line(tmp_path: Path) -> None:
     assert "cannot write the trace file" in line and "none" in line
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_trace_write_that_fails_names_the_file(default_model: Path) -> None:
+    """The file opens, then its first write finds the disk full: that write's error named no
+    file ("[Errno 28] No space left on device")."""
+    done = sv("generate", "--device", "cpu", "--trace", "/dev/full", "Hi", "2")
+    assert "Traceback" not in done.stderr and done.returncode == EXIT_WRITE_FAILED, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "sv: error: cannot write the trace file '/dev/full': No space left on device"
+    )
+
+
 def test_the_trace_file_is_checked_before_the_model_loads(tmp_path: Path) -> None:
     """Found first: a model that does not exist is not what the error names. And a load that
     fails leaves no empty trace file behind."""
@@ -140,7 +151,7 @@ DELETE = object()  # the field is removed
             4, ("decodes", 0, "request"), 9,
             "4: step line: 'decodes[0].request' is 9, a request the trace never queued",
         ),
-        (1, ("num_pages",), -1, "1: header line: 'num_pages' is -1, expected an integer >= 1"),
+        (1, ("num_pages",), -1, "1: header line: 'num_pages' is -1, expected an integer from 1 to 4,194,304"),
         (4, ("pages",), "x", """4: step line: 'pages' is "x", expected an array"""),
     ],
 )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from html.parser import HTMLParser
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from sv_scheduler import SchedulerConfig
 from sv_tokenizer import Tokenizer
 from sv_trace import TraceError, read_trace, render_report
-from sv_trace.report import report_data
+from sv_trace.report import report_data, write_report
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scripted import Scenario, prompt, run
@@ -189,7 +190,11 @@ def written(tmp_path: Path, records: list[Any]) -> Path:
         (2, (), {"type": "request", "request": "x"}, "2: request line: 'at_ms' is missing"),
         (3, ("request",), 1, "3: request line: 'request' is 1, a request already queued"),
         (4, ("prompt_ids", 2), -1, "4: request line: 'prompt_ids[2]' is -1, expected an integer >= 0"),
-        (1, ("num_pages",), -1, "1: header line: 'num_pages' is -1, expected an integer >= 1"),
+        (1, ("num_pages",), -1, "1: header line: 'num_pages' is -1, expected an integer from 1 to 4,194,304"),
+        (  # the page draws a cell per page: an array of 10**12 failed in the browser
+            1, ("num_pages",), 10**12,
+            "1: header line: 'num_pages' is 1000000000000, expected an integer from 1 to 4,194,304",
+        ),
         (6, ("pages",), "x", """6: step line: 'pages' is "x", expected an array"""),
         (
             6, ("pool", "tables", 0, "pages", 1), 999,
@@ -265,6 +270,43 @@ def test_alternatives_a_grammar_masked_are_left_out(trace: Path, tmp_path: Path)
     (request,) = [r for r in data["requests"] if r["id"] == step["sampled"][0]["request"]]
     (token,) = [t for t in request["tokens"] if t[4] == step["step"]]
     assert [text for text, _ in token[3]] == [t["text"] for t in top[:-1]]
+
+
+def test_numbers_json_cannot_write_are_null_in_the_page(trace: Path, tmp_path: Path) -> None:
+    """Infinities in fields the report copies without checking (a header's extra figure) or in
+    a chosen token's log-probability made the page's strict JSON fail with a traceback."""
+    records = lines_of(trace)
+    records[0]["max_step_tokens"] = math.inf  # (json.loads reads 1e400 as inf too)
+    step = next(r for r in records if r["type"] == "step" and r["sampled"])
+    step["sampled"][0]["logprob"] = -math.inf
+    page = render_report(written(tmp_path, records))
+    blob = re.search(r'<script id="trace-data" type="application/json">(.*?)</script>', page, re.S)
+    assert blob is not None
+    data = json.loads(blob.group(1), parse_constant=lambda c: pytest.fail(f"the page holds {c}"))
+    assert data["header"]["max_step_tokens"] is None
+    (request,) = [r for r in data["requests"] if r["id"] == step["sampled"][0]["request"]]
+    (token,) = [t for t in request["tokens"] if t[4] == step["step"]]
+    assert token[2] is None
+
+
+def test_a_line_nested_past_the_parser_is_named(trace: Path, tmp_path: Path) -> None:
+    lines = trace.read_text(encoding="utf-8").splitlines()
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("\n".join([lines[0], "[" * 100_000 + "]" * 100_000, *lines[1:]]))
+    with pytest.raises(
+        TraceError, match=re.escape(f"{deep}:2: not a JSON object (nested too deeply)")
+    ):
+        read_trace(deep)
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_escaped(trace: Path, tmp_path: Path) -> None:
+    """Its bytes reached the page's <title> as lone surrogates, which UTF-8 cannot write: a
+    traceback, and an empty report file left behind."""
+    odd = tmp_path / os.fsdecode(b"odd\xff.jsonl")
+    odd.write_bytes(trace.read_bytes())
+    out = tmp_path / "odd.html"
+    write_report(odd, out)
+    assert "<title>sv trace: odd\\xff.jsonl</title>" in out.read_text(encoding="utf-8")
 
 
 def test_integer_and_string_request_ids_are_drawn_apart(trace: Path, tmp_path: Path) -> None:

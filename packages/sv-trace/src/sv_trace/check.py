@@ -38,6 +38,13 @@ def _one_of(*names: str) -> Kind:
 
 COUNT: Kind = ("an integer >= 0", lambda v: _is_int(v) and v >= 0)
 POSITIVE: Kind = ("an integer >= 1", lambda v: _is_int(v) and v >= 1)
+# The report draws a cell per page (web/pool.js): past this a pool is not a real one (4M pages
+# of 16 tokens is 64M tokens of KV) and its page would not draw.
+MAX_POOL_PAGES = 1 << 22
+POOL_PAGES: Kind = (
+    f"an integer from 1 to {MAX_POOL_PAGES:,}",
+    lambda v: _is_int(v) and 1 <= v <= MAX_POOL_PAGES,
+)
 MS: Kind = ("a finite number >= 0", _is_ms)
 MS_OR_NULL: Kind = ("a finite number >= 0 or null", lambda v: v is None or _is_ms(v))
 # -Infinity is real: the top 5 of a row whose grammar mask allowed fewer tokens.
@@ -104,7 +111,7 @@ class TraceChecker:
     def _header(self, record: dict[str, Any]) -> None:
         if self._num_pages:
             self._fail("type", 'is "header", but the header is the first line only')
-        self._num_pages = self._get(record, "num_pages", "", POSITIVE)
+        self._num_pages = self._get(record, "num_pages", "", POOL_PAGES)
         self._get(record, "page_size", "", POSITIVE)
         self._get(record, "policy", "", _one_of("continuous", "static"))
         self._get(record, "admission", "", _one_of("conservative", "preemptive"))

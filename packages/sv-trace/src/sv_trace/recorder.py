@@ -272,5 +272,9 @@ class StepRecorder:
         if self._closed and record.get("type") != "end":
             return
         # One line per record, flushed: a trace of a server that is killed is still readable.
-        self._out.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._out.flush()
+        try:
+            self._out.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self._out.flush()
+        except OSError as e:  # a full disk: an OSError still (the apps' write failures), named
+            name = getattr(self._out, "name", "")
+            raise OSError(f"cannot write the trace file {name!r}: {e.strerror or e}") from e

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import html
 import json
+import math
+import os
 from collections.abc import Callable
 from importlib import resources
-from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ def render_report(trace_path: str | Path, note: Callable[[str], None] | None = N
     `note` hears of what was read past (read_trace)."""
     records = read_trace(trace_path, note)
     data = report_data(records)
-    data["source"] = Path(trace_path).name
+    # A file name's bytes that are not UTF-8 (kept by Python as lone surrogates) shown as \xNN
+    data["source"] = os.fsencode(Path(trace_path).name).decode("utf-8", "backslashreplace")
     title = f"sv trace: {data['source']}"
     return _page(title, ("common.css", "report.css"), data, ("pool.js", "report.js"))
 
@@ -74,7 +76,9 @@ def report_data(records: list[dict[str, Any]]) -> dict[str, Any]:
                     continue
                 # A grammar's mask leaves some of a row's top 5 at -Infinity, which JSON (and
                 # the page's JSON.parse) has no way to write: they had no chance, so no entry.
-                top = [[t["text"], t["logprob"]] for t in s.get("top", []) if t["logprob"] > -inf]
+                top = [
+                    [t["text"], t["logprob"]] for t in s.get("top", []) if t["logprob"] > -math.inf
+                ]
                 request(s["request"])["tokens"].append(
                     [s["token"], s["text"], s.get("logprob"), top, step]
                 )
@@ -145,8 +149,21 @@ def _asset(name: str) -> str:
 
 def _script_json(data: dict[str, Any]) -> str:
     """JSON safe inside a <script> element: with every '<' escaped (it can only be inside a
-    string), no text from the trace can close the element or open a comment in it."""
-    return json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    string), no text from the trace can close the element or open a comment in it. A number
+    JSON cannot write (a -Infinity log-probability, or an infinity in a field the report
+    copies without drawing) is null there."""
+    return json.dumps(_finite(data), separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float, at any depth, as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _page(
@@ -179,8 +196,8 @@ def page(title: str, styles: tuple[str, ...], scripts: tuple[str, ...], body_fil
 def write_report(
     trace_path: str | Path, out_path: str | Path, note: Callable[[str], None] | None = None
 ) -> None:
-    text = render_report(trace_path, note)
+    data = render_report(trace_path, note).encode("utf-8")  # before the file is opened
     try:
-        Path(out_path).write_text(text, encoding="utf-8")
+        Path(out_path).write_bytes(data)
     except OSError as e:
         raise TraceError(f"cannot write the report {str(out_path)!r}: {e.strerror}") from None

@@ -44,6 +44,8 @@ def read_trace(path: str | Path, note: Callable[[str], None] | None = None) -> l
             continue
         try:
             record = json.loads(line)
+        except RecursionError:
+            raise TraceError(f"{name}:{number}: not a JSON object (nested too deeply)") from None
         except ValueError:
             if number == len(lines):  # the writer was killed mid-line, or is still writing
                 cut = (
