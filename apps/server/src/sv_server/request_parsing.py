@@ -46,7 +46,7 @@ MAX_TEMPERATURE = 2.0  # as OpenAI
 MAX_PENALTY = 2.0  # presence/frequency_penalty in [-2, 2], as OpenAI
 MAX_BIAS = 100.0  # logit_bias values in [-100, 100], as OpenAI
 MAX_LOGIT_BIAS = 1024  # entries: each one an index on the device per step, but bounded
-SEED_RANGE = (-(2**63), 2**63 - 1)  # the engine keeps seeds in an int64 tensor
+SEED_RANGE = (-(2**63), 2**63 - 1)  # 64-bit, as vLLM and OpenAI take them
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI's /v1/completions
 
 # Which endpoint a request came to: its answer's shapes follow (response_bodies.py; the
