@@ -326,7 +326,8 @@ class TemplateChatFormat:
         # The template changes contents beyond trimming: the plain render is only safe when no
         # content holds special-token text, and when the transformed contents hold none either
         # (a template that upper- or lower-cases them could make "<|EOT_ID|>" a control token):
-        # the render must hold the special tokens of the same render with every content empty.
+        # the render must hold the special tokens of the same render with every content a plain
+        # letter (not empty: a template may refuse an empty message).
         for index, message in enumerate(messages):
             forged = self.tokenizer.find_special(message.content)
             if forged is not None:
@@ -335,7 +336,7 @@ class TemplateChatFormat:
                     "template transforms message contents, so it cannot be kept as plain text"
                 )
         without_contents = self._render_messages(
-            [replace(m, content="") for m in messages], options
+            [replace(m, content="x") for m in messages], options
         )
         made = self._special_tokens_in(rendered)
         own = self._special_tokens_in(without_contents)
