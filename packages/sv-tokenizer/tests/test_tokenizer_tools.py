@@ -18,14 +18,18 @@ WEATHER = {
 
 
 def test_llama3_format_writes_meta_tool_text(llama_json: Tokenizer) -> None:
-    """The text Meta's Llama 3.2 template writes for tools, spelled out by hand here."""
+    """The text Meta's Llama 3.2 template writes for tools, spelled out by hand here: its
+    `tojson` writes non-ASCII as it is, the call's arguments decoded and written again (a
+    client's compact JSON gets the template's spacing), and a tool's result through `tojson`
+    too (a string is "iterable" to Jinja): quoted."""
+    weather = {**WEATHER, "function": {**WEATHER["function"], "description": "Météo d'une ville"}}
     dialog = [
         Message("system", "Be brief."),
         Message("user", "Weather in Lisbon?"),
-        Message("assistant", "", tool_calls=(ToolCall("get_weather", '{"city": "Lisbon"}'),)),
-        Message("tool", '{"temp": 21}', tool_call_id="call_1"),
+        Message("assistant", "", tool_calls=(ToolCall("get_weather", '{"city":"Lisbon"}'),)),
+        Message("tool", ' {"temp": 21}', tool_call_id="call_1"),
     ]
-    ids = llama_json.chat_format.encode_dialog(dialog, tools=[WEATHER])
+    ids = llama_json.chat_format.encode_dialog(dialog, tools=[weather])
     expected = (
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\n"
@@ -33,11 +37,11 @@ def test_llama3_format_writes_meta_tool_text(llama_json: Tokenizer) -> None:
         "its proper arguments that best answers the given prompt.\n\n"
         'Respond in the format {"name": function name, "parameters": dictionary of argument '
         "name and its value}.Do not use variables.\n\n"
-        + json.dumps(WEATHER, indent=4)
+        + json.dumps(weather, indent=4).replace("\\u00e9", "é")
         + "\n\nWeather in Lisbon?<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
         '{"name": "get_weather", "parameters": {"city": "Lisbon"}}<|eot_id|>'
-        '<|start_header_id|>ipython<|end_header_id|>\n\n{"temp": 21}<|eot_id|>'
+        '<|start_header_id|>ipython<|end_header_id|>\n\n" {\\"temp\\": 21}"<|eot_id|>'
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
     assert llama_json.decode(ids) == expected

@@ -161,7 +161,7 @@ class Llama3ChatFormat:
 
         generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
         check_template_kwargs(chat_template_kwargs)  # no variables: each is dropped
-        if tools or any(m.tool_calls for m in messages):
+        if tools or any(m.tool_calls or m.role == "tool" for m in messages):
             messages = with_llama3_tools(messages, tools)
         ids = [self.begin_of_text]
         for index, message in enumerate(messages):

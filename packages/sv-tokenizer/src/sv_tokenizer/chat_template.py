@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import zip_longest
@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from .chat import ChatTokenizer, check_template_kwargs, generation_prompt
 from .errors import TokenizerError
-from .messages import Message, Tools
+from .messages import Message, ToolCall, Tools
 
 _OPEN = "\U000f0000"  # Supplementary Private Use Area-A: never in real text, untouched by
 _CLOSE = "\U000f0001"  # upper/lower/trim/escaping filters
@@ -293,25 +293,24 @@ class TemplateChatFormat:
         messages, options = self._prepare(
             messages, add_generation_prompt, continue_final_message, tools, chat_template_kwargs
         )
-        # Tools, tool calls and template variables are rendered as template text, where
-        # special-token text counts.
-        calls = [c for m in messages for c in m.tool_calls]
-        as_text = json.dumps([list(tools or ()), [(c.name, c.arguments) for c in calls]])
-        forged_in_tools = self.tokenizer.find_special(as_text)
-        if forged_in_tools is not None:
-            raise TokenizerError(f"the tools or tool calls contain the token {forged_in_tools}")
+        # Everything but the contents is rendered as template text, where special-token text
+        # counts: tools, tool calls (as the decoded objects the template writes, so that a
+        # JSON escape such as \u003c cannot hide a token), template variables, and each
+        # message's role, name, call id and earlier thinking.
+        calls = [(c.name, _arguments(c), c.id) for m in messages for c in m.tool_calls]
+        forged = self._forged_in([list(tools or ()), calls])
+        if forged is not None:
+            raise TokenizerError(f"the tools or tool calls contain the token {forged}")
         for key, value in options.variables.items():
-            forged = self.tokenizer.find_special(json.dumps(value, ensure_ascii=False, default=str))
+            forged = self._forged_in(value)
             if forged is not None:
                 raise TokenizerError(
                     f"chat_template_kwargs {key!r} contains the token {forged}",
                     argument="chat_template_kwargs",
                 )
         for index, message in enumerate(messages):
-            # Roles, names and earlier thinking are rendered as template text, where
-            # special-token text counts.
-            fields = ("role", "name", "reasoning_content")
-            for field, value in ((f, getattr(message, f)) for f in fields):
+            for field in _MESSAGE_FIELDS:
+                value = getattr(message, field)
                 forged = None if value is None else self.tokenizer.find_special(value)
                 if forged is not None:
                     raise TokenizerError(
@@ -349,6 +348,15 @@ class TemplateChatFormat:
                 f"{got!r} (number {index + 1}); so they cannot be kept as plain text"
             )
         return self.tokenizer.encode(rendered[:end], allow_special=True)
+
+    def _forged_in(self, value: Any) -> str | None:
+        """The first special token's text in `value` (JSON-like), as a template may write it:
+        in any of its strings, or in its JSON text (`tojson` writes non-ASCII as it is)."""
+        for text in (json.dumps(value, ensure_ascii=False, default=str), *_strings(value)):
+            forged = self.tokenizer.find_special(text)
+            if forged is not None:
+                return forged
+        return None
 
     def _special_tokens_in(self, text: str) -> list[str]:
         """The special tokens' texts occurring in `text`, in order."""
@@ -395,9 +403,14 @@ class TemplateChatFormat:
         everything = [
             self.template,
             *(m.content for m in messages),
-            *(m.role for m in messages),
-            *(m.name for m in messages if m.name is not None),
-            *(m.reasoning_content for m in messages if m.reasoning_content is not None),
+            *(getattr(m, f) or "" for m in messages for f in _MESSAGE_FIELDS),
+            *_strings([list(options.tools or ()), dict(options.variables)]),
+            *(
+                t
+                for m in messages
+                for c in m.tool_calls
+                for t in _strings([c.name, c.id, _arguments(c)])
+            ),
         ]
         if any(_OPEN in text or _CLOSE in text for text in everything):
             return None
@@ -485,6 +498,33 @@ def _renamed_tools(tools: Tools) -> list[dict[str, Any]] | None:
     return renamed if changed else None
 
 
+# A message's fields other than its content that templates write as template text.
+_MESSAGE_FIELDS = ("role", "name", "tool_call_id", "reasoning_content")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string inside a JSON-like value: keys and values, at any depth."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
+
+
+def _arguments(call: ToolCall) -> Any:
+    """A call's arguments as the object a template is handed (their JSON text decoded)."""
+    try:
+        return json.loads(call.arguments)
+    except ValueError:
+        raise TokenizerError(
+            f"tool call {call.name!r}: arguments {call.arguments[:40]!r} are not JSON"
+        ) from None
+
+
 def _as_dict(message: Message, content: str) -> dict[str, Any]:
     """A message as transformers hands it to a template: `name`, `tool_calls`,
     `tool_call_id` and `reasoning_content` (also as `reasoning`) only when the message has
@@ -498,7 +538,7 @@ def _as_dict(message: Message, content: str) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": json.loads(call.arguments)},
+                "function": {"name": call.name, "arguments": _arguments(call)},
             }
             for call in message.tool_calls
         ]

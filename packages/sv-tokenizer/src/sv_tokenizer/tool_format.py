@@ -7,7 +7,13 @@ when a folder has no template:
 - the tool definitions go into the first user message, after a fixed instruction, each as
   indented JSON;
 - an assistant turn that called a tool is `{"name": NAME, "parameters": ARGUMENTS}`;
-- a tool's result is an `ipython` turn (Llama3ChatFormat writes role "tool" as "ipython").
+- a tool's result is an `ipython` turn (Llama3ChatFormat writes role "tool" as "ipython"),
+  its content as a JSON string (the template's `content | tojson`: a string is "iterable" to
+  Jinja), so quoted and escaped, not trimmed.
+
+JSON is written as the template's `tojson` writes it: `json.dumps` with non-ASCII as it is,
+and the call's arguments decoded and written again (`{"city": "Lisbon"}` whatever spacing the
+client sent).
 
 Everything here becomes message content, which the chat formats encode as plain text: a tool
 definition or argument that spells a special token cannot forge one.
@@ -33,7 +39,18 @@ LLAMA3_TOOL_INSTRUCTION = (
 
 def tool_call_text(call: ToolCall) -> str:
     """An assistant's tool call as Llama 3.x writes it (and as the model is asked to)."""
-    return '{"name": ' + json.dumps(call.name) + ', "parameters": ' + call.arguments + "}"
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError:
+        raise TokenizerError(
+            f"tool call {call.name!r}: arguments {call.arguments[:40]!r} are not JSON"
+        ) from None
+    return '{"name": "' + call.name + '", "parameters": ' + _tojson(arguments) + "}"
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    """JSON as the HF templates' `tojson` filter writes it."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 def with_llama3_tools(
@@ -51,6 +68,8 @@ def with_llama3_tools(
                     f"got {len(message.tool_calls)}"
                 )
             message = replace(message, content=tool_call_text(message.tool_calls[0]))
+        elif message.role == "tool":
+            message = replace(message, content=_tojson(message.content))
         out.append(message)
     if tools:
         first = next((i for i, m in enumerate(out) if m.role != "system"), None)
@@ -59,7 +78,7 @@ def with_llama3_tools(
                 "tools go into the first user message: the conversation must start with one "
                 "(after any system message)"
             )
-        definitions = "".join(json.dumps(tool, indent=4) + "\n\n" for tool in tools)
+        definitions = "".join(_tojson(tool, indent=4) + "\n\n" for tool in tools)
         user = out[first]
         out[first] = replace(
             user, content=LLAMA3_TOOL_INSTRUCTION + definitions + user.content.strip()
