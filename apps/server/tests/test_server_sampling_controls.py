@@ -105,3 +105,30 @@ def test_bad_values_get_400_naming_the_field(
     response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi"} | body, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_min_tokens_holds_back_stop_strings(
+    client: openai.OpenAI, server: RunningServer, oracle_engine: Any
+) -> None:
+    """As vLLM: a stop string ends the answer only in the text after the first min_tokens
+    tokens (a '.' in the second token ended an answer that had to be 8 tokens long)."""
+    tokenizer = oracle_engine.tokenizer
+    ids = tokenizer.encode("The capital of France is")
+    plain = oracle_engine.generate([ids], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
+    text_of = [tokenizer.decode(plain.output_ids[:k]) for k in range(len(plain.output_ids) + 1)]
+    first_dot = next(k for k, text in enumerate(text_of) if "." in text)
+    min_tokens = first_dot + 1  # the first '.' is within them
+    held = text_of[min_tokens]
+    rest = text_of[-1][len(held) :]
+    expected = held + rest.split(".")[0]
+    choice = client.completions.create(
+        model=server.model_name,
+        prompt=ids,
+        max_tokens=24,
+        temperature=0,
+        stop=["."],
+        extra_body={"min_tokens": min_tokens, "ignore_eos": True},
+    ).choices[0]
+    assert choice.text == expected
+    assert choice.finish_reason == ("stop" if "." in rest else "length")
+    assert "." in choice.text  # the '.' of the first min_tokens tokens stayed

@@ -99,3 +99,14 @@ def test_including_the_stop_string_matches_its_oracle(pieces: list[str], stops: 
     matcher = StopStringMatcher(stops, include_stop=True)
     text = "".join([matcher.push(p) for p in pieces]) + matcher.flush()
     assert (text, matcher.stopped) == oracle_including(pieces, stops)
+
+
+def test_min_tokens_holds_stop_strings_back_until_after_it() -> None:
+    """vLLM's min_tokens: stop strings are looked for only in the text of the tokens after
+    the first min_tokens (a '.' in token 2 ended an answer that had to be 3 tokens long)."""
+    m = StopStringMatcher(["."], min_tokens=3)
+    pieces = ["Pa", "ris.", " Yes", ". More"]
+    out = [m.push(piece, tokens) for tokens, piece in enumerate(pieces, start=1)]
+    assert out == ["Pa", "ris.", " Yes", ""] and m.stopped  # the 4th token's '.' stops it
+    m = StopStringMatcher([".x"], min_tokens=1)  # the search starts with token 2's text
+    assert [m.push(p, t) for t, p in ((1, "a."), (2, "x"), (3, ".x"))] == ["a.", "x", ""]

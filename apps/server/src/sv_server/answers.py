@@ -104,7 +104,7 @@ class Generation:
                 self.reasoning.push(event.text)
         if self.logprobs is not None:
             self._score(event)
-        text = self._matcher.push(event.text)
+        text = self._matcher.push(event.text, self.completion_tokens)
         if self._matcher.stopped:
             self.finish_reason = "stop"
             self._loop.cancel(self.handle)  # frees its pages before the next step

@@ -378,7 +378,9 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
         Generation(
             state.loop,
             RequestHandle(ids, choice),
-            StopStringMatcher(req.stop, include_stop=req.include_stop_str_in_output),
+            StopStringMatcher(
+                req.stop, include_stop=req.include_stop_str_in_output, min_tokens=req.min_tokens
+            ),
             echo=echo_text(state, req, i, ids),
             logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
             reasoning=None if thinking is None else ReasoningTokens(opened),

@@ -8,6 +8,10 @@ before it is released and the rest is dropped.
 Which stop string wins is decided at the first piece that completes one: of the stop strings
 present in the text at that moment, the one that starts earliest. (Generation would have ended
 there, so a longer stop string that would only complete later never gets the chance.)
+
+With `min_tokens` (vLLM's), stop strings are looked for only in the text of the tokens after
+the first min_tokens, as vLLM does (the engine bans stop tokens until then, and a stop string
+must not end the output earlier either).
 """
 
 from __future__ import annotations
@@ -16,22 +20,28 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    def __init__(self, stops: Sequence[str], *, include_stop: bool = False) -> None:
+    def __init__(
+        self, stops: Sequence[str], *, include_stop: bool = False, min_tokens: int = 0
+    ) -> None:
         """include_stop: the released text ends with the stop string (vLLM's
-        include_stop_str_in_output), rather than just before it."""
+        include_stop_str_in_output), rather than just before it. min_tokens: see the module
+        doc (`push` is then told the token count)."""
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
         self.stops = tuple(stops)
         self.include_stop = include_stop
+        self.min_tokens = min_tokens
         self._pending = ""  # released to no one yet: might be the start of a stop string
         self.stopped = False
 
-    def push(self, text: str) -> str:
+    def push(self, text: str, tokens: int | None = None) -> str:
         """Feed the next piece; returns the text now safe to show ('' while it could be a stop
-        string). After a stop string is seen, `stopped` is True and every push returns ''."""
+        string). After a stop string is seen, `stopped` is True and every push returns ''.
+        `tokens`: the output's tokens so far, this piece's included; while they are at most
+        min_tokens the piece is shown as it is, unsearched."""
         if self.stopped or not text:
             return ""
-        if not self.stops:
+        if not self.stops or (tokens is not None and tokens <= self.min_tokens):
             return text
         pending = self._pending + text
         starts = [(i, len(s)) for i, s in ((pending.find(s), s) for s in self.stops) if i >= 0]
