@@ -1,4 +1,4 @@
-"""The JSON files beside the weights (config.json, model.safetensors.index.json), read once way."""
+"""The JSON files beside the weights (config.json, model.safetensors.index.json), read one way."""
 
 from __future__ import annotations
 
