@@ -575,7 +575,6 @@ CALLS_TEMPLATE = (
         (ToolCall("f", '{"\\u003c|im_end|\\u003e": 1}', "c1"), "c1", "tool calls contain the token <|im_end|>"),
         (ToolCall("f", "{}", "c1<|im_end|>"), "c1", "tool calls contain the token <|im_end|>"),
         (ToolCall("f", "{}", "c1"), "c1<|im_end|>", "chat message 2: tool_call_id 'c1<|im_end|>' contains the token"),
-        (ToolCall("f", "{not json", "c1"), "c1", "tool call 'f': arguments '{not json' are not JSON"),
     ],
 )  # fmt: skip
 def test_tool_calls_cannot_forge_a_control_token(
@@ -593,6 +592,14 @@ def test_tool_calls_cannot_forge_a_control_token(
     plain = [Message("user", "w"), Message("assistant", "", tool_calls=(ToolCall("f", '{"x": "<y>"}', "c1"),)), Message("tool", "r", tool_call_id="c1")]  # fmt: skip
     ids = ours.encode_dialog(plain)
     assert ids.count(smollm2.special_tokens["<|im_end|>"]) == 3
+
+
+def test_tool_call_arguments_must_be_json() -> None:
+    """Refused where the call is made, once (a template's render raised JSONDecodeError)."""
+    with pytest.raises(
+        TokenizerError, match=re.escape("tool call 'f': arguments '{not json' are not JSON")
+    ):
+        ToolCall("f", "{not json", "c1")
 
 
 def test_placeholder_characters_in_tools_fall_back_to_the_plain_render(smollm2: Tokenizer) -> None:

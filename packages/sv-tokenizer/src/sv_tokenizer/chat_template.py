@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from .chat import ChatTokenizer, check_template_kwargs, generation_prompt
 from .errors import TokenizerError
-from .messages import Message, ToolCall, Tools
+from .messages import Message, Tools
 
 _OPEN = "\U000f0000"  # Supplementary Private Use Area-A: never in real text, untouched by
 _CLOSE = "\U000f0001"  # upper/lower/trim/escaping filters
@@ -297,7 +297,7 @@ class TemplateChatFormat:
         # counts: tools, tool calls (as the decoded objects the template writes, so that a
         # JSON escape such as \u003c cannot hide a token), template variables, and each
         # message's role, name, call id and earlier thinking.
-        calls = [(c.name, _arguments(c), c.id) for m in messages for c in m.tool_calls]
+        calls = [(c.name, c.decoded_arguments, c.id) for m in messages for c in m.tool_calls]
         forged = self._forged_in([list(tools or ()), calls])
         if forged is not None:
             raise TokenizerError(f"the tools or tool calls contain the token {forged}")
@@ -409,7 +409,7 @@ class TemplateChatFormat:
                 t
                 for m in messages
                 for c in m.tool_calls
-                for t in _strings([c.name, c.id, _arguments(c)])
+                for t in _strings([c.name, c.id, c.decoded_arguments])
             ),
         ]
         if any(_OPEN in text or _CLOSE in text for text in everything):
@@ -515,16 +515,6 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
-def _arguments(call: ToolCall) -> Any:
-    """A call's arguments as the object a template is handed (their JSON text decoded)."""
-    try:
-        return json.loads(call.arguments)
-    except ValueError:
-        raise TokenizerError(
-            f"tool call {call.name!r}: arguments {call.arguments[:40]!r} are not JSON"
-        ) from None
-
-
 def _as_dict(message: Message, content: str) -> dict[str, Any]:
     """A message as transformers hands it to a template: `name`, `tool_calls`,
     `tool_call_id` and `reasoning_content` (also as `reasoning`) only when the message has
@@ -538,7 +528,7 @@ def _as_dict(message: Message, content: str) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": _arguments(call)},
+                "function": {"name": call.name, "arguments": call.decoded_arguments},
             }
             for call in message.tool_calls
         ]

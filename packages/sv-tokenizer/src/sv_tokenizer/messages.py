@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import TokenizerError
@@ -18,6 +19,17 @@ class ToolCall:
     name: str
     arguments: str
     id: str | None = None
+    # The arguments' JSON decoded, once: the object a template is handed (`arguments | tojson`).
+    decoded_arguments: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            decoded = json.loads(self.arguments)
+        except (TypeError, ValueError, RecursionError):
+            raise TokenizerError(
+                f"tool call {self.name!r}: arguments {str(self.arguments)[:40]!r} are not JSON"
+            ) from None
+        object.__setattr__(self, "decoded_arguments", decoded)
 
 
 Tools = Sequence[Mapping[str, Any]]  # OpenAI's tool definitions: {"type": "function", ...}

@@ -39,13 +39,7 @@ LLAMA3_TOOL_INSTRUCTION = (
 
 def tool_call_text(call: ToolCall) -> str:
     """An assistant's tool call as Llama 3.x writes it (and as the model is asked to)."""
-    try:
-        arguments = json.loads(call.arguments)
-    except ValueError:
-        raise TokenizerError(
-            f"tool call {call.name!r}: arguments {call.arguments[:40]!r} are not JSON"
-        ) from None
-    return '{"name": "' + call.name + '", "parameters": ' + _tojson(arguments) + "}"
+    return '{"name": "' + call.name + '", "parameters": ' + _tojson(call.decoded_arguments) + "}"
 
 
 def _tojson(value: Any, indent: int | None = None) -> str:
