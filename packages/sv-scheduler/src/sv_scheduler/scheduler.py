@@ -176,12 +176,16 @@ class Scheduler:
         for i, (seq, _) in enumerate(self._finishing):
             if seq.request_id == request_id:
                 del self._finishing[i]
-                seq.num_pending = 0
-                seq.finish_reason = "cancelled"
-                self._finished_requests -= 1
-                self._cancelled_requests += 1
+                self._count_as_cancelled(seq)
                 return seq
         return None
+
+    def _count_as_cancelled(self, seq: Sequence) -> None:
+        """`seq`, finished and unreported, ends as cancelled: its pending token is dropped."""
+        seq.num_pending = 0
+        seq.finish_reason = "cancelled"
+        self._finished_requests -= 1
+        self._cancelled_requests += 1
 
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
@@ -398,8 +402,9 @@ class Scheduler:
         self._plan = None
         self._unresolved = None
         self._drop_token.clear()
-        for seq, _ in list(self._finishing):
-            self._cancel_unreported(seq.request_id)
+        for seq, _ in self._finishing:
+            self._count_as_cancelled(seq)
+        self._finishing.clear()
 
     def _stop(self, seq: Sequence) -> None:
         """`seq`'s newest token, just resolved, is one of its stop ids."""
