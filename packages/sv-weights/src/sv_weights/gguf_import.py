@@ -198,6 +198,17 @@ class GgufFields:
         """A boolean field, False where absent."""
         return self.get(key) is not None and self.require(key, bool)
 
+    def int_list(self, key: str, default: list[int]) -> list[int]:
+        """A list of integers, `default` where the key is absent."""
+        value = self.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise WeightsError(f"{self.path}: metadata key {key!r} should be a list of integers")
+        return value
+
     def string_list(self, key: str) -> list[str]:
         value = self.get(key)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -209,10 +220,6 @@ def _or_default(value: int | None, default: int) -> int:
     """An optional metadata value, or `default` where the key is absent (a 0 stays 0, for the
     config's check to name)."""
     return default if value is None else value
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _config_from_gguf(source: GgufFields) -> ModelConfig:
@@ -374,13 +381,7 @@ def _tokenizer_files_from_gguf(
         )
     tokens = source.string_list("tokenizer.ggml.tokens")
     merges = source.string_list("tokenizer.ggml.merges")
-    token_types = source.get("tokenizer.ggml.token_type")
-    if token_types is None:
-        token_types = [1] * len(tokens)
-    if not isinstance(token_types, list) or not all(_is_int(t) for t in token_types):
-        raise WeightsError(
-            f"{path}: metadata key 'tokenizer.ggml.token_type' should be a list of integers"
-        )
+    token_types = source.int_list("tokenizer.ggml.token_type", default=[1] * len(tokens))
     if len(tokens) != config.vocab_size or len(token_types) != len(tokens):
         raise WeightsError(
             f"{path}: {len(tokens)} tokens and {len(token_types)} token types for a vocabulary of "
