@@ -130,7 +130,7 @@ def test_sv_serve_ends_requests_cleanly_on_a_signal(default_model: Path, sig: in
     pages = re.search(r"(\d+) of (\d+) KV pages free", out)
     assert pages and pages[1] == pages[2], out
     # 32 MiB hold fewer tokens than the model's context: said at the start
-    start = re.search(r"\(context (\d+) tokens, (\d+) KV pages\)", out)
+    start = re.search(r"\(context (\d+) tokens, (\d+) KV pages, llama3_json tool calls\)", out)
     assert start and int(start[2]) * 16 < int(start[1]), out
     assert f"the KV cache holds {int(start[2]) * 16:,} tokens in all, fewer than the context" in out
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from server_test_support import WEATHER_CALL, openai_error
 from sv_server.errors import ServerError
 from sv_server.request_parsing import parse_chat_request
-from sv_server.tools import ToolCallStream, ToolRequest, parse_tool_call, parse_tools
+from sv_server.tool_parsers import parse_answer
+from sv_server.tools import ToolCallStream, ToolRequest, parse_tools
 from sv_tokenizer.cli import installed_llama_tokenizer_dir
 from sv_weights import tiny_llama_config, write_random_checkpoint
 
@@ -313,10 +314,12 @@ def test_a_chat_format_without_tools_refuses_them(server: Any, oracle_engine: An
 
 def test_parse_tool_call() -> None:
     names = ["get_weather"]
-    call = parse_tool_call(' <|python_tag|>{"name": "get_weather", "parameters": {"a": 1}} ', names)
-    assert (
-        call is not None and call.name == "get_weather" and json.loads(call.arguments) == {"a": 1}
+    answer = parse_answer(
+        "llama3_json", ' <|python_tag|>{"name": "get_weather", "parameters": {"a": 1}} ', names
     )
+    assert answer is not None and answer.content is None and len(answer.calls) == 1
+    call = answer.calls[0]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"a": 1}
     for text in [
         '{"name": "other", "parameters": {}}',
         "Sunny.",
@@ -326,7 +329,7 @@ def test_parse_tool_call() -> None:
         '{"name": "get_weather", "parameters": {"a": ' + "[" * 2000 + "]" * 2000 + "}}",
         '{"name": "get_weather", "parameters": {"a": NaN}}',
     ]:
-        assert parse_tool_call(text, names) is None
+        assert parse_answer("llama3_json", text, names) is None
 
 
 def test_tool_call_stream_holds_back_only_what_may_be_a_call() -> None:

@@ -76,6 +76,7 @@ from sv_server.responses_parsing import parse_responses_request
 from sv_server.state import ServerState
 from sv_server.stops import StopStringMatcher
 from sv_server.tokenize_parsing import parse_detokenize_request, parse_tokenize_request
+from sv_server.tool_parsers import ToolCallParser, default_parser
 
 log = logging.getLogger("sv_server")
 
@@ -95,6 +96,7 @@ def create_app(
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     reasoning_parser: str | None = None,
     trust_request_chat_template: bool = False,
+    tool_call_parser: ToolCallParser | None = None,
 ) -> Starlette:
     """The server for one engine. The engine thread starts and stops with the app's lifespan,
     so an app is served once. `add_bos`: put the BOS token before /v1/completions text prompts
@@ -104,7 +106,9 @@ def create_app(
     a ValueError naming --reasoning-parser when the model's tokenizer has no think tags.
     `trust_request_chat_template`: render a chat request's own `chat_template` (else a 400):
     a template runs the client's code on the server, sandboxed but unbounded in time, so it is
-    the operator's choice, as vLLM's --trust-request-chat-template."""
+    the operator's choice, as vLLM's --trust-request-chat-template. `tool_call_parser`: the
+    format tool calls are read (and constrained) in, by default the tokenizer's
+    (tool_parsers.py)."""
     if max_queue < 1:
         raise ValueError(f"max_queue must be at least 1, got {max_queue}")
     if max_request_bytes < 1 or not read_timeout_s > 0:
@@ -124,6 +128,7 @@ def create_app(
         read_timeout_s=read_timeout_s,
         reasoning=reasoning,
         trust_request_chat_template=trust_request_chat_template,
+        tool_call_parser=tool_call_parser or default_parser(engine.tokenizer),
     )
 
     @contextlib.asynccontextmanager
@@ -328,11 +333,15 @@ async def _completions(request: Request, state: ServerState) -> Response:
 
 
 async def _chat_completions(request: Request, state: ServerState) -> Response:
-    return await _generate(request, state, parse_chat_request)
+    return await _generate(
+        request, state, partial(parse_chat_request, tool_call_parser=state.tool_call_parser)
+    )
 
 
 async def _responses(request: Request, state: ServerState) -> Response:
-    return await _generate(request, state, parse_responses_request)
+    return await _generate(
+        request, state, partial(parse_responses_request, tool_call_parser=state.tool_call_parser)
+    )
 
 
 async def _read(request: Request, state: ServerState) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -129,8 +130,21 @@ def json_value(text: bytes | str) -> Any:
     lone surrogate. Else a `JsonTextError` whose message completes "the request body ..." or
     "this text ...": also for JSON given as a string inside a body (a schema, a tool call's
     arguments), which the body's own checks never parsed."""
+    value, _ = _checked(lambda: (json.loads(text, parse_constant=_refuse_constant), 0))
+    return value
+
+
+def json_value_at(text: str, start: int) -> tuple[Any, int]:
+    """The JSON value that begins at `text[start]` (no whitespace before it), with the same
+    limits as `json_value`, and the index just past it: a value inside other text."""
+    return _checked(lambda: _DECODER.raw_decode(text, start))
+
+
+def _checked(decode: Callable[[], tuple[Any, int]]) -> tuple[Any, int]:
+    """What `decode` returns (a value and the index after it), its errors as
+    `JsonTextError`, the value checked."""
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value, end = decode()
     except JsonTextError:
         raise
     except RecursionError:
@@ -142,11 +156,14 @@ def json_value(text: bytes | str) -> Any:
     except ValueError as e:  # an integer beyond Python's int-string conversion limit
         raise JsonTextError(f"has a number that is too large: {e}") from None
     _check_value(value)
-    return value
+    return value, end
 
 
 def _refuse_constant(name: str) -> Any:
     raise JsonTextError(f"is not valid JSON: {name} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
 def _too_deep() -> JsonTextError:

@@ -69,6 +69,7 @@ def build_parser() -> OneLineErrorParser:
     from sv_server.body import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
     from sv_server.reasoning import REASONING_PARSERS
     from sv_server.serving import DEFAULT_MAX_CONNECTIONS
+    from sv_server.tool_parsers import TOOL_CALL_PARSERS
 
     p = OneLineErrorParser(
         prog="sv serve",
@@ -146,6 +147,15 @@ def build_parser() -> OneLineErrorParser:
         "tokenizer must have the two tags; /v1/completions stays raw text (default: off)",
     )
     p.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        metavar="NAME",
+        help="how the model writes tool calls, read into message.tool_calls and used to "
+        f"constrain a required or named call, as vLLM's flag of that name: "
+        f"{' or '.join(TOOL_CALL_PARSERS)} (default: hermes when the tokenizer has "
+        "<tool_call> and </tool_call> tokens, as Qwen's do, else llama3_json)",
+    )
+    p.add_argument(
         "--trust-request-chat-template",
         action="store_true",
         help="render a chat request's own `chat_template` field (a jinja template used instead "
@@ -200,6 +210,7 @@ def serve_main(argv: list[str]) -> int:
     from sv_server.app import create_app
     from sv_server.reasoning import parser_for
     from sv_server.serving import build_server
+    from sv_server.tool_parsers import default_parser
 
     try:
         listeners = _listen(args.host, args.port)
@@ -222,6 +233,7 @@ def serve_main(argv: list[str]) -> int:
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or model_dir.resolve().name
+    tool_call_parser = args.tool_call_parser or default_parser(engine.tokenizer)
     app = create_app(
         engine,
         model_name=name,
@@ -232,11 +244,12 @@ def serve_main(argv: list[str]) -> int:
         read_timeout_s=args.read_timeout,
         reasoning_parser=args.reasoning_parser,
         trust_request_chat_template=args.trust_request_chat_template,
+        tool_call_parser=tool_call_parser,
     )
     print(
         f"sv serve: '{name}' on {base_url(args.host, listeners[0].getsockname()[1])}/v1 "
-        f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages"
-        f"{', API key required' if args.api_key else ''})",
+        f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages, "
+        f"{tool_call_parser} tool calls{', API key required' if args.api_key else ''})",
         file=sys.stderr,
     )
     pool_tokens = engine.stats.pool_pages * engine.runner.page_size

@@ -36,6 +36,7 @@ from sv_server.fields import (
     shown_value,
 )
 from sv_server.structured import STRUCTURED_FIELDS, parse_grammar
+from sv_server.tool_parsers import ToolCallParser
 from sv_server.tools import TOOL_FIELDS, ToolRequest, parse_tools
 
 MAX_STOP_STRINGS = 4  # as OpenAI
@@ -452,9 +453,12 @@ def _prompt(item: Any, where: str) -> str | list[int]:
     )
 
 
-def parse_chat_request(body: Any) -> GenerationRequest:
+def parse_chat_request(
+    body: Any, tool_call_parser: ToolCallParser = "llama3_json"
+) -> GenerationRequest:
     """A /v1/chat/completions body: `messages` is a list of {role, content, name?}; content is
-    a string or a list of text parts ({"type": "text", "text": ...})."""
+    a string or a list of text parts ({"type": "text", "text": ...}). Tool calls are read (and
+    a required one constrained) in `tool_call_parser`'s format."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_fields(body, "chat")
@@ -471,7 +475,7 @@ def parse_chat_request(body: Any) -> GenerationRequest:
             "'max_tokens' and 'max_completion_tokens' disagree; give one", "max_completion_tokens"
         )
     req = parse_sampling(body, "chat", None, parsed, max_completion or max_tokens)
-    tools = parse_tools(body)
+    tools = parse_tools(body, tool_call_parser)
     call_grammar = tools.grammar() if tools is not None else None
     if call_grammar is not None and req.grammar is not None:
         raise bad_request(

@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from sv_tokenizer import ToolCall
 
 from sv_server.answers import Generation, close_all, whole_texts
 from sv_server.errors import ServerError
@@ -24,7 +25,7 @@ from sv_server.responses_bodies import (
     response_object,
     responses_usage,
 )
-from sv_server.tools import ToolCallStream, parse_tool_call
+from sv_server.tools import ToolCallStream
 
 
 def _status(generation: Generation) -> Status:
@@ -61,11 +62,10 @@ async def collect_response(
     content: str | None = texts[0]
     if generation.reasoning is not None:
         reasoning, content = split_reasoning(texts[0], generation.reasoning.opens_in_thinking)
-    call = None
-    if req.tools is not None and req.tools.parses and content is not None:
-        call = parse_tool_call(content, req.tools.names)
-        if call is not None:
-            content = None
+    calls: tuple[ToolCall, ...] = ()
+    answer = req.tools.parse(content) if req.tools is not None and content is not None else None
+    if answer is not None:
+        content, calls = answer.content, answer.calls
     status = _status(generation)
     body = response_object(
         req.settings or {},
@@ -73,7 +73,7 @@ async def collect_response(
         int(time.time()),
         model,
         status,
-        output_items(reasoning, content, call, status, _logprobs(generation)),
+        output_items(reasoning, content, calls, status, _logprobs(generation)),
         _usage(generation, prompt_tokens),
     )
     return JSONResponse(body)
@@ -113,8 +113,8 @@ async def stream_response(
         for delta in deltas:
             if "content" in delta:  # (its tokens' logprobs: those not shown yet)
                 yield from events.text("message", delta["content"], _logprobs(generation))
-        if calls is not None and calls.call is not None:
-            yield from events.function_call(calls.call)
+        for call in calls.calls if calls is not None and end else ():
+            yield from events.function_call(call)
 
     try:
         async for text in generation.texts():

@@ -16,7 +16,7 @@ Every event is `event: <type>` and `data: <JSON with that type and its sequence_
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from sv_tokenizer import ToolCall
@@ -116,23 +116,25 @@ def function_call_item(item_id: str, call: ToolCall, status: Status) -> dict[str
 def output_items(
     reasoning: str | None,
     text: str | None,
-    call: ToolCall | None,
+    calls: Sequence[ToolCall],
     status: Status,
     logprobs: Logprobs | None = None,
 ) -> list[dict[str, Any]]:
     """A whole answer's output: its thinking, its text (with its tokens' `logprobs`, if
-    asked for), its tool call, each if it has one. `status` is the last item's: an earlier
+    asked for), its tool calls, each if it has one. `status` is the last item's: an earlier
     one ended (the thinking, before the text)."""
-    if reasoning is None and text is None and call is None:
+    if reasoning is None and text is None and not calls:
         text = ""  # (an answer of nothing is an empty message, as OpenAI gives it)
     items = []
     if reasoning is not None:
-        ended = text is not None or call is not None
+        ended = text is not None or bool(calls)
         items.append(reasoning_item(new_item_id("rs"), reasoning, "completed" if ended else status))
     if text is not None:
-        items.append(message_item(new_item_id("msg"), text, status, logprobs))
-    if call is not None:
-        items.append(function_call_item(new_item_id("fc"), call, "completed"))
+        ended = bool(calls)
+        items.append(
+            message_item(new_item_id("msg"), text, "completed" if ended else status, logprobs)
+        )
+    items += [function_call_item(new_item_id("fc"), call, "completed") for call in calls]
     return items
 
 

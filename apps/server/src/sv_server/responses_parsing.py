@@ -33,6 +33,7 @@ from sv_server.body import JsonTextError, json_value
 from sv_server.errors import bad_request
 from sv_server.fields import checked_field, optional_bool, optional_int, optional_str, shown_value
 from sv_server.request_parsing import GenerationRequest, parse_sampling
+from sv_server.tool_parsers import ToolCallParser
 from sv_server.tools import parse_tools
 
 # Chat's sampling fields that mean the same here, vLLM's extras included (vLLM takes them on
@@ -97,8 +98,11 @@ MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 _MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 
 
-def parse_responses_request(body: Any) -> GenerationRequest:
-    """A /v1/responses body, checked, as the chat request it amounts to."""
+def parse_responses_request(
+    body: Any, tool_call_parser: ToolCallParser = "llama3_json"
+) -> GenerationRequest:
+    """A /v1/responses body, checked, as the chat request it amounts to (tool calls in
+    `tool_call_parser`'s format)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_fields(body)
@@ -119,7 +123,8 @@ def parse_responses_request(body: Any) -> GenerationRequest:
             "tools": functions,
             "tool_choice": choice,
             "parallel_tool_calls": body.get("parallel_tool_calls"),
-        }
+        },
+        tool_call_parser,
     )
     text_format, grammar = _text_format(body.get("text"))
     call_grammar = tools.grammar() if tools is not None else None

@@ -17,6 +17,7 @@ from sv_tokenizer import Tokenizer, TokenizerError
 from sv_server.engine_loop import EngineLoop
 from sv_server.metrics import Metrics
 from sv_server.reasoning import ReasoningParser
+from sv_server.tool_parsers import ToolCallParser
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ServerState:
     read_timeout_s: float
     reasoning: ReasoningParser | None = None  # --reasoning-parser: chat answers' thinking apart
     trust_request_chat_template: bool = False  # take a request's own `chat_template`
+    tool_call_parser: ToolCallParser = "llama3_json"  # how the model writes its tool calls
     # Set when shutting down: new generations get 503, and so do bodies still arriving.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     tokenizer_thread: ThreadPoolExecutor = field(

@@ -1,18 +1,19 @@
-"""Tool calls on /v1/chat/completions, in Llama 3.x's JSON tool-call format.
+"""Tool calls on /v1/chat/completions (and /v1/responses), in the model's own call format.
 
-In: `tools` (OpenAI's function definitions) and `tool_choice`: "auto" (the default with tools:
-the model may call one), "none" (it may not: its text is never parsed as a call), "required"
-(it must call one) or `{"type": "function", "function": {"name": N}}` (it must call N). The
-tools reach the model through its chat format (a folder's own template, or the built-in Llama 3
-format, sv_tokenizer/tool_format.py). A required or named call is constrained by a grammar
-(the JSON schema of `{"name": ..., "parameters": ...}` over the allowed functions), so it
-always parses and its arguments match the function's parameter schema.
+In: `tools` (OpenAI's function definitions), `tool_choice`: "auto" (the default with tools:
+the model may call), "none" (it may not: its text is never parsed as a call), "required"
+(it must call) or `{"type": "function", "function": {"name": N}}` (it must call N), and
+`parallel_tool_calls` (false: at most one call). The tools reach the model through its chat
+format (a folder's own template, or the built-in Llama 3 format, sv_tokenizer/tool_format.py).
+A required or named call is constrained by a grammar in the server's call format
+(tool_parsers.py), so it always parses and its arguments match the function's parameter schema.
 
-Out: an answer that is one JSON object `{"name": N, "parameters": {...}}` (optionally after
-`<|python_tag|>`) naming an offered function becomes `message.tool_calls` with
-`finish_reason: "tool_calls"`; anything else stays `content`. Streamed, text that starts like
-a call is held back until the answer ends, then sent as OpenAI's tool-call deltas (the call's
-id, type and name first, then its arguments); other text streams as usual.
+Out: an answer that holds calls of offered functions (tool_parsers.py says how each format is
+read) becomes `message.tool_calls` with `finish_reason: "tool_calls"`, and `message.content`
+the text before the calls (hermes) or null; anything else stays `content`. With
+`parallel_tool_calls: false` only an answer's first call is taken. Streamed, text that may be
+calls is held back until the answer ends, then sent as OpenAI's tool-call deltas (each call's
+id, type and name first, then its arguments, under its index); other text streams as usual.
 
 With `n` > 1 each choice is read on its own (one `ToolCallStream` each, its deltas under its
 choice index). With `logprobs` a choice that became a call still reports the log-probabilities
@@ -22,9 +23,7 @@ streamed, on the first delta sent after they were held back.
 
 from __future__ import annotations
 
-import json
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,22 +32,30 @@ from sv_engine import EngineError
 from sv_engine.grammar import Grammar
 from sv_tokenizer import ToolCall
 
-from sv_server.body import JsonTextError, json_value
 from sv_server.errors import bad_request
+from sv_server.tool_parsers import (
+    AnswerSplit,
+    ToolAnswer,
+    ToolCallParser,
+    call_grammar,
+    parse_answer,
+)
 
 TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls"})
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
-_PYTHON_TAG = "<|python_tag|>"
 
 
 @dataclass(frozen=True)
 class ToolRequest:
     """The tools of a chat request, checked. `choice`: "auto", "none", "required" or the name
-    of the one function the model must call."""
+    of the one function the model must call; `parallel`: whether an answer may hold more
+    than one call; `parser`: the server's call format."""
 
     tools: list[dict[str, Any]]
     choice: str
+    parallel: bool = True
+    parser: ToolCallParser = "llama3_json"
 
     @property
     def names(self) -> list[str]:
@@ -63,28 +70,29 @@ class ToolRequest:
         """The constraint of a required or named call; None for auto and none."""
         if self.choice in ("auto", "none"):
             return None
-        chosen = [t for t in self.tools if self.choice in ("required", t["function"]["name"])]
-        calls = [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": t["function"]["name"]},
-                    "parameters": t["function"].get("parameters") or {"type": "object"},
-                },
-                "required": ["name", "parameters"],
-                "additionalProperties": False,
-            }
-            for t in chosen
+        chosen = [
+            t["function"] for t in self.tools if self.choice in ("required", t["function"]["name"])
         ]
-        grammar = Grammar.json_schema(calls[0] if len(calls) == 1 else {"anyOf": calls})
+        grammar = call_grammar(self.parser, chosen, self.parallel)
         try:
             grammar.compile()
         except EngineError as e:
             raise bad_request(f"'tools': a function's parameters: {e}", param="tools") from None
         return grammar
 
+    def parse(self, text: str) -> ToolAnswer | None:
+        """A whole answer's calls, or None when it holds none (it is all content)."""
+        if not self.parses:
+            return None
+        answer = parse_answer(self.parser, text, self.names)
+        if answer is None or self.parallel or len(answer.calls) == 1:
+            return answer
+        return ToolAnswer(answer.content, answer.calls[:1])
 
-def parse_tools(body: Mapping[str, Any]) -> ToolRequest | None:
+
+def parse_tools(
+    body: Mapping[str, Any], parser: ToolCallParser = "llama3_json"
+) -> ToolRequest | None:
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
@@ -119,7 +127,7 @@ def parse_tools(body: Mapping[str, Any]) -> ToolRequest | None:
             f"'tool_choice' must be 'auto', 'none', 'required' or a function, got {choice!r}",
             param="tool_choice",
         )
-    return ToolRequest(checked, choice)
+    return ToolRequest(checked, choice, parallel is not False, parser)
 
 
 def _tool(item: Any, index: int) -> dict[str, Any]:
@@ -151,34 +159,14 @@ def _tool(item: Any, index: int) -> dict[str, Any]:
     return {"type": "function", "function": dict(function)}
 
 
-def parse_tool_call(text: str, names: list[str]) -> ToolCall | None:
-    """The model's answer as a call of one of `names`, or None when it is not one."""
-    body = text.strip()
-    if body.startswith(_PYTHON_TAG):
-        body = body[len(_PYTHON_TAG) :].strip()
-    try:
-        value = json_value(body)
-    except JsonTextError:
-        return None
-    if not isinstance(value, dict) or value.get("name") not in names:
-        return None
-    arguments = value.get("parameters", value.get("arguments", {}))
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False), new_call_id())
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-def tool_calls_body(call: ToolCall) -> list[dict[str, Any]]:
+def tool_calls_body(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
     return [
         {
             "id": call.id,
             "type": "function",
             "function": {"name": call.name, "arguments": call.arguments},
         }
+        for call in calls
     ]
 
 
@@ -204,61 +192,49 @@ def delta_chunk(
 
 
 def apply_to_response(body: dict[str, Any], tools: ToolRequest) -> None:
-    """A whole chat answer: its message becomes a tool call when the text is one. Only the
+    """A whole chat answer: its message gets tool calls when its text holds them. Only the
     content is read (with a reasoning parser, a call written in the thinking is no call); the
     message's `reasoning_content`, if any, stays."""
-    if not tools.parses:
-        return
     for choice in body["choices"]:
         message = choice["message"]
         content = message["content"]
-        call = parse_tool_call(content, tools.names) if content is not None else None
-        if call is not None:
-            message["content"] = None
-            message["tool_calls"] = tool_calls_body(call)
+        answer = tools.parse(content) if content is not None else None
+        if answer is not None:
+            message["content"] = answer.content
+            message["tool_calls"] = tool_calls_body(answer.calls)
             choice["finish_reason"] = "tool_calls"
 
 
 class ToolCallStream:
-    """One streamed answer's text turned into chat deltas: text that may be a call is held
+    """One streamed answer's text turned into chat deltas: text that may be calls is held
     back until the end (`finish`), any other text passes through as content."""
 
     def __init__(self, tools: ToolRequest) -> None:
-        self._names = tools.names
-        self._held = ""
-        self._holding: bool | None = None  # None until the first non-space character
-        self.call: ToolCall | None = None  # the answer's call, once `finish` found one
+        self._tools = tools
+        self._split = AnswerSplit(tools.parser)
+        self.calls: tuple[ToolCall, ...] = ()  # the answer's calls, once `finish` found them
 
     @property
     def called(self) -> bool:
-        return self.call is not None
+        return bool(self.calls)
 
     def push(self, text: str) -> list[dict[str, Any]]:
-        if self._holding is False:
-            return [{"content": text}]
-        self._held += text
-        start = self._held.lstrip()
-        if not start:
-            return []
-        if self._holding is None:
-            self._holding = start[0] in "{<"
-        if self._holding:
-            return []
-        held, self._held = self._held, ""
-        return [{"content": held}]
+        content = self._split.push(text)
+        return [{"content": content}] if content else []
 
     def finish(self) -> list[dict[str, Any]]:
         """The deltas of the held text, once the answer has ended."""
-        held, self._held = self._held, ""
+        held, self._split.held = self._split.held, ""
         if not held:
             return []
-        call = parse_tool_call(held, self._names) if self._holding else None
-        if call is None:
+        answer = self._tools.parse(held)
+        if answer is None:
             return [{"content": held}]
-        self.call = call
-        head = tool_calls_body(call)[0]
-        head["function"] = {"name": call.name, "arguments": ""}
-        return [
-            {"tool_calls": [{"index": 0, **head}]},
-            {"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]},
-        ]
+        self.calls = answer.calls
+        deltas: list[dict[str, Any]] = [{"content": answer.content}] if answer.content else []
+        for index, head in enumerate(tool_calls_body(answer.calls)):
+            arguments = head["function"]["arguments"]
+            head["function"] = {"name": head["function"]["name"], "arguments": ""}
+            deltas.append({"tool_calls": [{"index": index, **head}]})
+            deltas.append({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]})
+        return deltas
