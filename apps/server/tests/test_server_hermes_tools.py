@@ -330,3 +330,14 @@ def test_required_calls_end_to_end(qwen_server: Any, parallel: bool) -> None:
     )
     items = [item for item in response.output if item.type == "function_call"]
     assert [(i.name, json.loads(i.arguments)) for i in items] == calls
+
+
+def test_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from sv_server.cli import parse_args
+
+    assert parse_args(["--tool-call-parser", "hermes"]).tool_call_parser == "hermes"
+    assert parse_args([]).tool_call_parser is None  # chosen from the tokenizer at start-up
+    with pytest.raises(SystemExit):
+        parse_args(["--tool-call-parser", "xml"])
+    err = capsys.readouterr().err
+    assert "--tool-call-parser" in err and "llama3_json" in err and "hermes" in err, err
