@@ -382,6 +382,13 @@ def test_checkpoint_not_matching_config(tmp_path: Path) -> None:
     tiny_llama_config(num_hidden_layers=3).write_json(tmp_path / "config.json")
     with pytest.raises(WeightsError, match=r"1 tensor\(s\)|missing"):
         load_checkpoint(tmp_path)
+    # a layer count no checkpoint of these tensors can hold is refused before every layer's
+    # tensor names are listed (10^9 layers would fill the memory)
+    tiny_llama_config(num_hidden_layers=10**6).write_json(tmp_path / "config.json")
+    with pytest.raises(
+        WeightsError, match=r"num_hidden_layers is 1,000,000, more than the \d+ tensors"
+    ):
+        load_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("copy", [False, True])

@@ -340,6 +340,7 @@ U32, STRING, ARRAY = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.STRING, gguf.
         # Tensors that do not fit the metadata: each used to convert, dropping or overwriting
         # a layer without a word.
         ({"kv": {"llama.block_count": (1, U32)}}, "tensor 'blk.1.attn_norm.weight' is not in the 1 layers"),
+        ({"kv": {"llama.block_count": (10**6, U32)}}, "llama.block_count is 1,000,000, more than the"),
         ({"extra_tensors": {"blk.7.attn_norm.weight": np.ones(64, np.float32)}}, "'blk.7.attn_norm.weight' is not in the 2 layers"),
         (
             {"extra_tensors": {"blk.01.attn_norm.weight": np.ones(64, np.float32)}},

@@ -60,6 +60,17 @@ LM_HEAD = "lm_head.weight"
 EMBED_TOKENS = "model.embed_tokens.weight"
 
 
+def check_layer_count(config: ModelConfig, tensors: int, source: str, field: str) -> None:
+    """Refuse a layer count (config `field`) past the checkpoint's `tensors` tensors (a layer
+    has nine) before `expected_tensors` names every layer's: 10^9 layers would fill memory.
+    A count short of the tensors is left to the check of each tensor, which names one."""
+    if config.num_hidden_layers > tensors:
+        raise WeightsError(
+            f"{source}: {field} is {config.num_hidden_layers:,}, more than the {tensors:,} "
+            "tensors the checkpoint holds (every layer has nine)"
+        )
+
+
 def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape, for every weight a checkpoint of `config` holds.
 
@@ -117,6 +128,7 @@ def validate_checkpoint(
     them, and a calibrated KV cache's scales (`kv_cache_scheme`) are checked; without it no
     tensor may be FP8 and none may be a KV-cache scale. Returns the names of the scale tensors.
     """
+    check_layer_count(config, len(infos), source, "config num_hidden_layers")
     expected = expected_tensors(config)
     if config.tie_word_embeddings and LM_HEAD in infos:
         expected[LM_HEAD] = expected[EMBED_TOKENS]

@@ -37,7 +37,7 @@ import gguf
 import numpy as np
 import torch
 
-from sv_weights.checkpoint import SINGLE_FILE, expected_tensors
+from sv_weights.checkpoint import SINGLE_FILE, check_layer_count, expected_tensors
 from sv_weights.config import CONFIG_FILE, ModelConfig
 from sv_weights.errors import WeightsError
 from sv_weights.safetensors import save_file
@@ -286,6 +286,7 @@ def _hf_weights_from_gguf(
     reader: gguf.GGUFReader, source: GgufFields, config: ModelConfig
 ) -> dict[str, torch.Tensor]:
     path = source.path
+    check_layer_count(config, len(reader.tensors), str(path), "llama.block_count")
     expected = expected_tensors(config)
     weights: dict[str, torch.Tensor] = {}
     gguf_names: dict[str, str] = {}  # HF name -> the GGUF tensor that gave it
