@@ -64,7 +64,8 @@ def test_chat_fields() -> None:
             "user": "someone",
         }
     )
-    assert req.messages == [Message("system", "Be brief."), Message("user", "ab")]
+    # text parts joined with newlines, as vLLM joins them for a text model
+    assert req.messages == [Message("system", "Be brief."), Message("user", "a\nb")]
     assert (req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed) == (7, 0.0, 0.5, 0, -3)
     assert req.stop == ("x",) and req.stream and req.include_usage
 

@@ -200,6 +200,11 @@ def test_a_reasoning_item_is_the_next_turns_thinking() -> None:
         }
     )
     tool_call = ToolCall("w", "{}", "c1")
+    # (a reasoning item's parts are pieces of one thought; a message's parts are joined with
+    # newlines, as chat's and vLLM's)
+    parts = [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]
+    joined = parse_responses_request({"input": [{"role": "user", "content": parts}]})
+    assert joined.messages == [Message("user", "a\nb")]
     assert req.messages == [
         Message("user", "Hi"),
         Message("assistant", "Looking.", reasoning_content="Need both."),

@@ -107,7 +107,7 @@ def parse_message(item: Any, index: int) -> Message:
                     f"{param}.content parts must be {{'type': 'text', 'text': str}}", param
                 )
             texts.append(part["text"])
-        content = "".join(texts)
+        content = "\n".join(texts)  # (as vLLM joins a text model's parts)
     if not isinstance(content, str):
         raise bad_request(f"{param}.content must be a string or a list of text parts", param)
     return Message(role, content, name, calls, call_id, reasoning)

@@ -325,7 +325,8 @@ def _reasoning_text(item: Mapping[str, Any], where: str) -> str | None:
     content = item.get("content")
     if content is None:
         return None
-    return _text(content, f"{where}.content", ("reasoning_text",)) or None
+    # (its parts are pieces of one thought)
+    return _text(content, f"{where}.content", ("reasoning_text",), separator="") or None
 
 
 def _string(item: Mapping[str, Any], key: str, where: str) -> str:
@@ -349,9 +350,10 @@ def _message(item: Mapping[str, Any], where: str) -> Message:
     return Message("system" if role == "developer" else role, content)
 
 
-def _text(value: Any, where: str, parts: tuple[str, ...]) -> str:
+def _text(value: Any, where: str, parts: tuple[str, ...], separator: str = "\n") -> str:
     """A content's text: a string, or a list of text parts of the types `parts` (their
-    annotations and logprobs, which a response's own output_text carries, are ignored)."""
+    annotations and logprobs, which a response's own output_text carries, are ignored),
+    joined by `separator`: a message's with newlines, as chat's parts and vLLM's."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -383,7 +385,7 @@ def _text(value: Any, where: str, parts: tuple[str, ...]) -> str:
                 f"unknown field {shown_value(f'{where}[{i}].{min(unknown)}')}", "input"
             )
         texts.append(part["text"])
-    return "".join(texts)
+    return separator.join(texts)
 
 
 def _function_call(item: Mapping[str, Any], where: str) -> ToolCall:
