@@ -19,6 +19,7 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sv_server.errors import ServerError
 from sv_server.tool_parsers import default_parser, parse_answer
 from sv_server.tools import ToolCallStream, apply_to_response, parse_tools
 from sv_tokenizer import Tokenizer
@@ -198,21 +199,39 @@ def test_a_streamed_answer_adds_up_to_the_whole_one(
         assert "".join(d.get("content", "") for d in deltas[: len(bounds) - 1]) == text
 
 
-def test_the_required_call_grammar_takes_the_templates_calls(
-    qwen_template: Any, qwen3_tokenizer_dir: Path
-) -> None:
+@pytest.fixture(scope="module")
+def accepts(qwen3_tokenizer_dir: Path) -> Any:
+    """Whether a request's tool-call grammar takes a text whole (over Qwen3's vocabulary)."""
     from sv_engine.grammar import Grammars
 
     tokenizer = Tokenizer.from_model_dir(qwen3_tokenizer_dir)
     grammars = Grammars(tokenizer, 151936, frozenset({151645}))
 
-    def accepts(tools: Any, text: str) -> bool:
+    def check(tools: Any, text: str) -> bool:
         matcher = grammars.matcher(tools.grammar()).matcher
         ids = tokenizer.encode(text)
         return matcher.validate_tokens(ids) == len(ids) and bool(
             matcher.consume_tokens(ids) and matcher.is_accepting()
         )
 
+    return check
+
+
+def test_prose_that_names_the_tag_is_not_held() -> None:
+    """Held text goes out once the first tag is known to start no call."""
+    tools = parse_tools({"tools": TOOLS}, "hermes")
+    assert tools is not None
+    stream = ToolCallStream(tools)
+    assert stream.push("Wrap calls in ") == [{"content": "Wrap calls in "}]
+    assert stream.push("<tool_call>") == [] and stream.push(" ") == []
+    assert stream.push("tags, then") == [{"content": "<tool_call> tags, then"}]
+    assert stream.push(" <tool_call>{") == [{"content": " <tool_call>{"}]
+    assert stream.finish() == [] and not stream.called
+
+
+def test_the_required_call_grammar_takes_the_templates_calls(
+    qwen_template: Any, accepts: Any
+) -> None:
     one = [("add", {"a": 2, "b": 3})]
     two = [*one, ("say", {"text": "hi"})]
     required = parse_tools({"tools": TOOLS, "tool_choice": "required"}, "hermes")
@@ -230,9 +249,59 @@ def test_the_required_call_grammar_takes_the_templates_calls(
     assert not accepts(single, assistant_text(qwen_template, "", two))
     assert not accepts(named, assistant_text(qwen_template, "", one))
     assert accepts(named, assistant_text(qwen_template, "", [("say", {"text": "hi"})]))
+    # a named choice is one call of it, as vLLM's
+    assert not accepts(named, assistant_text(qwen_template, "", [("say", {"text": "hi"})] * 2))
     # off the parameters' schema: a string too long, a missing argument
     assert not accepts(required, assistant_text(qwen_template, "", [("say", {"text": "x" * 7})]))
     assert not accepts(required, assistant_text(qwen_template, "", [("add", {"a": 2})]))
+
+
+def _required(parser: Any, *parameters: dict[str, Any]) -> Any:
+    functions = [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": p}}
+        for i, p in enumerate(parameters)
+    ]
+    return parse_tools({"tools": functions, "tool_choice": "required"}, parser)
+
+
+def _call_text(parser: str, arguments: str) -> str:
+    if parser == "hermes":
+        return '<tool_call>\n{"name": "f0", "arguments": ' + arguments + "}\n</tool_call>"
+    return '{"name":"f0","parameters":' + arguments + "}"
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_a_required_call_always_parses(accepts: Any, parser: str) -> None:
+    """Arguments are an object even when the schema does not say so (5 or null would be no
+    call), and a schema's $defs still resolve (pydantic writes them)."""
+    untyped = _required(parser, {"properties": {"p": {"type": "integer"}}})
+    compact = parser == "llama3_json"
+    assert accepts(untyped, _call_text(parser, '{"p":1}' if compact else '{"p": 1}'))
+    for arguments in ["5", "null", '"x"', "[1]"]:
+        text = _call_text(parser, arguments)
+        assert not accepts(untyped, text) and parse_answer(parser, text, ["f0"]) is None
+    refs = {
+        "type": "object",
+        "$defs": {"P": {"type": "integer"}},
+        "properties": {"p": {"$ref": "#/$defs/P"}},
+        "required": ["p"],
+    }
+    with_refs = _required(parser, refs, refs)  # (the same definition twice is one)
+    assert accepts(with_refs, _call_text(parser, '{"p":3}' if compact else '{"p": 3}'))
+    assert not accepts(with_refs, _call_text(parser, '{"p":"x"}' if compact else '{"p": "x"}'))
+    clash = {**refs, "$defs": {"P": {"type": "string"}}}
+    with pytest.raises(ServerError, match="two functions define \\$defs 'P' differently"):
+        _required(parser, refs, clash).grammar()
+    with pytest.raises(ServerError, match="f0's \\$defs must be an object"):
+        _required(parser, {**refs, "$defs": [1]}).grammar()
+
+
+def test_a_responses_message_before_calls_has_its_texts_logprobs() -> None:
+    from sv_server.responses_answers import _within
+
+    entries = [{"token": t, "bytes": list(t.encode())} for t in ["Sur", "é", ".\n", "<tool_call>"]]
+    assert _within(entries, len("Suré.\n".encode())) == entries[:3]
+    assert _within(entries, 3) == entries[:1] and _within(entries, 0) == []
 
 
 def test_the_parser_comes_from_the_tokenizer(qwen3_tokenizer_dir: Path) -> None:

@@ -47,6 +47,17 @@ def _usage(generation: Generation, prompt_tokens: int) -> dict[str, Any]:
     )
 
 
+def _within(entries: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
+    """The first entries whose tokens' bytes add up to at most `size`."""
+    kept, total = [], 0
+    for entry in entries:
+        total += len(entry["bytes"])
+        if total > size:
+            break
+        kept.append(entry)
+    return kept
+
+
 async def collect_response(
     request: Request,
     req: GenerationRequest,
@@ -67,13 +78,18 @@ async def collect_response(
     if answer is not None:
         content, calls = answer.content, answer.calls
     status = _status(generation)
+    logprobs = _logprobs(generation)
+    if calls and logprobs is not None:
+        # The message's are its text's tokens, those before the calls (as the stream gives
+        # them when each token comes on its own).
+        logprobs = _within(logprobs, len((content or "").encode()))
     body = response_object(
         req.settings or {},
         new_item_id("resp"),
         int(time.time()),
         model,
         status,
-        output_items(reasoning, content, calls, status, _logprobs(generation)),
+        output_items(reasoning, content, calls, status, logprobs),
         _usage(generation, prompt_tokens),
     )
     return JSONResponse(body)

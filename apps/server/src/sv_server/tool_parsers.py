@@ -24,12 +24,12 @@ named call, written in the format (so it always parses).
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sv_engine import EngineError
 from sv_engine.grammar import Grammar
 from sv_tokenizer import Tokenizer, ToolCall
 
@@ -38,7 +38,6 @@ from sv_server.body import JsonTextError, json_value, json_value_at
 ToolCallParser = Literal["llama3_json", "hermes"]
 TOOL_CALL_PARSERS: tuple[ToolCallParser, ...] = ("llama3_json", "hermes")
 _PYTHON_TAG = "<|python_tag|>"
-_SPACE = re.compile(r"\s*")
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 # A hermes call's JSON as the Qwen and Hermes templates write it: json.dumps's separators.
 _HERMES_JSON = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -56,7 +55,10 @@ class ToolAnswer:
 def default_parser(tokenizer: Tokenizer) -> ToolCallParser:
     """hermes for a tokenizer that has `<tool_call>` and `</tool_call>` as tokens of their own
     (the templates that use them write hermes calls), else llama3_json."""
-    own = all(len(tokenizer.encode(tag)) == 1 for tag in (HERMES_START, HERMES_END))
+    own = all(
+        tag in tokenizer.special_tokens or len(tokenizer.encode(tag)) == 1
+        for tag in (HERMES_START, HERMES_END)
+    )
     return "hermes" if own else "llama3_json"
 
 
@@ -105,8 +107,9 @@ def parse_answer(parser: ToolCallParser, text: str, names: Sequence[str]) -> Too
 
 
 def _skip_space(text: str, at: int) -> int:
-    match = _SPACE.match(text, at)
-    return at if match is None else match.end()
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
 
 
 def _call(value: Any, names: Sequence[str], argument_keys: Sequence[str]) -> ToolCall | None:
@@ -127,24 +130,30 @@ class AnswerSplit:
         self._parser = parser
         self.held = ""
         self._holding = False  # all that follows is held: the calls may have started
+        self._passing = False  # the answer is known to be content: nothing more is held
         self._sent = False  # some content went out already
 
     def push(self, text: str) -> str:
         """The content of `text` (with what was held before it) that can go out now."""
         self.held += text
+        if self._passing:
+            return self._send(len(self.held))
         if self._holding:
+            if self._parser == "hermes" and self._not_a_call():
+                # The first tag starts no call, so the whole answer is content (parse_answer's
+                # rule): what is held goes now.
+                self._holding, self._passing = False, True
+                return self._send(len(self.held))
             return ""
         if self._parser == "llama3_json":
             # The answer is a call only if it is one JSON object: decided by its first
             # non-space character.
-            if not self._sent:
-                start = self.held.lstrip()
-                if not start:
-                    return ""
-                self._holding = start[0] in "{<"
-                if self._holding:
-                    return ""
-            return self._send(len(self.held))
+            start = self.held.lstrip()
+            if not start:
+                return ""
+            self._holding = start[0] in "{<"
+            self._passing = not self._holding
+            return "" if self._holding else self._send(len(self.held))
         tag = self.held.find(HERMES_START)
         if tag >= 0:
             self._holding = True
@@ -157,6 +166,13 @@ class AnswerSplit:
         if not self._sent and not self.held[: len(self.held) - keep].strip():
             return ""
         return self._send(len(self.held) - keep)
+
+    def _not_a_call(self) -> bool:
+        """Whether what follows the first `<tool_call>` is known not to be a call's JSON
+        object: its first other character is not "{" (prose that names the tag)."""
+        after = self.held.find(HERMES_START) + len(HERMES_START)
+        body = self.held[after:].lstrip()
+        return bool(body) and body[0] != "{"
 
     def _send(self, length: int) -> str:
         sent, self.held = self.held[:length], self.held[length:]
@@ -176,21 +192,38 @@ def call_grammar(
     parser: ToolCallParser, functions: Sequence[dict[str, Any]], parallel: bool
 ) -> Grammar:
     """The constraint of an answer that must call one of `functions` (OpenAI function
-    definitions): with `parallel` and hermes, one or more calls."""
+    definitions): with `parallel` and hermes, one or more calls. Arguments are always a JSON
+    object (a schema without `"type": "object"` would let `5` or `null` through, which is no
+    call), and each schema's `$defs` move to the root, where its `#/$defs/...` refs point."""
     key = "parameters" if parser == "llama3_json" else "arguments"
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": f["name"]},
-                key: f.get("parameters") or {"type": "object"},
-            },
-            "required": ["name", key],
-            "additionalProperties": False,
-        }
-        for f in functions
-    ]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    definitions: dict[str, dict[str, Any]] = {"$defs": {}, "definitions": {}}
+    calls = []
+    for function in functions:
+        arguments = dict(function.get("parameters") or {})
+        for where, found in definitions.items():
+            given = arguments.pop(where, None) or {}
+            if not isinstance(given, dict):
+                raise EngineError(f"{function['name']}'s {where} must be an object")
+            for name, definition in given.items():
+                if found.setdefault(name, definition) != definition:
+                    raise EngineError(
+                        f"two functions define {where} {name!r} differently: their "
+                        "parameter schemas share one grammar, so give the definitions "
+                        "different names"
+                    )
+        calls.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": function["name"]},
+                    key: {**arguments, "type": "object"},
+                },
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema.update({where: found for where, found in definitions.items() if found})
     if parser == "llama3_json":
         return Grammar.json_schema(schema)
     body = json.dumps({**schema, "x-guidance": _HERMES_JSON})

@@ -73,8 +73,11 @@ class ToolRequest:
         chosen = [
             t["function"] for t in self.tools if self.choice in ("required", t["function"]["name"])
         ]
-        grammar = call_grammar(self.parser, chosen, self.parallel)
+        # A named choice is one call of that function (vLLM's rule); required, one or more
+        # unless parallel calls are off.
+        parallel = self.parallel and self.choice == "required"
         try:
+            grammar = call_grammar(self.parser, chosen, parallel)
             grammar.compile()
         except EngineError as e:
             raise bad_request(f"'tools': a function's parameters: {e}", param="tools") from None
@@ -231,7 +234,8 @@ class ToolCallStream:
         if answer is None:
             return [{"content": held}]
         self.calls = answer.calls
-        deltas: list[dict[str, Any]] = [{"content": answer.content}] if answer.content else []
+        # (content before the calls went out before they were held: no content delta here)
+        deltas: list[dict[str, Any]] = []
         for index, head in enumerate(tool_calls_body(answer.calls)):
             arguments = head["function"]["arguments"]
             head["function"] = {"name": head["function"]["name"], "arguments": ""}
