@@ -132,6 +132,7 @@ class AnswerSplit:
         self._holding = False  # all that follows is held: the calls may have started
         self._passing = False  # the answer is known to be content: nothing more is held
         self._sent = False  # some content went out already
+        self._call_opened = False  # hermes: a "{" followed the first tag (checked once)
 
     def push(self, text: str) -> str:
         """The content of `text` (with what was held before it) that can go out now."""
@@ -139,7 +140,7 @@ class AnswerSplit:
         if self._passing:
             return self._send(len(self.held))
         if self._holding:
-            if self._parser == "hermes" and self._not_a_call():
+            if self._parser == "hermes" and not self._call_opened and self._not_a_call():
                 # The first tag starts no call, so the whole answer is content (parse_answer's
                 # rule): what is held goes now.
                 self._holding, self._passing = False, True
@@ -172,7 +173,8 @@ class AnswerSplit:
         object: its first other character is not "{" (prose that names the tag)."""
         after = self.held.find(HERMES_START) + len(HERMES_START)
         body = self.held[after:].lstrip()
-        return bool(body) and body[0] != "{"
+        self._call_opened = body.startswith("{")
+        return bool(body) and not self._call_opened
 
     def _send(self, length: int) -> str:
         sent, self.held = self.held[:length], self.held[length:]
