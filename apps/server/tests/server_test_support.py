@@ -57,6 +57,7 @@ class RunningServer:
         }
         engine_options.setdefault("admission", "preemptive")  # as `sv serve`
         server_options = {k: options.pop(k) for k in ("max_connections", "drain_s") if k in options}
+        self.model_dir = model_dir
         engine = Engine.from_model_dir(model_dir, device="cpu", **engine_options)
         self.model_name = "smollm2-test"
         self.app = create_app(

@@ -92,6 +92,36 @@ def test_stream_text_concatenates_to_completion(engine: Engine) -> None:
     assert_all_pages_free(engine)
 
 
+@pytest.mark.parametrize("stream_text", [True, False])
+def test_a_continuation_keeps_the_leading_space_a_text_start_drops(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch, stream_text: bool
+) -> None:
+    """A SentencePiece tokenizer drops the space a text starts with; a raw completion
+    continues its prompt's text, so it keeps it: its text is what decoding prompt and output
+    together adds past the prompt. The tokenizer's flag alone decides, so it is turned on for
+    a byte-level vocabulary whose " Paris" starts with a space."""
+    engine = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=16)
+    tokenizer = engine.tokenizer
+    monkeypatch.setattr(tokenizer, "strips_leading_space", True)
+    prompt = tokenizer.encode("The capital of France is")
+    paris = tokenizer.encode(" Paris")
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True, allowed_token_ids=frozenset(paris))
+    for continuation in (False, True):
+        engine.add_request(prompt, params, stream_text=stream_text, continuation=continuation)
+        streamed, completion = "", None
+        while completion is None:
+            for event in engine.step():
+                streamed += event.text
+                completion = event.completion or completion
+        assert completion.output_ids == paris * 2
+        whole = tokenizer.decode(prompt + completion.output_ids)
+        expected = whole[len(tokenizer.decode(prompt)) :] if continuation else "Paris Paris"
+        assert whole == "The capital of France is Paris Paris"
+        assert completion.text == expected == (" Paris Paris" if continuation else "Paris Paris")
+        assert streamed == (expected if stream_text else "")
+    assert_all_pages_free(engine)
+
+
 def test_stop_token_ends_the_request(engine: Engine) -> None:
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     free_run = engine.generate([PROMPTS[0]], params)[0].output_ids

@@ -131,6 +131,24 @@ def test_stream_starts_without_the_prepended_space(trained: Any) -> None:
     assert "".join(chunks) == hf.decode(ids) == "Paris is the capital"
 
 
+@ORACLE_SETTINGS
+@given(prompt=unicode_text(), text=unicode_text())
+def test_a_continuation_is_hf_decode_of_both_past_the_prompt(
+    prompt: str, text: str, trained: Any
+) -> None:
+    """A completion's text continues its prompt's: what decoding prompt and output together
+    adds past the prompt's own decode (vLLM's incremental rule), its leading space kept."""
+    ours, hf, _, _ = trained
+    before, after = hf_ids(hf, "x" + prompt), hf_ids(hf, text)
+    head = hf.decode(before, skip_special_tokens=False)
+    whole = hf.decode(before + after, skip_special_tokens=False)
+    if not whole.startswith(head):  # (a character split across the two: no common prefix)
+        return
+    decoder = StreamDecoder(ours, continuation=True)
+    chunks = [decoder.push(t) for t in after] + [decoder.flush()]
+    assert "".join(chunks) == ours.decode(after, continuation=True) == whole[len(head) :]
+
+
 def _ids_heavy_in_byte_tokens(tokenizer: Tokenizer) -> st.SearchStrategy[list[int]]:
     byte_ids = sorted(tokenizer.byte_fallback_ids)
     any_id = st.integers(0, tokenizer.vocab_size - 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -54,6 +54,7 @@ class Generation:
         matcher: StopStringMatcher,
         *,
         echo: str = "",
+        echo_lengths: Sequence[int] = (),
         logprobs: LogprobsWriter | None = None,
         reasoning: ReasoningTokens | None = None,
     ) -> None:
@@ -61,6 +62,7 @@ class Generation:
         self.handle = handle
         self._matcher = matcher
         self._echo = echo
+        self._echo_lengths = echo_lengths  # the characters of `echo` each prompt token adds
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.logprobs = logprobs
@@ -122,10 +124,12 @@ class Generation:
 
     def _score(self, event: StreamEvent) -> None:
         if event.prompt_logprobs is not None:  # echo: the prompt's tokens come first
-            self._scored.extend(zip(self.handle.prompt_ids, event.prompt_logprobs, strict=True))
+            self._scored.extend(
+                zip(self.handle.prompt_ids, event.prompt_logprobs, self._echo_lengths, strict=True)
+            )
         # A stop token's text is not shown: nor is its log-probability.
         if event.token_id is not None and event.logprob is not None and event.finished != "stop":
-            self._scored.append((event.token_id, event.logprob))
+            self._scored.append((event.token_id, event.logprob, len(event.text)))
 
     def close(self) -> None:
         if self.finish_reason is None:

@@ -60,6 +60,7 @@ from sv_server.prompts import (
     Parser,
     check_model,
     client_message,
+    echo_lengths,
     echo_text,
     encode_chat,
     prepare,
@@ -386,11 +387,12 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     generations = [
         Generation(
             state.loop,
-            RequestHandle(ids, choice),
+            RequestHandle(ids, choice, continuation=req.kind == "completion"),
             StopStringMatcher(
                 req.stop, include_stop=req.include_stop_str_in_output, min_tokens=req.min_tokens
             ),
             echo=echo_text(state, req, i, ids),
+            echo_lengths=echo_lengths(state, req, i, ids),
             logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
             reasoning=None if thinking is None else ReasoningTokens(opened),
         )

@@ -81,9 +81,12 @@ Delivery = Accepted | Rejected | Token | Failed
 class RequestHandle:
     """A handler's end of one request. Create it on the event loop thread (it owns a Queue)."""
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def __init__(
+        self, prompt_ids: list[int], params: SamplingParams, *, continuation: bool = False
+    ) -> None:
         self.prompt_ids = prompt_ids
         self.params = params
+        self.continuation = continuation  # a completion's text continues its prompt's
         self.deliveries: asyncio.Queue[Delivery] = asyncio.Queue()
         self.arrived_at = time.perf_counter()
         self.request_id: RequestId | None = None  # written by the engine thread only
@@ -238,7 +241,9 @@ class EngineLoop:
     def _add(self, handle: RequestHandle, batch: Batch) -> None:
         self._seen_submits += 1
         try:
-            request_id = self.engine.add_request(handle.prompt_ids, handle.params)
+            request_id = self.engine.add_request(
+                handle.prompt_ids, handle.params, continuation=handle.continuation
+            )
         except (EngineError, AdmissionError) as e:
             # The engine's request number means nothing to the client: its answer leaves it out.
             field = e.field if isinstance(e, EngineError) else None

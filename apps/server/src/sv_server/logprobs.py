@@ -10,12 +10,13 @@ A token is shown as its text, and a byte of it that is no whole UTF-8 character 
 character split across tokens) as `\\xNN`, as OpenAI shows one: distinct byte tokens stay
 distinct among a position's top alternatives. Chat also gives each token's raw bytes, so a
 client can join split characters back; completions' `text_offset` counts the characters of
-the choice's text before each token, a split character counted once, where it starts.
+the choice's text before each token, a split character counted once, where it starts: each
+token advances it by the characters it adds to the text (a stop token, a skipped special token
+or a BOS the echoed text leaves out adds none), which the caller gives with it.
 """
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,8 +25,9 @@ from sv_tokenizer import Tokenizer
 
 from sv_server.request_parsing import Kind
 
-# (token id, its log-probabilities or None): an echoed prompt's first token has none.
-Scored = tuple[int, TokenLogprob | None]
+# (token id, its log-probabilities or None, the characters it adds to the choice's text): an
+# echoed prompt's first token has no log-probabilities.
+Scored = tuple[int, TokenLogprob | None, int]
 
 
 class LogprobsWriter:
@@ -36,8 +38,6 @@ class LogprobsWriter:
         self._kind = kind
         self._tokenizer = tokenizer
         self._offset = 0  # completions: where the next token's text starts in the choice's text
-        # (the text's characters so far: a split character's first bytes add none until its last)
-        self._characters = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def render(self, scored: Sequence[Scored]) -> dict[str, Any]:
         # (the Responses API's output_text logprobs are chat's entries)
@@ -55,7 +55,7 @@ class LogprobsWriter:
 
     def _chat(self, scored: Sequence[Scored]) -> dict[str, Any]:
         content = []
-        for token_id, lp in scored:
+        for token_id, lp, _ in scored:
             assert lp is not None  # chat has no echo
             entry = self._entry(token_id, lp.logprob)
             entry["top_logprobs"] = [self._entry(t, v) for t, v in lp.top]
@@ -67,11 +67,10 @@ class LogprobsWriter:
         token_logprobs: list[float | None] = []
         top: list[dict[str, float] | None] = []
         offsets: list[int] = []
-        for token_id, lp in scored:
-            data = self._tokenizer.shown_bytes(token_id)
-            tokens.append(_shown(data))
+        for token_id, lp, characters in scored:
+            tokens.append(self._text(token_id))
             offsets.append(self._offset)
-            self._offset += len(self._characters.decode(data))
+            self._offset += characters
             token_logprobs.append(None if lp is None else lp.logprob)
             top.append(None if lp is None else self._completion_top(token_id, lp))
         return {

@@ -16,7 +16,7 @@ from typing import Any
 
 from sv_engine import EngineError, SamplingParams
 from sv_scheduler import max_new_tokens_that_fit
-from sv_tokenizer import ChatFormat, Message, TokenizerError, Tools
+from sv_tokenizer import ChatFormat, Message, StreamDecoder, TokenizerError, Tools
 
 from sv_server.body import decode_json
 from sv_server.chat_messages import ChatOptions
@@ -319,13 +319,39 @@ def _min_tokens(req: GenerationRequest, max_new: int) -> int:
 
 def echo_text(state: ServerState, req: GenerationRequest, index: int, ids: list[int]) -> str:
     """With `echo`, the text of prompt `index` (of `ids`) as the answer repeats it: a text as
-    sent; token ids, or a truncated text, as the ids the model saw decode."""
+    sent; token ids, or a truncated text, as the ids the model saw decode (an id of the
+    model's past the tokenizer's, a padding row, shows no text, as a generated one)."""
     if not req.echo or req.prompts is None:
         return ""
     prompt = req.prompts[index]
     if isinstance(prompt, str) and req.truncate_prompt_tokens is None:
         return prompt
-    return state.tokenizer.decode(ids)
+    tokenizer = state.tokenizer
+    return tokenizer.decode([t for t in ids if tokenizer.shown_bytes(t)])
+
+
+def echo_lengths(
+    state: ServerState, req: GenerationRequest, index: int, ids: list[int]
+) -> list[int]:
+    """With echo and logprobs, the characters of `echo_text` each prompt token stands for (the
+    text offsets of its tokens): none for the BOS the server put before a text (the echo is
+    the text as sent), and the rest as decoding them gives them."""
+    if not req.echo or req.logprobs is None or req.prompts is None:
+        return []
+    prompt = req.prompts[index]
+    added_bos = (
+        isinstance(prompt, str)
+        and req.truncate_prompt_tokens is None
+        and state.add_bos
+        and ids[:1] == [state.tokenizer.bos_id]
+    )
+    lengths = [0] if added_bos else []
+    decoder = StreamDecoder(state.tokenizer)
+    shown = state.tokenizer.shown_bytes
+    lengths += [len(decoder.push(t)) if shown(t) else 0 for t in ids[len(lengths) :]]
+    if lengths:
+        lengths[-1] += len(decoder.flush())
+    return lengths
 
 
 def client_message(state: ServerState, error: TokenizerError) -> str:

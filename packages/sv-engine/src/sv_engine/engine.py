@@ -247,12 +247,20 @@ class Engine:
         )
 
     def add_request(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, stream_text: bool = True
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        stream_text: bool = True,
+        continuation: bool = False,
     ) -> RequestId:
         """Queue one request; raises EngineError/AdmissionError if it can never run.
 
         With `stream_text` False its events carry no text (only token ids) and the text is
         decoded once, into the completion: cheaper for batch work nobody watches token by token.
+        `continuation`: the text continues the prompt's (a raw completion, not a chat answer),
+        so a SentencePiece tokenizer's leading space is kept, as decoding both together keeps
+        it (see `Tokenizer.decode`).
         """
         params = _sampling_params(params)
         if params.n != 1:
@@ -316,7 +324,10 @@ class Engine:
         live = LiveRequest(
             params=params,
             seed=seed,
-            decoder=StreamDecoder(self.tokenizer) if stream_text else None,
+            decoder=(
+                StreamDecoder(self.tokenizer, continuation=continuation) if stream_text else None
+            ),
+            continuation=continuation,
             stop_ids=stop_ids,
             prompt_ids=prompt_ids,
             start=time.perf_counter(),
@@ -348,7 +359,12 @@ class Engine:
         return request_id
 
     def add_choices(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, stream_text: bool = True
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        stream_text: bool = True,
+        continuation: bool = False,
     ) -> list[RequestId]:
         """Queue the `params.n` choices of one prompt, all or none: one request each
         (`SamplingParams.choices`), queued together, so admission counts every one and they
@@ -360,7 +376,11 @@ class Engine:
         ids: list[RequestId] = []
         try:
             for choice in params.choices():
-                ids.append(self.add_request(prompt_ids, choice, stream_text=stream_text))
+                ids.append(
+                    self.add_request(
+                        prompt_ids, choice, stream_text=stream_text, continuation=continuation
+                    )
+                )
         except BaseException:
             for request_id in ids:
                 self.cancel(request_id)

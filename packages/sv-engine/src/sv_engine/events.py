@@ -113,7 +113,10 @@ def finish_event(
         request_id=done.request_id,
         prompt_ids=list(done.prompt_ids),
         output_ids=output,
-        text=tokenizer.decode(t for t in visible if t not in request.hidden_ids),
+        text=tokenizer.decode(
+            (t for t in visible if t not in request.hidden_ids),
+            continuation=request.continuation,
+        ),
         finish_reason=done.finish_reason,
         num_cached_tokens=done.num_cached_tokens,
         time_to_first_token_s=(

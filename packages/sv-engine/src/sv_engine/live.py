@@ -36,6 +36,7 @@ class LiveRequest:
     prompt_logprobs: PromptLogprobs | None = None  # with params.prompt_logprobs
     controls: RowControls | None = None  # with params.processes_logits
     hidden_ids: frozenset[int] = frozenset()  # tokens whose text is not shown
+    continuation: bool = False  # the text continues the prompt's (Engine.add_request)
     matcher: GrammarMatcher | None = None  # the request's grammar, if it has one
 
     @property

@@ -10,7 +10,8 @@ one-U+FFFD-per-invalid-sequence rule as the one-shot decode).
 A SentencePiece-style tokenizer decodes differently (sentencepiece_bpe.py), and the stream
 follows it: a run of `<0xXX>` tokens is held until a token of another kind (or the flush) ends
 it, because one invalid byte anywhere in the run turns the whole run into U+FFFDs; and the one
-leading space decoding drops is dropped from the first text the stream emits.
+leading space decoding drops is dropped from the first text the stream emits, unless the
+stream is a `continuation` (as `Tokenizer.decode`'s).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from .tokenizer import Tokenizer
 
 
 class StreamDecoder:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, continuation: bool = False) -> None:
         self._tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._byte_run = bytearray()  # <0xXX> tokens not yet ended by another token
+        self._drops_space = tokenizer.strips_leading_space and not continuation
         self._at_start = True  # nothing emitted yet: the leading space is still to drop
 
     def push(self, token_id: int) -> str:
@@ -53,6 +55,6 @@ class StreamDecoder:
     def _emit(self, text: str) -> str:
         if self._at_start and text:
             self._at_start = False
-            if self._tokenizer.strips_leading_space and text.startswith(" "):
+            if self._drops_space and text.startswith(" "):
                 return text[1:]
         return text

