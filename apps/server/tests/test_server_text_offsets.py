@@ -1,7 +1,8 @@
-"""/v1/completions' `text_offset` indexes the choice's text: each token starts where the text
+"""/v1/completions' prompts: `text_offset` indexes the choice's text: each token starts where the text
 of the tokens before it ends, counting only what the text shows (no skipped special token, no
 BOS the echo of a text prompt leaves out); and an echoed prompt of token ids shows what
-decoding them shows, a padded vocabulary's rows included (they show nothing)."""
+decoding them shows, a padded vocabulary's rows included (they show nothing); a truncated
+text prompt keeps its BOS, as vLLM's."""
 
 from __future__ import annotations
 
@@ -90,6 +91,24 @@ def test_an_echoed_text_prompt_starts_at_zero_after_its_bos(llama_server: Runnin
     )
     assert as_ids["text"] == "<|begin_of_text|>" + choice["text"]
     _check_offsets(as_ids, as_ids["logprobs"]["tokens"])
+
+
+def test_a_truncated_text_prompt_keeps_its_bos(llama_server: RunningServer) -> None:
+    """vLLM truncates a text prompt in the tokenizer call (HF, from the left), which adds BOS
+    after cutting: BOS and the text's last N - 1 tokens. The echo is the kept text."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(llama_server.model_dir / "tokenizer.json"))
+    hf.truncation_side = "left"
+    text = "Once upon a time, in a land far away, there lived a king"
+    kept = hf(text, truncation=True, max_length=5).input_ids
+    assert kept[0] == 128000 and len(kept) == 5  # the oracle keeps BOS
+    body = {"prompt": text, "truncate_prompt_tokens": 5, "max_tokens": 3, "temperature": 0}
+    cut = _complete(llama_server, **body, echo=True, logprobs=0)
+    by_ids = _complete(llama_server, prompt=kept, max_tokens=3, temperature=0)
+    assert cut["logprobs"]["tokens"][:5] == [hf.decode([t]) for t in kept]
+    assert cut["text"] == hf.decode(kept[1:]) + by_ids["text"]
+    _check_offsets(cut, ["", *cut["logprobs"]["tokens"][1:]])
 
 
 def test_an_echoed_padding_id_shows_nothing(tiny_qwen3_dir: Path) -> None:

@@ -54,10 +54,7 @@ def prepare(
         # (the turn is a tail of the prompt: truncation keeps the end of both)
         return req, [_last(ids, keep)], [_last(turn, keep)]
     prompts = req.prompts or []
-    encoded = [
-        _last(_prompt_ids(state, p, _which(i, len(prompts)), keep is None), keep)
-        for i, p in enumerate(prompts)
-    ]
+    encoded = [_prompt_ids(state, p, _which(i, len(prompts)), keep) for i, p in enumerate(prompts)]
     return req, encoded, encoded
 
 
@@ -151,23 +148,27 @@ def _which(index: int, count: int) -> str:
 
 
 def _prompt_ids(
-    state: ServerState, prompt: str | list[int], which: str, must_fit: bool = True
+    state: ServerState, prompt: str | list[int], which: str, keep: int | None = None
 ) -> list[int]:
-    """A completions prompt's ids; `must_fit`: refuse a text too long for the context before
-    tokenizing it (not when it is to be truncated)."""
+    """A completions prompt's ids, its last `keep` if given (a text too long for the context
+    is refused before it is tokenized, unless it is to be truncated). A text's BOS stays
+    first, within `keep`, as vLLM's truncating tokenizer call keeps it."""
     if isinstance(prompt, str):  # raw text; BOS only if the tokenizer adds one
         bos = state.tokenizer.bos_id
-        bos_ids = [bos] if state.add_bos and bos is not None else []
-        if must_fit:
+        bos_ids = [bos] if _server_bos(state, prompt) and bos is not None else []
+        if keep is None:
             _refuse_text_that_cannot_fit(state, prompt, len(bos_ids), which)
-        return bos_ids + state.tokenizer.encode(prompt)
+            return bos_ids + state.tokenizer.encode(prompt)
+        text_ids = state.tokenizer.encode(prompt)
+        kept = max(keep - len(bos_ids), 0)
+        return bos_ids + (text_ids[-kept:] if kept else [])
     bad = next((t for t in prompt if not 0 <= t < state.vocab_size), None)
     if bad is not None:
         raise bad_request(
             f"{which}: token id {bad} is outside the vocabulary (0..{state.vocab_size - 1})",
             "prompt",
         )
-    return prompt
+    return _last(prompt, keep)
 
 
 def _refuse_text_that_cannot_fit(
@@ -319,15 +320,23 @@ def _min_tokens(req: GenerationRequest, max_new: int) -> int:
 
 def echo_text(state: ServerState, req: GenerationRequest, index: int, ids: list[int]) -> str:
     """With `echo`, the text of prompt `index` (of `ids`) as the answer repeats it: a text as
-    sent; token ids, or a truncated text, as the ids the model saw decode (an id of the
-    model's past the tokenizer's, a padding row, shows no text, as a generated one)."""
+    sent, or what is left of it after truncation (without the BOS the server put first);
+    token ids as they decode (an id of the model's past the tokenizer's, a padding row, shows
+    no text, as a generated one)."""
     if not req.echo or req.prompts is None:
         return ""
     prompt = req.prompts[index]
     if isinstance(prompt, str) and req.truncate_prompt_tokens is None:
         return prompt
     tokenizer = state.tokenizer
-    return tokenizer.decode([t for t in ids if tokenizer.shown_bytes(t)])
+    shown = ids[_server_bos(state, prompt) :]
+    return tokenizer.decode([t for t in shown if tokenizer.shown_bytes(t)])
+
+
+def _server_bos(state: ServerState, prompt: str | list[int]) -> int:
+    """1 when the server put BOS before prompt `prompt` (a text, for a tokenizer that adds
+    one), else 0: the ids' first that is no part of the echoed text."""
+    return int(isinstance(prompt, str) and state.add_bos and state.tokenizer.bos_id is not None)
 
 
 def echo_lengths(
@@ -338,14 +347,7 @@ def echo_lengths(
     the text as sent), and the rest as decoding them gives them."""
     if not req.echo or req.logprobs is None or req.prompts is None:
         return []
-    prompt = req.prompts[index]
-    added_bos = (
-        isinstance(prompt, str)
-        and req.truncate_prompt_tokens is None
-        and state.add_bos
-        and ids[:1] == [state.tokenizer.bos_id]
-    )
-    lengths = [0] if added_bos else []
+    lengths = [0] * _server_bos(state, req.prompts[index])
     decoder = StreamDecoder(state.tokenizer)
     shown = state.tokenizer.shown_bytes
     lengths += [len(decoder.push(t)) if shown(t) else 0 for t in ids[len(lengths) :]]
