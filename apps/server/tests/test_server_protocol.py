@@ -77,6 +77,7 @@ def test_chat_fields() -> None:
         ({"prompt": "x", "logprobs": True}, "logprobs"),  # True is not 0
         ({"prompt": "x", "echo": 1}, "echo"),
         ({"prompt": "x", "best_of": 2}, "best_of"),
+        ({"prompt": "x", "best_of": 1, "n": 3}, "best_of"),  # OpenAI: best_of >= n
         ({"prompt": "x", "top_logprobs": 0}, "top_logprobs"),  # chat only
         ({"prompt": "x", "n": 0}, "n"),
         ({"prompt": "x", "temperature": float("nan")}, "temperature"),

@@ -438,7 +438,14 @@ def parse_completion_request(body: Any) -> GenerationRequest:
         )
     prompts = [_prompt(item, f"prompt[{i}]" if batch else "prompt") for i, item in enumerate(items)]
     max_tokens = optional_int(body, "max_tokens", 1)
-    return parse_sampling(body, "completion", prompts, None, max_tokens)
+    req = parse_sampling(body, "completion", prompts, None, max_tokens)
+    if body.get("best_of") is not None and req.n > 1:  # (its only value here is 1)
+        raise bad_request(
+            f"'best_of' must be at least 'n' ({req.n}), as OpenAI's: leave it out (this "
+            "server returns every choice it generates, and ranks none)",
+            param="best_of",
+        )
+    return req
 
 
 def _prompt(item: Any, where: str) -> str | list[int]:
