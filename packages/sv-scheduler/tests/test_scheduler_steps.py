@@ -165,6 +165,27 @@ def test_second_request_shares_the_computed_prefix() -> None:
     assert stats.assigned_pages == 0 and stats.free_pages == 16 and stats.cached_pages > 0
 
 
+def test_cached_tokens_are_the_prompts_at_its_first_admission() -> None:
+    """A preempted request resumes on its own cached pages, output included: what it reports
+    as cached is still its prompt's share at its first admission (none here), as vLLM's."""
+    from sv_scheduler import Scheduler, SchedulerConfig
+
+    sched = Scheduler(
+        SchedulerConfig(
+            num_pages=6, max_model_len=1000, admission="preemptive", max_num_seqs=2,
+            max_step_tokens=64, prefix_caching=True,
+        )
+    )  # fmt: skip
+    sched.add(Request("A", list(range(1, 17)), 60))
+    sched.add(Request("B", list(range(100, 104)), 60))
+    finished = []
+    while sched.has_unfinished():
+        plan = sched.schedule()
+        finished += sched.complete_step(plan, [NO_STOP] * plan.num_sampled)
+    assert sched.stats.preemptions > 0 and sched.stats.prefix_cache_hit_tokens > 0
+    assert {f.request_id: f.num_cached_tokens for f in finished} == {"A": 0, "B": 0}
+
+
 def test_same_step_prompts_wait_for_the_shared_pages() -> None:
     """B arrives with A and starts like it: its pages are not written yet, so B waits one step
     (not an admission wait) and then starts on A's computed pages instead of computing them."""

@@ -36,8 +36,9 @@ class Request:
 class FinishedRequest:
     """A request that left the scheduler, with everything it generated.
 
-    num_cached_tokens: prompt tokens taken from the prefix cache instead of computed (at its
-    last admission).
+    num_cached_tokens: prompt tokens taken from the prefix cache instead of computed, at its
+    first admission (as vLLM reports them: a resume after preemption may take its own pages,
+    output included, from the cache, which says nothing of the prompt's).
     """
 
     request_id: RequestId

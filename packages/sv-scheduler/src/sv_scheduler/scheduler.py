@@ -744,6 +744,8 @@ class Scheduler:
         if self._sliding_window is not None:  # cached pages the window has already passed
             seq.table.release_pages_before(match.num_tokens - self._sliding_window + 1)
         seq.num_cached_tokens = match.num_tokens
+        if not seq.num_preemptions:  # (a resume may match its own output's pages too)
+            seq.prompt_cached_tokens = match.num_tokens
         self._prefix_cache_hit_tokens += match.num_tokens
         if seq.num_preemptions:
             self._recomputed_tokens += max(0, seq.num_computed_at_preemption - match.num_tokens)
@@ -796,7 +798,7 @@ class Scheduler:
             prompt_ids=seq.token_ids[: seq.num_prompt_tokens],
             output_ids=seq.output_ids,
             finish_reason=reason,
-            num_cached_tokens=seq.num_cached_tokens,
+            num_cached_tokens=seq.prompt_cached_tokens,
         )
 
     def _release_pages_outside_window(self, plan: StepPlan) -> None:

@@ -62,6 +62,7 @@ class Sequence:
         "num_preemptions",
         "num_prompt_tokens",
         "prefilled_tokens",
+        "prompt_cached_tokens",
         "request_id",
         "reuse_cached_prefix",
         "status",
@@ -99,7 +100,8 @@ class Sequence:
         self.drafter: DraftState | None = None
         self.due_step = -1
         self.prefilled_tokens = 0  # tokens with KV written, counted in the prefill phase only
-        self.num_cached_tokens = 0
+        self.num_cached_tokens = 0  # tokens its table took from the prefix cache (this admission)
+        self.prompt_cached_tokens = 0  # prompt tokens the cache served at its first admission
         self.admit_index = -1  # order of first admission
         self.changed_at_step = -1
         # while prefilling: the prefix-cache key of the first page it computes itself, if
