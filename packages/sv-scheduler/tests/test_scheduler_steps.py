@@ -374,6 +374,22 @@ def test_pipelined_length_limit_is_known_at_advance() -> None:
     assert (sched.stats.finished_requests, sched.stats.cancelled_requests) == (1, 0)
 
 
+def test_an_id_whose_finish_is_unreported_is_not_taken_again() -> None:
+    """Between advance and resolve a finished request is still the id's: a new request of
+    the same id would have resolve report the old one's finish and cancel hit the new one."""
+    from sv_scheduler import AdmissionError
+
+    sched = make(16, page_size=4)
+    sched.add(Request("A", [1] * 4, 1))
+    plan = sched.schedule()
+    sched.advance(plan)  # A's only token: it finishes here, unreported
+    with pytest.raises(AdmissionError, match=r"'A' rejected: .* not reported yet"):
+        sched.add(Request("A", [9], 5))
+    (done,) = sched.resolve(plan, [55])
+    assert (done.request_id, done.output_ids) == ("A", [55])
+    sched.add(Request("A", [9], 5))  # reported: the id is free again
+
+
 def test_pipelined_cancel_before_a_length_finish_is_reported() -> None:
     # A reached its limit when the step was advanced, but its last token is not known yet:
     # cancelling it then ends it as cancelled, with the tokens resolved so far, and resolve

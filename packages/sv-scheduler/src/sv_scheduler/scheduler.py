@@ -133,6 +133,12 @@ class Scheduler:
                 f"request {request.request_id!r} rejected: a request with this id is still "
                 f"{self._unfinished[request.request_id].status.value}"
             )
+        if any(seq.request_id == request.request_id for seq, _ in self._finishing):
+            # (its finish is not reported yet: resolve() and cancel() would mix the two up)
+            raise AdmissionError(
+                f"request {request.request_id!r} rejected: a request with this id has "
+                "finished but its finish is not reported yet"
+            )
         seq = Sequence(request, max_new_tokens=max_new, credits=credits, pool=self.pool)
         self._stop_ids.update(seq.stop_ids)
         self._waiting.append(seq)
