@@ -253,6 +253,8 @@ def test_stop_strings_cut_the_text(
     client: openai.OpenAI, server: RunningServer, stream: bool
 ) -> None:
     prompt = "Here is a list of fruits: apple, banana,"
+    finished = 'sv_requests_finished_total{finish_reason="%s"}'
+    before = server.wait_idle()
     full = _greedy(client, server, prompt)
     text = full.choices[0].text
     assert full.usage.completion_tokens == 16 and len(text) > 12
@@ -273,9 +275,12 @@ def test_stop_strings_cut_the_text(
     assert reason == "stop"
     # a stop string that never appears changes nothing
     assert _greedy(client, server, prompt, stop=never).choices[0].text == text
-    # the stopped request was cancelled in the engine: its pages are free again
+    # the stopped request was cancelled in the engine: its pages are free again; it counts
+    # as finished by "stop" (vLLM's count), not as cancelled
     m = server.wait_idle()
     assert m["sv_kv_cache_pages_used"] == 0 and m["sv_requests_running"] == 0
+    assert m[finished % "stop"] - before[finished % "stop"] == 1
+    assert m[finished % "cancelled"] == before[finished % "cancelled"]
 
 
 # --- sampling --------------------------------------------------------------------------------

@@ -109,6 +109,7 @@ class Generation:
         text = self._matcher.push(event.text, self.completion_tokens)
         if self._matcher.stopped:
             self.finish_reason = "stop"
+            self.handle.stopped_by_string = True
             self._loop.cancel(self.handle)  # frees its pages before the next step
         elif event.finished is not None:
             if event.finished not in ("stop", "length"):

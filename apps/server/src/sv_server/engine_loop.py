@@ -87,6 +87,9 @@ class RequestHandle:
         self.prompt_ids = prompt_ids
         self.params = params
         self.continuation = continuation  # a completion's text continues its prompt's
+        # Ended by a stop string: the server cancels it in the engine, yet it finished as
+        # "stop" (metrics count it so). Set on the event loop thread before the cancel.
+        self.stopped_by_string = False
         self.deliveries: asyncio.Queue[Delivery] = asyncio.Queue()
         self.arrived_at = time.perf_counter()
         self.request_id: RequestId | None = None  # written by the engine thread only

@@ -55,7 +55,7 @@ class Metrics:
         self.latency = Histogram(LATENCY_BUCKETS_S)
         self.generation_tokens = 0
         self.prompt_tokens = 0
-        self.finished: Counter[str] = Counter()  # engine finish reason -> requests
+        self.finished: Counter[str] = Counter()  # finish reason -> requests
         self.rejected: Counter[str] = Counter()  # why the server refused -> requests
 
     def observe(self, batch: Batch) -> None:
@@ -72,7 +72,8 @@ class Metrics:
                     self.itl.observe(at - handle.last_token_at)
                 handle.last_token_at = at
             if event.finished is not None:
-                self.finished[event.finished] += 1
+                stopped = event.finished == "cancelled" and handle.stopped_by_string
+                self.finished["stop" if stopped else event.finished] += 1
                 self.latency.observe(at - handle.arrived_at)
 
     def render(self, snapshot: LoopSnapshot, waiting: int) -> str:
@@ -136,7 +137,8 @@ class Metrics:
         out.counter("sv_generation_tokens_total", "Tokens generated.", self.generation_tokens)
         out.labelled_counter(
             "sv_requests_finished_total",
-            "Requests ended by the engine, by finish reason (cancelled: client gone or stop string).",
+            "Requests ended, by finish reason (stop: a stop token or string, as vLLM counts "
+            "them; cancelled: the client went away).",
             "finish_reason",
             self.finished,
             ("stop", "length", "cancelled"),
