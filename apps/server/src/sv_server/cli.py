@@ -210,7 +210,6 @@ def serve_main(argv: list[str]) -> int:
     from sv_server.app import create_app
     from sv_server.reasoning import parser_for
     from sv_server.serving import build_server
-    from sv_server.tool_parsers import default_parser
 
     try:
         listeners = _listen(args.host, args.port)
@@ -233,7 +232,6 @@ def serve_main(argv: list[str]) -> int:
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     name = args.served_model_name or model_dir.resolve().name
-    tool_call_parser = args.tool_call_parser or default_parser(engine.tokenizer)
     app = create_app(
         engine,
         model_name=name,
@@ -244,8 +242,9 @@ def serve_main(argv: list[str]) -> int:
         read_timeout_s=args.read_timeout,
         reasoning_parser=args.reasoning_parser,
         trust_request_chat_template=args.trust_request_chat_template,
-        tool_call_parser=tool_call_parser,
+        tool_call_parser=args.tool_call_parser,
     )
+    tool_call_parser = app.state.server.tool_call_parser  # (the flag's, or the tokenizer's)
     print(
         f"sv serve: '{name}' on {base_url(args.host, listeners[0].getsockname()[1])}/v1 "
         f"(context {engine.runner.max_model_len} tokens, {engine.stats.pool_pages} KV pages, "
