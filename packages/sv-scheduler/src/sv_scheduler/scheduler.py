@@ -133,8 +133,8 @@ class Scheduler:
                 f"request {request.request_id!r} rejected: a request with this id is still "
                 f"{self._unfinished[request.request_id].status.value}"
             )
-        if any(seq.request_id == request.request_id for seq, _ in self._finishing):
-            # (its finish is not reported yet: resolve() and cancel() would mix the two up)
+        if self._unreported(request.request_id) is not None:
+            # (resolve() and cancel() would mix the two up)
             raise AdmissionError(
                 f"request {request.request_id!r} rejected: a request with this id has "
                 "finished but its finish is not reported yet"
@@ -179,12 +179,19 @@ class Scheduler:
     def _cancel_unreported(self, request_id: RequestId) -> Sequence | None:
         """Cancel a request that finished in the advanced step, before `resolve` reports it
         (its pages and credits are already back)."""
-        for i, (seq, _) in enumerate(self._finishing):
-            if seq.request_id == request_id:
-                del self._finishing[i]
-                self._count_as_cancelled(seq)
-                return seq
-        return None
+        index = self._unreported(request_id)
+        if index is None:
+            return None
+        seq, _ = self._finishing.pop(index)
+        self._count_as_cancelled(seq)
+        return seq
+
+    def _unreported(self, request_id: RequestId) -> int | None:
+        """Where request `request_id` is among the finishes `resolve` has yet to report."""
+        return next(
+            (i for i, (seq, _) in enumerate(self._finishing) if seq.request_id == request_id),
+            None,
+        )
 
     def _count_as_cancelled(self, seq: Sequence) -> None:
         """`seq`, finished and unreported, ends as cancelled: its pending token is dropped."""
@@ -750,11 +757,11 @@ class Scheduler:
         if self._sliding_window is not None:  # cached pages the window has already passed
             seq.table.release_pages_before(match.num_tokens - self._sliding_window + 1)
         seq.num_cached_tokens = match.num_tokens
-        if not seq.num_preemptions:  # (a resume may match its own output's pages too)
-            seq.prompt_cached_tokens = match.num_tokens
         self._prefix_cache_hit_tokens += match.num_tokens
         if seq.num_preemptions:
             self._recomputed_tokens += max(0, seq.num_computed_at_preemption - match.num_tokens)
+        else:  # the prompt's share (a resume may match its own output's pages too)
+            seq.prompt_cached_tokens = match.num_tokens
         if self._prefix_caching and self._continuous:
             key = self._next_page_key(seq, match)
             if key is not None and key not in self._computing:
