@@ -218,6 +218,27 @@ def test_completion_stream_concatenates_and_ends_with_done(server: RunningServer
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_include_usage_puts_a_null_usage_on_every_other_chunk(
+    server: RunningServer, path: str
+) -> None:
+    """OpenAI's stream_options.include_usage: "All other chunks will also include a usage
+    field, but with a null value" (clients read `chunk["usage"]` without a default)."""
+    body: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "stream": True}
+    body |= {"stream_options": {"include_usage": True}}
+    if path == "/v1/completions":
+        body["prompt"] = "The three primary colours are"
+    else:
+        body["messages"] = [{"role": "user", "content": QUESTION}]
+    with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=120) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert len(chunks) >= 3  # (chat: the role; the text; the finish; then the usage)
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] >= 1
+
+
 def test_a_stream_read_line_by_line_keeps_unicode_line_breaks_in_its_events(
     server: RunningServer,
 ) -> None:

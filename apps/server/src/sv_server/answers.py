@@ -263,7 +263,8 @@ async def stream(
     its finish_reason. With a reasoning parser, each choice's thinking comes as
     `delta.reasoning_content` and only the rest goes on as content (to the tool-call parser).
     With `continuous_usage`, every chunk carries the usage so far of its own choice, as vLLM's
-    does (its prompt's tokens and that choice's), while `include_usage`'s last chunk counts all."""
+    does (its prompt's tokens and that choice's), while `include_usage`'s last chunk counts all;
+    with `include_usage` alone, every other chunk carries `"usage": null`, as OpenAI's do."""
     response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
     counts = _reasoning_tokens(generations)
 
@@ -283,13 +284,16 @@ async def stream(
                 generation.completion_tokens,
                 None if counts is None else counts[index].count,
             )
+        elif req.include_usage:
+            body["usage"] = None
         return _sse(body)
 
     if kind == "chat":
         for index in range(len(generations)):
             yield chunk(chunk_body(kind, response_id, model, created, "", index=index, first=True))
     encoders = [
-        ChunkEncoder(kind, response_id, model, created, index) for index in range(len(generations))
+        ChunkEncoder(kind, response_id, model, created, index, null_usage=req.include_usage)
+        for index in range(len(generations))
     ]
     # Chat with tools: each choice's text that may be a tool call is held back and sent as
     # its deltas, with the held tokens' logprobs on the first of them.

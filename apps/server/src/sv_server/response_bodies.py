@@ -139,11 +139,19 @@ class ChunkEncoder:
     _MARKER = "\x00text\x00"
 
     def __init__(
-        self, kind: Kind, response_id: str, model: str, created: int, index: int = 0
+        self,
+        kind: Kind,
+        response_id: str,
+        model: str,
+        created: int,
+        index: int = 0,
+        *,
+        null_usage: bool = False,
     ) -> None:
-        template = json.dumps(
-            chunk_body(kind, response_id, model, created, self._MARKER, index=index)
-        )
+        body = chunk_body(kind, response_id, model, created, self._MARKER, index=index)
+        if null_usage:  # stream_options.include_usage: OpenAI's chunks carry "usage": null
+            body["usage"] = None
+        template = json.dumps(body)
         self._head, self._tail = template.split(json.dumps(self._MARKER))
 
     def text_event(self, text: str) -> str:
