@@ -102,11 +102,62 @@ def test_including_the_stop_string_matches_its_oracle(pieces: list[str], stops: 
 
 
 def test_min_tokens_holds_stop_strings_back_until_after_it() -> None:
-    """vLLM's min_tokens: stop strings are looked for only in the text of the tokens after
+    """vLLM's min_tokens: a stop string counts only if it ends in the text of the tokens after
     the first min_tokens (a '.' in token 2 ended an answer that had to be 3 tokens long)."""
     m = StopStringMatcher(["."], min_tokens=3)
     pieces = ["Pa", "ris.", " Yes", ". More"]
     out = [m.push(piece, tokens) for tokens, piece in enumerate(pieces, start=1)]
     assert out == ["Pa", "ris.", " Yes", ""] and m.stopped  # the 4th token's '.' stops it
-    m = StopStringMatcher([".x"], min_tokens=1)  # the search starts with token 2's text
-    assert [m.push(p, t) for t, p in ((1, "a."), (2, "x"), (3, ".x"))] == ["a.", "x", ""]
+    # One that begins in token 1's text and ends in token 2's counts, as vLLM's search reaches
+    # back (1 - new_char_count - len(stop)): the '.' is held back meanwhile.
+    m = StopStringMatcher([".x"], min_tokens=1)
+    assert [m.push(p, t) for t, p in ((1, "a."), (2, "x"), (3, ".x"))] == ["a", "", ""]
+    m = StopStringMatcher(["s."], min_tokens=1)  # the audit's case: " Paris" then "."
+    assert [m.push(" Paris", 1), m.push(".", 2)] == [" Pari", ""] and m.stopped
+
+
+def min_tokens_oracle(pieces: list[str], stops: list[str], min_tokens: int) -> tuple[str, bool]:
+    """vLLM's rule on the whole text: generation ends at the first piece past min_tokens after
+    which the text holds a stop string that ends past the first min_tokens pieces' text; the
+    output is the text before the earliest-starting such stop string."""
+    text = ""
+    boundary = len("".join(pieces[:min_tokens]))
+    for k, piece in enumerate(pieces, start=1):
+        text += piece
+        if k <= min_tokens:
+            continue
+        starts = [i for s in stops for i in _occurrences(text, s) if i + len(s) > boundary]
+        if starts:
+            return text[: min(starts)], True
+    return text, False
+
+
+def _occurrences(text: str, stop: str) -> list[int]:
+    return [i for i in range(len(text)) if text.startswith(stop, i)]
+
+
+@st.composite
+def stops_within(draw: st.DrawFn, text: str) -> list[str]:
+    """Stop strings, some cut from `text` (so that they straddle piece boundaries often)."""
+    stop = st.text(ALPHABET, min_size=1, max_size=4)
+    if text:
+        cut = st.integers(0, len(text) - 1).flatmap(
+            lambda i: st.integers(i + 1, min(len(text), i + 4)).map(lambda j: text[i:j])
+        )
+        stop = cut | stop
+    return draw(st.lists(stop, max_size=4))
+
+
+@given(st.data())
+def test_min_tokens_matches_its_oracle(data: st.DataObject) -> None:
+    pieces = data.draw(pieces_st)
+    stops = data.draw(stops_within("".join(pieces)))
+    min_tokens = data.draw(st.integers(0, 6))
+    matcher = StopStringMatcher(stops, min_tokens=min_tokens)
+    released = [matcher.push(p, k) for k, p in enumerate(pieces, start=1)]
+    released.append(matcher.flush())
+    assert ("".join(released), matcher.stopped) == min_tokens_oracle(pieces, stops, min_tokens)
+    shown = ""  # and nothing shown is taken back
+    for chunk in released:
+        shown += chunk
+        assert min_tokens_oracle(pieces, stops, min_tokens)[0].startswith(shown)

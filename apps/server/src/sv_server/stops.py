@@ -9,9 +9,11 @@ Which stop string wins is decided at the first piece that completes one: of the 
 present in the text at that moment, the one that starts earliest. (Generation would have ended
 there, so a longer stop string that would only complete later never gets the chance.)
 
-With `min_tokens` (vLLM's), stop strings are looked for only in the text of the tokens after
-the first min_tokens, as vLLM does (the engine bans stop tokens until then, and a stop string
-must not end the output earlier either).
+With `min_tokens` (vLLM's), a stop string counts only if it ends in the text of the tokens after
+the first min_tokens, as vLLM's does (the engine bans stop tokens until then, and a stop string
+must not end the output earlier either). It may begin in the text before, as in vLLM, whose
+search reaches back a stop string's length less one: so that text too is held back while it
+could begin one.
 """
 
 from __future__ import annotations
@@ -32,19 +34,33 @@ class StopStringMatcher:
         self.include_stop = include_stop
         self.min_tokens = min_tokens
         self._pending = ""  # released to no one yet: might be the start of a stop string
+        self._unsearched = 0  # how much of _pending is the first min_tokens' text
         self.stopped = False
 
     def push(self, text: str, tokens: int | None = None) -> str:
         """Feed the next piece; returns the text now safe to show ('' while it could be a stop
         string). After a stop string is seen, `stopped` is True and every push returns ''.
         `tokens`: the output's tokens so far, this piece's included; while they are at most
-        min_tokens the piece is shown as it is, unsearched."""
+        min_tokens no stop string may end in the piece (see the module doc)."""
         if self.stopped or not text:
             return ""
-        if not self.stops or (tokens is not None and tokens <= self.min_tokens):
+        if not self.stops:
             return text
         pending = self._pending + text
-        starts = [(i, len(s)) for i, s in ((pending.find(s), s) for s in self.stops) if i >= 0]
+        if tokens is not None and tokens <= self.min_tokens:
+            starts = []
+            self._unsearched = len(pending)
+        else:
+            # A stop string must end past the first min_tokens' text.
+            ends_past = self._unsearched
+            self._unsearched = 0
+            starts = [
+                (i, len(s))
+                for i, s in (
+                    (pending.find(s, max(0, ends_past - len(s) + 1)), s) for s in self.stops
+                )
+                if i >= 0
+            ]
         if starts:
             self.stopped = True
             self._pending = ""
@@ -52,11 +68,13 @@ class StopStringMatcher:
             return pending[: start + length] if self.include_stop else pending[:start]
         held = self._held_back(pending)
         self._pending = pending[len(pending) - held :]
+        self._unsearched = min(self._unsearched, held)
         return pending[: len(pending) - held]
 
     def flush(self) -> str:
         """The text held back, when generation ended without a stop string."""
         text, self._pending = ("" if self.stopped else self._pending), ""
+        self._unsearched = 0
         return text
 
     def _held_back(self, pending: str) -> int:
