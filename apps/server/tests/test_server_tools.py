@@ -220,9 +220,47 @@ def test_streamed_choices_each_send_their_own_call(
         assert {d.index for d in deltas} == {0}  # the call's index within its choice
         arguments = "".join((d.function.arguments or "") for d in deltas if d.function)
         jsonschema.validate(json.loads(arguments), PARAMETERS)
-        assert [c.finish_reason for c in mine if c.finish_reason] == ["tool_calls"]
-        assert mine[-1].finish_reason == "tool_calls"
+        # A named call finishes as "stop" (OpenAI's rule; vLLM's too), not "tool_calls".
+        assert [c.finish_reason for c in mine if c.finish_reason] == ["stop"]
+        assert mine[-1].finish_reason == "stop"
         assert not any(c.delta.content for c in mine)
+
+
+def test_a_named_call_finishes_as_stop(client: openai.OpenAI, llama_server: Any) -> None:
+    reply = client.chat.completions.create(
+        model=llama_server.model_name,
+        messages=[QUESTION],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    _check_call(call, "get_weather")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_short_is_neither_content_nor_a_call(
+    stream: bool, client: openai.OpenAI, llama_server: Any
+) -> None:
+    """max_tokens ends a required call inside its arguments: the text is the call's syntax,
+    not prose, so it must not come back as the message's content."""
+    kw: dict[str, Any] = dict(
+        model=llama_server.model_name,
+        messages=[QUESTION],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=4,
+    )
+    if not stream:
+        choice = client.chat.completions.create(**kw).choices[0]
+        assert choice.finish_reason == "length"
+        assert choice.message.content is None and not choice.message.tool_calls
+        return
+    chunks = [c for c in client.chat.completions.create(**kw, stream=True) if c.choices]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
+    assert not any(c.choices[0].delta.content or c.choices[0].delta.tool_calls for c in chunks)
 
 
 @pytest.mark.parametrize("stream", [False, True])

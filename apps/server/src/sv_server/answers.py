@@ -338,8 +338,8 @@ async def stream(
                 return
         last = None if kind == "chat" else ""
         reason = generation.finish_reason
-        if calls is not None and calls[index].called:
-            reason = "tool_calls"
+        if calls is not None:
+            reason = calls[index].finish_reason(reason)
         yield chunk(
             chunk_body(
                 kind, response_id, model, created, last, reason, index=index, logprobs=logprobs

@@ -9,8 +9,11 @@ A required or named call is constrained by a grammar in the server's call format
 (tool_parsers.py), so it always parses and its arguments match the function's parameter schema.
 
 Out: an answer that holds calls of offered functions (tool_parsers.py says how each format is
-read) becomes `message.tool_calls` with `finish_reason: "tool_calls"`, and `message.content`
-the text before the calls (hermes) or null; anything else stays `content`. With
+read) becomes `message.tool_calls`, and `message.content` the text before the calls (hermes) or
+null; anything else stays `content`. The finish_reason is then "tool_calls" for auto and
+required, and stays "stop" for a named call, as OpenAI's and vLLM's are. A required or named
+call cut short (finish_reason "length") is neither a call nor content: its text is the call's
+syntax, not the model's prose, so the message has no content and no calls. With
 `parallel_tool_calls: false` only an answer's first call is taken. Streamed, text that may be
 calls is held back until the answer ends, then sent as OpenAI's tool-call deltas (each call's
 id, type and name first, then its arguments, under its index); other text streams as usual.
@@ -84,13 +87,22 @@ class ToolRequest:
         return grammar
 
     def parse(self, text: str) -> ToolAnswer | None:
-        """A whole answer's calls, or None when it holds none (it is all content)."""
+        """A whole answer's calls, or None when it holds none (it is all content). A required
+        or named call that does not parse (cut short) is an answer of no content, no calls."""
         if not self.parses:
             return None
         answer = parse_answer(self.parser, text, self.names)
-        if answer is None or self.parallel or len(answer.calls) == 1:
+        if answer is None:
+            return None if self.choice == "auto" else ToolAnswer(None, ())
+        if self.parallel or len(answer.calls) == 1:
             return answer
         return ToolAnswer(answer.content, answer.calls[:1])
+
+    def finish_reason(self, answer: ToolAnswer | None, reason: str | None) -> str | None:
+        """A choice's finish_reason, given its parsed answer and the engine's reason: calls
+        finish with "tool_calls" unless the call was named (OpenAI's rule)."""
+        called = answer is not None and bool(answer.calls)
+        return "tool_calls" if called and self.choice in ("auto", "required") else reason
 
 
 def parse_tools(
@@ -204,8 +216,9 @@ def apply_to_response(body: dict[str, Any], tools: ToolRequest) -> None:
         answer = tools.parse(content) if content is not None else None
         if answer is not None:
             message["content"] = answer.content
-            message["tool_calls"] = tool_calls_body(answer.calls)
-            choice["finish_reason"] = "tool_calls"
+            if answer.calls:
+                message["tool_calls"] = tool_calls_body(answer.calls)
+            choice["finish_reason"] = tools.finish_reason(answer, choice["finish_reason"])
 
 
 class ToolCallStream:
@@ -215,11 +228,19 @@ class ToolCallStream:
     def __init__(self, tools: ToolRequest) -> None:
         self._tools = tools
         self._split = AnswerSplit(tools.parser)
-        self.calls: tuple[ToolCall, ...] = ()  # the answer's calls, once `finish` found them
+        self.answer: ToolAnswer | None = None  # the answer's calls, once `finish` found them
+
+    @property
+    def calls(self) -> tuple[ToolCall, ...]:
+        return () if self.answer is None else self.answer.calls
 
     @property
     def called(self) -> bool:
         return bool(self.calls)
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        """The choice's finish_reason, given the engine's (see ToolRequest.finish_reason)."""
+        return self._tools.finish_reason(self.answer, reason)
 
     def push(self, text: str) -> list[dict[str, Any]]:
         content = self._split.push(text)
@@ -233,7 +254,7 @@ class ToolCallStream:
         answer = self._tools.parse(held)
         if answer is None:
             return [{"content": held}]
-        self.calls = answer.calls
+        self.answer = answer
         # (content before the calls went out before they were held: no content delta here)
         deltas: list[dict[str, Any]] = []
         for index, head in enumerate(tool_calls_body(answer.calls)):
