@@ -39,7 +39,9 @@ from sv_server.structured import STRUCTURED_FIELDS, parse_grammar
 from sv_server.tool_parsers import ToolCallParser
 from sv_server.tools import TOOL_FIELDS, ToolRequest, parse_tools
 
-MAX_STOP_STRINGS = 4  # as OpenAI
+# OpenAI takes 4; vLLM has no limit, and clients written for it send more (lm-eval's code tasks
+# send 9). The matcher's cost per token grows with the count: 64 keeps it small.
+MAX_STOP_STRINGS = 64
 MAX_PROMPTS = 256  # prompts in one /v1/completions request: each is an engine request
 MAX_N = 128  # choices per prompt, as OpenAI; prompts x n is at most MAX_PROMPTS
 MAX_STOP_TOKEN_IDS = 256  # vLLM's extra stop ids: a set test per token, but bounded
