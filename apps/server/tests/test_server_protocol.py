@@ -168,6 +168,8 @@ def test_openai_chat_fields_for_what_the_server_has_not_are_taken_off_only() -> 
         "audio": None,
         "prediction": None,
         "web_search_options": None,
+        "functions": None,  # (deprecated forerunners of tools, sent null by older clients)
+        "function_call": None,
         "safety_identifier": "user-1",
         "prompt_cache_key": "k",
     }
@@ -180,6 +182,8 @@ def test_openai_chat_fields_for_what_the_server_has_not_are_taken_off_only() -> 
         "reasoning_effort": "low",
         "modalities": ["text", "audio"],
         "prediction": {"type": "content", "content": "x"},
+        "functions": [{"name": "f", "parameters": {}}],
+        "function_call": "auto",
         "safety_identifier": 3,
     }
     for key, value in on.items():

@@ -125,6 +125,9 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "audio": (None,),
     "prediction": (None,),
     "web_search_options": (None,),
+    # OpenAI's deprecated forerunners of tools and tool_choice: older clients send them null.
+    "functions": (None,),
+    "function_call": (None,),
 }
 # OpenAI's tags for the operator, as `user` (which they replace): nothing to honour, accepted.
 _TAG_FIELDS = ("user", "safety_identifier", "prompt_cache_key")
