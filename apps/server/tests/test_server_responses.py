@@ -141,6 +141,16 @@ def test_store_metadata_and_tags_are_accepted_and_nothing_is_stored(
     )
     assert response.store is False and response.metadata == {"run": "7"}
     assert response.parallel_tool_calls is False and response.user == "u1"
+    # What clients that keep no state send (Codex CLI): met as it is, nothing dropped, nothing
+    # encrypted; an overflow under "auto" is still a 400 naming 'input'.
+    asks = {"truncation": "auto", "include": ["reasoning.encrypted_content"]}
+    response = client.responses.create(
+        model=server.model_name, input=QUESTION, max_output_tokens=2, **asks
+    )
+    assert response.status == "incomplete" and response.output
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=server.model_name, input="word " * 20_000, **asks)
+    assert e.value.body["param"] == "input"  # type: ignore[index]
 
 
 def test_earlier_reasoning_items_and_output_fields_sent_back_are_accepted(
@@ -538,8 +548,8 @@ BASE: dict[str, Any] = {"input": QUESTION, "max_output_tokens": 2}
         ({"conversation": "conv_1"}, "conversation", "stores no responses"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt", "stores no responses"),
         ({"background": True}, "background", "in the foreground"),
-        ({"truncation": "auto"}, "truncation", "does not drop input items"),
-        ({"include": ["reasoning.encrypted_content"]}, "include", "takes only"),
+        ({"truncation": "middle"}, "truncation", "takes 'disabled' or 'auto'"),
+        ({"include": ["file_search_call.results"]}, "include", "takes only"),
         ({"include": "x"}, "include", "takes only"),
         ({"top_logprobs": 2}, "top_logprobs", "needs 'include'"),
         ({"include": [LOGPROBS], "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),

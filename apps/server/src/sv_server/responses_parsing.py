@@ -92,6 +92,11 @@ _STATELESS = (
     "conversation in 'input' (and 'instructions')"
 )
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# Asked by clients that keep no state on the server (Codex CLI): a reasoning item's thinking to
+# send back next turn. Nothing here is encrypted: reasoning items carry it as `reasoning_text`
+# content, so there is nothing more to include and the entry is accepted as met.
+_ENCRYPTED_REASONING = "reasoning.encrypted_content"
+_INCLUDABLE = (LOGPROBS_INCLUDE, _ENCRYPTED_REASONING)
 MAX_METADATA = 16  # OpenAI's limits on metadata
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 # Image, file and audio parts: this server's models read text only.
@@ -166,9 +171,10 @@ def _check_fields(body: Mapping[str, Any]) -> None:
     optional_bool(body, "store")  # answered false
     _off(body, "background", (False,), "runs every request in the foreground, streamed or not")
     _off(body, "service_tier", ("auto", "default"), "has one service tier")
-    # "auto" drops the conversation's first items when it overflows the context; this
-    # server never drops input: an overflow is a 400, which "disabled" (the default) asks for.
-    _off(body, "truncation", ("disabled",), "does not drop input items: send 'disabled'")
+    # "auto" drops the conversation's first items when it overflows the context; this server
+    # never drops input, so under either an overflow is a 400 naming 'input' ("disabled"'s
+    # answer), and a conversation that fits is answered the same.
+    _off(body, "truncation", ("disabled", "auto"), "takes 'disabled' or 'auto'")
     _off(body, "max_tool_calls", (), "has no built-in tools to bound")
     reasoning = checked_field(body, "reasoning", lambda v: isinstance(v, dict), "an object")
     if reasoning and any(value is not None for value in reasoning.values()):
@@ -200,16 +206,17 @@ def _check_fields(body: Mapping[str, Any]) -> None:
 def _logprobs(body: Mapping[str, Any]) -> int | None:
     """How many alternatives per output token, as chat's `top_logprobs` (None: no
     log-probabilities): they come with `include: ["message.output_text.logprobs"]`, OpenAI's
-    way to ask for them, the only thing there is to include here."""
+    way to ask for them (the other entry taken, `_ENCRYPTED_REASONING`, asks for nothing)."""
     include = body.get("include")
     if include is not None and (
-        not isinstance(include, list) or any(item != LOGPROBS_INCLUDE for item in include)
+        not isinstance(include, list) or any(item not in _INCLUDABLE for item in include)
     ):
         raise bad_request(
-            f"'include' takes only {LOGPROBS_INCLUDE!r} here (nothing else is kept to include), "
-            f"got {shown_value(include)}",
+            f"'include' takes only {LOGPROBS_INCLUDE!r} and {_ENCRYPTED_REASONING!r} here "
+            f"(nothing else is kept to include), got {shown_value(include)}",
             param="include",
         )
+    include = [item for item in include or () if item != _ENCRYPTED_REASONING]
     top = optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if not include:
         if top:
