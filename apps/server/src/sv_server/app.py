@@ -16,10 +16,11 @@ stopping (503) -> submit to the EngineLoop -> wait for Accepted/Rejected -> stre
 the tokens (answers.py).
 
 Thread rule: the engine thread owns the Engine. The handlers use its tokenizer only to encode,
-and only on the one tokenizer thread (`ServerState.tokenizer_thread`, state.py): so the
-tokenizer's piece cache is never written from two threads at once, and a multi-MiB prompt is
-encoded while the event loop goes on serving /health and the other streams. The engine thread
-only decodes, which reads immutable tables.
+and only on the tokenizer threads (`ServerState.tokenizer_threads`, state.py): so a multi-MiB
+prompt is encoded while the event loop goes on serving /health and the other streams, and
+while the other tokenizer threads prepare the requests that came after it. The tokenizer's
+piece cache and chat-template cache take concurrent writers (each write one dict operation).
+The engine thread only decodes, which reads immutable tables.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def create_app(
             yield
         finally:
             await asyncio.to_thread(state.loop.stop)
-            state.tokenizer_thread.shutdown(cancel_futures=True)
+            state.tokenizer_threads.shutdown(cancel_futures=True)
 
     def count_unauthorized() -> None:
         metrics.rejected["unauthorized"] += 1
@@ -288,13 +289,13 @@ async def _version(_request: Request, _state: ServerState) -> Response:
     return JSONResponse({"version": importlib.metadata.version("sv-server")})
 
 
-# --- vLLM's /tokenize and /detokenize: on the tokenizer thread, as generation requests ------
+# --- vLLM's /tokenize and /detokenize: on the tokenizer threads, as generation requests ------
 
 
 async def _tokenize(request: Request, state: ServerState) -> Response:
     raw = await _read(request, state)
     ids = await asyncio.get_running_loop().run_in_executor(
-        state.tokenizer_thread, partial(_tokenize_body, state, raw)
+        state.tokenizer_threads, partial(_tokenize_body, state, raw)
     )
     return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids})
 
@@ -312,7 +313,7 @@ def _tokenize_body(state: ServerState, raw: bytes) -> list[int]:
 async def _detokenize(request: Request, state: ServerState) -> Response:
     raw = await _read(request, state)
     text = await asyncio.get_running_loop().run_in_executor(
-        state.tokenizer_thread, partial(_detokenize_body, state, raw)
+        state.tokenizer_threads, partial(_detokenize_body, state, raw)
     )
     return JSONResponse({"prompt": text})
 
@@ -367,7 +368,7 @@ async def _read(request: Request, state: ServerState) -> bytes:
 async def _generate(request: Request, state: ServerState, parse: Parser) -> Response:
     raw = await _read(request, state)
     req, prompts, turns = await asyncio.get_running_loop().run_in_executor(
-        state.tokenizer_thread, partial(prepare, state, raw, parse)
+        state.tokenizer_threads, partial(prepare, state, raw, parse)
     )
     # completions: the raw text; chat and responses: the thinking apart
     thinking = state.reasoning if req.kind != "completion" else None

@@ -7,7 +7,7 @@
     not JSON, nested too deep, a number too big to convert, NaN/Infinity, a lone surrogate  400
 
 `read_body` runs on the event loop (it only awaits the socket); `decode_json` is CPU work
-(a multi-MiB body takes tens of milliseconds) and is meant for the tokenizer thread.
+(a multi-MiB body takes tens of milliseconds) and is meant for a tokenizer thread.
 """
 
 from __future__ import annotations

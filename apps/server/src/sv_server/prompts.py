@@ -1,4 +1,4 @@
-"""Prompt preparation: a generation request's body, on the tokenizer thread, turned into what
+"""Prompt preparation: a generation request's body, on a tokenizer thread, turned into what
 the engine takes: each prompt's token ids (a text encoded, a conversation in the model's chat
 format, truncated if asked), checked against the context and the KV pool, and each prompt's
 sampling parameters with the output budget that fits.
@@ -32,7 +32,7 @@ Parser = Callable[[Any], GenerationRequest]
 def prepare(
     state: ServerState, raw: bytes, parse: Parser
 ) -> tuple[GenerationRequest, list[list[int]], list[list[int]]]:
-    """The CPU-heavy part of a request, for the tokenizer thread: the body as a checked
+    """The CPU-heavy part of a request, for a tokenizer thread: the body as a checked
     request, the token ids of each of its prompts (a chat has one), truncated if asked, and of
     each the tail a reasoning parser reads (`_answer_turn`; a completion's: all of it, unread)."""
     body = decode_json(raw)

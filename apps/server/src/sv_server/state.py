@@ -1,5 +1,5 @@
 """What every handler of the app shares: the engine loop, the metrics, the served model's name
-and limits, and the tokenizer thread.
+and limits, and the tokenizer threads.
 
 In a module of its own so that the modules app.py imports (the dashboard, prompt preparation,
 answer delivery) take a `ServerState` without importing app.py back: no import cycle.
@@ -19,6 +19,8 @@ from sv_server.metrics import Metrics
 from sv_server.reasoning import ReasoningParser
 from sv_server.tool_parsers import ToolCallParser
 
+TOKENIZER_THREADS = 4
+
 
 @dataclass
 class ServerState:
@@ -35,8 +37,13 @@ class ServerState:
     tool_call_parser: ToolCallParser = "llama3_json"  # how the model writes its tool calls
     # Set when shutting down: new generations get 503, and so do bodies still arriving.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
-    tokenizer_thread: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="sv-tokenizer")
+    # Bodies are decoded, checked and tokenized here, off the event loop. Several threads, so
+    # that a multi-MiB prompt (seconds of tokenizing) does not hold up every request behind it:
+    # they share one GIL, so a small one finishes within a few switch intervals (app.py).
+    tokenizer_threads: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(
+            TOKENIZER_THREADS, thread_name_prefix="sv-tokenizer"
+        )
     )
 
     def __post_init__(self) -> None:

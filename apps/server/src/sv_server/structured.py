@@ -8,7 +8,7 @@
     guided_choice   a list of strings, the output is one of them
     guided_grammar  an EBNF (GBNF) or Lark grammar
 
-At most one of them per request. Each is compiled here, on the tokenizer thread, so that a
+At most one of them per request. Each is compiled here, on a tokenizer thread, so that a
 schema, regex or grammar the library cannot compile is a 400 naming the problem before the
 request reaches the engine.
 """

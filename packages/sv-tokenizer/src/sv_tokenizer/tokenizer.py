@@ -372,7 +372,8 @@ class Tokenizer:
         to `from_model_dir` is; `source` names it in messages. It compiles on first use: a
         syntax error, or its own code failing, is then a TokenizerError whose `argument` is
         "chat_template". The last few are kept, compiled (`TEMPLATE_CACHE_ENTRIES`), unlocked:
-        one thread at a time (the server's tokenizer thread) may call this."""
+        threads calling this at once (the server's tokenizer threads) may each compile the
+        same template, harmlessly; each cache write is one dict operation."""
         key = (template, source)
         chat_format = self._template_formats.pop(key, None)
         if chat_format is None:
