@@ -123,3 +123,25 @@ def test_constraints_that_cannot_compile_are_400(
             model=server.model_name, prompt="x", max_tokens=5, extra_body=extra
         )
     assert field in str(caught.value)
+
+
+def test_a_constraint_that_fails_mid_answer_is_an_error_not_a_stop(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """A regex built to explode runs the grammar out of the lexer's limits after a few tokens:
+    the answer is an error naming the failed constraint (a 400 whole; streamed, an error
+    event), never a finish_reason "stop" over output that does not match. Its pages go back."""
+    extra = {"guided_regex": "(a{1000}){1000}"}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(
+            model=server.model_name, prompt="x", max_tokens=20, extra_body=extra
+        )
+    assert "output constraint failed" in str(caught.value)
+    stream = client.completions.create(
+        model=server.model_name, prompt="x", max_tokens=20, extra_body=extra, stream=True
+    )
+    with pytest.raises(openai.APIError, match="output constraint failed"):
+        for _ in stream:
+            pass
+    m = server.wait_idle()
+    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_total"]

@@ -165,6 +165,17 @@ def test_grammar_end_stops_even_under_ignore_eos(engine: Engine) -> None:
     assert out.output_ids[-1] in engine.stop_ids
 
 
+def test_a_grammar_past_the_lexers_limits_fails_the_request(engine: Engine) -> None:
+    """A regex built to explode runs its matcher out of the lexer's limits within a few
+    tokens: the matcher's error state then allows only the stop tokens, so the request
+    ends, and it is reported as failed with the library's reason, not as stopped."""
+    out = _run_all(engine, [_params(Grammar.regex("(a{1000}){1000}"))])[0]
+    assert out.finish_reason == "error", (out.text, out.finish_reason)
+    assert out.error is not None and "output constraint failed" in out.error
+    assert set(out.text) <= {"a"} and len(out.output_ids) < 48
+    assert out.output_ids[-1] in engine.stop_ids  # (how the failed matcher ended it)
+
+
 def test_unconstrained_requests_beside_constrained_ones_are_unchanged(engine: Engine) -> None:
     """A plain request batched with constrained ones gets the tokens it gets alone."""
     plain = SamplingParams(max_new_tokens=16)

@@ -112,6 +112,11 @@ class Generation:
             self.handle.stopped_by_string = True
             self._loop.cancel(self.handle)  # frees its pages before the next step
         elif event.finished is not None:
+            if event.finished == "error" and event.completion is not None:
+                # Its grammar failed (past the lexer's limits): what it wrote so far is not
+                # output that meets the constraint, so it is no answer.
+                self.close()
+                raise ServerError(str(event.completion.error))
             if event.finished not in ("stop", "length"):
                 self.close()
                 raise ServerError(

@@ -106,6 +106,10 @@ def finish_event(
     request = live.pop(done.request_id)
     if request.decoder is not None:
         text += request.decoder.flush()
+    reason, error = done.finish_reason, None
+    if request.matcher is not None and request.matcher.error is not None and reason == "stop":
+        # (a failed matcher's mask allows only the stop tokens: that is how it ended)
+        reason, error = "error", f"the output constraint failed: {request.matcher.error}"
     output = list(done.output_ids)
     visible = output[:-1] if done.finish_reason == "stop" and output else output
     now = time.perf_counter()
@@ -117,7 +121,7 @@ def finish_event(
             (t for t in visible if t not in request.hidden_ids),
             continuation=request.continuation,
         ),
-        finish_reason=done.finish_reason,
+        finish_reason=reason,
         num_cached_tokens=done.num_cached_tokens,
         time_to_first_token_s=(
             None if request.first_token_at is None else request.first_token_at - request.start
@@ -125,5 +129,6 @@ def finish_event(
         latency_s=now - request.start,
         logprobs=None if request.logprobs is None else request.logprobs.truncate(len(output)),
         prompt_logprobs=None if request.prompt_logprobs is None else request.prompt_logprobs.scored,
+        error=error,
     )
-    return StreamEvent(done.request_id, token, text, done.finish_reason, completion)
+    return StreamEvent(done.request_id, token, text, reason, completion)

@@ -139,6 +139,7 @@ class GrammarMatcher:
         self._matcher = matcher
         self._after_token = after_token  # None once given (or when the grammar binds at once)
         self._wait_opener = wait_opener  # None once the first token is given
+        self.error: str | None = None  # why the matcher failed, once it has
 
     @property
     def waiting(self) -> bool:
@@ -152,8 +153,10 @@ class GrammarMatcher:
         return self._wait_opener
 
     def accept(self, token: int) -> None:
-        """Advance by the token the request was given. A token the mask did not allow puts the
-        matcher in its error state, whose mask allows only the stop tokens: the request ends."""
+        """Advance by the token the request was given. A token the mask did not allow, or a
+        grammar past the lexer's limits (`_STEP_LEXER_FUEL`), puts the matcher in its error
+        state (`error` says why), whose mask allows only the stop tokens: the request ends,
+        and the engine reports it as failed (finish_reason "error"), not as stopped."""
         if self._wait_opener is not None:
             opener, self._wait_opener = self._wait_opener, None
             if token == opener:
@@ -164,6 +167,8 @@ class GrammarMatcher:
                 self._after_token = None
             return
         self._matcher.consume_token(token)
+        if self.error is None and self._matcher.is_error():
+            self.error = self._matcher.get_error().splitlines()[0]
 
     def draft_prefix(self, draft: Sequence[int], stop_ids: frozenset[int]) -> int:
         """How many tokens of a speculative draft to verify: those the grammar allows from

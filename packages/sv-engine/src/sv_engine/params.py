@@ -399,6 +399,7 @@ class Completion:
     # None for the first (nothing precedes it).
     logprobs: Sequence[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    error: str | None = None  # finish_reason "error": why its output constraint failed
 
 
 @dataclass(slots=True)

@@ -9,8 +9,9 @@ from typing import Literal
 RequestId = str | int
 
 # "rejected" is for the engine, to report a request that `Scheduler.add` refused with
-# AdmissionError; the scheduler itself finishes requests with "stop", "length" or "cancelled".
-FinishReason = Literal["stop", "length", "cancelled", "rejected"]
+# AdmissionError, and "error" for one whose output constraint failed (its grammar matcher's
+# error state); the scheduler itself finishes requests with "stop", "length" or "cancelled".
+FinishReason = Literal["stop", "length", "cancelled", "rejected", "error"]
 
 
 @dataclass(frozen=True, slots=True)
