@@ -254,6 +254,13 @@ def test_split_prompts() -> None:
     # "-": standard input's text, less its final newline, once
     assert split_prompts(["-", "5"], stdin=io.StringIO("Two\nlines.\n")) == (["Two\nlines."], 5)
     assert split_prompts(["a", "-"], stdin=io.StringIO("b")) == (["a", "b"], 128)
+    # ... a prompt even when it looks like a number (it is never MAX_NEW)
+    assert split_prompts(["Hi", "-"], stdin=io.StringIO("7\n")) == (["Hi", "7"], 128)
+    date = io.StringIO("2024-06-01\n")
+    assert split_prompts(["What day is it?", "-", "9"], stdin=date) == (
+        ["What day is it?", "2024-06-01", "9"],
+        128,
+    )
     with pytest.raises(ValueError, match=r'"-" .* may be given once'):
         split_prompts(["-", "-"], stdin=io.StringIO("x"))
     with pytest.raises(ValueError, match="request 1 rejected: the prompt is empty"):

@@ -110,10 +110,8 @@ def split_prompts(
     prompts = list(items)
     if prompts.count("-") > 1:
         raise ValueError('"-" (the prompt from standard input) may be given once')
-    if "-" in prompts:
-        text = (stdin or sys.stdin).read()
-        prompts[prompts.index("-")] = text[:-1] if text.endswith("\n") else text
     max_new = DEFAULT_MAX_NEW if max_new_tokens is None else max_new_tokens
+    # MAX_NEW is read from the items as given: standard input's text is a prompt, even "7".
     if max_new_tokens is None and len(prompts) >= 2 and _NUMBER_LIKE.fullmatch(prompts[1]):
         text = prompts.pop(1)
         if not _DIGITS.fullmatch(text) or int(text) < 1:
@@ -122,6 +120,9 @@ def split_prompts(
                 "give the limit with -n N)"
             )
         max_new = int(text)
+    if "-" in prompts:
+        text = (stdin or sys.stdin).read()
+        prompts[prompts.index("-")] = text[:-1] if text.endswith("\n") else text
     for number, prompt in enumerate(prompts, start=1):
         if not prompt.strip():
             raise ValueError(f"request {number} rejected: the prompt is empty")
