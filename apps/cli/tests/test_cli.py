@@ -267,6 +267,22 @@ def test_split_prompts() -> None:
         split_prompts(["-"], stdin=io.StringIO("\n"))
 
 
+def test_chat_ctrl_c_at_the_prompt_exits_130(default_model: Path) -> None:
+    """Ctrl-C at the prompt is an interrupt (exit 130, as the README says of every command),
+    where Ctrl-D and /exit end the chat normally (0)."""
+    from sv_cli.chat import chat_loop
+    from sv_engine import Engine, SamplingParams
+
+    class Interrupted(io.StringIO):
+        def readline(self, size: int | None = -1) -> str:
+            raise KeyboardInterrupt
+
+    engine = Engine.from_model_dir(default_model, device="cpu", kv_cache_mib=16)
+    params = SamplingParams(max_new_tokens=2)
+    assert chat_loop(engine, params, None, Interrupted(), io.StringIO()) == 130
+    assert chat_loop(engine, params, None, io.StringIO(""), io.StringIO()) == 0
+
+
 def test_chat_two_turns_and_reset(default_model: Path) -> None:
     from sv_cli.chat import chat_loop
     from sv_engine import Engine, SamplingParams

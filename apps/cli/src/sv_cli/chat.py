@@ -104,7 +104,8 @@ def chat_loop(
     """Read turns from `inp`, stream the answers to `out`. `thinking`: show each answer's
     thinking dimmed and without its tags (the history keeps the text as written). The exit
     status is 0, or 1 when `inp` is not a terminal and a turn was refused or a command
-    mistyped: a script sees what went wrong, as a person at the terminal does."""
+    mistyped: a script sees what went wrong, as a person at the terminal does; 130 for Ctrl-C
+    at the prompt (an interrupt, as every sv command's; Ctrl-C during a reply stops only it)."""
     from sv_engine import EngineError
     from sv_scheduler import AdmissionError
     from sv_tokenizer import Message, TokenizerError
@@ -130,7 +131,7 @@ def chat_loop(
             line = inp.readline()
         except KeyboardInterrupt:
             print(file=out)
-            return status()
+            return 130
         if not line:
             return status()
         text = line.strip()
