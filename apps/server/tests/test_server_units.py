@@ -166,6 +166,21 @@ def test_the_api_key_comes_from_the_flag_or_the_environment(
     assert "$SV_API_KEY must not be blank" in capsys.readouterr().err
 
 
+def test_the_model_may_be_given_as_vllm_serve_takes_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`sv serve MODEL`, as `vllm serve MODEL`: the same as --model; both at once must agree."""
+    from sv_server.cli import parse_args
+
+    assert parse_args(["models/x"]).model == "models/x"
+    assert parse_args(["--model", "models/x"]).model == "models/x"
+    assert parse_args(["models/x", "--model", "models/x"]).model == "models/x"
+    assert parse_args([]).model is None
+    with pytest.raises(SystemExit):
+        parse_args(["models/x", "--model", "models/y"])
+    assert "give the model once" in capsys.readouterr().err
+
+
 def test_missing_model_folder_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -74,8 +74,14 @@ def build_parser() -> OneLineErrorParser:
     p = OneLineErrorParser(
         prog="sv serve",
         description="Serve a model over an OpenAI-compatible HTTP API "
-        "(/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, "
-        "/health, /metrics).",
+        "(/v1/completions, /v1/chat/completions, /v1/responses, /v1/models, /tokenize, "
+        "/detokenize, /version, /health, /metrics, and a /dashboard page).",
+    )
+    p.add_argument(
+        "model_dir",
+        nargs="?",
+        metavar="MODEL",
+        help="model folder, as `vllm serve MODEL` takes it (the same as --model)",
     )
     add_engine_arguments(p, admission="preemptive")
     p.add_argument(
@@ -191,6 +197,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     empty; a blank one is an error that names the variable, not the flag)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.model_dir is not None:
+        if args.model is not None and args.model != args.model_dir:
+            parser.error(f"give the model once: MODEL {args.model_dir!r} or --model {args.model!r}")
+        args.model = args.model_dir
     from_env = os.environ.get(API_KEY_ENV, "")
     if args.api_key is None and from_env:
         if not from_env.strip():
