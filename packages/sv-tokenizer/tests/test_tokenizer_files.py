@@ -96,6 +96,12 @@ def test_tiktoken_file_level_errors(tmp_path: Path) -> None:
     )
     with pytest.raises(TokenizerError, match="cannot read the tokenizer file"):
         Tokenizer.from_file(tmp_path / "missing.model")
+    # a clone made without git-lfs, and a .json that is not JSON: said as such, where they were
+    # read as tiktoken files and blamed on base64
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:4f1c...\nsize 2471645608\n"
+    for name in ("tokenizer.json", "tokenizer.model"):
+        assert "a Git LFS pointer" in load_error(write(tmp_path / name, pointer))
+    assert "invalid JSON at line 1" in load_error(write(tmp_path / "t.json", b"this is not json"))
 
 
 @FUZZ_SETTINGS

@@ -387,6 +387,12 @@ FOUR = b"\x00\x00\x80\x3f"
 
 BAD_FILES: list[tuple[str, bytes, list[str]]] = [
     ("too short", b"\x01\x02", ["file is 2 bytes", "8-byte header length"]),
+    # a clone made without git-lfs: the pointer file in place of the weights
+    (
+        "lfs pointer",
+        b"version https://git-lfs.github.com/spec/v1\noid sha256:4f1c...\nsize 2471645608\n",
+        ["a Git LFS pointer", "git lfs pull"],
+    ),
     ("length over cap", struct.pack("<Q", 10**9) + b"{}", ["over the 100000000-byte cap"]),
     ("length past end", struct.pack("<Q", 500) + b"{}", ["500 bytes", "only 2 bytes follow"]),
     ("not utf-8", build_file({}, b"", raw_header=b'{"\xff": 1}'), ["not valid UTF-8"]),

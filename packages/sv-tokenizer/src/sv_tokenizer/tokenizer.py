@@ -87,6 +87,10 @@ def _alternation(strings: Iterable[str]) -> regex.Pattern[str] | None:
     return regex.compile("|".join(regex.escape(s) for s in ordered))
 
 
+# A clone made without git-lfs holds this small text file where the tokenizer should be.
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
 class Tokenizer:
     """A byte-level BPE tokenizer; build one with `from_file` or `from_model_dir`.
 
@@ -171,7 +175,7 @@ class Tokenizer:
     def from_file(cls, path: str | Path) -> Tokenizer:
         """Load a tiktoken-format `tokenizer.model` (Llama 3) or an HF `tokenizer.json`.
 
-        The format is told by the content, not the name. A tiktoken file gets Llama 3's
+        The format is told by the content, not the name (but a `.json` file is read as JSON). A tiktoken file gets Llama 3's
         pre-tokenization pattern and 256 special tokens.
         """
         return cls._load(Path(path), ModelDirConfig())
@@ -212,8 +216,13 @@ class Tokenizer:
             raise TokenizerError(
                 f"{source}: cannot read the tokenizer file ({error.strerror})"
             ) from None
+        if data.startswith(_LFS_POINTER):
+            raise TokenizerError(
+                f"{source}: a Git LFS pointer, not the tokenizer: the repository was cloned "
+                "without git-lfs (run `git lfs pull` in it, or download the file)"
+            )
         bos_token = config.template_tokens.get("bos_token")
-        if data.lstrip()[:1] == b"{":
+        if data.lstrip()[:1] == b"{" or path.suffix == ".json":  # (a .json's errors are JSON's)
             spec = parse_hf_tokenizer_json(data, source)
             merger: RankMerger | PairMerger = spec.merger
             pretokenizer: PreTokenizer | Pieces = spec.pretokenizer

@@ -152,7 +152,17 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     return SafetensorsHeader(path, header_len, data_start, tensors, metadata)
 
 
+# A clone made without git-lfs holds this small text file where the weights should be.
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
 def _read_header_text(file: BinaryIO, path: Path, file_size: int) -> tuple[int, str]:
+    if file.read(len(_LFS_POINTER)) == _LFS_POINTER:
+        raise WeightsError(
+            f"{path}: a Git LFS pointer, not the weights: the repository was cloned without "
+            "git-lfs (run `git lfs pull` in it, or download the file)"
+        )
+    file.seek(0)
     if file_size < 8:
         raise WeightsError(
             f"{path}: file is {file_size} bytes; a safetensors file starts with an 8-byte header length"
