@@ -385,6 +385,12 @@ def test_model_dir_errors(tmp_path: Path) -> None:
         TokenizerError, match=re.escape("generation_config.json: field 'eos_token_id'")
     ):
         Tokenizer.from_model_dir(tmp_path)
+    # an id past the vocabulary is blamed on the file that named it, not on the tokenizer's
+    write(tmp_path / "generation_config.json", {"eos_token_id": 99999})
+    with pytest.raises(
+        TokenizerError, match=re.escape("generation_config.json: end-of-sequence id 99999")
+    ):
+        Tokenizer.from_model_dir(tmp_path)
 
 
 def test_model_dir_prefers_tokenizer_json(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ class ModelDirConfig:
     template_tokens: dict[str, str] = field(
         default_factory=dict
     )  # bos_token etc., for the template
-    eos_ids: set[int] = field(default_factory=set)
+    eos_ids: dict[int, str] = field(default_factory=dict)  # id -> the file that names it
     added_tokens: list[AddedToken] | None = None  # from added_tokens_decoder
 
 
@@ -159,5 +159,6 @@ def read_model_dir_config(model_dir: Path) -> ModelDirConfig:
         path = model_dir / name
         document = _read_json_object(path)
         if document is not None:
-            config.eos_ids |= _eos_token_ids(document, path)
+            for eos_id in _eos_token_ids(document, path):
+                config.eos_ids.setdefault(eos_id, str(path))
     return config

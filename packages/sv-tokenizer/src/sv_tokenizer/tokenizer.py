@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain, compress, repeat
 from pathlib import Path
 
@@ -111,7 +111,7 @@ class Tokenizer:
         added_tokens: Sequence[AddedToken],
         bos_token: str | None = None,
         eos_token: str | None = None,
-        extra_eos_ids: Iterable[int] = (),
+        extra_eos_ids: Mapping[int, str] | None = None,
         strip_leading_space: bool = False,
         byte_fallback_ids: Iterable[int] = (),
     ) -> None:
@@ -145,12 +145,16 @@ class Tokenizer:
         stop_ids = {
             self.special_tokens[name] for name in STOP_TOKEN_NAMES if name in self.special_tokens
         }
-        stop_ids.update(extra_eos_ids)
+        named_in = extra_eos_ids or {}  # id -> the file that named it (generation_config.json)
+        stop_ids.update(named_in)
         if eos_token is not None:
             stop_ids.add(self._named_token_id(eos_token, "eos_token"))
         for stop_id in stop_ids:
             if not 0 <= stop_id < self.vocab_size:
-                raise TokenizerError(f"{source}: end-of-sequence id {stop_id} is not a token id")
+                raise TokenizerError(
+                    f"{named_in.get(stop_id, source)}: end-of-sequence id {stop_id} is not a "
+                    f"token id (the tokenizer has {self.vocab_size})"
+                )
         self.eos_ids: frozenset[int] = frozenset(stop_ids)
         self._chat_format: ChatFormat | None = None  # set by the loaders
         # The model folder's special-token strings (`bos_token`, ...) a jinja template is
