@@ -13,7 +13,7 @@ import pytest
 import torch
 from cli_test_support import one_line_error, sv
 from sv_cli.main import main
-from sv_engine import Engine
+from sv_engine import Engine, EngineError
 from sv_engine.options import add_engine_arguments, chat_template_from_args, engine_from_args
 from sv_server.cli import serve_main
 from sv_tokenizer import Message
@@ -148,6 +148,9 @@ def test_chat_template_text_decodes_escapes_and_keeps_other_characters() -> None
 
     assert read("{{ 'é→' }}\\n\\t\\q") == ("{{ 'é→' }}\n\t\\q", "--chat-template (text)")
     assert read("{{ messages }}") == ("{{ messages }}", "--chat-template (text)")
+    for empty in ("", " "):  # (an unset shell variable: it read "." and said "Is a directory")
+        with pytest.raises(EngineError, match="--chat-template must not be empty"):
+            read(empty)
 
 
 def test_sv_chat_uses_the_chat_template(default_model: Path, tmp_path: Path) -> None:

@@ -105,6 +105,8 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.count("\n") == 1
     assert err.startswith("sv weights inspect: error: the following arguments are required: path")
     assert inspect_main(["--help"]) == 0
+    assert inspect_main([""]) == 2  # (an unset shell variable: not the current folder)
+    assert capsys.readouterr().err == "sv weights inspect: error: the path must not be empty\n"
 
 
 def test_a_calibrated_kv_cache_shows_its_scales(tmp_path: Path) -> None:

@@ -45,6 +45,9 @@ def inspect_main(
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse has printed usage (or --help)
         return int(exit_.code or 0)
+    if not args.path.strip():  # (an unset shell variable: not this folder, as Path("") is)
+        print(f"{PROG}: error: the path must not be empty", file=err)
+        return 2
     path = Path(args.path)
     try:
         if path.is_dir():

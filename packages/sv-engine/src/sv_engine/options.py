@@ -478,6 +478,8 @@ def chat_template_from_args(args: argparse.Namespace) -> tuple[str, str] | None:
     value: str | None = getattr(args, "chat_template", None)
     if value is None:
         return None
+    if not value.strip():  # (an unset shell variable; an empty path reads as ".")
+        raise EngineError("--chat-template must not be empty")
     try:
         return Path(value).read_text(encoding="utf-8"), f"--chat-template {value}"
     except UnicodeDecodeError:
