@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -678,6 +679,70 @@ def test_ctrl_c_at_any_point_of_startup_is_interrupted_and_130(
     assert lines == [f"test: SIGINT while importing {module}", "sv: interrupted"], child.stderr
     assert child.returncode == 130
     assert "[request" not in child.stdout
+
+
+# `sv ARGV...` with SIGINT sent to itself at the start of the engine's first step, and again
+# when --stats starts printing: an impatient second Ctrl-C, at a known point of the cleanup.
+_SIGINT_TWICE = """
+import os, runpy, signal, sys
+
+script, sys.argv = sys.argv[1], sys.argv[1:]
+import sv_cli.generate as generate
+from sv_engine import Engine
+
+def interrupt():
+    os.kill(os.getpid(), signal.SIGINT)
+
+step, print_stats = Engine.step, generate.print_stats
+def first_step(self, *args, **kwargs):
+    Engine.step = step
+    interrupt()
+    return step(self, *args, **kwargs)
+def interrupted_stats(engine):
+    interrupt()
+    print_stats(engine)
+Engine.step, generate.print_stats = first_step, interrupted_stats
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_a_second_ctrl_c_during_the_cleanup_is_no_traceback(default_model: Path) -> None:
+    """The first Ctrl-C starts the cleanup (pages back, --stats); a second one then is
+    ignored: exit 130 with the one line, the stats whole (it printed a traceback)."""
+    child = subprocess.run(
+        [sys.executable, "-c", _SIGINT_TWICE, str(SV), "generate", "--stats", "Hi", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_sigint_at_default,
+    )
+    assert child.stderr.strip() == "sv: interrupted", child.stderr
+    assert child.returncode == 130
+    pool = re.search(r"pool size:\s+(\d+)", child.stdout)
+    free = re.search(r"final free pages:\s+(\d+)", child.stdout)
+    assert pool and free and pool.group(1) == free.group(1), child.stdout
+
+
+def test_uninterrupted_holds_ctrl_c_off_then_gives_it_back() -> None:
+    from sv_cli.common import uninterrupted
+
+    seen: list[int] = []
+
+    def record(signum: int, _frame: object) -> None:
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGINT, record)
+    try:
+        with uninterrupted():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)  # (a handler runs between bytecodes: it would have by now)
+        assert seen == []
+        assert signal.getsignal(signal.SIGINT) is record
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_nan_weights_in_a_damaged_cached_default_model(default_model: Path, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from sv_cli.common import (
     open_engine,
     pool_hint,
     sampling_params,
+    uninterrupted,
 )
 
 if TYPE_CHECKING:
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         return chat_loop(engine, params, args.system, sys.stdin, sys.stdout, parser)
     finally:
-        stop_trace(engine)
+        with uninterrupted():
+            stop_trace(engine)
 
 
 def chat_loop(

@@ -4,10 +4,29 @@ live in `sv_engine.options`, shared with `sv serve`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sv_engine import Engine, SamplingParams
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ctrl-C ignored while the body runs: for the cleanup that a first Ctrl-C starts (pages
+    back, --stats, the trace file closed), so that an impatient second one does not cut it
+    short into a traceback. Only in the main thread, the one that handles signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from sv_cli.common import (
     open_engine,
     pool_hint,
     sampling_params,
+    uninterrupted,
 )
 
 DEFAULT_MAX_NEW = 128
@@ -154,10 +155,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"sv generate: error: {flag_named(e)}{pool_hint(e, engine)}", file=sys.stderr)
         return 2
     finally:
-        engine.cancel_all()  # Ctrl-C lands here too: every page goes back before exit
-        stop_trace(engine)
-        if args.stats:
-            print_stats(engine)
+        with uninterrupted():
+            engine.cancel_all()  # Ctrl-C lands here too: every page goes back before exit
+            stop_trace(engine)
+            if args.stats:
+                print_stats(engine)
     return 0
 
 

@@ -109,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a closed pipe is handled, not at interpreter exit
         return code
     except KeyboardInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            # Exiting: a second Ctrl-C would land in the interpreter's own shutdown (joining
+            # threads) and print a traceback there.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
