@@ -266,6 +266,27 @@ def test_split_prompts() -> None:
         split_prompts(["-", "-"], stdin=io.StringIO("x"))
     with pytest.raises(ValueError, match="request 1 rejected: the prompt is empty"):
         split_prompts(["-"], stdin=io.StringIO("\n"))
+    # bytes that were not UTF-8 (lone surrogates from argv or stdin): refused, naming the byte,
+    # not put into the prompt as U+FFFD
+    undecodable = b"caf\xe9".decode("utf-8", "surrogateescape")
+    with pytest.raises(ValueError, match="request 2's prompt is not UTF-8 text: byte 0xe9"):
+        split_prompts(["a", undecodable])
+
+
+def test_input_that_is_not_utf8_is_one_line_and_exit_2(default_model: Path) -> None:
+    """Under a UTF-8 locale Python reads stdin strictly: a bad byte was a UnicodeDecodeError's
+    traceback (sv chat, sv tokenize) or, under C.UTF-8, a silent U+FFFD in the prompt."""
+    for argv in (["generate", "-", "5"], ["tokenize", "-"], ["chat", "-n", "5"]):
+        done = subprocess.run(
+            [str(SV), *argv],
+            input=b"caf\xe9 hi\n",
+            capture_output=True,
+            timeout=300,
+            env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+        )
+        err = done.stderr.decode()
+        assert "Traceback" not in err and "byte 0xe9 at character 3" in err, (argv, err)
+        assert done.returncode in (1, 2), (argv, done.returncode)
 
 
 def test_chat_ctrl_c_at_the_prompt_exits_130(default_model: Path) -> None:

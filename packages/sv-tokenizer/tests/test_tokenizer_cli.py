@@ -44,11 +44,18 @@ def test_a_lone_dash_reads_standard_input(
     model.write_bytes(tiny_tiktoken_file())
     monkeypatch.setattr("sys.stdin", io.StringIO("hello w\n"))
     status, out, _ = run(["--tokenizer", str(model), "-"], capsys)
+    # less its final newline, as `sv generate -` reads a prompt
     assert status == 0 and out.split() == [
-        str(i) for i in Tokenizer.from_file(model).encode("hello w\n")
+        str(i) for i in Tokenizer.from_file(model).encode("hello w")
     ]
     monkeypatch.setattr("sys.stdin", io.StringIO("259, 32 119"))
     assert run(["--tokenizer", str(model), "--decode", "-"], capsys) == (0, "hello w\n", "")
+    # bytes that are not UTF-8: named, exit 2 (not a UnicodeDecodeError's traceback)
+    strict = io.TextIOWrapper(io.BytesIO(b"caf\xe9 w\n"), encoding="utf-8", errors="strict")
+    monkeypatch.setattr("sys.stdin", strict)
+    status, _, err = run(["--tokenizer", str(model), "-"], capsys)
+    assert status == 2
+    assert err == "sv tokenize: error: standard input is not UTF-8 text: byte 0xe9 at character 3\n"
 
 
 def test_default_llama_tokenizer_and_special_tokens(

@@ -110,7 +110,7 @@ def chat_loop(
     at the prompt (an interrupt, as every sv command's; Ctrl-C during a reply stops only it)."""
     from sv_engine import EngineError
     from sv_scheduler import AdmissionError
-    from sv_tokenizer import Message, TokenizerError
+    from sv_tokenizer import Message, TokenizerError, check_utf8
 
     def fresh() -> list[Message]:
         # (an empty one too: it replaces the default some templates add without one)
@@ -138,6 +138,12 @@ def chat_loop(
             return status()
         text = line.strip()
         if not text:
+            continue
+        try:
+            check_utf8(text, "the line")
+        except TokenizerError as e:
+            failures += 1
+            print(f"sv chat: {e}", file=sys.stderr)
             continue
         if COMMAND.fullmatch(text):
             if text in ("/exit", "/quit"):

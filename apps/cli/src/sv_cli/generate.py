@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from sv_engine.options import add_engine_arguments, positive_int
 from sv_engine.params import MAX_LOGPROBS
+from sv_tokenizer import TokenizerError, check_utf8
 
 from sv_cli import logprobs_view
 from sv_cli.common import (
@@ -127,6 +128,10 @@ def split_prompts(
     for number, prompt in enumerate(prompts, start=1):
         if not prompt.strip():
             raise ValueError(f"request {number} rejected: the prompt is empty")
+        try:
+            check_utf8(prompt, f"request {number}'s prompt")
+        except TokenizerError as e:
+            raise ValueError(str(e)) from None
     return prompts, max_new
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import io
 import os
 import signal
 import sys
@@ -94,6 +95,11 @@ def _add_passthrough(sub: Any, name: str, help: str, module: str, function: str)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # Bytes that are not UTF-8 come through as lone surrogates, which each command refuses
+        # naming the byte (sv_tokenizer.check_utf8), rather than as a UnicodeDecodeError's
+        # traceback from deep inside, or as U+FFFD put silently into a prompt.
+        sys.stdin.reconfigure(errors="surrogateescape")
     try:
         try:
             _import_engine()

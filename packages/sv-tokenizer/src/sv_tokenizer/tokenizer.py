@@ -74,6 +74,21 @@ CACHE_MAX_PIECE_CHARS = 64
 """Longer pieces (rare: long words, whitespace runs) are not worth keeping."""
 
 
+def check_utf8(text: str, what: str) -> None:
+    """TokenizerError if `text` holds bytes that were not UTF-8: Python hands them on as lone
+    surrogates U+DC80-U+DCFF (command-line arguments, and standard input read with
+    `errors="surrogateescape"`), which encoding would silently turn into U+FFFD."""
+    found = _ESCAPED_BYTE.search(text)
+    if found is not None:
+        byte = ord(found.group()) - 0xDC00
+        raise TokenizerError(
+            f"{what} is not UTF-8 text: byte 0x{byte:02x} at character {found.start()}"
+        )
+
+
+_ESCAPED_BYTE = regex.compile("[\udc80-\udcff]")
+
+
 def _replace_surrogates(text: str) -> str:
     """Lone surrogates cannot be UTF-8 encoded: join valid pairs, replace the rest by U+FFFD (as tiktoken)."""
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
