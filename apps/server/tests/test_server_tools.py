@@ -196,21 +196,23 @@ def test_each_choice_parses_its_own_call(n: int, client: openai.OpenAI, llama_se
     assert len(arguments) > 1
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_streamed_choices_each_send_their_own_call(
-    n: int, client: openai.OpenAI, llama_server: Any
-) -> None:
-    stream = client.chat.completions.create(
+def _named_call(client: openai.OpenAI, llama_server: Any, **options: Any) -> Any:
+    """A chat request whose tool_choice names get_weather."""
+    return client.chat.completions.create(
         model=llama_server.model_name,
         messages=[QUESTION],
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=60,
-        n=n,
-        temperature=1.0,
-        seed=7,
-        stream=True,
+        **options,
     )
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_streamed_choices_each_send_their_own_call(
+    n: int, client: openai.OpenAI, llama_server: Any
+) -> None:
+    stream = _named_call(client, llama_server, n=n, temperature=1.0, seed=7, stream=True)
     chunks = [c for c in stream if c.choices]
     assert all(len(c.choices) == 1 for c in chunks)
     for index in range(n):
@@ -227,14 +229,7 @@ def test_streamed_choices_each_send_their_own_call(
 
 
 def test_a_named_call_finishes_as_stop(client: openai.OpenAI, llama_server: Any) -> None:
-    reply = client.chat.completions.create(
-        model=llama_server.model_name,
-        messages=[QUESTION],
-        tools=TOOLS,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        max_tokens=60,
-    )
-    choice = reply.choices[0]
+    choice = _named_call(client, llama_server).choices[0]
     assert choice.finish_reason == "stop" and choice.message.content is None
     (call,) = choice.message.tool_calls or []
     _check_call(call, "get_weather")
