@@ -134,7 +134,7 @@ def test_the_early_refusal_bound_never_exceeds_the_real_token_count(
         ["--host", ""],  # (not every interface)
         ["--served-model-name", " "],
         ["--bogus"],
-        ["extra"],
+        ["models/x", "extra"],  # (one MODEL, as vllm serve takes)
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(
