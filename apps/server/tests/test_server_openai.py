@@ -259,13 +259,9 @@ def test_a_stream_read_line_by_line_keeps_unicode_line_breaks_in_its_events(
 
 
 def _greedy(client: openai.OpenAI, server: RunningServer, prompt: str, **kw: Any) -> Any:
+    kw = {"max_tokens": 16, **kw}
     return client.completions.create(
-        model=server.model_name,
-        prompt=prompt,
-        max_tokens=16,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-        **kw,
+        model=server.model_name, prompt=prompt, temperature=0, extra_body={"ignore_eos": True}, **kw
     )
 
 
@@ -304,6 +300,40 @@ def test_stop_strings_cut_the_text(
     assert m["sv_kv_cache_pages_used"] == 0 and m["sv_requests_running"] == 0
     assert m[finished % "stop"] - before[finished % "stop"] == 1
     assert m[finished % "cancelled"] == before[finished % "cancelled"]
+
+
+def test_a_stop_string_in_the_last_allowed_token_finishes_as_stop_everywhere(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """The token that completes a stop string is also the last max_tokens allows: the client
+    and /metrics both say "stop" (vLLM's rule: a stop string found wins over the length), and
+    /metrics counts exactly the tokens the client was given (stop strings are matched on the
+    engine thread, which cancels the request before another token is generated)."""
+    prompt = "Here is a list of fruits: apple, banana,"
+    full = _greedy(client, server, prompt, logprobs=0)
+    tokens = full.choices[0].logprobs.tokens
+    found = None
+    for k in range(6, len(tokens)):  # a stop string that first completes in token k
+        before, upto = "".join(tokens[: k - 1]), "".join(tokens[:k])
+        for size in (3, 2, 1):
+            stop = upto[-size:]
+            if len(upto) - size >= 0 and upto.find(stop) + size == len(upto) > len(before):
+                found = (k, stop, upto[: len(upto) - size])
+                break
+        if found:
+            break
+    assert found is not None, tokens
+    k, stop, expected = found
+    finished = 'sv_requests_finished_total{finish_reason="%s"}'
+    before_m = server.wait_idle()
+    reply = _greedy(client, server, prompt, stop=[stop], max_tokens=k)
+    assert reply.choices[0].text == expected and reply.choices[0].finish_reason == "stop"
+    m = server.wait_idle()
+    assert m[finished % "stop"] - before_m[finished % "stop"] == 1
+    assert m[finished % "length"] == before_m[finished % "length"]
+    assert reply.usage.completion_tokens == k
+    gen = "sv_generation_tokens_total"
+    assert m[gen] - before_m[gen] == k
 
 
 # --- sampling --------------------------------------------------------------------------------

@@ -34,14 +34,14 @@ from sv_server.response_bodies import (
     usage,
     usage_chunk_body,
 )
-from sv_server.stops import StopStringMatcher
 
 
 class Generation:
     """The tokens of one accepted request, as text, with stop strings applied.
 
-    Ends at the engine's finish ("stop"/"length") or at a stop string, which cancels the
-    request in the engine at once. `close()` cancels it if it is still running (client gone).
+    Ends at the engine's finish ("stop"/"length"; a stop string's is "stop" too: the engine
+    loop matches them, engine_loop.py). `close()` cancels it if it is still running (client
+    gone).
     `echo`: text that comes first (the prompt, for completions' echo). With `logprobs`, the
     scored tokens gather as they come, until `take_logprobs` renders them. With `reasoning`
     (chat under a reasoning parser), its thinking tokens are counted.
@@ -51,7 +51,6 @@ class Generation:
         self,
         loop: EngineLoop,
         handle: RequestHandle,
-        matcher: StopStringMatcher,
         *,
         echo: str = "",
         echo_lengths: Sequence[int] = (),
@@ -60,7 +59,6 @@ class Generation:
     ) -> None:
         self._loop = loop
         self.handle = handle
-        self._matcher = matcher
         self._echo = echo
         self._echo_lengths = echo_lengths  # the characters of `echo` each prompt token adds
         self.completion_tokens = 0
@@ -106,12 +104,8 @@ class Generation:
                 self.reasoning.push(event.text)
         if self.logprobs is not None:
             self._score(event)
-        text = self._matcher.push(event.text, self.completion_tokens)
-        if self._matcher.stopped:
-            self.finish_reason = "stop"
-            self.handle.stopped_by_string = True
-            self._loop.cancel(self.handle)  # frees its pages before the next step
-        elif event.finished is not None:
+        text = event.text
+        if event.finished is not None:
             if event.finished == "error" and event.completion is not None:
                 # Its grammar failed (past the lexer's limits): what it wrote so far is not
                 # output that meets the constraint, so it is no answer.
@@ -124,7 +118,6 @@ class Generation:
                     status=500,
                     type="server_error",
                 )
-            text += self._matcher.flush()
             self.finish_reason = event.finished
         return text
 

@@ -388,9 +388,15 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     generations = [
         Generation(
             state.loop,
-            RequestHandle(ids, choice, continuation=req.kind == "completion"),
-            StopStringMatcher(
-                req.stop, include_stop=req.include_stop_str_in_output, min_tokens=req.min_tokens
+            RequestHandle(
+                ids,
+                choice,
+                continuation=req.kind == "completion",
+                stops=StopStringMatcher(
+                    req.stop,
+                    include_stop=req.include_stop_str_in_output,
+                    min_tokens=req.min_tokens,
+                ),
             ),
             echo=echo_text(state, req, i, ids),
             echo_lengths=echo_lengths(state, req, i, ids),

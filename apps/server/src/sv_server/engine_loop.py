@@ -5,12 +5,18 @@ The Engine is single-threaded. A dedicated thread runs the step loop:
     commands = take every queued command (block only when the engine has nothing to do)
     apply them: submit -> engine.add_request, cancel -> engine.cancel
     events = engine.step()                  # a token for each running request (more when speculating)
+    stop strings: cut each request's text, cancel a request whose text holds one
     hand this iteration's deliveries to the event loop      # one call_soon_threadsafe
 
 Handlers (on the asyncio event loop) call `submit` / `cancel`, which only put a command on a
 thread-safe queue, and read their request's deliveries from its own asyncio.Queue. Commands are
 applied between steps, so a cancel frees the request's pages before the next step runs. When no
 request is in flight the thread sleeps in `queue.get()`: no busy-waiting.
+
+Stop strings are matched here, on the engine thread, as each step's events come (a request's
+`stops`, stops.py): a request whose text completes one is cancelled in the engine before the
+next step runs, as vLLM's engine ends it in the step that found it, so no token past it is
+generated, delivered or counted; its client gets the text before it and a finish "stop".
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
@@ -31,6 +37,7 @@ from sv_scheduler import AdmissionError, RequestId, SchedulerStats
 
 from sv_server.engine_view import VIEW_INTERVAL_S, engine_view
 from sv_server.errors import ServerError
+from sv_server.stops import StopStringMatcher
 
 log = logging.getLogger("sv_server")
 
@@ -82,14 +89,19 @@ class RequestHandle:
     """A handler's end of one request. Create it on the event loop thread (it owns a Queue)."""
 
     def __init__(
-        self, prompt_ids: list[int], params: SamplingParams, *, continuation: bool = False
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        continuation: bool = False,
+        stops: StopStringMatcher | None = None,
     ) -> None:
         self.prompt_ids = prompt_ids
         self.params = params
         self.continuation = continuation  # a completion's text continues its prompt's
-        # Ended by a stop string: the server cancels it in the engine, yet it finished as
-        # "stop" (metrics count it so). Set on the event loop thread before the cancel.
-        self.stopped_by_string = False
+        # Its stop strings, matched on the engine thread (used there only, once submitted).
+        self.stops = stops if stops is not None and stops.stops else None
+        self.output_tokens = 0  # the engine thread's count, for the stops' min_tokens
         self.deliveries: asyncio.Queue[Delivery] = asyncio.Queue()
         self.arrived_at = time.perf_counter()
         self.request_id: RequestId | None = None  # written by the engine thread only
@@ -287,8 +299,37 @@ class EngineLoop:
                 if event.finished is not None
                 else self._live.get(event.request_id)
             )
-            if handle is not None:
+            if handle is None:
+                continue  # (finished or cancelled: a later event of a verified draft)
+            if handle.stops is None:
                 batch.append((handle, Token(event, now)))
+            else:
+                self._stop_strings(handle, event, now, batch)
+
+    def _stop_strings(
+        self, handle: RequestHandle, event: StreamEvent, now: float, batch: Batch
+    ) -> None:
+        """Deliver `event` through its request's stop strings: text that may begin one is
+        held back; the token that completes one comes cut at it, then a finish "stop", and
+        the request is cancelled before the next step (its pages go back then)."""
+        stops = handle.stops
+        assert stops is not None
+        if event.token_id is not None:
+            handle.output_tokens += 1
+        text = stops.push(event.text, handle.output_tokens)
+        if not stops.stopped:
+            if event.finished is not None:
+                text += stops.flush()
+            batch.append((handle, Token(replace(event, text=text), now)))
+            return
+        # The token is the client's (counted, scored), its text cut; the finish is "stop".
+        batch.append(
+            (handle, Token(replace(event, text=text, finished=None, completion=None), now))
+        )
+        if event.finished is None:  # (else the engine has ended it already: "length")
+            self._live.pop(event.request_id, None)
+            self.engine.cancel(event.request_id)  # (its "cancelled" event is no one's)
+        batch.append((handle, Token(StreamEvent(event.request_id, None, "", "stop"), now)))
 
     def _fail_all(self, message: str, batch: Batch, status: int = 500) -> None:
         for handle in self._live.values():

@@ -72,8 +72,7 @@ class Metrics:
                     self.itl.observe(at - handle.last_token_at)
                 handle.last_token_at = at
             if event.finished is not None:
-                stopped = event.finished == "cancelled" and handle.stopped_by_string
-                self.finished["stop" if stopped else event.finished] += 1
+                self.finished[event.finished] += 1
                 self.latency.observe(at - handle.arrived_at)
 
     def render(self, snapshot: LoopSnapshot, waiting: int) -> str:
