@@ -48,7 +48,11 @@ def test_chat_fields() -> None:
                 {"role": "system", "content": "Be brief."},
                 {
                     "role": "user",
-                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                    # (cache_control: Anthropic's caching mark that proxies add; ignored)
+                    "content": [
+                        {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+                        {"type": "text", "text": "b"},
+                    ],
                 },
             ],
             "max_completion_tokens": 7,
@@ -301,3 +305,11 @@ def test_chunk_encoder_equals_plain_json(text: str, kind: Any) -> None:
     event = ChunkEncoder(kind, 'id\u00e9"', "m/1", 7).text_event(text)
     assert event.startswith("data: ") and event.endswith("\n\n")
     assert json.loads(event[6:]) == chunk_body(kind, 'id\u00e9"', "m/1", 7, text)
+
+
+def test_a_text_part_with_other_keys_is_refused() -> None:
+    """Only Anthropic's cache_control mark is let through beside type and text."""
+    part = {"type": "text", "text": "a", "foo": 1}
+    with pytest.raises(ServerError) as e:
+        parse_chat_request({"messages": [{"role": "user", "content": [part]}]})
+    assert e.value.param == "messages[0]" and "content parts must be" in e.value.message

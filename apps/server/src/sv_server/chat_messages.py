@@ -38,6 +38,12 @@ CHAT_OPTION_FIELDS = frozenset(
 )
 
 
+# A text part's keys beside type and text that ask for nothing this server lacks: Anthropic's
+# prompt-caching mark, which clients and proxies (LiteLLM) add to OpenAI requests; this server
+# caches every prompt's pages by prefix without being asked.
+_IGNORED_PART_KEYS = frozenset({"cache_control"})
+
+
 def parse_chat_options(body: Mapping[str, Any]) -> ChatOptions:
     generation = optional_bool(body, "add_generation_prompt")
     kwargs = checked_field(body, "chat_template_kwargs", lambda v: isinstance(v, dict), "an object")
@@ -101,7 +107,7 @@ def parse_message(item: Any, index: int) -> Message:
                 isinstance(part, dict)
                 and part.get("type") == "text"
                 and isinstance(part.get("text"), str)
-                and set(part) == {"type", "text"}
+                and set(part) - _IGNORED_PART_KEYS == {"type", "text"}
             ):
                 raise bad_request(
                     f"{param}.content parts must be {{'type': 'text', 'text': str}}", param
