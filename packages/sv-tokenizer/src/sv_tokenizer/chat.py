@@ -157,11 +157,11 @@ class Llama3ChatFormat:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Tools and tool calls in Llama 3.x's JSON tool-call format (see tool_format.py)."""
-        from .tool_format import with_llama3_tools
+        from .tool_format import TOOL_RESULT_ROLES, with_llama3_tools
 
         generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
         check_template_kwargs(chat_template_kwargs)  # no variables: each is dropped
-        if tools or any(m.tool_calls or m.role == "tool" for m in messages):
+        if tools or any(m.tool_calls or m.role in TOOL_RESULT_ROLES for m in messages):
             messages = with_llama3_tools(messages, tools)
         ids = [self.begin_of_text]
         for index, message in enumerate(messages):

@@ -47,6 +47,11 @@ def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
+# A tool's result: OpenAI's role "tool", or Llama's own name for it, "ipython"; Meta's template
+# writes either's content as a JSON string (`content | tojson`).
+TOOL_RESULT_ROLES = ("tool", "ipython")
+
+
 def with_llama3_tools(
     messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None
 ) -> list[Message]:
@@ -62,7 +67,7 @@ def with_llama3_tools(
                     f"got {len(message.tool_calls)}"
                 )
             message = replace(message, content=tool_call_text(message.tool_calls[0]))
-        elif message.role == "tool":
+        elif message.role in TOOL_RESULT_ROLES:
             message = replace(message, content=_tojson(message.content))
         out.append(message)
     if tools:
