@@ -419,9 +419,14 @@ class TemplateChatFormat:
         for index, message in enumerate(messages):
             content = message.content
             core = content.strip()
-            leading = content[: len(content) - len(content.lstrip())]
-            trailing = content[len(content.rstrip()) :] if core else ""
             cores.append(core)
+            if not core:
+                # Nothing to keep apart: the content as it is, where a placeholder would be
+                # text the template tests (Qwen3's `{% if content %}`) and so render otherwise.
+                placeholders.append(_as_dict(message, content))
+                continue
+            leading = content[: len(content) - len(content.lstrip())]
+            trailing = content[len(content.rstrip()) :]
             placeholders.append(_as_dict(message, f"{leading}{_OPEN}{index}{_CLOSE}{trailing}"))
         with_placeholders = self._render_dicts(placeholders, options)
         pieces = _SENTINEL.split(with_placeholders)
