@@ -379,9 +379,46 @@ def test_connections_past_the_bound_get_503_until_the_slow_ones_are_closed(
         for sock in slow:  # the header deadline frees their places
             _read_until_closed(sock, wait_s=READ_TIMEOUT_S + 5)
         assert httpx.get(f"{guarded.url}/health").status_code == 200
+        # counted as a refusal, with its own reason (it was missing from the metric)
+        metrics = guarded.metrics()
+        assert metrics['sv_requests_rejected_total{reason="too_many_connections"}'] >= 1
     finally:
         for sock in slow:
             sock.close()
+
+
+def test_time_to_first_token_counts_from_the_requests_arrival(server: RunningServer) -> None:
+    """A body that takes a second to arrive: TTFT and latency include that second (they were
+    stamped after the body was read and tokenized: 0.085 s for a 3.3 s answer)."""
+    first = "sv_time_to_first_token_seconds_sum"
+    latency = "sv_request_latency_seconds_sum"
+    before = server.wait_idle()
+    body = json.dumps({"prompt": "Hi", "max_tokens": 1}).encode()
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    with socket.create_connection(_address(server)) as sock:
+        sock.sendall(head + body[:5])
+        time.sleep(1.0)
+        sock.sendall(body[5:])
+        answer, _ = _read_until_closed(sock, wait_s=60)
+    assert answer.startswith(b"HTTP/1.1 200")
+    after = server.wait_idle()
+    assert after[first] - before[first] >= 1.0
+    assert after[latency] - before[latency] >= 1.0
+
+
+def test_refusals_counted_are_the_generation_routes(server: RunningServer) -> None:
+    """sv_requests_rejected_total counts refused generation requests: a bad /detokenize or a
+    lookup of an unknown model is no refused generation (they were counted as invalid)."""
+    invalid = 'sv_requests_rejected_total{reason="invalid"}'
+    before = server.metrics()[invalid]
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [-1]}).status_code == 400
+    assert httpx.get(f"{server.url}/v1/models/nope").status_code == 404
+    assert server.metrics()[invalid] == before
+    assert httpx.post(f"{server.url}/v1/completions", json={"prompt": 5}).status_code == 400
+    assert server.metrics()[invalid] == before + 1
 
 
 # --- tokenization off the event loop ---------------------------------------------------------

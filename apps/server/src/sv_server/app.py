@@ -87,6 +87,10 @@ RETRY_AFTER_S = 1
 DRAIN_POLL_S = 0.05  # how often a draining shutdown looks whether requests are still in flight
 
 
+# The routes that generate: their refusals are what sv_requests_rejected_total counts.
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
+
+
 def create_app(
     engine: Engine,
     *,
@@ -218,10 +222,11 @@ def _error_response(error: ServerError) -> JSONResponse:
 async def _server_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServerError)
     state: ServerState = request.app.state.server
-    reason = {429: "queue_full", 500: "engine_error", 503: "shutting_down"}.get(
-        exc.status, "invalid"
-    )
-    state.metrics.rejected[reason] += 1
+    if request.url.path in GENERATION_PATHS:  # (sv_requests_rejected_total counts these)
+        reason = {429: "queue_full", 500: "engine_error", 503: "shutting_down"}.get(
+            exc.status, "invalid"
+        )
+        state.metrics.rejected[reason] += 1
     return _error_response(exc)
 
 
@@ -366,6 +371,7 @@ async def _read(request: Request, state: ServerState) -> bytes:
 
 
 async def _generate(request: Request, state: ServerState, parse: Parser) -> Response:
+    arrived_at = time.perf_counter()  # (TTFT and latency count the body's reading too)
     raw = await _read(request, state)
     req, prompts, turns = await asyncio.get_running_loop().run_in_executor(
         state.tokenizer_threads, partial(prepare, state, raw, parse)
@@ -392,6 +398,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 ids,
                 choice,
                 continuation=req.kind == "completion",
+                arrived_at=arrived_at,
                 stops=StopStringMatcher(
                     req.stop,
                     include_stop=req.include_stop_str_in_output,

@@ -94,6 +94,7 @@ class RequestHandle:
         params: SamplingParams,
         *,
         continuation: bool = False,
+        arrived_at: float | None = None,
         stops: StopStringMatcher | None = None,
     ) -> None:
         self.prompt_ids = prompt_ids
@@ -103,7 +104,8 @@ class RequestHandle:
         self.stops = stops if stops is not None and stops.stops else None
         self.output_tokens = 0  # the engine thread's count, for the stops' min_tokens
         self.deliveries: asyncio.Queue[Delivery] = asyncio.Queue()
-        self.arrived_at = time.perf_counter()
+        # When its HTTP request came (its handler's start), for TTFT and latency
+        self.arrived_at = time.perf_counter() if arrived_at is None else arrived_at
         self.request_id: RequestId | None = None  # written by the engine thread only
         self.last_token_at: float | None = None  # written by delivery observers (event loop)
 

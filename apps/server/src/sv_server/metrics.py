@@ -144,10 +144,18 @@ class Metrics:
         )
         out.labelled_counter(
             "sv_requests_rejected_total",
-            "Requests the server refused, by reason.",
+            "Generation requests the server refused, by reason (unauthorized: any request "
+            "refused for its API key).",
             "reason",
             self.rejected,
-            ("invalid", "unauthorized", "queue_full", "engine_error", "shutting_down"),
+            (
+                "invalid",
+                "unauthorized",
+                "queue_full",
+                "too_many_connections",
+                "engine_error",
+                "shutting_down",
+            ),
         )
         out.histogram(
             "sv_time_to_first_token_seconds", "Arrival to first generated token.", self.ttft

@@ -107,6 +107,7 @@ class _ConnectionBound:
             and max(len(state.connections), len(state.tasks)) > self.limit
         ):
             log.warning("refused a request: more than %d connections open", self.limit)
+            self.app.state.server.metrics.rejected["too_many_connections"] += 1
             error = ServerError(
                 f"the server has more than its {self.limit} connections open (--max-connections); "
                 "retry later",
