@@ -159,7 +159,7 @@ def _watch_dashboard(driver: Any, url: str, tmp_path: Path, By: Any, WebDriverWa
     wait.until(lambda d: d.find_element(By.ID, "live").is_displayed())
 
     metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    total = int(re.search(r"^sv_kv_cache_pages_total (\d+)", metrics, re.M).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"^sv_kv_cache_pages_capacity (\d+)", metrics, re.M).group(1))  # type: ignore[union-attr]
     auth = {"Authorization": f"Bearer {KEY}"}
     body = {"model": "smollm2-135m-instruct", "max_tokens": 64, "ignore_eos": True}
     clients = [

@@ -78,13 +78,13 @@ def test_a_short_request_is_answered_while_a_chat_without_max_tokens_streams(
     assert body["choices"][0]["finish_reason"] == "length"
     metrics = server.wait_idle()
     assert metrics["sv_kv_cache_pages_used"] == 0
-    assert metrics["sv_kv_cache_pages_free"] == metrics["sv_kv_cache_pages_total"]
+    assert metrics["sv_kv_cache_pages_free"] == metrics["sv_kv_cache_pages_capacity"]
 
 
 def test_max_tokens_over_the_pool_is_a_400_naming_it(server: RunningServer) -> None:
     """An explicit max_tokens within the context but past what the pool could ever hold after
     the prompt: refused before queueing, naming max_tokens and the most that fits."""
-    pool_tokens = int(server.metrics()["sv_kv_cache_pages_total"]) * 16
+    pool_tokens = int(server.metrics()["sv_kv_cache_pages_capacity"]) * 16
     with httpx.Client(base_url=server.url, timeout=60) as http:
         prompt = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
         prompt_tokens = prompt.json()["count"]
@@ -101,7 +101,7 @@ def test_without_max_tokens_a_chat_gets_what_the_pool_can_hold(server: RunningSe
     """The default for an omitted max_tokens is the context or the pool, whichever is
     smaller: never a budget the server itself would refuse."""
     metrics = server.metrics()
-    pool_tokens = int(metrics["sv_kv_cache_pages_total"]) * 16
+    pool_tokens = int(metrics["sv_kv_cache_pages_capacity"]) * 16
     with httpx.Client(base_url=server.url, timeout=60) as http:
         models = http.get("/v1/models").json()["data"][0]
         assert pool_tokens < models["max_model_len"], "this test needs a pool below the context"

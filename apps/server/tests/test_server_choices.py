@@ -38,7 +38,7 @@ def test_completion_choices_are_the_engines_seeded_draws(
     assert reply.usage.prompt_tokens == sum(map(len, ids))  # once per prompt
     assert reply.usage.completion_tokens == sum(len(c.output_ids) for c in expected)
     m = server.wait_idle()
-    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_total"]
+    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_capacity"]
 
 
 def test_streamed_chat_choices_each_get_a_role_and_one_finish(

@@ -108,7 +108,7 @@ def test_frames_show_a_running_request_and_agree_with_metrics(keyed: Any) -> Non
     assert pool["assigned"] == metrics["sv_kv_cache_pages_used"] == 0
     assert pool["free"] + pool["cached"] == metrics["sv_kv_cache_pages_free"]
     assert pool["cached"] == metrics["sv_kv_cache_pages_cached"]
-    assert pool["num_pages"] == metrics["sv_kv_cache_pages_total"]
+    assert pool["num_pages"] == metrics["sv_kv_cache_pages_capacity"]
     assert frame["generation_tokens"] == metrics["sv_generation_tokens_total"]
     assert frame["steps"] == metrics["sv_engine_steps_total"]
     ttft = (

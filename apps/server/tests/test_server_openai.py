@@ -510,7 +510,7 @@ def test_metrics_parse_and_count(client: openai.OpenAI, server: RunningServer) -
     )
     # the second request's prompt is the first's: its full pages come from the prefix cache
     assert m["sv_prefix_cache_hit_tokens_total"] > before["sv_prefix_cache_hit_tokens_total"]
-    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_total"] > 0
+    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_capacity"] > 0
     for name in ("sv_time_to_first_token_seconds", "sv_inter_token_latency_seconds"):
         buckets = sorted(
             (float(k.split('le="')[1].rstrip('"}')), v)

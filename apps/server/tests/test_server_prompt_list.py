@@ -50,7 +50,7 @@ def test_one_choice_per_prompt(
     assert reply.usage.completion_tokens == sum(len(c.output_ids) for c in done)
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
     m = server.wait_idle()
-    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_total"]
+    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_capacity"]
 
 
 def test_streamed_choices_interleave_and_end_once(
@@ -100,7 +100,7 @@ def test_one_refused_prompt_ends_them_all(make_server: Any) -> None:
             assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
             assert error["message"].startswith("prompt[1] has 400 tokens but the KV cache holds")
         m = small.wait_idle()
-        assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_total"]
+        assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_capacity"]
         assert m["sv_generation_tokens_total"] < 2 * 50
     finally:
         small.stop()
@@ -122,7 +122,7 @@ def test_a_hang_up_cancels_every_prompt(server: RunningServer) -> None:
             if seen == {0, 1}:
                 break  # leaving the block closes the connection mid-stream
     after = server.wait_idle(timeout=10)
-    assert after["sv_kv_cache_pages_free"] == after["sv_kv_cache_pages_total"]
+    assert after["sv_kv_cache_pages_free"] == after["sv_kv_cache_pages_capacity"]
     cancelled = 'sv_requests_finished_total{finish_reason="cancelled"}'
     assert after[cancelled] == before[cancelled] + 2
 

@@ -144,4 +144,4 @@ def test_a_constraint_that_fails_mid_answer_is_an_error_not_a_stop(
         for _ in stream:
             pass
     m = server.wait_idle()
-    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_total"]
+    assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_capacity"]

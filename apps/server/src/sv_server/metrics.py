@@ -83,7 +83,7 @@ class Metrics:
         out.gauge("sv_requests_running", "Requests admitted and not finished.", snapshot.running)
         stats = snapshot.stats
         if stats is not None:
-            out.gauge("sv_kv_cache_pages_total", "Pages in the KV-cache pool.", stats.pool_pages)
+            out.gauge("sv_kv_cache_pages_capacity", "Pages in the KV-cache pool.", stats.pool_pages)
             out.gauge("sv_kv_cache_pages_used", "Pages held by requests.", stats.assigned_pages)
             out.gauge(
                 "sv_kv_cache_pages_free",
