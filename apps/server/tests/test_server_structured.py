@@ -145,3 +145,14 @@ def test_a_constraint_that_fails_mid_answer_is_an_error_not_a_stop(
             pass
     m = server.wait_idle()
     assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_capacity"]
+
+
+def test_min_tokens_with_a_constraint_is_a_400_naming_it(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    extra = {"guided_choice": ["yes", "no"], "min_tokens": 5}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(
+            model=server.model_name, prompt="x", max_tokens=8, extra_body=extra
+        )
+    assert caught.value.body["param"] == "min_tokens"  # type: ignore[index]

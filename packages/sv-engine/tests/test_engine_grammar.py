@@ -176,6 +176,16 @@ def test_a_grammar_past_the_lexers_limits_fails_the_request(engine: Engine) -> N
     assert out.output_ids[-1] in engine.stop_ids  # (how the failed matcher ended it)
 
 
+def test_min_tokens_with_a_grammar_is_refused(engine: Engine) -> None:
+    """A grammar that completes within min_tokens allows only the stop tokens, which
+    min_tokens bans: the row had no token left and came out as token 0, with no error (an
+    audit: choice ["yes", "no"] with min_tokens 5 gave [4607, 0], finish "stop")."""
+    params = _params(Grammar.choice(["yes", "no"]), min_tokens=5)
+    with pytest.raises(EngineError, match="min_tokens cannot be combined with an output"):
+        engine.add_request(PROMPT, params)
+    assert not engine.has_unfinished()
+
+
 def test_unconstrained_requests_beside_constrained_ones_are_unchanged(engine: Engine) -> None:
     """A plain request batched with constrained ones gets the tokens it gets alone."""
     plain = SamplingParams(max_new_tokens=16)

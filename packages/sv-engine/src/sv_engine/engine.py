@@ -303,6 +303,14 @@ class Engine:
                     "leaves nothing to generate: every allowed id is a one-token bad word"
                     + (" or a stop token, banned until min_tokens" if params.min_tokens else ""),
                 )
+        if params.grammar is not None and params.min_tokens:
+            # A grammar that completes within min_tokens allows only the stop tokens, which
+            # min_tokens bans: no token would be left (it came out as token 0, unannounced).
+            raise EngineError.bad_field(
+                "min_tokens",
+                "cannot be combined with an output constraint: the grammar decides where the "
+                "output ends",
+            )
         request_id = next(self._ids)
         matcher = (
             self.grammars.matcher(
