@@ -31,7 +31,7 @@ REQUESTS = {
             temperature=0.7,
             seed=2,
             logprobs=1,
-            min_tokens=2,
+            logit_bias={7: 1.0},  # (min_tokens beside a grammar is refused)
             grammar=Grammar.choice(["red", "blue"]),
         ),
         (1, 1, 1, 1),
