@@ -306,23 +306,28 @@ class EngineLoop:
             if handle.stops is None:
                 batch.append((handle, Token(event, now)))
             else:
-                self._stop_strings(handle, event, now, batch)
+                self._stop_strings(handle, handle.stops, event, now, batch)
 
     def _stop_strings(
-        self, handle: RequestHandle, event: StreamEvent, now: float, batch: Batch
+        self,
+        handle: RequestHandle,
+        stops: StopStringMatcher,
+        event: StreamEvent,
+        now: float,
+        batch: Batch,
     ) -> None:
         """Deliver `event` through its request's stop strings: text that may begin one is
         held back; the token that completes one comes cut at it, then a finish "stop", and
         the request is cancelled before the next step (its pages go back then)."""
-        stops = handle.stops
-        assert stops is not None
         if event.token_id is not None:
             handle.output_tokens += 1
         text = stops.push(event.text, handle.output_tokens)
         if not stops.stopped:
             if event.finished is not None:
                 text += stops.flush()
-            batch.append((handle, Token(replace(event, text=text), now)))
+            if text != event.text:  # (most tokens' text passes as it is: no copy for them)
+                event = replace(event, text=text)
+            batch.append((handle, Token(event, now)))
             return
         # The token is the client's (counted, scored), its text cut; the finish is "stop".
         batch.append(

@@ -137,7 +137,7 @@ class Metrics:
         out.labelled_counter(
             "sv_requests_finished_total",
             "Requests ended, by finish reason (stop: a stop token or string, as vLLM counts "
-            "them; cancelled: the client went away).",
+            "them; cancelled: the client went away; error: its output constraint failed).",
             "finish_reason",
             self.finished,
             ("stop", "length", "cancelled"),

@@ -194,8 +194,8 @@ class Tokenizer:
     def from_file(cls, path: str | Path) -> Tokenizer:
         """Load a tiktoken-format `tokenizer.model` (Llama 3) or an HF `tokenizer.json`.
 
-        The format is told by the content, not the name (but a `.json` file is read as JSON). A tiktoken file gets Llama 3's
-        pre-tokenization pattern and 256 special tokens.
+        The format is told by the content, not the name (but a `.json` file is read as JSON).
+        A tiktoken file gets Llama 3's pre-tokenization pattern and 256 special tokens.
         """
         return cls._load(Path(path), ModelDirConfig())
 
