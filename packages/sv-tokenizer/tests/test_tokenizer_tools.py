@@ -51,6 +51,20 @@ def test_llama3_format_writes_meta_tool_text(llama_json: Tokenizer) -> None:
     assert ids.count(llama_json.special_tokens["<|eot_id|>"]) == 1
 
 
+@pytest.mark.parametrize("text", ["", "  \n"])
+def test_llama3_tools_before_an_empty_user_message_keep_their_blank_line(
+    llama_json: Tokenizer, text: str
+) -> None:
+    """Meta's template writes each definition and then "\n\n", then the user's text
+    trimmed: an empty text leaves the definitions' "\n\n" before the end of turn (it was
+    trimmed away with the message)."""
+    ids = llama_json.chat_format.encode_dialog([Message("user", text)], tools=[WEATHER])
+    assert llama_json.decode(ids).endswith(
+        json.dumps(WEATHER, indent=4) + "\n\n<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+
+
 def test_llama3_format_refuses_what_it_cannot_write(llama_json: Tokenizer) -> None:
     two = (ToolCall("a", "{}"), ToolCall("b", "{}"))
     with pytest.raises(TokenizerError, match="one tool call per turn"):

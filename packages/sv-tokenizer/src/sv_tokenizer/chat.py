@@ -12,6 +12,7 @@ special tokens first, so the ids are identical.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from .errors import TokenizerError
@@ -138,11 +139,12 @@ class Llama3ChatFormat:
     def encode_message(
         self, message: Message, index: int = 0, *, open_end: bool = False
     ) -> list[int]:
-        """`open_end`: without its end of turn and trailing whitespace, to be continued (the
-        HF template's text cut where transformers cuts it for continue_final_message)."""
+        """The message's content as it is (`encode_dialog` trims it first). `open_end`:
+        without its end of turn and trailing whitespace, to be continued (the HF template's
+        text cut where transformers cuts it for continue_final_message)."""
         _check_role(message, index, self.ROLES)
         role = "ipython" if message.role == "tool" else message.role
-        body = "\n\n" + message.content.strip()
+        body = "\n\n" + message.content
         if open_end:
             return [*self._header(role), *self.tokenizer.encode(body.rstrip())]
         return [*self._header(role), *self.tokenizer.encode(body), self.end_of_turn]
@@ -161,6 +163,13 @@ class Llama3ChatFormat:
 
         generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
         check_template_kwargs(chat_template_kwargs)  # no variables: each is dropped
+        # Trimmed before the tools are written in: the first user message then ends with the
+        # definitions' "\n\n" when its own text is empty, as in Meta's template. A tool's
+        # result is written as JSON, untrimmed, as Meta's template writes it.
+        messages = [
+            m if m.role in TOOL_RESULT_ROLES else replace(m, content=m.content.strip())
+            for m in messages
+        ]
         if tools or any(m.tool_calls or m.role in TOOL_RESULT_ROLES for m in messages):
             messages = with_llama3_tools(messages, tools)
         ids = [self.begin_of_text]
