@@ -123,6 +123,7 @@ def test_under_conservative_admission_the_short_request_waits(make_server: Any) 
         assert response is None, f"answered in {elapsed:.2f} s: the chat reserved nothing?"
         metrics = conservative.wait_idle()
         assert metrics["sv_kv_cache_pages_used"] == 0
+        assert metrics["sv_admission_waits_total"] > 0  # the short request's wait, exported
     finally:
         conservative.stop()
 

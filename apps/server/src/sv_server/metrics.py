@@ -101,6 +101,12 @@ class Metrics:
                 stats.prefix_cache_hit_tokens,
             )
             out.counter(
+                "sv_admission_waits_total",
+                "Engine steps in which the request at the head of the queue waited for room in "
+                "the KV cache (its reserved pages, or its prompt's pages, did not fit).",
+                stats.admission_waits,
+            )
+            out.counter(
                 "sv_preemptions_total",
                 "Running requests sent back to the queue to free pages (preemptive admission).",
                 stats.preemptions,
