@@ -258,3 +258,22 @@ def test_bad_allowed_token_ids_get_400_naming_it(server: RunningServer, value: A
     response = _post(server, "/v1/completions", {"prompt": "hi", "allowed_token_ids": value})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "allowed_token_ids"
+
+
+def test_allowed_token_ids_none_of_which_can_begin_the_json_get_400_naming_it(
+    server: RunningServer, default_model: Path
+) -> None:
+    """A JSON object starts with "{" (or whitespace): digits alone leave nothing that both
+    the constraint and allowed_token_ids allow, so nothing could be generated."""
+    hf = tokenizers.Tokenizer.from_file(str(default_model / "tokenizer.json"))
+    digits = [hf.token_to_id(str(d)) for d in range(10)]
+    body = {
+        "messages": [{"role": "user", "content": "Give me JSON."}],
+        "max_tokens": 8,
+        "response_format": {"type": "json_object"},
+        "allowed_token_ids": digits,
+    }
+    response = _post(server, "/v1/chat/completions", body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "allowed_token_ids" and "allows first" in error["message"]

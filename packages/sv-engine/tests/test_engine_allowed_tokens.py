@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from sv_engine import Engine, EngineError, SamplingParams
+from sv_engine.grammar import Grammar
 
 PROMPTS = ["Write a haiku about the sea.", "What is 2 + 2?", "Name three colours, please."]
 
@@ -73,3 +74,43 @@ def test_ids_outside_the_vocabulary_are_refused_at_add(engine: Engine) -> None:
     with pytest.raises(EngineError, match=f"allowed_token_ids has token id {vocab_size}, outside"):
         engine.add_request(PROMPTS[0], SamplingParams(allowed_token_ids={5, vocab_size}))
     assert not engine.has_unfinished()
+
+
+def _digit_ids(engine: Engine) -> frozenset[int]:
+    ids = [engine.tokenizer.encode(str(d)) for d in range(10)]
+    assert all(len(i) == 1 for i in ids)
+    return frozenset(i[0] for i in ids)
+
+
+def test_ids_the_grammar_never_allows_first_are_refused_at_add(engine: Engine) -> None:
+    """Sampling bans every id outside allowed_token_ids and the grammar's mask bans every id
+    it does not allow: with no id in both, every logit is banned. Refused at once, naming the
+    field, where the row was sampled from nothing (as token 0) and failed the grammar."""
+    params = SamplingParams(
+        max_new_tokens=8, grammar=Grammar.regex("[a-z]{2,6}"), allowed_token_ids=_digit_ids(engine)
+    )
+    with pytest.raises(EngineError, match="allowed_token_ids has no token the regex allows first"):
+        engine.add_request(PROMPTS[0], params)
+    assert not engine.has_unfinished()
+    assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+def test_a_grammar_that_leaves_no_allowed_id_fails_the_request_there(engine: Engine) -> None:
+    """The regex takes a digit and then letters only; allowed_token_ids holds digits only.
+    After the "1" nothing is allowed by both: the request fails there, with an error naming
+    allowed_token_ids. Before, the row was sampled from nothing (token 0, "!") and the failed
+    matcher's stop tokens were banned as well, so it went on giving "!" until max_new_tokens."""
+    params = SamplingParams(
+        max_new_tokens=12, grammar=Grammar.regex("1[a-z]+"), allowed_token_ids=_digit_ids(engine)
+    )
+    request_id = engine.add_request(PROMPTS[0], params)
+    events = []
+    while engine.has_unfinished():
+        events += [e for e in engine.step() if e.request_id == request_id]
+    done = events[-1].completion
+    assert done is not None
+    assert done.finish_reason == "error"
+    assert done.error is not None and "allowed_token_ids" in done.error
+    assert done.text == "1" and len(done.output_ids) == 2
+    assert "".join(e.text for e in events) == done.text
+    assert engine.stats.free_pages == engine.stats.pool_pages

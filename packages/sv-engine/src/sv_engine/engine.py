@@ -53,6 +53,7 @@ from sv_model import ModelRunner, TokenBitmask
 from sv_scheduler import (
     Admission,
     FinishedRequest,
+    FinishReason,
     Request,
     RequestId,
     Scheduler,
@@ -314,7 +315,10 @@ class Engine:
         request_id = next(self._ids)
         matcher = (
             self.grammars.matcher(
-                params.grammar, params.grammar_after_token, params.grammar_wait_opener
+                params.grammar,
+                params.grammar_after_token,
+                params.grammar_wait_opener,
+                params.allowed_token_ids,
             )
             if params.grammar is not None
             else None
@@ -398,6 +402,10 @@ class Engine:
     def cancel(self, request_id: RequestId) -> StreamEvent | None:
         """Cancel a request at once (between steps): its pages and credits are returned.
         Returns the request's final event, or None if it was not in flight."""
+        return self._end(request_id, "cancelled")
+
+    def _end(self, request_id: RequestId, reason: FinishReason) -> StreamEvent | None:
+        """End a request at once (between steps) with `reason`, as `cancel` does."""
         seq = self.scheduler.cancel(request_id)
         if seq is None or request_id not in self._live:
             return None
@@ -405,7 +413,7 @@ class Engine:
         output = seq.output_ids
         prompt_ids = self._live[request_id].prompt_ids
         event = finish_event(
-            FinishedRequest(request_id, prompt_ids, output, "cancelled"),
+            FinishedRequest(request_id, prompt_ids, output, reason),
             None,
             "",
             self._live,
@@ -454,7 +462,7 @@ class Engine:
                 if launched is None:
                     return []
                 self.scheduler.advance(launched.plan)
-                return self._resolve(launched)
+                return self._resolve(launched) + self._end_failed_grammars()
             current = self._in_flight
             if current is None:
                 current = self._launch_next(None)
@@ -475,7 +483,7 @@ class Engine:
                     self._in_flight = following
                 else:  # every request in it is done: end it now, so nothing is left in flight
                     events += self._resolve(following)
-            return events
+            return events + self._end_failed_grammars()
         except BaseException:
             self._abandon_all()
             raise
@@ -591,6 +599,19 @@ class Engine:
             return self.grammars.bitmask(rows)
 
         return bitmask
+
+    def _end_failed_grammars(self) -> list[StreamEvent]:
+        """End each request whose grammar failed, at once: a failed matcher's mask allows only
+        the stop tokens, but allowed_token_ids may ban those too, and then every later token
+        would be sampled from nothing (as token 0) until max_tokens."""
+        if not self._live.num_constrained:
+            return []
+        failed = [
+            request_id
+            for request_id, live in self._live.by_id.items()
+            if live.matcher is not None and live.matcher.error is not None
+        ]
+        return [event for r in failed if (event := self._end(r, "error")) is not None]
 
     def _draft_limit(self, seq: Seq, draft: list[int]) -> int:
         """How much of a proposed draft to verify: a constrained request's grammar may cut it."""

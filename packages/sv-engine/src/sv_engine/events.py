@@ -91,7 +91,11 @@ def _accepted_run(
 
 def _text(request: LiveRequest, token: int) -> str:
     decoder = request.decoder
-    return "" if decoder is None or token in request.hidden_ids else decoder.push(token)
+    if decoder is None or token in request.hidden_ids:
+        return ""
+    if request.matcher is not None and request.matcher.error is not None:
+        return ""  # the token its constraint refused (the request ends on it) is not its text
+    return decoder.push(token)
 
 
 def finish_event(
@@ -107,11 +111,17 @@ def finish_event(
     if request.decoder is not None:
         text += request.decoder.flush()
     reason, error = done.finish_reason, None
-    if request.matcher is not None and request.matcher.error is not None and reason == "stop":
-        # (a failed matcher's mask allows only the stop tokens: that is how it ended)
+    if (
+        request.matcher is not None
+        and request.matcher.error is not None
+        and reason in ("stop", "error")
+    ):
+        # (a failed matcher's mask allows only the stop tokens: that is how it ended, unless
+        # the engine ended it first, at the token the constraint refused)
         reason, error = "error", f"the output constraint failed: {request.matcher.error}"
     output = list(done.output_ids)
-    visible = output[:-1] if done.finish_reason == "stop" and output else output
+    # (the token that stopped it, or that its constraint refused, is not its text)
+    visible = output[:-1] if done.finish_reason in ("stop", "error") and output else output
     now = time.perf_counter()
     completion = Completion(
         request_id=done.request_id,

@@ -128,17 +128,23 @@ class GrammarMatcher:
     grammar starts from its initial state on the token after it. With `wait_opener` too (its
     `<think>`), the wait starts only if the request's first token is that one: any other first
     token is already the grammar's, so the first mask allows the grammar's tokens and
-    `wait_opener` (`also_allowed`)."""
+    `wait_opener` (`also_allowed`).
+
+    `allowed_ids`: the request's allowed_token_ids. Sampling bans every other id too, so where
+    none of them is in the grammar's mask, every logit is banned and the sampled token is
+    neither's: the matcher then fails naming allowed_token_ids, not the token it got."""
 
     def __init__(
         self,
         matcher: llguidance.LLMatcher,
         after_token: int | None = None,
         wait_opener: int | None = None,
+        allowed_ids: frozenset[int] | None = None,
     ) -> None:
         self._matcher = matcher
         self._after_token = after_token  # None once given (or when the grammar binds at once)
         self._wait_opener = wait_opener  # None once the first token is given
+        self._allowed_ids = allowed_ids
         self.error: str | None = None  # why the matcher failed, once it has
 
     @property
@@ -166,6 +172,10 @@ class GrammarMatcher:
             if token == self._after_token:
                 self._after_token = None
             return
+        if self.error is None and self._allowed_ids is not None and token not in self._allowed_ids:
+            self.error = (
+                "no token of allowed_token_ids is one the output constraint allows at this point"
+            )
         self._matcher.consume_token(token)
         if self.error is None and self._matcher.is_error():
             self.error = self._matcher.get_error().splitlines()[0]
@@ -203,10 +213,16 @@ class Grammars:
         self._executor: llguidance.LLExecutor | None = None
 
     def matcher(
-        self, grammar: Grammar, after_token: int | None = None, wait_opener: int | None = None
+        self,
+        grammar: Grammar,
+        after_token: int | None = None,
+        wait_opener: int | None = None,
+        allowed_ids: frozenset[int] | None = None,
     ) -> GrammarMatcher:
         """A matcher of `grammar`; with `after_token` (and `wait_opener`), one that binds only
-        the tokens after the first of that id (see GrammarMatcher)."""
+        the tokens after the first of that id (see GrammarMatcher). With `allowed_ids` (the
+        request's allowed_token_ids), a grammar that binds at once must allow one of them
+        first, or no token could be sampled: refused here, naming allowed_token_ids."""
         import llguidance
 
         matcher = llguidance.LLMatcher(
@@ -219,7 +235,18 @@ class Grammars:
         )
         if matcher.is_error():
             raise EngineError(f"the {grammar.kind} cannot be compiled: {matcher.get_error()}")
-        return GrammarMatcher(matcher, after_token, wait_opener)
+        constrained = GrammarMatcher(matcher, after_token, wait_opener, allowed_ids)
+        if allowed_ids is not None and not constrained.waiting:
+            mask = self.bitmask([([0], constrained, ())])
+            assert mask is not None
+            bits = mask.words.view(np.uint32)[0]
+            ids = np.fromiter(allowed_ids, np.int64)
+            if not ((bits[ids // 32] >> (ids % 32).astype(np.uint32)) & 1).any():
+                raise EngineError.bad_field(
+                    "allowed_token_ids",
+                    f"has no token the {grammar.kind} allows first, so nothing could be generated",
+                )
+        return constrained
 
     def bitmask(
         self, rows: Sequence[tuple[Sequence[int], GrammarMatcher, Sequence[int]]]
