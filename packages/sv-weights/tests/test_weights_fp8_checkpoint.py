@@ -188,6 +188,18 @@ def test_fp8_scales_must_be_positive(tmp_path: Path, copy: bool, bad: float) -> 
     assert load_checkpoint(tmp_path / "good", copy=copy)[name].shape == scale.shape
 
 
+def test_fp8_checkpoint_of_an_older_exporter_loads(tmp_path: Path) -> None:
+    """neuralmagic's published FP8 Llama 3.1 checkpoints name their format "naive-quantized"
+    (per-tensor scales, static input scales): for FP8 weights, the same tensors."""
+    config = tiny_llama_config()
+    layout = compressed_tensors_config("tensor") | {"format": "naive-quantized"}
+    written = write_fp8_checkpoint(tmp_path, config, "tensor", quantization_config=layout)
+    loaded = load_checkpoint(tmp_path)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    assert torch.equal(loaded[name].view(torch.uint8), written[name].view(torch.uint8))
+    assert torch.equal(loaded[name + "_scale"], written[name + "_scale"])
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

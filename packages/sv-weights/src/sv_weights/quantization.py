@@ -10,7 +10,9 @@ Such a checkpoint's config.json carries a `quantization_config` like
                                "dynamic": true}}},
      "ignore": ["lm_head"]}
 
-and each quantized linear layer `X` holds `X.weight` (F8_E4M3, [out, in]) and `X.weight_scale`
+(older exporters, such as the one that wrote neuralmagic's Meta-Llama-3.1-8B-Instruct-FP8, say
+`"format": "naive-quantized"`: for FP8 weights the same tensors), and each quantized linear
+layer `X` holds `X.weight` (F8_E4M3, [out, in]) and `X.weight_scale`
 (one scale per output channel, [out, 1], or one per matrix, [1] or []), and with static
 activation scales also `X.input_scale` ([1] or []). The weight is `weight * weight_scale`.
 
@@ -45,6 +47,8 @@ from sv_weights.json_files import read_json_file
 from sv_weights.safetensors import TensorInfo
 
 QUANT_METHOD = "compressed-tensors"
+# The formats whose FP8 weights are stored as they are (float8_e4m3fn with their scales).
+_FORMATS = ("float-quantized", "naive-quantized")
 FP8_DTYPE = "F8_E4M3"
 SCALE_DTYPES = frozenset({"F32", "BF16", "F16"})
 WEIGHT_SCALE = "_scale"  # "X.weight" -> "X.weight_scale"
@@ -245,8 +249,10 @@ def parse_quantization_config(qc: Any, source: str) -> FP8Quantization:
             f"{where}.quant_method is {method!r}; sv reads only {QUANT_METHOD!r} FP8 checkpoints"
         )
     fmt = qc.get("format")
-    if fmt != "float-quantized":
-        raise WeightsError(f"{where}.format is {fmt!r}; sv reads only 'float-quantized' (FP8)")
+    if fmt not in _FORMATS:
+        raise WeightsError(
+            f"{where}.format is {fmt!r}; sv reads only {' or '.join(map(repr, _FORMATS))} (FP8)"
+        )
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or len(groups) != 1:
         raise WeightsError(f"{where}.config_groups must hold exactly one group")
