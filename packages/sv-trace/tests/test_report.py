@@ -127,6 +127,19 @@ def test_a_last_line_cut_short_is_dropped(trace: Path, tmp_path: Path) -> None:
     assert notes == []  # a whole trace: nothing to tell
 
 
+def test_a_report_over_its_own_trace_is_refused(trace: Path, tmp_path: Path) -> None:
+    """`-o` naming the trace itself (or a link to it) would replace the run's record with
+    the page: refused, and the trace is left as it was."""
+    copy = tmp_path / "t.jsonl"
+    copy.write_bytes(trace.read_bytes())
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(copy)
+    for out in (copy, link):
+        with pytest.raises(TraceError, match="would overwrite the trace it is drawn from"):
+            write_report(copy, out)
+    assert copy.read_bytes() == trace.read_bytes()
+
+
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"cannot read the trace file .*nope\.jsonl"):
         read_trace(tmp_path / "nope.jsonl")
