@@ -96,6 +96,29 @@ def test_report_in_a_browser(
     assert console_errors(driver) == []
 
 
+def test_a_speculating_runs_report_has_every_token_and_the_draft_figures(
+    driver: Any, tmp_path: Path
+) -> None:
+    """Accepted draft tokens are tokens of the request like any other: the page shows as many
+    as the completion had, and the verified and accepted drafts beside the --stats figures."""
+    from selenium.webdriver.common.by import By
+    from sv_cli.main import main
+    from sv_trace import read_trace
+
+    trace, page = tmp_path / "spec.jsonl", tmp_path / "spec.html"
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. " * 2
+    argv = ["generate", "--device", "cpu", "--speculate", "ngram", "--trace", str(trace)]
+    assert main([*argv, prompt, "30"]) == 0
+    assert main(["trace", "report", str(trace), "-o", str(page)]) == 0
+    stats = read_trace(trace)[-1]["stats"]
+    assert stats["accepted_tokens"] > 0, "no draft was accepted: nothing tested"
+    driver.get(page.as_uri())
+    assert len(driver.find_elements(By.CSS_SELECTOR, '.tok[data-request="1"]')) == 30
+    figures = driver.find_element(By.ID, "stats").text
+    assert f"{stats['drafted_tokens']} ({stats['accepted_tokens']}, " in figures
+    assert console_errors(driver) == []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

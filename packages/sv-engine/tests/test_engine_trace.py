@@ -13,6 +13,7 @@ import torch
 import transformers
 from sv_engine import Engine, EngineError, SamplingParams
 from sv_engine.tracing import start_trace, stop_trace
+from sv_scheduler import SpeculationConfig
 from sv_trace import read_trace, trace_schema
 
 
@@ -140,3 +141,30 @@ def test_each_line_is_one_json_object(engine: Engine, tmp_path: Path) -> None:
     assert [json.loads(line)["type"] for line in lines] == [
         "header", "request", "step", "step", "step", "end",
     ]  # fmt: skip
+
+
+def test_a_verified_drafts_kept_tokens_are_each_sampled_with_their_logprobs(
+    default_model: Path, tmp_path: Path
+) -> None:
+    """With speculation a verify step keeps several tokens of a request: each is in the trace,
+    in order, with the log-probability transformers gives it at its position (the trace held
+    only each step's first choice, so accepted draft tokens were missing)."""
+    spec = Engine.from_model_dir(default_model, device="cpu", speculation=SpeculationConfig())
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    done: list[Any] = []
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. " * 2
+    records = traced(
+        spec, tmp_path / "s.jsonl", lambda: done.extend(spec.generate([prompt], params))
+    )
+    validate(records)
+    assert records[-1]["stats"]["accepted_tokens"] > 0, "no draft was accepted: nothing tested"
+    (completion,) = done
+    sampled = [x for r in records if r["type"] == "step" for x in r["sampled"] if not x["dropped"]]
+    assert [x["token"] for x in sampled] == completion.output_ids
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(default_model, dtype=torch.float32)
+    ids = completion.prompt_ids + completion.output_ids
+    with torch.no_grad():
+        logits = oracle.eval()(torch.tensor([ids])).logits[0].float()
+    expected = torch.log_softmax(logits, dim=-1)[len(completion.prompt_ids) - 1 : -1]
+    for row, x in zip(expected, sampled, strict=True):
+        assert x["logprob"] == pytest.approx(row[x["token"]].item(), abs=2e-4)

@@ -235,6 +235,10 @@ def written(tmp_path: Path, records: list[Any]) -> Path:
         (6, ("timing", "span_ms"), -1, "6: step line: 'timing.span_ms' is -1, expected a finite number >= 0"),
         (15, ("stats", "free_pages"), DELETE, "15: end line: 'stats.free_pages' is missing"),
         (
+            15, ("stats", "drafted_tokens"), "7",
+            """15: end line: 'stats.drafted_tokens' is "7", expected an integer >= 0""",
+        ),
+        (
             6, ("type",), "header",
             """6: header line: 'type' is "header", but the header is the first line only""",
         ),

@@ -11,10 +11,10 @@ sampling noise, its min_tokens bans and, with the drafts before it, its penaltie
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from sv_scheduler import Sequence, StepPlan
+from sv_scheduler import RequestId, Sequence, StepPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,25 @@ def drafting(plan: StepPlan) -> dict[int, DraftChoices]:
         if seq.draft:
             out[id(seq)] = DraftChoices(plan.num_prefill_samples + i, first, seq.draft)
             first += len(seq.draft)
+    return out
+
+
+def kept_runs(
+    runs: Mapping[int, tuple[int, DraftChoices]], plan: StepPlan
+) -> dict[RequestId, list[tuple[int, int]]]:
+    """Request id -> (token, its choice's row) for each token a verified draft kept (its
+    first choice, then the accepted run), once the scheduler has appended them. `runs`:
+    id(seq) -> (its length before the step, its choices), as the engine's _resolve keeps it."""
+    if not runs:
+        return {}
+    out = {}
+    for seq in plan.decodes:
+        run = runs.get(id(seq))
+        if run is not None:
+            start, choice = run
+            out[seq.request_id] = [
+                (token, choice.row(i)) for i, token in enumerate(seq.token_ids[start:])
+            ]
     return out
 
 

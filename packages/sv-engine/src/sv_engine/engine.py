@@ -536,7 +536,7 @@ class Engine:
             self.tokenizer,
         )
         if self.tracer is not None:
-            self.tracer.resolved(plan, tokens, events)
+            self.tracer.resolved(plan, tokens, events, draft_choices.kept_runs(runs, plan))
         return events
 
     def _prompt_targets(self, plan: StepPlan) -> list[tuple[RequestId, int, int, list[int]]]:

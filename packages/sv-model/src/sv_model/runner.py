@@ -228,8 +228,8 @@ class ModelRunner:
             ids = sampler.next_token_ids(logits, greedy_ids, step.sampling, graph, bitmask)
         self.logit_processor.count(ids)
         kept = len(step.sample_rows)
-        if self.logits_observer is not None:  # the raw logits of the sequences' own rows
-            self.logits_observer(logits[:kept], ids[:kept])
+        if self.logits_observer is not None:  # the raw logits of every choice's row
+            self.logits_observer(logits, ids)
         self.last_ids[:kept].copy_(ids[:kept])  # ids past these (draft positions) are never fed
         logprobs = logprob_rows.of_sampled(logits, ids, graph) if step.logprobs else None
         return PendingTokens(ids, logprobs, prompt_logprobs)

@@ -66,6 +66,8 @@ SHOWN_STATS = (
     "admission_waits", "prefix_cache_hit_tokens", "preemptions", "recomputed_tokens",
     "free_pages",
 )  # fmt: skip
+# Shown when a speculating engine wrote them (they are counts wherever present).
+SPECULATION_STATS = ("drafted_tokens", "accepted_tokens", "verifications")
 
 
 def _shown(value: Any) -> str:
@@ -102,6 +104,9 @@ class TraceChecker:
             stats = self._get(record, "stats", "", OBJECT)
             for name in SHOWN_STATS:
                 self._get(stats, name, "stats.", COUNT)
+            for name in SPECULATION_STATS:
+                if name in stats:
+                    self._get(stats, name, "stats.", COUNT)
             self._pool(record, known=True)
         else:
             self._fail("type", f"is {_shown(kind)}, expected one of request, step, cancel, end")

@@ -6,10 +6,12 @@ The engine calls the recorder from a few hooks (`Engine.tracer`; the runner's
     queued(request)          add_request: a "request" line (its prompt, its limits)
     planned(plan)            after schedule(): the plan, admissions, the head's wait and its
                              reason, preemptions, every running block table, the pool's counts
-    (logits observer)        inside launch: top-5 logprobs of the rows that sample
+    (logits observer)        inside launch: top-5 logprobs of the rows that sample (a verify
+                             step's draft positions included)
     launched(plan)           after launch: host time of the step
-    resolved(plan, events)   after the tokens are back: the sampled tokens with their logprobs,
-                             the finished requests; the "step" line is written now
+    resolved(plan, events)   after the tokens are back: the sampled tokens with their logprobs
+                             (a verified draft's kept run too), the finished requests; the
+                             "step" line is written now
     cancelled(request)       a "cancel" line
     close(stats)             an "end" line with the --stats figures
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -204,8 +206,14 @@ class StepRecorder:
             step.clock.launched()
 
     def resolved(
-        self, plan: StepPlan, tokens: Sequence[int], events: Sequence[TracedEvent]
+        self,
+        plan: StepPlan,
+        tokens: Sequence[int],
+        events: Sequence[TracedEvent],
+        kept_runs: Mapping[RequestId, Sequence[tuple[int, int]]] | None = None,
     ) -> None:
+        """`kept_runs`: request id -> (token, its choice's row) for each token a verified
+        draft kept, its first choice included (see sv_engine.draft_choices.kept_runs)."""
         step = self._open.pop(plan.step, None)
         if step is None:
             return
@@ -217,21 +225,24 @@ class StepRecorder:
         ]
         rows = step.logprobs.rows() if step.logprobs is not None else None
         sampled = []
-        # Each sequence's first token of the step (a verify step's draft choices follow them).
+        # Each sequence's tokens of the step: its one choice, or a verified draft's kept run.
         for i, (seq, token) in enumerate(zip(plan.sampling, tokens, strict=False)):
-            entry: dict[str, Any] = {
-                "request": seq.request_id,
-                "token": token,
-                "text": self._token_text(token),
-                "dropped": seq.request_id not in delivered,
-            }
-            if rows is not None:
-                chosen, top = rows[i]
-                entry["logprob"] = chosen
-                entry["top"] = [
-                    {"token": t, "logprob": lp, "text": self._token_text(t)} for t, lp in top
-                ]
-            sampled.append(entry)
+            dropped = seq.request_id not in delivered
+            run = kept_runs.get(seq.request_id) if kept_runs else None
+            for kept, row in run or [(token, i)]:
+                entry: dict[str, Any] = {
+                    "request": seq.request_id,
+                    "token": kept,
+                    "text": self._token_text(kept),
+                    "dropped": dropped,
+                }
+                if rows is not None:
+                    chosen, top = rows[row]
+                    entry["logprob"] = chosen
+                    entry["top"] = [
+                        {"token": t, "logprob": lp, "text": self._token_text(t)} for t, lp in top
+                    ]
+                sampled.append(entry)
         record = step.record
         record["sampled"] = sampled
         record["finished"] = finished

@@ -43,6 +43,10 @@ function drawHeader() {
   box.appendChild(figure("prefix-cache hit tokens", s.prefix_cache_hit_tokens));
   box.appendChild(figure("preemptions (tokens recomputed)", s.preemptions + " (" + s.recomputed_tokens + ")"));
   box.appendChild(figure("final free pages", s.free_pages));
+  if (s.drafted_tokens > 0) {  // a speculating engine's (checked as counts when present)
+    const rate = Math.round((100 * (s.accepted_tokens || 0)) / s.drafted_tokens);
+    box.appendChild(figure("draft tokens verified (accepted)", s.drafted_tokens + " (" + (s.accepted_tokens || 0) + ", " + rate + "%)"));
+  }
   const reasons = {};
   for (const st of steps) if (st.wait) reasons[st.wait] = (reasons[st.wait] || 0) + 1;
   const parts = Object.keys(reasons).sort().map(function (r) { return r + ": " + reasons[r]; });
