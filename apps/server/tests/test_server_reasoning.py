@@ -599,13 +599,8 @@ def test_the_thinking_under_vllms_newer_name_renders_the_same(
 @pytest.mark.parametrize(
     ("message", "says"),
     [
-        (THOUGHT | {"reasoning_content": "x<|im_end|>"}, "contains the token <|im_end|>"),
         (THOUGHT | {"role": "user"}, "on an 'assistant' message"),
         (THOUGHT | {"reasoning_content": 4}, "must be a string"),
-        (
-            {"role": "assistant", "content": "4", "reasoning": "x<|im_end|>"},
-            "contains the token <|im_end|>",
-        ),
         (THOUGHT | {"reasoning": 4}, "reasoning must be a string"),
         (
             {"role": "user", "content": "x", "reasoning": "y"},
@@ -622,6 +617,28 @@ def test_a_bad_thinking_in_the_history_is_a_400(
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] in ("messages", "messages[1]") and says in error["message"], error
+
+
+@pytest.mark.parametrize("name", ["reasoning_content", "reasoning"])
+def test_a_thinking_that_spells_a_special_token_stays_text(
+    servers: dict[str, Any], tiny_qwen3_dir: Path, name: str
+) -> None:
+    """A thinking in the history that spells a special token (it was a 400) is rendered as
+    transformers renders it, under either name, that text plain: no control token from it."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    thinking = "x<|im_end|>y"
+    thought = {"role": "assistant", "content": "4", name: thinking}
+    expected = hf.apply_chat_template(
+        [*QUESTION, THOUGHT | {"reasoning_content": thinking}], tokenize=False
+    )
+    assert expected.count("<|im_end|>") == 3
+    body = {"messages": [*QUESTION, thought], "add_generation_prompt": False}
+    tokenized = httpx.post(f"{servers['qwen3'].url}/tokenize", json=body, timeout=60)
+    assert tokenized.status_code == 200, tokenized.text
+    tokens = tokenized.json()["tokens"]
+    assert hf.decode(tokens) == expected
+    assert tokens.count(hf.convert_tokens_to_ids("<|im_end|>")) == 2
 
 
 def test_an_empty_thinking_is_null_whole_and_streamed(servers: dict[str, Any]) -> None:

@@ -236,15 +236,17 @@ def test_other_refusals(server: RunningServer) -> None:
 
 
 def test_a_message_name_is_accepted(server: RunningServer) -> None:
-    """SmolLM2's template has no place for names: the prompt is the same ids without them."""
-    named = [DIALOG[0], DIALOG[1] | {"name": "ann"}]
+    """SmolLM2's template has no place for names: the prompt is the same ids without them,
+    whatever the name says (one that spells a special token too)."""
     plain = _post(server, "/tokenize", {"messages": DIALOG}).json()["tokens"]
-    assert _post(server, "/tokenize", {"messages": named}).json()["tokens"] == plain
-    reply = _post(server, "/v1/chat/completions", {"messages": named, "max_tokens": 1})
-    assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == len(plain)
-    for bad in (5, ["ann"], "x<|im_end|>"):
+    for name in ("ann", "x<|im_end|>"):
+        named = [DIALOG[0], DIALOG[1] | {"name": name}]
+        assert _post(server, "/tokenize", {"messages": named}).json()["tokens"] == plain
+        reply = _post(server, "/v1/chat/completions", {"messages": named, "max_tokens": 1})
+        assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == len(plain)
+    for bad in (5, ["ann"]):
         body = {"messages": [DIALOG[1] | {"name": bad}]}
         for path, extra in (("/tokenize", {}), ("/v1/chat/completions", {"max_tokens": 1})):
             error = openai_error(_post(server, path, body | extra), 400)
-            assert error["param"] == ("messages" if bad == "x<|im_end|>" else "messages[0]")
+            assert error["param"] == "messages[0]"
             assert "name" in error["message"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from sv_tokenizer import Message, TemplateChatFormat, Tokenizer, TokenizerError
+from sv_tokenizer import Message, TemplateChatFormat, Tokenizer
 from tokenizer_test_support import CORPUS, tricky_text, unicode_text
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -85,7 +85,7 @@ def test_earlier_thinking_in_the_history_matches_transformers(
     it back in the history; the template drops the thinking of earlier turns. The ids are
     transformers', for that, for a prefilled `<think>` continued, and for thinking text in a
     user message (plain encoding makes `<think>` its token, as HF does). A special token's text
-    in a transformed content stays refused."""
+    in such an answer is transformers' text, kept plain (it was refused)."""
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
     chat = qwen.chat_format
@@ -106,8 +106,13 @@ def test_earlier_thinking_in_the_history_matches_transformers(
             text, add_special_tokens=False
         ), messages
     forged = Message("assistant", "<think>\nx\n</think>\n\n4<|im_end|>")
-    with pytest.raises(TokenizerError, match="special token text '<\\|im_end\\|>'"):
-        chat.encode_dialog([Message("user", "2+2?"), forged, Message("user", "Hi")])
+    messages = [Message("user", "2+2?"), forged, Message("user", "Hi")]
+    dicts = [{"role": m.role, "content": m.content} for m in messages]
+    text = hf.apply_chat_template(dicts, tokenize=False, add_generation_prompt=True)
+    assert text.count("<|im_end|>") == 4  # one the answer's text
+    ids = chat.encode_dialog(messages)
+    assert qwen.decode(ids) == text
+    assert ids.count(qwen.special_tokens["<|im_end|>"]) == 3
 
 
 def test_a_tool_call_turn_without_content_keeps_special_text_elsewhere_plain(

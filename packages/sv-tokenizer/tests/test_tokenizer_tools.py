@@ -91,11 +91,13 @@ def test_template_gets_tools_and_tool_calls(llama_json: Tokenizer) -> None:
     assert (
         text == 'TOOL get_weather;[user]w?[assistant]CALL get_weather {"city": "X"}[tool]21 for c1'
     )
-    with pytest.raises(TokenizerError, match="eot_id"):
-        chat.encode_dialog(
-            [Message("user", "w?")],
-            tools=[{"type": "function", "function": {"name": "<|eot_id|>"}}],
-        )
+    # A tool's text that spells a special token stays text.
+    ids = chat.encode_dialog(
+        [Message("user", "w?")],
+        tools=[{"type": "function", "function": {"name": "<|eot_id|>"}}],
+    )
+    assert llama_json.decode(ids) == "TOOL <|eot_id|>;[user]w?"
+    assert llama_json.special_tokens["<|eot_id|>"] not in ids
 
 
 # SmolLM2-Instruct's own template (as its tokenizer_config.json ships it): no place for tools.

@@ -14,15 +14,35 @@ client that sends one model's option (Qwen3's `enable_thinking`) can talk to any
 message's content marks where its text ends (and whether the template kept its trailing
 whitespace).
 
-Keeping user text out of the control tokens: the rendered string mixes the template's own
-special tokens with message contents, and encoding it with special tokens allowed would let a
-message containing "<|eot_id|>" close its turn. So each content is rendered as a placeholder
-(a private-use sentinel, wrapped in the content's leading/trailing whitespace so that a
-template's `| trim` behaves as on the real text), and only the template's own text is searched
-for special tokens. The placeholder render is checked against a render of the real
-conversation: if they differ (a template that inspects or transforms contents beyond
-trimming), the plain render is used only when no content contains special-token text, else
-the conversation is refused with a TokenizerError rather than encoded unsafely.
+Keeping client text out of the control tokens: the render mixes the template's own special
+tokens with text the client sent, and encoding it with special tokens allowed would let a
+message containing "<|eot_id|>" close its turn. So special tokens are looked for only in the
+template's own text, found by rendering the conversation a second time with stand-ins:
+
+- every string the client sent (contents, names, call ids, earlier thinking, a tool call's
+  argument strings, the tool definitions' strings; a dict key only where it holds special-token
+  text, as templates look keys up by name) is a private-use sentinel, wrapped in the string's
+  leading/trailing whitespace (so that `| trim` behaves as on the real text), with the texts the
+  template searches strings for kept as they are around it (so that Qwen3's
+  `'</think>' in content` and `content.split('</think>')` take the same branches and cut at the
+  same places);
+- each sentinel is matched to what the template wrote for it in the real render: the string
+  itself or, within `tojson`'s output, its JSON-escaped form. The pieces must give the real
+  render exactly, else the stand-ins are not trusted.
+
+The text searched for special tokens is the stand-in render's outside its sentinels, which holds
+no client string that holds special-token text: a client's text holding the sentinel
+characters, or a template cutting a sentinel apart, can make the matching fail, never forge a
+token.
+
+Where a template tests what a string says (a call id's length, a tool name among built-in ones)
+the stand-ins render otherwise: then only the strings that hold special-token text stand in,
+the rest is template text, and that text must hold the special tokens of the same render with
+every content a plain letter (a template that lower-cases contents could make a user's
+"<|EOT_ID|>" a control token). A string holding special-token text that even this cannot keep
+apart (the template transforms it) is refused with a TokenizerError. Roles and
+`chat_template_kwargs` are always template text: they are refused up front if they hold
+special-token text.
 """
 
 from __future__ import annotations
@@ -33,14 +53,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import zip_longest
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .chat import ChatTokenizer, check_template_kwargs, generation_prompt
 from .errors import TokenizerError
 from .messages import Message, Tools
 
-_OPEN = "\U000f0000"  # Supplementary Private Use Area-A: never in real text, untouched by
-_CLOSE = "\U000f0001"  # upper/lower/trim/escaping filters
+if TYPE_CHECKING:
+    import jinja2.nodes
+
+_OPEN = "\U000f0000"  # Supplementary Private Use Area-A: rare in real text, untouched by
+_CLOSE = "\U000f0001"  # upper/lower/trim/escaping filters (`tojson` without ensure_ascii too)
 _SENTINEL = re.compile(f"{_OPEN}([0-9]+){_CLOSE}")
 # transformers' continue_final_message tag, as a private-use character: the space after it is
 # dropped by a template that strips the content's end, which then loses its trailing whitespace.
@@ -69,6 +92,28 @@ _SET_BY_THE_FORMAT = frozenset(
 )
 
 RenderFunction = Callable[..., str]
+Segment = tuple[str, bool]  # a piece of a render, and whether it is client text
+
+
+# str methods whose first argument is a text the template looks for in a string.
+_SEARCHING_METHODS = frozenset(
+    {
+        "split",
+        "rsplit",
+        "partition",
+        "rpartition",
+        "startswith",
+        "endswith",
+        "find",
+        "rfind",
+        "index",
+        "rindex",
+        "count",
+        "replace",
+        "removeprefix",
+        "removesuffix",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +121,8 @@ class CompiledTemplate:
     render: RenderFunction
     variables: frozenset[str]  # the names the template reads from its caller
     functions: frozenset[str]  # the environment's own names (range, namespace, raise_exception…)
+    # the texts it looks for in strings (`'</think>' in content`), as one regex group
+    searched: re.Pattern[str] | None
 
 
 class TemplateTokenizer(ChatTokenizer, Protocol):
@@ -153,7 +200,7 @@ def compile_chat_template(
     environment.globals["strftime_now"] = strftime_now
     try:
         compiled = environment.from_string(template)
-        variables = jinja2.meta.find_undeclared_variables(environment.parse(template))
+        syntax = environment.parse(template)
     except jinja2.exceptions.TemplateSyntaxError as error:
         raise TokenizerError(
             f"{source}: chat_template line {error.lineno}: {error.message}",
@@ -173,7 +220,38 @@ def compile_chat_template(
                 argument=argument,
             ) from None
 
-    return CompiledTemplate(render, frozenset(variables), frozenset(environment.globals))
+    return CompiledTemplate(
+        render,
+        frozenset(jinja2.meta.find_undeclared_variables(syntax)),
+        frozenset(environment.globals),
+        _searched_texts(syntax),
+    )
+
+
+def _searched_texts(syntax: jinja2.nodes.Template) -> re.Pattern[str] | None:
+    """The string constants the template looks for in a string: `'x' in s`, `s.split('x')`
+    (and the other `_SEARCHING_METHODS`), `s | replace('x', …)`; longest first, as one regex
+    group (so that split() keeps them)."""
+    import jinja2.nodes as nodes
+
+    found: list[nodes.Expr] = []
+    for compare in syntax.find_all(nodes.Compare):
+        if compare.ops[0].op in ("in", "notin"):
+            found.append(compare.expr)
+    for call in syntax.find_all(nodes.Call):
+        if isinstance(call.node, nodes.Getattr) and call.node.attr in _SEARCHING_METHODS:
+            found += call.args[:1]
+    for filter in syntax.find_all(nodes.Filter):
+        if filter.name == "replace":
+            found += filter.args[:1]
+    texts = {
+        node.value
+        for node in found
+        if isinstance(node, nodes.Const) and isinstance(node.value, str) and node.value
+    }
+    if not texts:
+        return None
+    return re.compile(f"({'|'.join(map(re.escape, sorted(texts, key=len, reverse=True)))})")
 
 
 @dataclass(frozen=True)
@@ -269,7 +347,17 @@ class TemplateChatFormat:
         return {key: value for key, value in variables.items() if key in template.variables}
 
     def _render_messages(self, messages: Sequence[Message], options: _Options) -> str:
-        return self._render_dicts([_as_dict(m, m.content) for m in messages], options)
+        return self._render_dicts([_as_dict(m) for m in messages], options)
+
+    def _render_stand_ins(
+        self, messages: Sequence[Message], options: _Options, stand_ins: _StandIns
+    ) -> str:
+        """The render with the client's strings that `stand_ins` chooses as stand-ins."""
+        tools = stand_ins.value(list(options.tools)) if options.tools else None
+        return self._render_dicts(
+            [_as_dict(m, stand_ins.text, stand_ins.value) for m in messages],
+            replace(options, tools=tools),
+        )
 
     def _render_dicts(self, messages: list[dict[str, Any]], options: _Options) -> str:
         return self._template().render(
@@ -293,14 +381,15 @@ class TemplateChatFormat:
         messages, options = self._prepare(
             messages, add_generation_prompt, continue_final_message, tools, chat_template_kwargs
         )
-        # Everything but the contents is rendered as template text, where special-token text
-        # counts: tools, tool calls (as the decoded objects the template writes, so that a
-        # JSON escape such as \u003c cannot hide a token), template variables, and each
-        # message's role, name, call id and earlier thinking.
-        calls = [(c.name, c.decoded_arguments, c.id) for m in messages for c in m.tool_calls]
-        forged = self._forged_in([list(tools or ()), calls])
-        if forged is not None:
-            raise TokenizerError(f"the tools or tool calls contain the token {forged}")
+        self._check_template_text(messages, options)
+        rendered = self._render_messages(messages, options)
+        self._check_tools_rendered(messages, options, rendered)
+        end = _continued_end(rendered) if continue_final_message else len(rendered)
+        return self._encode_segments(_cut(self._segments(messages, options, rendered), end))
+
+    def _check_template_text(self, messages: Sequence[Message], options: _Options) -> None:
+        """Refuse special-token text in what is always template text: roles (templates compare
+        them) and template variables (templates test them)."""
         for key, value in options.variables.items():
             forged = self._forged_in(value)
             if forged is not None:
@@ -309,36 +398,84 @@ class TemplateChatFormat:
                     argument="chat_template_kwargs",
                 )
         for index, message in enumerate(messages):
-            for field in _MESSAGE_FIELDS:
-                value = getattr(message, field)
-                forged = None if value is None else self.tokenizer.find_special(value)
-                if forged is not None:
-                    raise TokenizerError(
-                        f"chat message {index}: {field} {value!r} contains the token {forged}"
-                    )
-        rendered = self._render_messages(messages, options)
-        self._check_tools_rendered(messages, options, rendered)
-        end = _continued_end(rendered) if continue_final_message else len(rendered)
-        segments = self._segments(messages, options, rendered)
-        if segments is not None:
-            return self._encode_segments(_cut(segments, end))
-        # The template changes contents beyond trimming: the plain render is only safe when no
-        # content holds special-token text, and when the transformed contents hold none either
-        # (a template that upper- or lower-cases them could make "<|EOT_ID|>" a control token):
-        # the render must hold the special tokens of the same render with every content a plain
-        # letter (not empty: a template may refuse an empty message).
-        for index, message in enumerate(messages):
-            forged = self.tokenizer.find_special(message.content)
+            forged = self.tokenizer.find_special(message.role)
             if forged is not None:
                 raise TokenizerError(
-                    f"chat message {index} contains the special token text {forged!r} and this chat "
-                    "template transforms message contents, so it cannot be kept as plain text"
+                    f"chat message {index}: role {message.role!r} contains the token {forged}"
                 )
-        without_contents = self._render_messages(
-            [replace(m, content="x") for m in messages], options
+
+    def _segments(
+        self, messages: Sequence[Message], options: _Options, rendered: str
+    ) -> list[Segment]:
+        """The render cut into template text and client text (the module docstring tells how),
+        or a TokenizerError when client text holding special-token text cannot be kept apart."""
+        segments = self._cut_at_stand_ins(messages, options, rendered, _every_string)
+        if segments is not None:
+            return segments
+        chosen = self._holds_special
+        segments = self._cut_at_stand_ins(messages, options, rendered, chosen)
+        if segments is None:
+            self._refuse_special_text(messages, options)
+            # No client text stood in, and still the render was not matched: the template's
+            # own text holds what reads as a sentinel (or it renders differently each time).
+            chosen, segments = _no_string, [(rendered, False)]
+        self._check_untransformed(messages, options, chosen, segments)
+        return segments
+
+    def _refuse_special_text(self, messages: Sequence[Message], options: _Options) -> None:
+        """Refuse the first client string that holds special-token text, which the template
+        transforms so that it cannot be kept apart from the template's text."""
+        for where, text in _client_strings(messages, options.tools):
+            token = self.tokenizer.find_special(text)
+            if token is not None:
+                raise TokenizerError(
+                    f"{where} contains the special token text {token!r} and this chat template "
+                    "transforms it, so it cannot be kept as plain text"
+                )
+
+    def _holds_special(self, text: str) -> bool:
+        return self.tokenizer.find_special(text) is not None
+
+    def _stand_ins(self, chosen: Callable[[str], bool]) -> _StandIns:
+        return _StandIns(chosen, self._template().searched, self._holds_special)
+
+    def _cut_at_stand_ins(
+        self,
+        messages: Sequence[Message],
+        options: _Options,
+        rendered: str,
+        chosen: Callable[[str], bool],
+    ) -> list[Segment] | None:
+        """The render cut at the client strings `chosen` stands in, or None if rendering them
+        as stand-ins does not give the render."""
+        stand_ins = self._stand_ins(chosen)
+        try:
+            with_stand_ins = self._render_stand_ins(messages, options, stand_ins)
+        except TokenizerError:  # the template refuses a stand-in (e.g. checks an id's length)
+            return None
+        return _matched(with_stand_ins, stand_ins.texts, rendered)
+
+    def _check_untransformed(
+        self,
+        messages: Sequence[Message],
+        options: _Options,
+        chosen: Callable[[str], bool],
+        segments: list[Segment],
+    ) -> None:
+        """Client text left in the template's text holds no special-token text, but a template
+        that transforms it could make some (`| lower` a user's "<|EOT_ID|>"): the template text
+        must hold the special tokens of the same render with every content a plain letter
+        (not empty: a template may refuse an empty message)."""
+        made = [
+            token
+            for text, is_client in segments
+            if not is_client
+            for token in self._special_tokens_in(text)
+        ]
+        plain = [replace(m, content="x") for m in messages]
+        own = self._special_tokens_in(
+            self._render_stand_ins(plain, options, self._stand_ins(chosen))
         )
-        made = self._special_tokens_in(rendered)
-        own = self._special_tokens_in(without_contents)
         if made != own:
             index, got = next((i, m) for i, (m, o) in enumerate(zip_longest(made, own)) if m != o)
             raise TokenizerError(
@@ -347,7 +484,6 @@ class TemplateChatFormat:
                 f"where the template alone renders {len(own)}, the first that differs being "
                 f"{got!r} (number {index + 1}); so they cannot be kept as plain text"
             )
-        return self.tokenizer.encode(rendered[:end], allow_special=True)
 
     def _forged_in(self, value: Any) -> str | None:
         """The first special token's text in `value` (JSON-like), as a template may write it:
@@ -396,55 +532,12 @@ class TemplateChatFormat:
                     "takes them"
                 )
 
-    def _segments(
-        self, messages: Sequence[Message], options: _Options, rendered: str
-    ) -> list[tuple[str, bool]] | None:
-        """The render cut into (text, is_message_content) pieces, or None if that cannot be trusted."""
-        everything = [
-            self.template,
-            *(m.content for m in messages),
-            *(getattr(m, f) or "" for m in messages for f in _MESSAGE_FIELDS),
-            *_strings([list(options.tools or ()), dict(options.variables)]),
-            *(
-                t
-                for m in messages
-                for c in m.tool_calls
-                for t in _strings([c.name, c.id, c.decoded_arguments])
-            ),
-        ]
-        if any(_OPEN in text or _CLOSE in text for text in everything):
-            return None
-        placeholders = []
-        cores = []
-        for index, message in enumerate(messages):
-            content = message.content
-            core = content.strip()
-            cores.append(core)
-            if not core:
-                # Nothing to keep apart: the content as it is, where a placeholder would be
-                # text the template tests (Qwen3's `{% if content %}`) and so render otherwise.
-                placeholders.append(_as_dict(message, content))
-                continue
-            leading = content[: len(content) - len(content.lstrip())]
-            trailing = content[len(content.rstrip()) :]
-            placeholders.append(_as_dict(message, f"{leading}{_OPEN}{index}{_CLOSE}{trailing}"))
-        with_placeholders = self._render_dicts(placeholders, options)
-        pieces = _SENTINEL.split(with_placeholders)
-        # split() alternates: template text, message index, template text, ...
-        segments = [
-            (piece, False) if i % 2 == 0 else (cores[int(piece)], True)
-            for i, piece in enumerate(pieces)
-        ]
-        if "".join(text for text, _ in segments) != rendered:
-            return None
-        return segments
-
-    def _encode_segments(self, segments: list[tuple[str, bool]]) -> list[int]:
+    def _encode_segments(self, segments: list[Segment]) -> list[int]:
         """Special tokens only from template text; each run of plain text encoded in one go."""
         ids: list[int] = []
         plain: list[str] = []
-        for text, is_content in segments:
-            if is_content:
+        for text, is_client in segments:
+            if is_client:
                 plain.append(text)
                 continue
             for part in self.tokenizer.split_special(text):
@@ -480,13 +573,13 @@ def _continued_end(rendered: str) -> int:
     return at if rendered.startswith(_CONTINUE_TAG, at) else len(rendered[:at].rstrip())
 
 
-def _cut(segments: list[tuple[str, bool]], end: int) -> list[tuple[str, bool]]:
+def _cut(segments: list[Segment], end: int) -> list[Segment]:
     """The segments' first `end` characters."""
     out = []
-    for text, is_content in segments:
+    for text, is_client in segments:
         if end <= 0:
             break
-        out.append((text[:end], is_content))
+        out.append((text[:end], is_client))
         end -= len(text)
     return out
 
@@ -503,8 +596,23 @@ def _renamed_tools(tools: Tools) -> list[dict[str, Any]] | None:
     return renamed if changed else None
 
 
-# A message's fields other than its content that templates write as template text.
-_MESSAGE_FIELDS = ("role", "name", "tool_call_id", "reasoning_content")
+# A message's fields besides its role and content that hold the client's text.
+_CLIENT_FIELDS = ("name", "tool_call_id", "reasoning_content")
+
+
+def _client_strings(messages: Sequence[Message], tools: Tools | None) -> Iterator[tuple[str, str]]:
+    """Every string the client sent but the roles, with where it is (for an error message)."""
+    for index, message in enumerate(messages):
+        yield f"chat message {index}", message.content
+        for field in _CLIENT_FIELDS:
+            value = getattr(message, field)
+            if value is not None:
+                yield f"chat message {index}: {field}", value
+        for call in message.tool_calls:
+            for text in _strings([call.name, call.id, call.decoded_arguments]):
+                yield f"chat message {index}: tool call {call.name!r}", text
+    for text in _strings(list(tools or ())):
+        yield "tools", text
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -520,26 +628,130 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
-def _as_dict(message: Message, content: str) -> dict[str, Any]:
-    """A message as transformers hands it to a template: `name`, `tool_calls`,
-    `tool_call_id` and `reasoning_content` (also as `reasoning`) only when the message has
-    them (templates test `message.name is defined`).
+def _every_string(text: str) -> bool:
+    return True
+
+
+def _no_string(text: str) -> bool:
+    return False
+
+
+class _StandIns:
+    """Stand-ins for client strings in one render, and the text each sentinel stands for."""
+
+    def __init__(
+        self,
+        chosen: Callable[[str], bool],
+        searched: re.Pattern[str] | None,
+        holds_special: Callable[[str], bool],
+    ) -> None:
+        """`chosen`: which strings stand in; `searched`: the texts the template looks for in
+        strings, kept as they are."""
+        self.chosen = chosen
+        self.holds_special = holds_special
+        self.searched = searched
+        self.texts: list[str] = []
+
+    def text(self, text: str) -> str:
+        """`text` as the template is to see it."""
+        if not self.chosen(text):
+            return text
+        first = len(self.texts)
+        stand_in = self._stand_in(text, self.searched)
+        if self.searched is not None and self.holds_special(stand_in):
+            # The searched texts kept spell a special token together: one sentinel for it all.
+            del self.texts[first:]
+            stand_in = self._stand_in(text, None)
+        return stand_in
+
+    def _stand_in(self, text: str, searched: re.Pattern[str] | None) -> str:
+        pieces = searched.split(text) if searched else [text]
+        # split() alternates: client text, a searched text, client text, ...
+        return "".join(p if i % 2 else self._sentinel(p) for i, p in enumerate(pieces))
+
+    def _sentinel(self, text: str) -> str:
+        """A sentinel for `text`, in its leading and trailing whitespace; blank text as it is
+        (a sentinel would be text where a template tests for some: Qwen3's `{% if content %}`)."""
+        core = text.strip()
+        if not core:
+            return text
+        self.texts.append(core)
+        leading = text[: len(text) - len(text.lstrip())]
+        trailing = text[len(text.rstrip()) :]
+        return f"{leading}{_OPEN}{len(self.texts) - 1}{_CLOSE}{trailing}"
+
+    def value(self, value: Any) -> Any:
+        """A JSON-like value with its strings as the template is to see them; a key only when
+        it holds special-token text (templates look keys up by name: "function", "type")."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return {
+                self.text(key) if isinstance(key, str) and self.holds_special(key) else key: (
+                    self.value(item)
+                )
+                for key, item in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return [self.value(item) for item in value]
+        return value
+
+
+def _matched(with_stand_ins: str, texts: Sequence[str], rendered: str) -> list[Segment] | None:
+    """`rendered` cut into template text and client text where the render with stand-ins has
+    its sentinels, each matched to the text the template wrote for it; None unless that gives
+    `rendered` exactly."""
+    segments: list[Segment] = []
+    at = 0
+    # split() alternates: template text, a sentinel's number, template text, ...
+    for index, piece in enumerate(_SENTINEL.split(with_stand_ins)):
+        if index % 2 and int(piece) >= len(texts):
+            return None  # a sentinel the template wrote itself
+        forms = _written_forms(texts[int(piece)]) if index % 2 else (piece,)
+        written = next((form for form in forms if rendered.startswith(form, at)), None)
+        if written is None:
+            return None
+        segments.append((written, index % 2 == 1))
+        at += len(written)
+    return segments if at == len(rendered) else None
+
+
+def _written_forms(text: str) -> tuple[str, str]:
+    """How a template writes a client string: JSON-escaped within `tojson`'s output (as
+    transformers' tojson, non-ASCII as it is), or as it is. The escaped form is tried first:
+    where both fit, the longer is taken as client text, the safe side."""
+    return json.dumps(text, ensure_ascii=False)[1:-1], text
+
+
+def _unchanged(value: Any) -> Any:
+    return value
+
+
+def _as_dict(
+    message: Message,
+    text: Callable[[str], str] = _unchanged,
+    value: Callable[[Any], Any] = _unchanged,
+) -> dict[str, Any]:
+    """A message as transformers hands it to a template, its strings passed through `text`
+    and its calls' arguments through `value`: `name`, `tool_calls`, `tool_call_id` and
+    `reasoning_content` (also as `reasoning`) only when the message has them (templates test
+    `message.name is defined`).
     A call's arguments are the decoded object, as templates expect (`arguments | tojson`)."""
-    item: dict[str, Any] = {"role": message.role, "content": content}
+    item: dict[str, Any] = {"role": message.role, "content": text(message.content)}
     if message.name is not None:
-        item["name"] = message.name
+        item["name"] = text(message.name)
     if message.tool_calls:
         item["tool_calls"] = [
             {
-                "id": call.id,
+                "id": None if call.id is None else text(call.id),
                 "type": "function",
-                "function": {"name": call.name, "arguments": call.decoded_arguments},
+                "function": {"name": text(call.name), "arguments": value(call.decoded_arguments)},
             }
             for call in message.tool_calls
         ]
     if message.tool_call_id is not None:
-        item["tool_call_id"] = message.tool_call_id
+        item["tool_call_id"] = text(message.tool_call_id)
     if message.reasoning_content is not None:
         # under both of vLLM's names, as vLLM hands an assistant's thinking to a template
-        item["reasoning"] = item["reasoning_content"] = message.reasoning_content
+        item["reasoning"] = item["reasoning_content"] = text(message.reasoning_content)
     return item
