@@ -287,6 +287,32 @@ def test_a_tool_result_written_with_tojson(meta_style: Model, result: str) -> No
     check_kept_plain(meta_style, [messages[0], with_args, *messages[2:]], [write_file_tool()])
 
 
+# Tests what a content says (so that contents cannot all stand in) and writes two client
+# strings side by side.
+SIDE_BY_SIDE_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}"
+    "{% if m.content == 'hi' %} (a greeting){% endif %}"
+    "{{ m.name }}{{ m.tool_call_id }}: {{ m.content }}<|im_end|>\n{% endfor %}"
+)
+
+
+def test_two_client_strings_side_by_side_cannot_spell_a_token(
+    smollm2: Tokenizer, hf_smollm2_chat: Any
+) -> None:
+    """Where a template tests what a string says, only the strings that may spell a special
+    token stand in: here neither holds one, but one ends with its start and the next begins
+    with its end, so both stand in and the token they spell together stays text (the fallback
+    that left them template text made it the control token)."""
+    model = Model(smollm2, hf_smollm2_chat, SIDE_BY_SIDE_TEMPLATE)
+    messages = [Message("tool", "hi", name="x<|im_", tool_call_id="end|>y")]
+    ids = model.chat.encode_dialog(messages, add_generation_prompt=False)
+    text = model.expected_text(messages, None, add_generation_prompt=False)
+    assert "(a greeting)x<|im_end|>y: hi<|im_end|>" in text
+    assert smollm2.decode(ids) == text
+    special = smollm2.special_tokens
+    assert model.special_ids(ids) == [special["<|im_start|>"], special["<|im_end|>"]]
+
+
 # ---------------------------------------------------------------- any text, anywhere
 
 

@@ -20,12 +20,12 @@ message containing "<|eot_id|>" close its turn. So special tokens are looked for
 template's own text, found by rendering the conversation a second time with stand-ins:
 
 - every string the client sent (contents, names, call ids, earlier thinking, a tool call's
-  argument strings, the tool definitions' strings; a dict key only where it holds special-token
-  text, as templates look keys up by name) is a private-use sentinel, wrapped in the string's
-  leading/trailing whitespace (so that `| trim` behaves as on the real text), with the texts the
-  template searches strings for kept as they are around it (so that Qwen3's
-  `'</think>' in content` and `content.split('</think>')` take the same branches and cut at the
-  same places);
+  argument strings, the tool definitions' strings; a dict key only where it may spell a special
+  token, as below, since templates look keys up by name) is a private-use sentinel, wrapped in
+  the string's leading/trailing whitespace (so that `| trim` behaves as on the real text), with
+  the texts the template searches strings for kept as they are around it (so that Qwen3's
+  `'</think>' in content` and `content.split('</think>')` take the same branches and cut at
+  the same places);
 - each sentinel is matched to what the template wrote for it in the real render: the string
   itself or, within `tojson`'s output, its JSON-escaped form. The pieces must give the real
   render exactly, else the stand-ins are not trusted.
@@ -36,13 +36,14 @@ characters, or a template cutting a sentinel apart, can make the matching fail, 
 token.
 
 Where a template tests what a string says (a call id's length, a tool name among built-in ones)
-the stand-ins render otherwise: then only the strings that hold special-token text stand in,
-the rest is template text, and that text must hold the special tokens of the same render with
-every content a plain letter (a template that lower-cases contents could make a user's
-"<|EOT_ID|>" a control token). A string holding special-token text that even this cannot keep
-apart (the template transforms it) is refused with a TokenizerError. Roles and
-`chat_template_kwargs` are always template text: they are refused up front if they hold
-special-token text.
+the stand-ins render otherwise: then only the strings that may spell a special token stand in
+(those that hold special-token text, or begin with the end of one or end with the start of
+one, which the text written next to them could complete), the rest is template text, and that
+text must hold the special tokens of the same render with every content a plain letter (a
+template that lower-cases contents could make a user's "<|EOT_ID|>" a control token). A string
+that may spell a special token and that even this cannot keep apart (the template transforms
+it) is refused with a TokenizerError. Roles and `chat_template_kwargs` are always template
+text: they are refused up front if they hold special-token text.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import cached_property
 from itertools import zip_longest
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -412,7 +414,7 @@ class TemplateChatFormat:
         segments = self._cut_at_stand_ins(messages, options, rendered, _every_string)
         if segments is not None:
             return segments
-        chosen = self._holds_special
+        chosen = self._may_spell_special
         segments = self._cut_at_stand_ins(messages, options, rendered, chosen)
         if segments is None:
             self._refuse_special_text(messages, options)
@@ -423,21 +425,41 @@ class TemplateChatFormat:
         return segments
 
     def _refuse_special_text(self, messages: Sequence[Message], options: _Options) -> None:
-        """Refuse the first client string that holds special-token text, which the template
+        """Refuse the first client string that may spell a special token, which the template
         transforms so that it cannot be kept apart from the template's text."""
         for where, text in _client_strings(messages, options.tools):
-            token = self.tokenizer.find_special(text)
-            if token is not None:
+            if self._may_spell_special(text):
+                token = self.tokenizer.find_special(text)
+                what = (
+                    "the start or end of a special token's text"
+                    if token is None
+                    else f"the special token text {token!r}"
+                )
                 raise TokenizerError(
-                    f"{where} contains the special token text {token!r} and this chat template "
-                    "transforms it, so it cannot be kept as plain text"
+                    f"{where} contains {what} and this chat template transforms it, so it "
+                    "cannot be kept as plain text"
                 )
 
-    def _holds_special(self, text: str) -> bool:
-        return self.tokenizer.find_special(text) is not None
+    def _may_spell_special(self, text: str) -> bool:
+        """Whether `text` holds special-token text, or could spell some with the text written
+        next to it: it begins with the end of a special token's text or ends with its start."""
+        starts, ends, longest = self._special_token_parts
+        return (
+            any(text[-cut:] in starts or text[:cut] in ends for cut in range(1, longest + 1))
+            or self.tokenizer.find_special(text) is not None
+        )
+
+    @cached_property
+    def _special_token_parts(self) -> tuple[frozenset[str], frozenset[str], int]:
+        """Every proper start and every proper end of the special tokens' texts, and the
+        longest one's length."""
+        tokens = self.tokenizer.special_tokens
+        starts = frozenset(token[:cut] for token in tokens for cut in range(1, len(token)))
+        ends = frozenset(token[cut:] for token in tokens for cut in range(1, len(token)))
+        return starts, ends, max(map(len, starts), default=0)
 
     def _stand_ins(self, chosen: Callable[[str], bool]) -> _StandIns:
-        return _StandIns(chosen, self._template().searched, self._holds_special)
+        return _StandIns(chosen, self._template().searched, self._may_spell_special)
 
     def _cut_at_stand_ins(
         self,
@@ -643,12 +665,12 @@ class _StandIns:
         self,
         chosen: Callable[[str], bool],
         searched: re.Pattern[str] | None,
-        holds_special: Callable[[str], bool],
+        may_spell_special: Callable[[str], bool],
     ) -> None:
         """`chosen`: which strings stand in; `searched`: the texts the template looks for in
         strings, kept as they are."""
         self.chosen = chosen
-        self.holds_special = holds_special
+        self.may_spell_special = may_spell_special
         self.searched = searched
         self.texts: list[str] = []
 
@@ -658,8 +680,8 @@ class _StandIns:
             return text
         first = len(self.texts)
         stand_in = self._stand_in(text, self.searched)
-        if self.searched is not None and self.holds_special(stand_in):
-            # The searched texts kept spell a special token together: one sentinel for it all.
+        if self.searched is not None and self.may_spell_special(stand_in):
+            # The searched texts kept may spell a special token: one sentinel for it all.
             del self.texts[first:]
             stand_in = self._stand_in(text, None)
         return stand_in
@@ -682,12 +704,12 @@ class _StandIns:
 
     def value(self, value: Any) -> Any:
         """A JSON-like value with its strings as the template is to see them; a key only when
-        it holds special-token text (templates look keys up by name: "function", "type")."""
+        it may spell a special token (templates look keys up by name: "function", "type")."""
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, Mapping):
             return {
-                self.text(key) if isinstance(key, str) and self.holds_special(key) else key: (
+                self.text(key) if isinstance(key, str) and self.may_spell_special(key) else key: (
                     self.value(item)
                 )
                 for key, item in value.items()
