@@ -61,6 +61,30 @@ def test_skipped_special_tokens_add_no_characters(server: RunningServer) -> None
     _check_offsets(choice, [t if t == " the" else "" for t in tokens])
 
 
+COPY = "Copy: the red fox and the blue bird sat on the old green fence.\nCopy: the red"
+
+
+def test_offsets_stay_where_stop_strings_hold_text_back(server: RunningServer) -> None:
+    """Text that may begin a stop string is held back and let out later (or cut): each
+    token's offset is still where its own text starts, as in the same answer without the
+    stop string (the oracle), and the text before a completed stop string is the answer's."""
+    body = {"prompt": COPY, "max_tokens": 12, "temperature": 0, "logprobs": 0}
+    plain = _complete(server, **body)
+    text, tokens = plain["text"], plain["logprobs"]["tokens"]
+    offsets = plain["logprobs"]["text_offset"]
+    assert len(tokens) >= 8 and "".join(tokens) == text
+    start = offsets[2] + 1  # inside the third token: held from there, then let out
+    never = text[start : offsets[6] + 1] + "\u00a7"  # (no such character in the answer)
+    held = _complete(server, **body, stop=[never])
+    assert held["text"] == text and held["logprobs"]["tokens"] == tokens
+    assert held["logprobs"]["text_offset"] == offsets
+    cut_at = offsets[5] + 2  # completed inside the sixth token: cut there
+    cut = _complete(server, **body, stop=[text[start:cut_at]])
+    assert cut["text"] == text[:start]
+    assert cut["logprobs"]["tokens"] == tokens[:6]
+    assert cut["logprobs"]["text_offset"] == offsets[:6]
+
+
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A tiny random model with Llama 3.2's tokenizer, which puts BOS before a text prompt."""

@@ -103,7 +103,7 @@ class Generation:
             if self.reasoning is not None and event.finished != "stop":  # (a stop token: no text)
                 self.reasoning.push(event.text)
         if self.logprobs is not None:
-            self._score(event)
+            self._score(event, delivery.own_chars)
         text = event.text
         if event.finished is not None:
             if event.finished == "error" and event.completion is not None:
@@ -121,14 +121,15 @@ class Generation:
             self.finish_reason = event.finished
         return text
 
-    def _score(self, event: StreamEvent) -> None:
+    def _score(self, event: StreamEvent, own_chars: int | None) -> None:
         if event.prompt_logprobs is not None:  # echo: the prompt's tokens come first
             self._scored.extend(
                 zip(self.handle.prompt_ids, event.prompt_logprobs, self._echo_lengths, strict=True)
             )
         # A stop token's text is not shown: nor is its log-probability.
         if event.token_id is not None and event.logprob is not None and event.finished != "stop":
-            self._scored.append((event.token_id, event.logprob, len(event.text)))
+            chars = len(event.text) if own_chars is None else own_chars
+            self._scored.append((event.token_id, event.logprob, chars))
 
     def close(self) -> None:
         if self.finish_reason is None:

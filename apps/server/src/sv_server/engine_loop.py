@@ -64,10 +64,17 @@ class Rejected:
 
 @dataclass(frozen=True)
 class Token:
-    """One engine event (a token, and/or the end of the request), stamped when its step ended."""
+    """One engine event (a token, and/or the end of the request), stamped when its step ended.
+
+    `own_chars`: where the stop strings changed `event.text` (held text back that may begin
+    one, released text held before, or cut the text at one), the characters of the token's
+    own text as the engine decoded it; None: `event.text` is the token's own. Log-probabilities
+    sit at their token's own place in the text (completions' text_offset, a Responses
+    message's deltas), not where the stop strings let its text out."""
 
     event: StreamEvent
     at: float
+    own_chars: int | None = None
 
 
 @dataclass(frozen=True)
@@ -325,14 +332,14 @@ class EngineLoop:
         if not stops.stopped:
             if event.finished is not None:
                 text += stops.flush()
-            if text != event.text:  # (most tokens' text passes as it is: no copy for them)
-                event = replace(event, text=text)
-            batch.append((handle, Token(event, now)))
+            if text == event.text:  # (most tokens' text passes as it is: no copy for them)
+                batch.append((handle, Token(event, now)))
+            else:
+                batch.append((handle, Token(replace(event, text=text), now, len(event.text))))
             return
         # The token is the client's (counted, scored), its text cut; the finish is "stop".
-        batch.append(
-            (handle, Token(replace(event, text=text, finished=None, completion=None), now))
-        )
+        cut = replace(event, text=text, finished=None, completion=None)
+        batch.append((handle, Token(cut, now, len(event.text))))
         if event.finished is None:  # (else the engine has ended it already: "length")
             self._live.pop(event.request_id, None)
             self.engine.cancel(event.request_id)  # (its "cancelled" event is no one's)

@@ -25,8 +25,9 @@ from sv_tokenizer import Tokenizer
 
 from sv_server.request_parsing import Kind
 
-# (token id, its log-probabilities or None, the characters it adds to the choice's text): an
-# echoed prompt's first token has no log-probabilities.
+# (token id, its log-probabilities or None, the characters its own text adds to the choice's,
+# as the engine decoded it, wherever a stop string held part of it back or cut it): an echoed
+# prompt's first token has no log-probabilities.
 Scored = tuple[int, TokenLogprob | None, int]
 
 
