@@ -297,11 +297,35 @@ def test_a_required_call_always_parses(accepts: Any, parser: str) -> None:
 
 
 def test_a_responses_message_before_calls_has_its_texts_logprobs() -> None:
-    from sv_server.responses_answers import _within
+    """A message's entries go with the text that completes their token's own text (a token
+    of no text, the first part of a split character, with the next): before calls, the
+    message's text, and so its entries, end before the calls' tokens."""
+    from sv_engine import TokenLogprob
+    from sv_server.responses_answers import MessageLogprobs
 
-    entries = [{"token": t, "bytes": list(t.encode())} for t in ["Sur", "é", ".\n", "<tool_call>"]]
-    assert _within(entries, len("Suré.\n".encode())) == entries[:3]
-    assert _within(entries, 3) == entries[:1] and _within(entries, 0) == []
+    # (token id, its own characters): "Sur", é's first byte, "é.\n", "<tool_call>"
+    tokens = [(1, 3), (2, 0), (3, 3), (4, 11)]
+
+    class Scores:  # a Generation's scored tokens, and a writer that shows their ids
+        def __init__(self) -> None:
+            self.left = [(t, TokenLogprob(t, -1.0, ()), chars) for t, chars in tokens]
+
+        def take_scored(self) -> list[Any]:
+            taken, self.left = self.left, []
+            return taken
+
+        def render(self, scored: list[Any]) -> dict[str, Any]:
+            return {"content": [t for t, _, _ in scored]}
+
+    def message() -> MessageLogprobs:
+        scores = Scores()
+        return MessageLogprobs(scores, scores)  # type: ignore[arg-type]
+
+    assert message().within(len("Suré.\n")) == [1, 2, 3]
+    assert message().within(3) == [1] and message().within(0) == []
+    streamed = message()
+    assert [streamed.within(n) for n in (2, 3, 4, 6)] == [[], [1], [], [2, 3]]
+    assert streamed.rest() == [4]
 
 
 def test_the_parser_comes_from_the_tokenizer(qwen3_tokenizer_dir: Path) -> None:

@@ -262,6 +262,80 @@ def test_items_become_the_chat_messages_they_stand_for() -> None:
 # --- log-probabilities ----------------------------------------------------------------------
 
 LOGPROBS = "message.output_text.logprobs"
+COPY = "Copy exactly: the red fox and the blue bird sat on the old green fence."
+
+
+@pytest.fixture(scope="module")
+def speculating(make_server: Any) -> Any:
+    """A server that speculates: a step verifies a draft, and several of a request's tokens
+    reach its stream at once."""
+    from sv_scheduler import SpeculationConfig
+
+    running = make_server(speculation=SpeculationConfig())
+    yield running
+    running.stop()
+
+
+def _stream_events(server: RunningServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/responses", json={**body, "stream": True}, timeout=300
+    ) as response:
+        assert response.status_code == 200, response.read()
+        return [
+            json.loads(line.removeprefix("data: "))
+            for line in response.iter_lines()
+            if line.startswith("data: ")
+        ]
+
+
+@pytest.mark.parametrize("stop", ["none", "held", "cut"])
+def test_streamed_logprobs_come_with_their_tokens_text(speculating: Any, stop: str) -> None:
+    """Each output_text.delta carries the entries of the tokens whose text it completes: the
+    entries so far spell a prefix of the text so far, even where several tokens come at once
+    and a stop string holds their text back ("held": one that never completes; "cut": one
+    that ends the answer inside a token). Together they are the whole answer's (the oracle),
+    the stop string's cut tokens' last, on a delta of no text."""
+    body: dict[str, Any] = {
+        "model": speculating.model_name,
+        "input": COPY,
+        "max_output_tokens": 24,
+        "temperature": 0,
+        "include": [LOGPROBS],
+        "top_logprobs": 1,
+    }
+    plain = _post(speculating, body).json()["output"][0]["content"][0]
+    text, tokens = plain["text"], [e["token"] for e in plain["logprobs"]]
+    assert "".join(tokens) == text and len(tokens) >= 8
+    starts = [len("".join(tokens[:i])) for i in range(len(tokens))]
+    if stop != "none":
+        first = starts[1] + 1  # inside the second token: held back from there
+        # (never completed: the answer has no such character; or completed in the sixth)
+        body["stop"] = [
+            text[first : starts[5] + 1] + "\u00a7"
+            if stop == "held"
+            else text[first : starts[5] + 2]
+        ]
+    whole = _post(speculating, body).json()["output"][0]["content"][0]
+    events = _stream_events(speculating, body)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert "".join(d["delta"] for d in deltas) == whole["text"]
+    assert whole["text"] == (text if stop != "cut" else text[: starts[1] + 1])
+    shown, spelt = "", b""
+    for delta in deltas:
+        shown += delta["delta"]
+        spelt += b"".join(bytes(e["bytes"]) for e in delta["logprobs"])
+        if delta["delta"]:  # (a last delta of no text: the cut tokens')
+            assert shown.encode().startswith(spelt), (shown, spelt)
+    assert any(len(d["logprobs"]) > 1 for d in deltas)  # several tokens at once
+    streamed = [e for d in deltas for e in d["logprobs"]]
+    assert [e["token"] for e in streamed] == [e["token"] for e in whole["logprobs"]]
+    assert [e["logprob"] for e in streamed] == pytest.approx(
+        [e["logprob"] for e in whole["logprobs"]], abs=1e-4
+    )
+    if stop == "cut":  # every token generated is scored, the cut ones too
+        assert [e["token"] for e in whole["logprobs"]] == tokens[:6]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == streamed
 
 
 def test_logprobs_are_the_chat_completions_whole_and_streamed(

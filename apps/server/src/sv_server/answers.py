@@ -71,8 +71,12 @@ class Generation:
         """The log-probabilities of the tokens consumed since the last call, rendered."""
         if self.logprobs is None:
             return None
+        return self.logprobs.render(self.take_scored())
+
+    def take_scored(self) -> list[Scored]:
+        """The tokens scored since the last call (of either take), not rendered yet."""
         scored, self._scored = self._scored, []
-        return self.logprobs.render(scored)
+        return scored
 
     async def texts(self) -> AsyncIterator[str]:
         """The answer's text, piece by piece. Tokens that queued up while the client was being

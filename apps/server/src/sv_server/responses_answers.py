@@ -15,9 +15,11 @@ from sv_tokenizer import ToolCall
 
 from sv_server.answers import Generation, close_all, whole_texts
 from sv_server.errors import ServerError
+from sv_server.logprobs import LogprobsWriter, Scored
 from sv_server.reasoning import ReasoningStream, split_reasoning
 from sv_server.request_parsing import GenerationRequest
 from sv_server.responses_bodies import (
+    Logprobs,
     OutputEvents,
     Status,
     new_item_id,
@@ -33,11 +35,48 @@ def _status(generation: Generation) -> Status:
     return "incomplete" if generation.finish_reason == "length" else "completed"
 
 
-def _logprobs(generation: Generation) -> list[dict[str, Any]] | None:
-    """The log-probabilities of the tokens since the last call, if asked for (chat's entries:
-    the Responses API's are the same)."""
-    rendered = generation.take_logprobs()
-    return None if rendered is None else rendered["content"]
+class MessageLogprobs:
+    """The message's log-probabilities, if asked for (chat's entries: the Responses API's are
+    the same), each given with the text that completes its token's own text: never earlier,
+    so the entries given so far spell no more than the text shown so far (several tokens may
+    reach the stream together while a stop string or a tool call holds their text back), and
+    never later. A token of no text of its own (the first part of a split character) waits
+    for the next one that has some."""
+
+    def __init__(self, generation: Generation, writer: LogprobsWriter) -> None:
+        self._generation = generation
+        self._writer = writer
+        self._pending: list[Scored] = []
+        self._given = 0  # the characters of the given tokens' own text
+
+    @classmethod
+    def of(cls, generation: Generation) -> MessageLogprobs | None:
+        return None if generation.logprobs is None else cls(generation, generation.logprobs)
+
+    def within(self, shown: int) -> Logprobs:
+        """The entries not given yet of the tokens whose text ends within the message's first
+        `shown` characters."""
+        self._pending += self._generation.take_scored()
+        end = cut_end = self._given
+        cut = 0
+        for i, (_, _, chars) in enumerate(self._pending):
+            end += chars
+            if end > shown:
+                break
+            if chars:
+                cut, cut_end = i + 1, end
+        given, self._pending = self._pending[:cut], self._pending[cut:]
+        self._given = cut_end
+        return self._render(given)
+
+    def rest(self) -> Logprobs:
+        """Every entry not given yet: at the end of a message that is the whole answer, those
+        of tokens whose text a stop string cut, too (as the whole answer has them)."""
+        given, self._pending = self._pending + self._generation.take_scored(), []
+        return self._render(given)
+
+    def _render(self, scored: list[Scored]) -> Logprobs:
+        return self._writer.render(scored)["content"] if scored else []
 
 
 def _usage(generation: Generation, prompt_tokens: int) -> dict[str, Any]:
@@ -45,17 +84,6 @@ def _usage(generation: Generation, prompt_tokens: int) -> dict[str, Any]:
     return responses_usage(
         prompt_tokens, generation.completion_tokens, None if thinking is None else thinking.count
     )
-
-
-def _within(entries: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
-    """The first entries whose tokens' bytes add up to at most `size`."""
-    kept, total = [], 0
-    for entry in entries:
-        total += len(entry["bytes"])
-        if total > size:
-            break
-        kept.append(entry)
-    return kept
 
 
 async def collect_response(
@@ -78,11 +106,11 @@ async def collect_response(
     if answer is not None:
         content, calls = answer.content, answer.calls
     status = _status(generation)
-    logprobs = _logprobs(generation)
-    if calls and logprobs is not None:
-        # The message's are its text's tokens, those before the calls (as the stream gives
-        # them when each token comes on its own).
-        logprobs = _within(logprobs, len((content or "").encode()))
+    message = MessageLogprobs.of(generation)
+    logprobs = None
+    if message is not None:
+        # Before calls, the message's are its text's tokens (the calls' are no part of it).
+        logprobs = message.within(len(content or "")) if calls else message.rest()
     body = response_object(
         req.settings or {},
         new_item_id("resp"),
@@ -117,8 +145,11 @@ async def stream_response(
     if generation.reasoning is not None:
         split = ReasoningStream(generation.reasoning.opens_in_thinking)
     calls = ToolCallStream(req.tools) if req.tools is not None and req.tools.parses else None
+    message = MessageLogprobs.of(generation)
+    shown = 0  # the message's characters so far
 
     def pieces(reasoning: str, content: str, end: bool) -> Iterator[str]:
+        nonlocal shown
         if reasoning:
             yield from events.text("reasoning", reasoning)
         deltas = calls.push(content) if calls is not None and content else []
@@ -127,9 +158,16 @@ async def stream_response(
         if end and calls is not None:
             deltas += calls.finish()
         for delta in deltas:
-            if "content" in delta:  # (its tokens' logprobs: those not shown yet)
-                yield from events.text("message", delta["content"], _logprobs(generation))
-        for call in calls.calls if calls is not None and end else ():
+            if "content" in delta:
+                shown += len(delta["content"])
+                logprobs = message.within(shown) if message is not None else None
+                yield from events.text("message", delta["content"], logprobs)
+        found = calls.calls if calls is not None and end else ()
+        if end and message is not None and not found:
+            rest = message.rest()  # (a cut token's, say: on a delta of no text, as whole)
+            if rest:
+                yield from events.text("message", "", rest)
+        for call in found:
             yield from events.function_call(call)
 
     try:
