@@ -177,6 +177,130 @@ def test_completion_echo_scores_the_prompt(
     assert streamed["token_logprobs"][1:] == pytest.approx(lp.token_logprobs[1:], abs=TOL)
 
 
+def _joined(chunks: list[Any]) -> dict[str, Any]:
+    """A streamed completion's one choice, put together: text, logprobs, finish, usage."""
+    out: dict[str, Any] = {"text": "", "finish_reason": None, "usage": None}
+    lists: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for c in chunks:
+        if c.usage is not None:
+            out["usage"] = c.usage
+        for choice in c.choices:
+            out["text"] += choice.text
+            out["finish_reason"] = choice.finish_reason or out["finish_reason"]
+            for key, values in lists.items():
+                values.extend(getattr(choice.logprobs, key, None) or [])
+    return out | lists
+
+
+@pytest.mark.parametrize("prompt_ids", [False, True], ids=["text", "token-ids"])
+def test_echo_without_generation_scores_the_prompt_alone(
+    client: openai.OpenAI,
+    server: RunningServer,
+    oracle_engine: Any,
+    oracle: transformers.LlamaForCausalLM,
+    prompt_ids: bool,
+) -> None:
+    """vLLM's `echo` with `max_tokens: 0` (how evaluation harnesses score a prompt): the
+    prompt's text and its tokens' log-probabilities alone, the prompt part of the same request
+    with `max_tokens: 1` and transformers' log_softmax (the oracles); no token of its own in
+    the text, the logprobs or the usage; finish "length". Streamed the same."""
+    text = "The capital of France is"
+    ids = oracle_engine.tokenizer.encode(text)
+    args: dict[str, Any] = {
+        "model": server.model_name,
+        "prompt": ids if prompt_ids else text,
+        "temperature": 0,
+        "echo": True,
+        "logprobs": 2,
+    }
+    before = server.metrics()
+    reply = client.completions.create(**args, max_tokens=0)
+    generated = (
+        server.metrics()["sv_generation_tokens_total"] - before["sv_generation_tokens_total"]
+    )
+    assert generated == 1  # (the engine's one token, which the answer drops)
+    (choice,) = reply.choices
+    assert choice.text == text and choice.finish_reason == "length"
+    assert reply.usage is not None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), 0)
+    one = client.completions.create(**args, max_tokens=1).choices[0]
+    lp, full = choice.logprobs, one.logprobs
+    assert lp is not None and full is not None and full.token_logprobs is not None
+    assert lp.tokens == full.tokens[: len(ids)] and lp.text_offset == full.text_offset[: len(ids)]
+    assert lp.token_logprobs is not None and lp.token_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(full.token_logprobs[1 : len(ids)], abs=TOL)
+    assert lp.top_logprobs is not None and full.top_logprobs is not None
+    assert [list(t or {}) for t in lp.top_logprobs] == [
+        list(t or {}) for t in full.top_logprobs[: len(ids)]
+    ]
+    want = hf_logprobs(oracle, ids)
+    chosen = [float(want[p - 1, ids[p]]) for p in range(1, len(ids))]
+    assert lp.token_logprobs[1:] == pytest.approx(chosen, abs=TOL)
+
+    chunks = list(
+        client.completions.create(
+            **args, max_tokens=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    streamed = _joined(chunks)
+    assert streamed["text"] == text and streamed["finish_reason"] == "length"
+    assert streamed["tokens"] == lp.tokens and streamed["text_offset"] == lp.text_offset
+    assert streamed["token_logprobs"][1:] == pytest.approx(lp.token_logprobs[1:], abs=TOL)
+    assert streamed["usage"].completion_tokens == 0
+
+
+def test_echo_without_generation_of_choices_and_prompts(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """Each prompt's choices are its echo, however many: a stop string, which applies to
+    generated text, cuts none, even one the prompt holds."""
+    prompts = ["Once upon a time", "The sky is blue"]
+    reply = client.completions.create(
+        model=server.model_name,
+        prompt=prompts,
+        max_tokens=0,
+        echo=True,
+        n=2,
+        stop=["upon", " is"],
+        temperature=1.0,
+        seed=4,
+    )
+    assert [c.text for c in reply.choices] == [p for p in prompts for _ in range(2)]
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    assert all(c.finish_reason == "length" and c.logprobs is None for c in reply.choices)
+    assert reply.usage is not None and reply.usage.completion_tokens == 0
+    chunks = list(
+        client.completions.create(
+            model=server.model_name, prompt=prompts, max_tokens=0, echo=True, n=2, stream=True
+        )
+    )
+    texts = ["", "", "", ""]
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] += choice.text
+    assert texts == [p for p in prompts for _ in range(2)]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),  # not without echo
+        ({"max_tokens": 0, "echo": False}, "max_tokens"),
+        ({"max_tokens": -1, "echo": True}, "max_tokens"),
+        ({"max_tokens": 0, "echo": True, "min_tokens": 1}, "min_tokens"),
+    ],
+)
+def test_max_tokens_zero_needs_echo(
+    server: RunningServer, body: dict[str, Any], param: str
+) -> None:
+    response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", **body}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    if "echo" not in body or body["echo"] is False:  # says how 0 is taken
+        assert "'echo': true" in error["message"]
+
+
 def test_echo_without_logprobs_repeats_the_prompt(
     client: openai.OpenAI, server: RunningServer, oracle_engine: Any
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -44,7 +45,9 @@ class Generation:
     gone).
     `echo`: text that comes first (the prompt, for completions' echo). With `logprobs`, the
     scored tokens gather as they come, until `take_logprobs` renders them. With `reasoning`
-    (chat under a reasoning parser), its thinking tokens are counted.
+    (chat under a reasoning parser), its thinking tokens are counted. `echo_only` (echo with
+    `max_tokens: 0`): the token the engine generates is no part of the answer (no text, no
+    log-probabilities, not counted in its usage), which ends with "length".
     """
 
     def __init__(
@@ -56,10 +59,12 @@ class Generation:
         echo_lengths: Sequence[int] = (),
         logprobs: LogprobsWriter | None = None,
         reasoning: ReasoningTokens | None = None,
+        echo_only: bool = False,
     ) -> None:
         self._loop = loop
         self.handle = handle
         self._echo = echo
+        self._echo_only = echo_only
         self._echo_lengths = echo_lengths  # the characters of `echo` each prompt token adds
         self.completion_tokens = 0
         self.finish_reason: str | None = None
@@ -102,6 +107,8 @@ class Generation:
         if not isinstance(delivery, Token):
             return ""  # Accepted/Rejected only come first
         event = delivery.event
+        if self._echo_only:  # (its prompt's scores come on the event of the dropped token)
+            event = replace(event, token_id=None, text="", logprob=None)
         if event.token_id is not None:
             self.completion_tokens += 1
             if self.reasoning is not None and event.finished != "stop":  # (a stop token: no text)
@@ -122,7 +129,7 @@ class Generation:
                     status=500,
                     type="server_error",
                 )
-            self.finish_reason = event.finished
+            self.finish_reason = "length" if self._echo_only else event.finished
         return text
 
     def _score(self, event: StreamEvent, own_chars: int | None) -> None:

@@ -399,7 +399,9 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                 choice,
                 continuation=req.kind == "completion",
                 arrived_at=arrived_at,
-                stops=StopStringMatcher(
+                stops=None
+                if req.echo_only  # (no text of its own to stop)
+                else StopStringMatcher(
                     req.stop,
                     include_stop=req.include_stop_str_in_output,
                     min_tokens=req.min_tokens,
@@ -409,6 +411,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             echo_lengths=echo_lengths(state, req, i, ids),
             logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
             reasoning=None if thinking is None else ReasoningTokens(opened),
+            echo_only=req.echo_only,
         )
         for i, (ids, turn, p) in enumerate(zip(prompts, turns, params, strict=True))
         # (looked up once per prompt: its choices share its ids)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from sv_engine import EngineError, SamplingParams
@@ -208,6 +209,8 @@ def _max_tokens(state: ServerState, req: GenerationRequest, prompt_tokens: int, 
             param=_prompt_field(req),
             code="context_length_exceeded",
         )
+    if req.echo_only:
+        return 1  # (the one token the engine generates, and the answer drops)
     if req.max_tokens is None:
         # Without max_tokens: up to the context, as far as the KV pool could ever hold (a
         # budget over the pool would be refused, though the client asked for no number).
@@ -249,7 +252,7 @@ def sampling_params(
     (`turns`: the tails `prepare` returned). The logit controls' token ids are checked first."""
     _check_token_ids(state, req)
     try:
-        return [
+        params = [
             SamplingParams(
                 max_new_tokens=max_new,
                 temperature=req.temperature,
@@ -264,7 +267,7 @@ def sampling_params(
                 allowed_token_ids=req.allowed_token_ids,
                 bad_words=req.bad_words,
                 logit_bias=req.logit_bias,
-                min_tokens=_min_tokens(req, max_new),
+                min_tokens=_min_tokens(req, 0 if req.echo_only else max_new),
                 repetition_penalty=req.repetition_penalty,
                 frequency_penalty=req.frequency_penalty,
                 presence_penalty=req.presence_penalty,
@@ -278,8 +281,26 @@ def sampling_params(
             for max_new in [_max_tokens(state, req, len(ids), _which(i, len(prompts)))]
             for after, opener in [_grammar_wait(thinking, req, turn)]
         ]
+        if req.echo_only:
+            params = [_one_dropped_token(p) for p in params]
     except EngineError as e:  # request_parsing.py checked every field already: a safety net
         raise bad_request(str(e)) from e
+    return params
+
+
+def _one_dropped_token(params: SamplingParams) -> SamplingParams:
+    """An echo without generation's: one token, which the answer drops, so nothing about it
+    matters but that it always ends the request with "length" (no stop token, no grammar,
+    no log-probabilities of its own), as the answer says."""
+    return replace(
+        params,
+        ignore_eos=True,
+        stop_token_ids=frozenset(),
+        logprobs=None,
+        grammar=None,
+        grammar_after_token=None,
+        grammar_wait_opener=None,
+    )
 
 
 def _grammar_wait(

@@ -64,7 +64,8 @@ class GenerationRequest:
     prompts: completions: each prompt's raw text or token ids (not chat-formatted), `n`
              choices each; chat: None.
     messages: chat (and responses): the conversation; completions: None.
-    max_tokens: None = the default (16 for completions, the rest of the context for chat).
+    max_tokens: None = the default (16 for completions, the rest of the context for chat); 0:
+              completions with echo, the prompt alone (see `echo_only`).
     logprobs: None: off; K: each output token's log-probability and its top K alternatives
               (chat's `logprobs: true` + `top_logprobs`, completions' integer `logprobs`).
     echo: completions: the prompt comes first in the text (and its tokens in the logprobs).
@@ -107,6 +108,12 @@ class GenerationRequest:
     chat_options: ChatOptions | None = None  # chat: how the template renders the messages
     # responses: the request's settings its answer repeats (instructions, tools, text, ...)
     settings: Mapping[str, Any] | None = None
+
+    @property
+    def echo_only(self) -> bool:
+        """Completions' `echo` with `max_tokens: 0`: the prompt (scored, with logprobs) and no
+        new token. As vLLM does, the engine generates one, which the answer leaves out."""
+        return self.max_tokens == 0
 
 
 # Fields a request may carry only with their "off" value: the engine does not implement them.
@@ -442,8 +449,7 @@ def parse_completion_request(body: Any) -> GenerationRequest:
             param="prompt",
         )
     prompts = [_prompt(item, f"prompt[{i}]" if batch else "prompt") for i, item in enumerate(items)]
-    max_tokens = optional_int(body, "max_tokens", 1)
-    req = parse_sampling(body, "completion", prompts, None, max_tokens)
+    req = parse_sampling(body, "completion", prompts, None, _completion_max_tokens(body))
     if body.get("best_of") is not None and req.n > 1:  # (its only value here is 1)
         raise bad_request(
             f"'best_of' must be at least 'n' ({req.n}), as OpenAI's: leave it out (this "
@@ -451,6 +457,17 @@ def parse_completion_request(body: Any) -> GenerationRequest:
             param="best_of",
         )
     return req
+
+
+def _completion_max_tokens(body: Mapping[str, Any]) -> int | None:
+    """At least 1; or 0 with `echo` (vLLM's "echo without generation", which evaluation
+    harnesses send to score a prompt: the answer is the prompt alone)."""
+    value = checked_field(body, "max_tokens", is_int, "an integer")
+    least = 0 if body.get("echo") is True else 1
+    if value is not None and value < least:
+        hint = "" if least == 0 else " (0 only with 'echo': true, to answer the prompt alone)"
+        raise bad_request(f"'max_tokens' must be at least {least}{hint}, got {value}", "max_tokens")
+    return value  # type: ignore[no-any-return]
 
 
 def _prompt(item: Any, where: str) -> str | list[int]:
