@@ -83,9 +83,12 @@ def test_prompt_logprobs_equal_transformers_across_chunks_and_cache(
     engine: Engine, oracle: transformers.LlamaForCausalLM
 ) -> None:
     """Every prompt token but the first is scored, chunk by chunk (8-token steps), also when
-    the same prompt's pages are in the prefix cache from the run before."""
+    the same prompt's pages are in the prefix cache from the run before; and ranked as vLLM
+    ranks it: how many tokens are at least as likely (within the tolerance of the oracle's
+    values, where near ties could go either way)."""
     params = SamplingParams(max_new_tokens=2, ignore_eos=True, prompt_logprobs=3)
     engine.generate(PROMPTS[2:], SamplingParams(max_new_tokens=1))  # fills the prefix cache
+    ranks = []
     for c in engine.generate(PROMPTS, params):
         scored = c.prompt_logprobs
         assert scored is not None and len(scored) == len(c.prompt_ids) > 8
@@ -94,6 +97,12 @@ def test_prompt_logprobs_equal_transformers_across_chunks_and_cache(
         for p, got in enumerate(scored[1:], start=1):
             assert got is not None and got.token_id == c.prompt_ids[p]
             assert_matches(got, want[p - 1], 3)
+            own = want[p - 1, got.token_id]
+            assert got.rank is not None
+            assert int((want[p - 1] > own + TOL).sum()) < got.rank
+            assert got.rank <= int((want[p - 1] >= own - TOL).sum())
+            ranks.append(got.rank)
+    assert len(set(ranks)) > 10  # (a random model: ranks all over its vocabulary)
 
 
 def test_stream_events_carry_the_completions_logprobs(engine: Engine) -> None:

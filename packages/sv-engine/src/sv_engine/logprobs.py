@@ -2,7 +2,7 @@
 
 The runner returns the top MAX_LOGPROBS of every row of a step that asks; each request keeps
 the K it asked for. Prompt log-probabilities (for echo) are asked for chunk by chunk as the
-prompt is prefilled: position p's logits score prompt token p + 1.
+prompt is prefilled: position p's logits score prompt token p + 1, and rank it too.
 """
 
 from __future__ import annotations
@@ -104,9 +104,13 @@ class PromptLogprobs:
         return first - chunk.start, list(self.prompt_ids[first + 1 : end + 1])
 
     def add(self, rows: Logprobs, first_row: int, targets: Sequence[int]) -> None:
+        ranks = rows.ranks
         for i, token_id in enumerate(targets):
             row = first_row + i
-            self.scored.append(TokenLogprob.of_row(token_id, rows.chosen[row], rows, row, self.k))
+            rank = None if ranks is None else ranks[row]
+            self.scored.append(
+                TokenLogprob.of_row(token_id, rows.chosen[row], rows, row, self.k, rank)
+            )
 
 
 def with_first_rows(

@@ -46,9 +46,9 @@ class SamplingParams:
     logprobs:    None: off; K in 0..20: each output token's log-probability and its top K
                  alternatives (of the raw logits, before temperature or filters), on each
                  StreamEvent and in the Completion.
-    prompt_logprobs: None: off; K in 0..20: the same for every prompt token but the first (what
-                 an evaluation harness scores; the prompt is computed in full, not taken from
-                 the prefix cache).
+    prompt_logprobs: None: off; K in 0..20: the same for every prompt token but the first, with
+                 its rank (what an evaluation harness scores; the prompt is computed in full,
+                 not taken from the prefix cache).
 
     Logit processing, in vLLM's order and semantics (each off by default):
     allowed_token_ids: None, or the only token ids that may be generated (every other logit
@@ -318,32 +318,52 @@ def _is_finite(value: object) -> bool:
 class TokenLogprob:
     """One token's log-probability under the model (FP32 log-softmax of its raw logits), and
     the `top` alternatives at its position: (token id, log-probability), most likely first.
+    `rank` (a prompt token's, with SamplingParams.prompt_logprobs; else None): how many tokens
+    at its position are at least as likely as it, as vLLM's prompt logprobs rank it (the
+    most likely is 1).
 
     The engine makes one per generated token and leaves its alternatives in the step's arrays
     (`of_row`) until `top` is first read: building 20 tuples per token on every step cost more
     host time than the rest of a 256-row step (on the CPU, BENCHMARKS.md), and most tokens'
     alternatives are read once, if ever. Reading `top` from two threads at once is safe (both
     build the same tuple). Equality, hash and repr are those of the (token_id, logprob, top)
-    values."""
+    values (a rank is what they imply, where it is known)."""
 
-    __slots__ = ("_k", "_row", "_rows", "_top", "logprob", "token_id")
+    __slots__ = ("_k", "_row", "_rows", "_top", "logprob", "rank", "token_id")
 
     token_id: int
     logprob: float
+    rank: int | None
 
-    def __init__(self, token_id: int, logprob: float, top: tuple[tuple[int, float], ...]) -> None:
+    def __init__(
+        self,
+        token_id: int,
+        logprob: float,
+        top: tuple[tuple[int, float], ...],
+        rank: int | None = None,
+    ) -> None:
         self.token_id = token_id
         self.logprob = logprob
+        self.rank = rank
         self._top: tuple[tuple[int, float], ...] | None = top
         self._rows: TopRows | None = None
         self._row = self._k = 0
 
     @classmethod
-    def of_row(cls, token_id: int, logprob: float, rows: TopRows, row: int, k: int) -> TokenLogprob:
+    def of_row(
+        cls,
+        token_id: int,
+        logprob: float,
+        rows: TopRows,
+        row: int,
+        k: int,
+        rank: int | None = None,
+    ) -> TokenLogprob:
         """The token whose top `k` alternatives are row `row` of `rows`, read when needed."""
         made = cls.__new__(cls)
         made.token_id = token_id
         made.logprob = logprob
+        made.rank = rank
         made._top = None
         made._rows, made._row, made._k = rows, row, k
         return made

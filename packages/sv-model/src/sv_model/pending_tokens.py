@@ -10,17 +10,21 @@ from torch import Tensor
 
 # Device results of ops.token_logprobs: (chosen [N] f32, top values [N, K] f32, top ids [N, K]).
 DeviceLogprobs = tuple[Tensor, Tensor, Tensor]
+# A prompt's: the same and each token's rank ([N] int64; logprob_rows.of_prompts).
+PromptDeviceLogprobs = tuple[Tensor, Tensor, Tensor, Tensor]
 
 
 @dataclass(frozen=True, slots=True)
 class Logprobs:
     """Log-probabilities of N tokens: each token's own, and the top K of its distribution
     (most likely first): `top_ids` [N, K] int64 and `top_values` [N, K] float32, kept as
-    arrays (per-entry Python objects are made only for the rows a caller reads)."""
+    arrays (per-entry Python objects are made only for the rows a caller reads). `ranks`
+    (prompt tokens' only): each token's rank in its distribution, 1 for the most likely."""
 
     chosen: list[float]
     top_ids: np.ndarray
     top_values: np.ndarray
+    ranks: list[int] | None = None
 
 
 class PendingTokens:
@@ -33,7 +37,7 @@ class PendingTokens:
         self,
         ids: Tensor,
         logprobs: DeviceLogprobs | None = None,
-        prompt_logprobs: DeviceLogprobs | None = None,
+        prompt_logprobs: PromptDeviceLogprobs | DeviceLogprobs | None = None,
     ) -> None:
         self._ready: torch.cuda.Event | None = None
         self._host = _to_host(ids)
@@ -69,6 +73,11 @@ def _to_host(t: Tensor) -> Tensor:
 def _as_logprobs(host: tuple[Tensor, ...] | None) -> Logprobs | None:
     if host is None:
         return None
-    chosen, values, ids = host
+    chosen, values, ids, *ranks = host
     # Copies: the host tensors are pinned buffers, to go back to the pool with this step.
-    return Logprobs(chosen.tolist(), ids.numpy().copy(), values.numpy().copy())
+    return Logprobs(
+        chosen.tolist(),
+        ids.numpy().copy(),
+        values.numpy().copy(),
+        ranks[0].tolist() if ranks else None,
+    )
