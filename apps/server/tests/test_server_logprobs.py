@@ -301,6 +301,103 @@ def test_max_tokens_zero_needs_echo(
         assert "'echo': true" in error["message"]
 
 
+def _check_prompt_logprobs(
+    got: list[Any], ids: list[int], want: torch.Tensor, k: int, engine: Any
+) -> None:
+    """vLLM's shape: None first, then per token {id: {logprob, rank, decoded_token}}, the
+    prompt token's own entry first and the top k after it (ranks 1..k), against transformers'
+    log_softmax `want` (row p - 1 scores token p); a rank within the oracle's tolerance."""
+    assert len(got) == len(ids) and got[0] is None
+    for p in range(1, len(ids)):
+        row, own = want[p - 1], ids[p]
+        entries = got[p]
+        top = torch.topk(row, k).indices
+        order = [own, *(t for t in top.tolist() if t != own)]
+        assert list(entries) == [str(t) for t in order]
+        for t, entry in entries.items():
+            assert set(entry) == {"logprob", "rank", "decoded_token"}
+            assert entry["decoded_token"] == text_of(engine, int(t))
+            assert entry["logprob"] == pytest.approx(float(row[int(t)]), abs=TOL)
+        assert [entries[str(t)]["rank"] for t in top.tolist()] == list(range(1, k + 1))
+        rank = entries[str(own)]["rank"]
+        assert int((row > row[own] + TOL).sum()) < rank <= int((row >= row[own] - TOL).sum())
+
+
+def test_prompt_logprobs_of_completions(
+    client: openai.OpenAI,
+    server: RunningServer,
+    oracle_engine: Any,
+    oracle: transformers.LlamaForCausalLM,
+) -> None:
+    """vLLM's `prompt_logprobs`: each choice carries its prompt's, against transformers (the
+    oracle) and equal to the prompt part of echo's logprobs; each shows its own K where both
+    are asked (the engine scores the more of the two)."""
+    prompts = ["The capital of France is", "Once upon a time there"]
+    reply = client.completions.create(
+        model=server.model_name,
+        prompt=prompts,
+        max_tokens=2,
+        temperature=0,
+        n=2,
+        echo=True,
+        logprobs=1,
+        extra_body={"prompt_logprobs": 3},
+    ).model_dump()
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]
+    seen_outside = False
+    for choice in reply["choices"]:
+        ids = oracle_engine.tokenizer.encode(prompts[choice["index"] // 2])
+        got = choice["prompt_logprobs"]
+        _check_prompt_logprobs(got, ids, hf_logprobs(oracle, ids), 3, oracle_engine)
+        echoed = choice["logprobs"]
+        assert echoed["tokens"][: len(ids)] == [text_of(oracle_engine, t) for t in ids]
+        for p in range(1, len(ids)):
+            own = got[p][str(ids[p])]
+            assert echoed["token_logprobs"][p] == pytest.approx(own["logprob"], abs=TOL)
+            assert len(echoed["top_logprobs"][p]) <= 2  # (its own 1, and the token's own)
+            seen_outside |= own["rank"] > 3
+    assert seen_outside  # some prompt token is past the top 3
+    assert reply["usage"]["prompt_tokens"] == sum(
+        len(oracle_engine.tokenizer.encode(p)) for p in prompts
+    )
+    alone = client.completions.create(
+        model=server.model_name, prompt=prompts[0], max_tokens=1, extra_body={"prompt_logprobs": 0}
+    ).model_dump()["choices"][0]
+    ids = oracle_engine.tokenizer.encode(prompts[0])
+    assert alone["logprobs"] is None
+    _check_prompt_logprobs(
+        alone["prompt_logprobs"], ids, hf_logprobs(oracle, ids), 0, oracle_engine
+    )
+    plain = client.completions.create(model=server.model_name, prompt="Hi", max_tokens=1)
+    assert "prompt_logprobs" not in plain.model_dump(exclude_unset=True)["choices"][0]
+
+
+def test_prompt_logprobs_of_a_chat_answer(
+    client: openai.OpenAI,
+    server: RunningServer,
+    oracle_engine: Any,
+    oracle: transformers.LlamaForCausalLM,
+) -> None:
+    """A chat answer carries its prompt's once, beside its choices, as vLLM's: the rendered
+    conversation's tokens (those /tokenize gives), against transformers."""
+    messages = [{"role": "user", "content": QUESTION}]
+    reply = client.chat.completions.create(
+        model=server.model_name,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=2,
+        temperature=0,
+        n=2,
+        extra_body={"prompt_logprobs": 2},
+    ).model_dump()
+    ids = httpx.post(f"{server.url}/tokenize", json={"messages": messages}, timeout=30).json()
+    ids = ids["tokens"]
+    assert reply["usage"]["prompt_tokens"] == len(ids)
+    _check_prompt_logprobs(
+        reply["prompt_logprobs"], ids, hf_logprobs(oracle, ids), 2, oracle_engine
+    )
+    assert all("prompt_logprobs" not in c for c in reply["choices"])
+
+
 def test_echo_without_logprobs_repeats_the_prompt(
     client: openai.OpenAI, server: RunningServer, oracle_engine: Any
 ) -> None:
@@ -330,12 +427,22 @@ def test_greedy_text_unchanged_by_logprobs(client: openai.OpenAI, server: Runnin
         ("/v1/completions", {"echo": "yes"}, "echo"),
         ("/v1/completions", {"top_logprobs": 2}, "top_logprobs"),  # chat's field
         ("/v1/chat/completions", {"echo": True}, "echo"),  # completions' field
+        ("/v1/completions", {"prompt_logprobs": -1}, "prompt_logprobs"),  # vLLM's whole vocab
+        ("/v1/completions", {"prompt_logprobs": -2}, "prompt_logprobs"),
+        ("/v1/chat/completions", {"prompt_logprobs": 21}, "prompt_logprobs"),
+        ("/v1/completions", {"prompt_logprobs": "2"}, "prompt_logprobs"),
+        ("/v1/completions", {"prompt_logprobs": True}, "prompt_logprobs"),
+        ("/v1/completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ("/v1/chat/completions", {"prompt_logprobs": 0, "stream": True}, "prompt_logprobs"),
+        ("/v1/responses", {"prompt_logprobs": 1}, "prompt_logprobs"),  # not vLLM's there
     ],
 )
 def test_bad_logprobs_fields_get_400_naming_them(
     server: RunningServer, path: str, body: dict[str, Any], param: str
 ) -> None:
     base = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    if "responses" in path:
+        base = {"input": "hi"}
     response = httpx.post(f"{server.url}{path}", json=base | body, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param

@@ -18,12 +18,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
-from sv_engine import StreamEvent
+from sv_engine import StreamEvent, TokenLogprob
 
 from sv_server import tools
 from sv_server.engine_loop import Delivery, EngineLoop, Failed, RequestHandle, Token
 from sv_server.errors import ServerError
-from sv_server.logprobs import LogprobsWriter, Scored
+from sv_server.logprobs import LogprobsWriter, PromptLogprobsWriter, Scored
 from sv_server.reasoning import ReasoningStream, ReasoningTokens, split_reasoning
 from sv_server.request_parsing import GenerationRequest
 from sv_server.response_bodies import (
@@ -47,7 +47,8 @@ class Generation:
     scored tokens gather as they come, until `take_logprobs` renders them. With `reasoning`
     (chat under a reasoning parser), its thinking tokens are counted. `echo_only` (echo with
     `max_tokens: 0`): the token the engine generates is no part of the answer (no text, no
-    log-probabilities, not counted in its usage), which ends with "length".
+    log-probabilities, not counted in its usage), which ends with "length". With
+    `prompt_logprobs` (vLLM's field), the prompt's scores are kept for `prompt_logprobs_body`.
     """
 
     def __init__(
@@ -60,12 +61,16 @@ class Generation:
         logprobs: LogprobsWriter | None = None,
         reasoning: ReasoningTokens | None = None,
         echo_only: bool = False,
+        prompt_logprobs: PromptLogprobsWriter | None = None,
     ) -> None:
         self._loop = loop
         self.handle = handle
         self._echo = echo
         self._echo_only = echo_only
-        self._echo_lengths = echo_lengths  # the characters of `echo` each prompt token adds
+        # With echo and logprobs (else none): the characters of `echo` each prompt token adds
+        self._echo_lengths = echo_lengths
+        self._prompt_logprobs = prompt_logprobs
+        self._prompt_scores: list[TokenLogprob | None] | None = None
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.logprobs = logprobs
@@ -77,6 +82,12 @@ class Generation:
         if self.logprobs is None:
             return None
         return self.logprobs.render(self.take_scored())
+
+    def prompt_logprobs_body(self) -> list[dict[str, dict[str, Any]] | None] | None:
+        """vLLM's `prompt_logprobs` of the prompt, once the answer has ended (None: not asked)."""
+        if self._prompt_logprobs is None or self._prompt_scores is None:
+            return None
+        return self._prompt_logprobs.render(self._prompt_scores)
 
     def take_scored(self) -> list[Scored]:
         """The tokens scored since the last call (of either take), not rendered yet."""
@@ -109,6 +120,8 @@ class Generation:
         event = delivery.event
         if self._echo_only:  # (its prompt's scores come on the event of the dropped token)
             event = replace(event, token_id=None, text="", logprob=None)
+        if event.prompt_logprobs is not None and self._prompt_logprobs is not None:
+            self._prompt_scores = event.prompt_logprobs
         if event.token_id is not None:
             self.completion_tokens += 1
             if self.reasoning is not None and event.finished != "stop":  # (a stop token: no text)
@@ -133,7 +146,7 @@ class Generation:
         return text
 
     def _score(self, event: StreamEvent, own_chars: int | None) -> None:
-        if event.prompt_logprobs is not None:  # echo: the prompt's tokens come first
+        if event.prompt_logprobs is not None and self._echo_lengths:  # echo: the prompt's first
             self._scored.extend(
                 zip(self.handle.prompt_ids, event.prompt_logprobs, self._echo_lengths, strict=True)
             )
@@ -183,6 +196,11 @@ async def collect(
         prompt_tokens,
         sum(g.completion_tokens for g in generations),
         logprobs=[g.take_logprobs() for g in generations] if req.logprobs is not None else None,
+        prompt_logprobs=(
+            [g.prompt_logprobs_body() for g in generations]
+            if req.prompt_logprobs is not None
+            else None
+        ),
         reasoning=reasoning,
         reasoning_tokens=None if counts is None else sum(c.count for c in counts),
     )

@@ -55,7 +55,7 @@ from sv_server.body import (
 from sv_server.dashboard import dashboard_routes
 from sv_server.engine_loop import EngineLoop, Failed, Rejected, RequestHandle
 from sv_server.errors import ServerError, bad_request
-from sv_server.logprobs import LogprobsWriter
+from sv_server.logprobs import LogprobsWriter, PromptLogprobsWriter
 from sv_server.metrics import CONTENT_TYPE, Metrics
 from sv_server.prompts import (
     Parser,
@@ -409,9 +409,14 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             ),
             echo=echo_text(state, req, i, ids),
             echo_lengths=echo_lengths(state, req, i, ids),
-            logprobs=None if req.logprobs is None else LogprobsWriter(req.kind, state.tokenizer),
+            logprobs=None
+            if req.logprobs is None
+            else LogprobsWriter(req.kind, state.tokenizer, req.logprobs),
             reasoning=None if thinking is None else ReasoningTokens(opened),
             echo_only=req.echo_only,
+            prompt_logprobs=None
+            if req.prompt_logprobs is None
+            else PromptLogprobsWriter(state.tokenizer, req.prompt_logprobs),
         )
         for i, (ids, turn, p) in enumerate(zip(prompts, turns, params, strict=True))
         # (looked up once per prompt: its choices share its ids)

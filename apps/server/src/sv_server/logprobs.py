@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sv_engine import TokenLogprob
+from sv_engine import MAX_LOGPROBS, TokenLogprob
 from sv_tokenizer import Tokenizer
 
 from sv_server.request_parsing import Kind
@@ -33,11 +33,13 @@ Scored = tuple[int, TokenLogprob | None, int]
 
 class LogprobsWriter:
     """Renders one choice's log-probabilities, chunk after chunk (completions' text offsets
-    run on across chunks)."""
+    run on across chunks). `top`: the alternatives shown per token (an echoed prompt's may
+    have been scored with more, for vLLM's prompt_logprobs)."""
 
-    def __init__(self, kind: Kind, tokenizer: Tokenizer) -> None:
+    def __init__(self, kind: Kind, tokenizer: Tokenizer, top: int = MAX_LOGPROBS) -> None:
         self._kind = kind
         self._tokenizer = tokenizer
+        self._top = top
         self._offset = 0  # completions: where the next token's text starts in the choice's text
 
     def render(self, scored: Sequence[Scored]) -> dict[str, Any]:
@@ -59,7 +61,7 @@ class LogprobsWriter:
         for token_id, lp, _ in scored:
             assert lp is not None  # chat has no echo
             entry = self._entry(token_id, lp.logprob)
-            entry["top_logprobs"] = [self._entry(t, v) for t, v in lp.top]
+            entry["top_logprobs"] = [self._entry(t, v) for t, v in lp.top[: self._top]]
             content.append(entry)
         return {"content": content, "refusal": None}
 
@@ -85,10 +87,46 @@ class LogprobsWriter:
         """A position's top alternatives by text, and the chosen token's own entry when it is
         not among them: OpenAI's completions "always return the logprob of the sampled token",
         so a position has up to K + 1 entries (vLLM's too)."""
-        top = {self._text(t): v for t, v in lp.top}
-        if all(t != token_id for t, _ in lp.top):
+        shown = lp.top[: self._top]
+        top = {self._text(t): v for t, v in shown}
+        if all(t != token_id for t, _ in shown):
             top.setdefault(self._text(token_id), lp.logprob)
         return top
+
+
+# vLLM's stand-in for a log-probability of -inf, which JSON cannot carry.
+LOWEST_LOGPROB = -9999.0
+
+
+class PromptLogprobsWriter:
+    """vLLM's `prompt_logprobs` of one prompt: for each of its tokens, None for the first
+    (nothing precedes it), else {token id (a string): {"logprob", "rank", "decoded_token"}}:
+    the prompt token's own entry first, then the `k` most likely tokens, ranked 1..k (the
+    prompt token's own entry, where it is one of them, in its place first with its rank
+    there), as vLLM's. A token is shown as completions' logprobs show it (a byte of no whole
+    character as `\\xNN`, where vLLM's decode shows U+FFFD)."""
+
+    def __init__(self, tokenizer: Tokenizer, k: int) -> None:
+        self._tokenizer = tokenizer
+        self._k = k
+
+    def render(
+        self, scored: Sequence[TokenLogprob | None]
+    ) -> list[dict[str, dict[str, Any]] | None]:
+        return [None if lp is None else self._position(lp) for lp in scored]
+
+    def _position(self, lp: TokenLogprob) -> dict[str, dict[str, Any]]:
+        entries = {str(lp.token_id): self._entry(lp.token_id, lp.logprob, lp.rank)}
+        for rank, (token_id, logprob) in enumerate(lp.top[: self._k], start=1):
+            entries[str(token_id)] = self._entry(token_id, logprob, rank)
+        return entries
+
+    def _entry(self, token_id: int, logprob: float, rank: int | None) -> dict[str, Any]:
+        return {
+            "logprob": max(logprob, LOWEST_LOGPROB),
+            "rank": rank,
+            "decoded_token": _shown(self._tokenizer.shown_bytes(token_id)),
+        }
 
 
 def _shown(data: bytes) -> str:

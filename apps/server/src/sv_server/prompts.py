@@ -263,7 +263,7 @@ def sampling_params(
                 stop_token_ids=req.stop_token_ids,
                 n=req.n,
                 logprobs=req.logprobs,
-                prompt_logprobs=req.logprobs if req.echo else None,
+                prompt_logprobs=_prompt_scores(req),
                 allowed_token_ids=req.allowed_token_ids,
                 bad_words=req.bad_words,
                 logit_bias=req.logit_bias,
@@ -286,6 +286,13 @@ def sampling_params(
     except EngineError as e:  # request_parsing.py checked every field already: a safety net
         raise bad_request(str(e)) from e
     return params
+
+
+def _prompt_scores(req: GenerationRequest) -> int | None:
+    """The alternatives per prompt token the engine scores: for echo's logprobs and for
+    vLLM's prompt_logprobs, the more of the two (each answer shows its own K of them)."""
+    asked = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    return max(asked, default=None)
 
 
 def _one_dropped_token(params: SamplingParams) -> SamplingParams:

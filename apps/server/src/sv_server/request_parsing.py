@@ -68,6 +68,8 @@ class GenerationRequest:
               completions with echo, the prompt alone (see `echo_only`).
     logprobs: None: off; K: each output token's log-probability and its top K alternatives
               (chat's `logprobs: true` + `top_logprobs`, completions' integer `logprobs`).
+    prompt_logprobs: vLLM's: None: off; K: each prompt token's log-probability, rank and top
+              K alternatives, beside the answer (not streamed).
     echo: completions: the prompt comes first in the text (and its tokens in the logprobs).
     continuous_usage: streamed, every chunk carries its choice's usage so far (vLLM's).
     truncate_prompt_tokens: None: off; N: each prompt keeps only its last N tokens (vLLM's
@@ -94,6 +96,7 @@ class GenerationRequest:
     allowed_token_ids: frozenset[int] | None = None  # vLLM's; ids not yet checked
     bad_words: tuple[str, ...] = ()  # vLLM's; the engine tokenizes them
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's
     echo: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -154,6 +157,7 @@ _SAMPLING_FIELDS = frozenset(
         "stop_token_ids",  # vLLM's
         "include_stop_str_in_output",  # vLLM's
         "logprobs",
+        "prompt_logprobs",  # vLLM's
         "presence_penalty",
         "frequency_penalty",
         "logit_bias",
@@ -244,6 +248,33 @@ def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
     if body.get("logprobs") is False:
         return None
     return optional_int(body, "logprobs", 0, MAX_LOGPROBS)
+
+
+def _prompt_logprobs(body: Mapping[str, Any], stream: bool) -> int | None:
+    """vLLM's: how many alternatives per prompt token (None: no prompt log-probabilities).
+    -1, vLLM's whole vocabulary, is past this server's 20 (as past vLLM's default
+    --max-logprobs 20); and streamed chunks have no place for them, as vLLM's have none."""
+    value = checked_field(body, "prompt_logprobs", is_int, "an integer")
+    if value is None:
+        return None
+    if value == -1:
+        raise bad_request(
+            f"'prompt_logprobs' -1 (the whole vocabulary) is not available: this server gives "
+            f"at most {MAX_LOGPROBS} alternatives per token, as vLLM's default --max-logprobs",
+            "prompt_logprobs",
+        )
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise bad_request(
+            f"'prompt_logprobs' must be between 0 and {MAX_LOGPROBS}, got {shown_value(value)}",
+            "prompt_logprobs",
+        )
+    if stream:
+        raise bad_request(
+            "'prompt_logprobs' are not available with 'stream': true (as in vLLM: a streamed "
+            "answer has no place for them); ask without streaming",
+            "prompt_logprobs",
+        )
+    return value  # type: ignore[no-any-return]
 
 
 def _number_in(body: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
@@ -414,6 +445,7 @@ def parse_sampling(
         ignore_eos=bool_field(body, "ignore_eos"),
         n=n,
         logprobs=_logprobs(body, kind),
+        prompt_logprobs=_prompt_logprobs(body, stream),
         echo=bool_field(body, "echo"),
         presence_penalty=_number_in(body, "presence_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
         frequency_penalty=_number_in(body, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),

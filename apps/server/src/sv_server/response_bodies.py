@@ -44,12 +44,14 @@ def response_body(
     logprobs: Sequence[dict[str, Any] | None] | None = None,
     reasoning: Sequence[str | None] | None = None,
     reasoning_tokens: int | None = None,
+    prompt_logprobs: Sequence[list[Any] | None] | None = None,
 ) -> dict[str, Any]:
     """The whole (non-streamed) answer: `choices` are (text, finish_reason), in index order
     (chat's text None: no content); the token counts are their sums; `logprobs`: each
     choice's, if asked for; `reasoning`: chat with a reasoning parser, each choice's
     `reasoning` and `reasoning_content` (None: it did not think), and `reasoning_tokens`
-    their count."""
+    their count; `prompt_logprobs` (vLLM's), each choice's prompt's, if asked for: on each
+    completions choice, and once on a chat answer (its one prompt), where vLLM puts them."""
     bodies = []
     for index, (text, finish_reason) in enumerate(choices):
         choice: dict[str, Any] = {
@@ -59,12 +61,14 @@ def response_body(
         }
         if kind == "completion":
             choice["text"] = text
+            if prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs[index]
         else:
             choice["message"] = {"role": "assistant", "content": text}
             if reasoning is not None:
                 choice["message"].update(dict.fromkeys(REASONING_FIELDS, reasoning[index]))
         bodies.append(choice)
-    return {
+    body: dict[str, Any] = {
         "id": response_id,
         "object": "text_completion" if kind == "completion" else "chat.completion",
         "created": int(time.time()),
@@ -72,6 +76,9 @@ def response_body(
         "choices": bodies,
         "usage": usage(prompt_tokens, completion_tokens, reasoning_tokens),
     }
+    if kind != "completion" and prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs[0]
+    return body
 
 
 def chunk_body(
