@@ -30,7 +30,6 @@ from sv_server.response_bodies import (
     ChunkEncoder,
     chunk_body,
     event_json,
-    new_id,
     response_body,
     usage,
     usage_chunk_body,
@@ -172,9 +171,10 @@ async def collect(
     model: str,
     generations: list[Generation],
     prompt_tokens: int,
+    response_id: str,
 ) -> Response:
-    """A non-streamed answer; a client that hangs up meanwhile cancels every request of it.
-    With a reasoning parser, each choice's text is split on its own."""
+    """A non-streamed answer (of id `response_id`); a client that hangs up meanwhile cancels
+    every request of it. With a reasoning parser, each choice's text is split on its own."""
     texts = await whole_texts(request, generations)
     if texts is None:
         return Response(status_code=499)  # nobody is listening; for the access log
@@ -190,7 +190,7 @@ async def collect(
         contents = [c for _, c in splits]
     body = response_body(
         req.kind,
-        new_id(req.kind),
+        response_id,
         model,
         [(text, g.finish_reason or "") for text, g in zip(contents, generations, strict=True)],
         prompt_tokens,
@@ -285,6 +285,7 @@ async def stream(
     model: str,
     generations: list[Generation],
     prompt_tokens: int,
+    response_id: str,
 ) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk schema, ending with `data: [DONE]`. Each choice's
     chunks carry its index (for chat, its first one the role); a choice's last chunk carries
@@ -293,7 +294,7 @@ async def stream(
     With `continuous_usage`, every chunk carries the usage so far of its own choice, as vLLM's
     does (its prompt's tokens and that choice's), while `include_usage`'s last chunk counts all;
     with `include_usage` alone, every other chunk carries `"usage": null`, as OpenAI's do."""
-    response_id, created, kind = new_id(req.kind), int(time.time()), req.kind
+    created, kind = int(time.time()), req.kind
     counts = _reasoning_tokens(generations)
 
     def usage_so_far() -> dict[str, Any]:

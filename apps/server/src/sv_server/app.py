@@ -8,7 +8,8 @@
     POST /tokenize, /detokenize  vLLM's: a text or conversation -> ids, and ids -> text
     GET  /version
 
-A generation request goes: check the API key (401, auth.py) -> check the Content-Type (415)
+A generation request goes: check the API key (401, auth.py) -> check its X-Request-Id, which
+names the answer (400, request_ids.py) -> check the Content-Type (415)
 -> read the body within its size and time limits (413, 408; body.py) -> on the tokenizer
 thread: decode the JSON and check it (400), check the model name (404), tokenize, check it
 fits the context (400; prompts.py) -> check the queue (429) and that the server is not
@@ -68,11 +69,13 @@ from sv_server.prompts import (
     sampling_params,
 )
 from sv_server.reasoning import ReasoningTokens, parser_for
+from sv_server.request_ids import RequestIdEcho, client_request_id
 from sv_server.request_parsing import (
     GenerationRequest,
     parse_chat_request,
     parse_completion_request,
 )
+from sv_server.response_bodies import new_id
 from sv_server.responses_answers import collect_response, stream_response
 from sv_server.responses_parsing import parse_responses_request
 from sv_server.state import ServerState
@@ -149,11 +152,11 @@ def create_app(
     def count_unauthorized() -> None:
         metrics.rejected["unauthorized"] += 1
 
-    middleware = (
-        [Middleware(ApiKeyMiddleware, api_key=api_key, on_refusal=count_unauthorized)]
-        if api_key is not None
-        else []
-    )
+    middleware = [Middleware(RequestIdEcho, paths=GENERATION_PATHS)]
+    if api_key is not None:
+        middleware.append(
+            Middleware(ApiKeyMiddleware, api_key=api_key, on_refusal=count_unauthorized)
+        )
 
     def handler(
         fn: Callable[[Request, ServerState], Any],
@@ -372,6 +375,7 @@ async def _read(request: Request, state: ServerState) -> bytes:
 
 async def _generate(request: Request, state: ServerState, parse: Parser) -> Response:
     arrived_at = time.perf_counter()  # (TTFT and latency count the body's reading too)
+    base_id = client_request_id(request.headers)  # (before the body: a bad one is a 400 now)
     raw = await _read(request, state)
     req, prompts, turns = await asyncio.get_running_loop().run_in_executor(
         state.tokenizer_threads, partial(prepare, state, raw, parse)
@@ -440,12 +444,13 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     state.metrics.prompt_tokens += prompt_tokens
     if req.kind == "responses":
         return await _answer_response(request, req, state, generations[0], prompt_tokens)
+    response_id = new_id(req.kind, base_id)
     if req.stream:
         return EventStream(
-            stream(req, state.model_name, generations, prompt_tokens),
+            stream(req, state.model_name, generations, prompt_tokens, response_id),
             on_close=partial(close_all, generations),
         )
-    return await collect(request, req, state.model_name, generations, prompt_tokens)
+    return await collect(request, req, state.model_name, generations, prompt_tokens, response_id)
 
 
 async def _answer_response(

@@ -15,8 +15,10 @@ from sv_server.chat_messages import REASONING_FIELDS
 from sv_server.request_parsing import Kind
 
 
-def new_id(kind: Kind) -> str:
-    return ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
+def new_id(kind: Kind, base: str | None = None) -> str:
+    """A completion's or chat answer's id: of the client's X-Request-Id `base` if it sent one
+    (vLLM's), else of a random one."""
+    return ("cmpl-" if kind == "completion" else "chatcmpl-") + (base or uuid.uuid4().hex)
 
 
 def usage(
