@@ -51,19 +51,31 @@ VALID = {
     "truncate_prompt_tokens": st.integers(1, 80) | st.just(-1),
     "allowed_token_ids": st.lists(st.integers(0, 50_000), min_size=1, max_size=4),
 }
+# An endpoint's own (vLLM's prompt_logprobs; completions' echo, and max_tokens 0 beside it).
+PROMPT_LOGPROBS = st.none() | st.integers(0, 3)
+COMPLETION_VALID = VALID | {
+    "max_tokens": st.integers(0, 4),
+    "echo": st.booleans(),
+    "logprobs": st.none() | st.just(False) | st.integers(0, 3),
+    "prompt_logprobs": PROMPT_LOGPROBS,
+}
+CHAT_VALID = VALID | {"prompt_logprobs": PROMPT_LOGPROBS}
 FIELDS = st.sampled_from([*VALID, "max_completion_tokens", "n", "stream_options", "echo",
                           "best_of", "suffix", "logit_bias", "top_logprobs", "tools",
                           "tool_choice", "response_format", "guided_json", "guided_regex",
                           "guided_choice", "guided_grammar", "chat_template_kwargs",
-                          "add_generation_prompt", "continue_final_message"])  # fmt: skip
+                          "add_generation_prompt", "continue_final_message",
+                          "prompt_logprobs"])  # fmt: skip
 ODD_FIELD = st.dictionaries(FIELDS, JSON, min_size=1, max_size=1)
 
 
-def _sensible(**first: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
-    """Bodies made of `first` and valid values of some other fields; streams ask for usage
+def _sensible(
+    valid: dict[str, st.SearchStrategy[Any]], **first: st.SearchStrategy[Any]
+) -> st.SearchStrategy[dict[str, Any]]:
+    """Bodies made of `first` and `valid` values of some other fields; streams ask for usage
     (at the end, and maybe in every chunk)."""
-    optional = {k: v for k, v in VALID.items() if k != "max_tokens"}
-    fields = st.fixed_dictionaries(first | {"max_tokens": VALID["max_tokens"]}, optional=optional)
+    optional = {k: v for k, v in valid.items() if k != "max_tokens"}
+    fields = st.fixed_dictionaries(first | {"max_tokens": valid["max_tokens"]}, optional=optional)
     usage = st.fixed_dictionaries(
         {"include_usage": st.just(True)}, optional={"continuous_usage_stats": st.booleans()}
     )
@@ -72,9 +84,11 @@ def _sensible(**first: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, An
     )
 
 
-def _bodies(**first: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+def _bodies(
+    valid: dict[str, st.SearchStrategy[Any]], **first: st.SearchStrategy[Any]
+) -> st.SearchStrategy[Any]:
     """A third well-formed, a third with one odd field, a third anything."""
-    sensible = _sensible(**first)
+    sensible = _sensible(valid, **first)
     one_odd = st.builds(lambda body, odd: body | odd, sensible, ODD_FIELD)
     return sensible | one_odd | JSON
 
@@ -83,7 +97,9 @@ MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant"]), "content": st.text(max_size=30)}
 )
 PROMPT = st.text(min_size=1, max_size=30) | st.lists(st.integers(0, 49_151), min_size=1, max_size=8)
-COMPLETION_BODIES = _bodies(prompt=PROMPT | st.lists(PROMPT, min_size=1, max_size=3))
+COMPLETION_BODIES = _bodies(
+    COMPLETION_VALID, prompt=PROMPT | st.lists(PROMPT, min_size=1, max_size=3)
+)
 TOKENIZE_BODIES = (
     st.fixed_dictionaries(
         {"prompt": st.text(max_size=30)},
@@ -105,7 +121,7 @@ TOKENIZER_ANSWERS = ({"count", "max_model_len", "tokens"}, {"prompt"})
 DETOKENIZE_BODIES = (
     st.fixed_dictionaries({"tokens": st.lists(st.integers(-2, 60_000), max_size=8)}) | JSON
 )
-CHAT_BODIES = _bodies(messages=st.lists(MESSAGE, min_size=1, max_size=3))
+CHAT_BODIES = _bodies(CHAT_VALID, messages=st.lists(MESSAGE, min_size=1, max_size=3))
 
 # /v1/responses: its own fields (max_output_tokens for max_tokens) and input items, well-formed
 # or nearly (a bad call's arguments, an image part, an unknown type).
@@ -204,13 +220,35 @@ def _check_answer(response: httpx.Response, body: Any) -> None:
     else:
         answer = response.json()
         assert answer.get("choices") or set(answer) in TOKENIZER_ANSWERS, answer
+        _check_new_fields(answer, body)
 
 
-def _post(server: RunningServer, path: str, body: Any) -> None:
+def _check_new_fields(answer: dict[str, Any], body: dict[str, Any]) -> None:
+    """An echo of max_tokens 0 generated nothing; prompt_logprobs, where asked for, open with
+    the first prompt token's null and score every other one."""
+    if body.get("max_tokens") == 0:  # (taken only with echo)
+        event("echo without generation answered")
+        assert answer["usage"]["completion_tokens"] == 0, answer
+        assert {c["finish_reason"] for c in answer["choices"]} == {"length"}, answer
+    if body.get("prompt_logprobs") is not None:
+        event("prompt_logprobs answered")
+        if answer["object"] == "chat.completion":  # once, beside the choices
+            scores = [answer["prompt_logprobs"]]
+        else:
+            scores = [c["prompt_logprobs"] for c in answer["choices"]]
+        for score in scores:
+            assert score[0] is None and all(score[1:]), score
+            assert all(len(position) <= body["prompt_logprobs"] + 1 for position in score[1:])
+
+
+def _post(
+    server: RunningServer, path: str, body: Any, headers: dict[str, str] | None = None
+) -> httpx.Response:
     content = json.dumps(body).encode()  # ensure_ascii: lone surrogates travel as \\udXXX
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(headers or {})}
     response = httpx.post(server.url + path, content=content, headers=headers, timeout=ANSWER_S)
     _check_answer(response, body)
+    return response
 
 
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -220,6 +258,42 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[Hea
 @given(body=COMPLETION_BODIES)
 def test_fuzzed_completion_bodies(small: RunningServer, body: Any) -> None:
     _post(small, "/v1/completions", body)
+
+
+@FUZZ
+@given(
+    request_id=st.text(max_size=300)
+    | st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1),
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+)
+def test_fuzzed_request_id_headers(small: RunningServer, request_id: str, path: str) -> None:
+    """Whatever X-Request-Id holds (what an HTTP client sends of it: latin-1, no control
+    character but tab), the answer is named by it and carries it back, or is a 400 naming the
+    header."""
+    value = "".join(
+        c
+        for c in request_id.encode("utf-8").decode("latin-1")
+        if c == "\t" or not (c < " " or c == "\x7f")
+    )
+    body: dict[str, Any] = {"max_tokens": 1, "temperature": 0}
+    body |= (
+        {"prompt": "Hi"}
+        if path == "/v1/completions"
+        else {"messages": [{"role": "user", "content": "Hi"}]}
+    )
+    content = json.dumps(body).encode()
+    headers = [(b"Content-Type", b"application/json"), (b"X-Request-Id", value.encode("latin-1"))]
+    response = httpx.post(small.url + path, content=content, headers=headers, timeout=ANSWER_S)
+    value = value.strip(" \t")  # (HTTP drops a value's surrounding whitespace)
+    if not _answered(response, body):
+        assert response.json()["error"]["param"] == "X-Request-Id", response.text
+        return
+    prefix = "cmpl-" if path == "/v1/completions" else "chatcmpl-"
+    if value:
+        assert response.json()["id"] == prefix + value
+        assert response.headers["X-Request-Id"] == value
+    else:
+        assert "X-Request-Id" not in response.headers
 
 
 @FUZZ
