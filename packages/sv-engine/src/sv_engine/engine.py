@@ -405,7 +405,8 @@ class Engine:
         return self._end(request_id, "cancelled")
 
     def _end(self, request_id: RequestId, reason: FinishReason) -> StreamEvent | None:
-        """End a request at once (between steps) with `reason`, as `cancel` does."""
+        """End a request at once (between steps) with `reason`, as `cancel` does (the
+        scheduler's statistics count it as cancelled: it was ended from outside its steps)."""
         seq = self.scheduler.cancel(request_id)
         if seq is None or request_id not in self._live:
             return None
