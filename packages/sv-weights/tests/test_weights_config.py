@@ -500,3 +500,52 @@ def test_qwen_sliding_window_on_some_layers_is_refused() -> None:
 def test_sliding_window_only_where_the_family_has_one() -> None:
     with pytest.raises(WeightsError, match="the llama family has none"):
         tiny_llama_config(sliding_window=64)
+
+
+_CONFIG_CLASSES = {
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(_CONFIG_CLASSES))
+def test_each_familys_defaults_are_its_transformers_class(model_type: str) -> None:
+    """Keys a config leaves out mean what that family's transformers class says: Qwen3's
+    head_dim is 128 whatever the hidden size, Mistral's sliding window 4096, rms_norm_eps
+    1e-6 (sv read no window for Mistral, so answers past 4096 tokens differed, and refused
+    the other two)."""
+    minimal = {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 8192,
+    }
+    ours = ModelConfig.from_dict(minimal)
+    theirs = getattr(transformers, _CONFIG_CLASSES[model_type])(**minimal)
+    assert ours.head_dim == (getattr(theirs, "head_dim", None) or 64 // 4)
+    assert ours.rms_norm_eps == theirs.rms_norm_eps
+    # Mistral's window is every layer's; Qwen's only the layers layer_types says slide.
+    layer_types = getattr(theirs, "layer_types", None)
+    slides = layer_types is None or "sliding_attention" in layer_types
+    assert ours.sliding_window == (getattr(theirs, "sliding_window", None) if slides else None)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"use_sliding_window": True, "max_window_layers": 24},  # no layer from 24 on
+        {"use_sliding_window": True, "sliding_window": None},
+        {"attention_bias": True},  # Qwen2's q/k/v have biases whatever this says
+    ],
+)
+def test_qwen2_configs_transformers_reads_as_sv_runs_them_load(changes: dict[str, Any]) -> None:
+    raw = {**QWEN2_5_0_5B_INSTRUCT_JSON, **changes}
+    theirs = transformers.Qwen2Config(**raw)
+    assert set(theirs.layer_types) == {"full_attention"}
+    assert ModelConfig.from_dict(raw).sliding_window is None

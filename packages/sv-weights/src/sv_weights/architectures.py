@@ -8,7 +8,10 @@ config values read the same way for all. What is left differs by family, and is 
 - `qkv_bias`: the q, k and v projections carry a bias (Qwen2; the output projection does not);
 - `qk_norm`: an RMSNorm over each head of q and of k, before RoPE (Qwen3);
 - `sliding_window`: the config's `sliding_window` (keys within that many positions of the
-  query, itself included) applies to every layer (Mistral).
+  query, itself included) applies to every layer (Mistral);
+- where a config leaves a key out, the family's own default in transformers'
+  configuration class: `default_head_dim` (Qwen3's 128, where the others divide the hidden
+  size among the heads) and `default_sliding_window` (Mistral's 4096; null is no window).
 
 A config is matched by `model_type`, or by its first `architectures` class name when it has
 no `model_type`.
@@ -28,15 +31,19 @@ class Architecture:
     qkv_bias: bool = False
     qk_norm: bool = False
     sliding_window: bool = False
+    default_head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    default_sliding_window: int | None = None
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
     for a in (
         Architecture("llama", "LlamaForCausalLM"),
-        Architecture("mistral", "MistralForCausalLM", sliding_window=True),
+        Architecture(
+            "mistral", "MistralForCausalLM", sliding_window=True, default_sliding_window=4096
+        ),
         Architecture("qwen2", "Qwen2ForCausalLM", qkv_bias=True),
-        Architecture("qwen3", "Qwen3ForCausalLM", qk_norm=True),
+        Architecture("qwen3", "Qwen3ForCausalLM", qk_norm=True, default_head_dim=128),
     )
 }
 

@@ -40,6 +40,7 @@ MAX_POSITIONS = 1 << 24
 # Defaults where a key is absent, as transformers' ModelConfig has them (so a config that
 # transformers accepts means the same thing here). The architectural sizes have no default.
 _DEFAULT_ROPE_THETA = 10000.0
+_DEFAULT_RMS_NORM_EPS = 1e-6  # (every family's here)
 _DEFAULT_TORCH_DTYPE = "float32"
 
 
@@ -201,6 +202,8 @@ class ModelConfig:
         num_attention_heads = _get(raw, "num_attention_heads", int)
         if "head_dim" in raw and raw["head_dim"] is not None:
             head_dim = _get(raw, "head_dim", int)
+        elif "head_dim" not in raw and architecture.default_head_dim is not None:
+            head_dim = architecture.default_head_dim
         else:
             if not _is_int(num_attention_heads) or num_attention_heads <= 0:
                 raise WeightsError(
@@ -224,7 +227,7 @@ class ModelConfig:
             head_dim=head_dim,
             intermediate_size=_get(raw, "intermediate_size", int),
             vocab_size=_get(raw, "vocab_size", int),
-            rms_norm_eps=_get(raw, "rms_norm_eps", float),
+            rms_norm_eps=_get(raw, "rms_norm_eps", float, default=_DEFAULT_RMS_NORM_EPS),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=_get(raw, "max_position_embeddings", int),
@@ -234,7 +237,9 @@ class ModelConfig:
             torch_dtype=_get_torch_dtype(raw),
             model_type=architecture.model_type,
             sliding_window=(
-                _get_optional_int(raw, "sliding_window") if architecture.sliding_window else None
+                _get_optional_int(raw, "sliding_window", architecture.default_sliding_window)
+                if architecture.sliding_window
+                else None
             ),
         )
 
@@ -351,8 +356,11 @@ def _get(
     return value
 
 
-def _get_optional_int(raw: dict[str, Any], key: str) -> int | None:
-    value = raw.get(key)
+def _get_optional_int(raw: dict[str, Any], key: str, absent: int | None = None) -> int | None:
+    """raw[key], an integer or null; `absent` where the key is left out."""
+    if key not in raw:
+        return absent
+    value = raw[key]
     if value is None:
         return None
     if not _is_int(value):
@@ -386,17 +394,13 @@ def _get_torch_dtype(raw: dict[str, Any]) -> str:
 
 def _check_supported_architecture(raw: dict[str, Any]) -> Architecture:
     architecture = architecture_of(raw.get("model_type"), raw.get("architectures"))
-    for key in ("attention_bias", "mlp_bias"):
+    # (Qwen2's q/k/v always carry biases: transformers reads no attention_bias for it.)
+    for key in ("mlp_bias",) if architecture.qkv_bias else ("attention_bias", "mlp_bias"):
         if raw.get(key, False) is not False:
             raise WeightsError(
                 f"config key {key!r}: biases are not supported by this engine (expected false)"
             )
-    # Qwen's sliding window applies to some layers only (max_window_layers, layer_types).
-    layer_types = raw.get("layer_types") or []
-    some_layers_slide = raw.get("use_sliding_window", False) is not False or (
-        isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types)
-    )
-    if some_layers_slide and not architecture.sliding_window:
+    if _some_layers_slide(raw) and not architecture.sliding_window:
         raise WeightsError(
             f"config key 'use_sliding_window': a sliding window on some layers of a "
             f"{architecture.model_type} model is not supported (expected false)"
@@ -405,6 +409,22 @@ def _check_supported_architecture(raw: dict[str, Any]) -> Architecture:
     if act != "silu":
         raise WeightsError(f"config key 'hidden_act': {act!r} is not supported (expected 'silu')")
     return architecture
+
+
+def _some_layers_slide(raw: dict[str, Any]) -> bool:
+    """Whether a Qwen config gives some layers a sliding window, as transformers reads it: its
+    `layer_types` where it lists them, else every layer from `max_window_layers` (28 when
+    absent) on, when `use_sliding_window` is true and `sliding_window` (4096 when absent) is
+    not null."""
+    layer_types = raw.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        return any(t != "full_attention" for t in layer_types)
+    if raw.get("use_sliding_window", False) is False:
+        return False
+    if "sliding_window" in raw and raw["sliding_window"] is None:
+        return False
+    layers, first = raw.get("num_hidden_layers"), raw.get("max_window_layers", 28)
+    return not (_is_int(layers) and _is_int(first) and first >= layers)
 
 
 def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
