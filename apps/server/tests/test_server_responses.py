@@ -100,8 +100,9 @@ def test_the_raw_body_validates_as_the_sdks_response(server: RunningServer) -> N
     assert response.status in ("completed", "incomplete") and response.error is None
     assert body["store"] is False and body["tools"] == [] and body["tool_choice"] == "auto"
     assert body["text"] == {"format": {"type": "text"}} and body["parallel_tool_calls"] is True
-    assert body["usage"]["input_tokens_details"]["cached_tokens"] == 0
-    assert body["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
+    usage = body["usage"]  # (cached tokens: test_cached_input_tokens_are_the_prefix_caches)
+    assert 0 <= usage["input_tokens_details"]["cached_tokens"] < usage["input_tokens"]
+    assert usage["output_tokens_details"]["reasoning_tokens"] == 0
 
 
 def test_max_output_tokens_gives_an_incomplete_response(
@@ -257,6 +258,74 @@ def test_items_become_the_chat_messages_they_stand_for() -> None:
         Message("tool", "noon", tool_call_id="c2"),
         Message("assistant", "", tool_calls=(ToolCall("w", "{}", "c3"),)),
     ]
+
+
+def test_what_the_sdks_own_input_types_dump_is_read_as_they_mean_it() -> None:
+    """The SDK's message types dump `"type": None` (its field is optional: a message), an
+    assistant message's `phase`, and an output message's refusal part, whose text is what the
+    assistant said (each was a 400)."""
+    from openai.types.responses import EasyInputMessage
+
+    asked = EasyInputMessage(role="user", content="Hello!").model_dump()
+    assert asked["type"] is None
+    req = parse_responses_request(
+        {
+            "input": [
+                asked,
+                {"role": "assistant", "content": "Hi.", "phase": "final_answer"},
+                {"role": "user", "content": "Tell me a secret."},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "refusal", "refusal": "I can't share that."}],
+                },
+            ]
+        }
+    )
+    assert req.messages == [
+        Message("user", "Hello!"),
+        Message("assistant", "Hi."),
+        Message("user", "Tell me a secret."),
+        Message("assistant", "I can't share that."),
+    ]
+
+
+def test_cached_input_tokens_are_the_prefix_caches(server: RunningServer) -> None:
+    """usage.input_tokens_details.cached_tokens counts the prompt tokens the prefix cache
+    served (it was always 0): the second of two identical requests reports what /metrics'
+    prefix-cache counter gained for it."""
+    body = {"model": server.model_name, "input": "word " * 300, "max_output_tokens": 1}
+    first = _post(server, body).json()["usage"]["input_tokens_details"]["cached_tokens"]
+    before = server.wait_idle()["sv_prefix_cache_hit_tokens_total"]
+    usage = _post(server, body).json()["usage"]
+    gained = server.wait_idle()["sv_prefix_cache_hit_tokens_total"] - before
+    assert first < usage["input_tokens_details"]["cached_tokens"] == gained
+    assert 0 < gained < usage["input_tokens"]
+
+
+def test_truncation_completed_at_and_cache_retention_are_echoed(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    done = client.responses.create(
+        model=server.model_name,
+        input="Say yes.",
+        max_output_tokens=64,
+        truncation="auto",
+        prompt_cache_retention="24h",
+    )
+    assert done.status == "completed" and done.truncation == "auto"
+    assert done.completed_at is not None and done.completed_at >= done.created_at
+    assert done.prompt_cache_retention == "24h"
+    cut = client.responses.create(
+        model=server.model_name,
+        input=QUESTION,
+        max_output_tokens=2,
+        extra_body={"ignore_eos": True},
+    )
+    assert cut.status == "incomplete" and cut.completed_at is None
+    assert cut.truncation == "disabled"
+    error = openai_error(_post(server, {"input": "hi", "prompt_cache_retention": "forever"}), 400)
+    assert error["param"] == "prompt_cache_retention"
 
 
 # --- log-probabilities ----------------------------------------------------------------------

@@ -320,6 +320,26 @@ def test_bad_tool_requests_are_400(llama_server: Any) -> None:
         reply = httpx.post(url, json={"messages": [QUESTION], "max_tokens": 4, **body}, timeout=60)
         assert reply.status_code == 400, reply.text
         assert openai_error(reply)["param"] == field
+    # A named function the tools lack is named, with what they offer, in either API's shape.
+    offered = ", ".join(repr(t["function"]["name"]) for t in TOOLS)
+    for path, body in [
+        ("chat/completions", {"messages": [QUESTION], "max_tokens": 4, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+        ("responses", {"input": "hi", "tool_choice": {"type": "function", "name": "nope"}}),
+    ]:  # fmt: skip
+        tools = (
+            TOOLS
+            if path.startswith("chat")
+            else [{**t["function"], "type": "function"} for t in TOOLS]
+        )
+        reply = httpx.post(
+            f"{llama_server.url}/v1/{path}", json={**body, "tools": tools}, timeout=60
+        )
+        error = openai_error(reply, 400)
+        assert error["param"] == "tool_choice"
+        assert (
+            f"names the function 'nope', which 'tools' does not offer (it offers {offered})"
+            in error["message"]
+        )
 
 
 def test_a_chat_format_without_tools_refuses_them(server: Any, oracle_engine: Any) -> None:

@@ -71,6 +71,7 @@ class Generation:
         self._prompt_logprobs = prompt_logprobs
         self._prompt_scores: list[TokenLogprob | None] | None = None
         self.completion_tokens = 0
+        self.cached_tokens = 0  # of the prompt, served from the prefix cache (once finished)
         self.finish_reason: str | None = None
         self.logprobs = logprobs
         self.reasoning = reasoning
@@ -128,6 +129,8 @@ class Generation:
         if self.logprobs is not None:
             self._score(event, delivery.own_chars)
         text = event.text
+        if event.completion is not None:
+            self.cached_tokens = event.completion.num_cached_tokens
         if event.finished is not None:
             if event.finished == "error" and event.completion is not None:
                 # Its grammar failed (past the lexer's limits): what it wrote so far is not

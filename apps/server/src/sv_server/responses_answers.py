@@ -82,7 +82,10 @@ class MessageLogprobs:
 def _usage(generation: Generation, prompt_tokens: int) -> dict[str, Any]:
     thinking = generation.reasoning
     return responses_usage(
-        prompt_tokens, generation.completion_tokens, None if thinking is None else thinking.count
+        prompt_tokens,
+        generation.cached_tokens,
+        generation.completion_tokens,
+        None if thinking is None else thinking.count,
     )
 
 

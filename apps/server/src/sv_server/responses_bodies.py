@@ -15,6 +15,7 @@ Every event is `event: <type>` and `data: <JSON with that type and its sequence_
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -32,12 +33,13 @@ def new_item_id(prefix: str) -> str:
 
 
 def responses_usage(
-    input_tokens: int, output_tokens: int, reasoning_tokens: int | None
+    input_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int | None
 ) -> dict[str, Any]:
-    """OpenAI's usage of a response. Nothing is cached across requests here: no cached tokens."""
+    """OpenAI's usage of a response: `cached_tokens` of the input were served from the
+    prefix cache (nothing is written to a cache a client pays for: no cache_write_tokens)."""
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens or 0},
         "total_tokens": input_tokens + output_tokens,
@@ -59,6 +61,7 @@ def response_object(
         "id": response_id,
         "object": "response",
         "created_at": created_at,
+        "completed_at": int(time.time()) if status == "completed" else None,
         "status": status,
         "background": False,
         "error": None,
@@ -71,7 +74,7 @@ def response_object(
         "service_tier": "default",
         "store": False,  # whatever the request said: nothing is kept to retrieve later
         "top_logprobs": None,
-        "truncation": "disabled",
+        "truncation": "disabled",  # (the request's, in `settings`)
         **settings,
     }
 

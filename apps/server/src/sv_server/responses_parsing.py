@@ -83,6 +83,9 @@ _OWN_FIELDS = frozenset(
         "reasoning",
         "background",
         "max_tool_calls",
+        # how long a prompt's cache is kept: the prefix cache here keeps pages while the pool
+        # has room, whatever is asked, so either value is accepted (and echoed)
+        "prompt_cache_retention",
     }
 )
 # What needs a server that keeps responses: refused with one reason, whatever the value.
@@ -151,6 +154,8 @@ def parse_responses_request(
         "user": body.get("user"),
         "safety_identifier": body.get("safety_identifier"),
         "prompt_cache_key": body.get("prompt_cache_key"),
+        "prompt_cache_retention": body.get("prompt_cache_retention"),
+        "truncation": body.get("truncation") or "disabled",
     }
     logprobs = _logprobs(body)
     settings["top_logprobs"] = logprobs
@@ -176,6 +181,7 @@ def _check_fields(body: Mapping[str, Any]) -> None:
     # answer), and a conversation that fits is answered the same.
     _off(body, "truncation", ("disabled", "auto"), "takes 'disabled' or 'auto'")
     _off(body, "max_tool_calls", (), "has no built-in tools to bound")
+    _off(body, "prompt_cache_retention", ("in-memory", "24h"), "takes 'in-memory' or '24h'")
     reasoning = checked_field(body, "reasoning", lambda v: isinstance(v, dict), "an object")
     if reasoning and any(value is not None for value in reasoning.values()):
         # As chat's reasoning_effort: the models here take no effort or summary setting.
@@ -264,7 +270,8 @@ def _metadata(value: Any) -> None:
 # (`input += response.output`): they say nothing of the conversation, so they are accepted.
 _OUTPUT_ITEM_FIELDS = frozenset({"id", "status"})
 _ITEM_FIELDS = {
-    "message": {"type", "role", "content"},
+    # (`phase`: OpenAI's label of an assistant message, which clients are told to send back)
+    "message": {"type", "role", "content", "phase"},
     "function_call": {"type", "call_id", "name", "arguments"},
     "function_call_output": {"type", "call_id", "output"},
 }
@@ -286,7 +293,7 @@ def _input(value: Any) -> list[Message]:
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise bad_request(f"{where} must be an object, got {shown_value(item)}", param="input")
-        kind = item.get("type", "message")
+        kind = item.get("type") or "message"  # (the SDK's messages write "type": null)
         if kind == "reasoning":
             thinking = _reasoning_text(item, where)
             continue
@@ -351,8 +358,9 @@ def _message(item: Mapping[str, Any], where: str) -> Message:
         raise bad_request(
             f"{where}.role must be one of {', '.join(_ROLES)}, got {shown_value(role)}", "input"
         )
-    # An assistant's text is what a response gave (output_text); the others' is input_text.
-    parts = ("output_text",) if role == "assistant" else ("input_text",)
+    # An assistant's text is what a response gave (output_text, or a refusal's text); the
+    # others' is input_text.
+    parts = ("output_text", "refusal") if role == "assistant" else ("input_text",)
     content = _text(item.get("content"), f"{where}.content", parts)
     return Message("system" if role == "developer" else role, content)
 
@@ -375,15 +383,16 @@ def _text(value: Any, where: str, parts: tuple[str, ...], separator: str = "\n")
             raise bad_request(
                 f"{where}[{i}] is an {kind} part: this server's models read text only", "input"
             )
-        if kind not in parts or not isinstance(part.get("text"), str):
+        key = "refusal" if kind == "refusal" else "text"  # (a refusal part's text is its own)
+        if kind not in parts or not isinstance(part.get(key), str):
             raise bad_request(
                 f"{where}[{i}].type must be {' or '.join(map(repr, parts))} with a 'text' "
-                f"string, got {shown_value(part)}",
+                f"string (a refusal's 'refusal'), got {shown_value(part)}",
                 "input",
             )
         unknown = {k for k in part if part[k] is not None} - {
             "type",
-            "text",
+            key,
             "annotations",
             "logprobs",
         }
@@ -391,7 +400,7 @@ def _text(value: Any, where: str, parts: tuple[str, ...], separator: str = "\n")
             raise bad_request(
                 f"unknown field {shown_value(f'{where}[{i}].{min(unknown)}')}", "input"
             )
-        texts.append(part["text"])
+        texts.append(part[key])
     return separator.join(texts)
 
 

@@ -36,6 +36,7 @@ from sv_engine.grammar import Grammar
 from sv_tokenizer import ToolCall
 
 from sv_server.errors import bad_request
+from sv_server.fields import shown_value
 from sv_server.tool_parsers import (
     AnswerSplit,
     ToolAnswer,
@@ -126,17 +127,20 @@ def parse_tools(
         choice = "auto"
     elif isinstance(choice, dict):
         function = choice.get("function")
-        if (
-            choice.get("type") != "function"
-            or not isinstance(function, dict)
-            or function.get("name") not in names
-        ):
+        named = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") == "function" and isinstance(named, str) and named not in names:
+            raise bad_request(
+                f"'tool_choice' names the function {shown_value(named)}, which 'tools' does not "
+                f"offer (it offers {', '.join(map(repr, names))})",
+                param="tool_choice",
+            )
+        if choice.get("type") != "function" or not isinstance(named, str):
             raise bad_request(
                 "'tool_choice' must be 'auto', 'none', 'required' or "
                 "{'type': 'function', 'function': {'name': one of the tools}}",
                 param="tool_choice",
             )
-        choice = function["name"]
+        choice = named
     elif choice not in ("auto", "none", "required"):
         raise bad_request(
             f"'tool_choice' must be 'auto', 'none', 'required' or a function, got {choice!r}",
