@@ -306,10 +306,19 @@ def test_cached_input_tokens_are_the_prefix_caches(server: RunningServer) -> Non
 def test_truncation_completed_at_and_cache_retention_are_echoed(
     client: openai.OpenAI, server: RunningServer
 ) -> None:
-    done = client.responses.create(
+    yes = {"type": "object", "properties": {"a": {"enum": ["yes"]}}, "required": ["a"]}
+    done = client.responses.create(  # (a schema with one answer: it completes within budget)
         model=server.model_name,
         input="Say yes.",
         max_output_tokens=64,
+        temperature=0,
+        text={
+            "format": {
+                "type": "json_schema",
+                "name": "yes",
+                "schema": {**yes, "additionalProperties": False},
+            }
+        },
         truncation="auto",
         prompt_cache_retention="24h",
     )
