@@ -70,6 +70,28 @@ def test_the_answer_is_named_by_the_header(
     assert ids[0] != ids[1] and all(i.startswith(prefix) and len(i) > len(prefix) for i in ids)
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "prefix"),
+    [
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, "cmpl-"),
+        ("/v1/chat/completions", CHAT, "chatcmpl-"),
+    ],
+)
+def test_the_bodys_request_id_names_the_answer_unless_the_header_does(
+    server: RunningServer, path: str, body: dict[str, Any], prefix: str
+) -> None:
+    """vLLM's `request_id` field (it was a 400, an unknown field): the answer's id without the
+    header, which wins over it as in vLLM; checked as the header is."""
+    named = _post(server, path, {**body, "request_id": "from-body"})
+    assert named.status_code == 200, named.text
+    assert named.json()["id"] == prefix + "from-body" and HEADER not in named.headers
+    both = _post(server, path, {**body, "request_id": "from-body"}, **{HEADER: "from-header"})
+    assert both.json()["id"] == prefix + "from-header"
+    for bad in ("two words", 7, "a" * (MAX_REQUEST_ID_CHARS + 1)):
+        error = openai_error(_post(server, path, {**body, "request_id": bad}), 400)
+        assert error["param"] == "request_id"
+
+
 def test_a_response_keeps_its_own_id_and_echoes_the_header(server: RunningServer) -> None:
     response = _post(
         server, "/v1/responses", {"input": "Hi", "max_output_tokens": 2}, **{HEADER: "r-1"}

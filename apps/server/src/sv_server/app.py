@@ -444,7 +444,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
     state.metrics.prompt_tokens += prompt_tokens
     if req.kind == "responses":
         return await _answer_response(request, req, state, generations[0], prompt_tokens)
-    response_id = new_id(req.kind, base_id)
+    response_id = new_id(req.kind, base_id or req.request_id)  # (the header first, as vLLM)
     if req.stream:
         return EventStream(
             stream(req, state.model_name, generations, prompt_tokens, response_id),

@@ -1,7 +1,7 @@
 """The client's `X-Request-Id` header on the generation routes, as vLLM reads it by default: a
 completion's or chat answer's `id` is made of it (`cmpl-<id>`, `chatcmpl-<id>`; vLLM's
-`_base_request_id`), and a Responses answer keeps its own (vLLM's takes the body's `request_id`
-there). The answer also carries the header back, as vLLM's `--enable-request-id-headers`
+`_base_request_id`), or, without the header, of the body's `request_id` (vLLM's field on
+completions and chat, which the header overrides there too); a Responses answer keeps its own. The answer also carries the header back, as vLLM's `--enable-request-id-headers`
 does (only the client's own: no id is made up for a request that sent none).
 
 A value is at most MAX_REQUEST_ID_CHARS visible ASCII characters: else the request is a 400
@@ -33,12 +33,24 @@ def client_request_id(headers: Headers) -> str | None:
         return None
     if len(set(values)) > 1:
         raise bad_request(f"the {HEADER} header is given {len(values)} times: give one", HEADER)
-    value = values[0]
+    return _checked(values[0], f"the {HEADER} header", HEADER)
+
+
+def body_request_id(value: object) -> str | None:
+    """The body's `request_id` (vLLM's), checked as the header is; None when absent or null."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"'request_id' must be a string, got {shown_value(value)}", "request_id")
+    return _checked(value, "'request_id'", "request_id")
+
+
+def _checked(value: str, what: str, param: str) -> str:
     if _VALID.fullmatch(value) is None:
         raise bad_request(
-            f"the {HEADER} header must be 1 to {MAX_REQUEST_ID_CHARS} visible ASCII characters "
+            f"{what} must be 1 to {MAX_REQUEST_ID_CHARS} visible ASCII characters "
             f"(no spaces or control characters), got {shown_value(value)}",
-            HEADER,
+            param,
         )
     return value
 

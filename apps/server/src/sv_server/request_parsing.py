@@ -35,6 +35,7 @@ from sv_server.fields import (
     optional_str,
     shown_value,
 )
+from sv_server.request_ids import body_request_id
 from sv_server.structured import STRUCTURED_FIELDS, parse_grammar
 from sv_server.tool_parsers import ToolCallParser
 from sv_server.tools import TOOL_FIELDS, ToolRequest, parse_tools
@@ -97,6 +98,7 @@ class GenerationRequest:
     bad_words: tuple[str, ...] = ()  # vLLM's; the engine tokenizes them
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # vLLM's
+    request_id: str | None = None  # vLLM's: the answer's id, unless X-Request-Id gives one
     echo: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -172,9 +174,10 @@ _SAMPLING_FIELDS = frozenset(
         *STRUCTURED_FIELDS,
     }
 )
-_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo"}
+_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo", "request_id"}
 _CHAT_FIELDS = (
     _SAMPLING_FIELDS
+    | {"request_id"}  # vLLM's: names the answer (request_ids.py)
     | {"messages", "max_completion_tokens", "top_logprobs", "safety_identifier", "prompt_cache_key"}
     | TOOL_FIELDS
     | CHAT_OPTION_FIELDS
@@ -446,6 +449,7 @@ def parse_sampling(
         n=n,
         logprobs=_logprobs(body, kind),
         prompt_logprobs=_prompt_logprobs(body, stream),
+        request_id=body_request_id(body.get("request_id")),
         echo=bool_field(body, "echo"),
         presence_penalty=_number_in(body, "presence_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
         frequency_penalty=_number_in(body, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY, 0.0),
