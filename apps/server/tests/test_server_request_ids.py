@@ -25,6 +25,12 @@ BODIES: dict[str, dict[str, Any]] = {
     "/v1/responses": {"input": "Hi", "max_output_tokens": 2},
 }
 
+# The routes whose answer's id an X-Request-Id (or the body's request_id) names, and its prefix.
+NAMED_ROUTES = [
+    ("/v1/completions", BODIES["/v1/completions"], "cmpl-"),
+    ("/v1/chat/completions", CHAT, "chatcmpl-"),
+]
+
 
 def _post(server: RunningServer, path: str, body: dict[str, Any], **headers: Any) -> httpx.Response:
     return httpx.post(f"{server.url}{path}", json=body, headers=headers or None, timeout=120)
@@ -40,13 +46,7 @@ def _stream_lines(server: RunningServer, path: str, body: dict[str, Any], reques
     )
 
 
-@pytest.mark.parametrize(
-    ("path", "body", "prefix"),
-    [
-        ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, "cmpl-"),
-        ("/v1/chat/completions", CHAT, "chatcmpl-"),
-    ],
-)
+@pytest.mark.parametrize(("path", "body", "prefix"), NAMED_ROUTES)
 def test_the_answer_is_named_by_the_header(
     server: RunningServer, path: str, body: dict[str, Any], prefix: str
 ) -> None:
@@ -70,13 +70,7 @@ def test_the_answer_is_named_by_the_header(
     assert ids[0] != ids[1] and all(i.startswith(prefix) and len(i) > len(prefix) for i in ids)
 
 
-@pytest.mark.parametrize(
-    ("path", "body", "prefix"),
-    [
-        ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, "cmpl-"),
-        ("/v1/chat/completions", CHAT, "chatcmpl-"),
-    ],
-)
+@pytest.mark.parametrize(("path", "body", "prefix"), NAMED_ROUTES)
 def test_the_bodys_request_id_names_the_answer_unless_the_header_does(
     server: RunningServer, path: str, body: dict[str, Any], prefix: str
 ) -> None:
