@@ -37,8 +37,9 @@ token.
 
 Where a template tests what a string says (a call id's length, a tool name among built-in ones)
 the stand-ins render otherwise: then only the strings that may spell a special token stand in
-(those that hold special-token text, or begin with the end of one or end with the start of
-one, which the text written next to them could complete), the rest is template text, and that
+(those that hold special-token text in any letter case, or begin with the end of one or end
+with the start of one, which the text written next to them could complete: a template may
+change a tool name's case as well as a content's), the rest is template text, and that
 text must hold the special tokens of the same render with every content a plain letter (a
 template that lower-cases contents could make a user's "<|EOT_ID|>" a control token). A string
 that may spell a special token and that even this cannot keep apart (the template transforms
@@ -431,7 +432,7 @@ class TemplateChatFormat:
             if self._may_spell_special(text):
                 token = self.tokenizer.find_special(text)
                 what = (
-                    "the start or end of a special token's text"
+                    "a special token's text in some letter case, or the start or end of one"
                     if token is None
                     else f"the special token text {token!r}"
                 )
@@ -442,21 +443,27 @@ class TemplateChatFormat:
 
     def _may_spell_special(self, text: str) -> bool:
         """Whether `text` holds special-token text, or could spell some with the text written
-        next to it: it begins with the end of a special token's text or ends with its start."""
-        starts, ends, longest = self._special_token_parts
-        return (
-            any(text[-cut:] in starts or text[:cut] in ends for cut in range(1, longest + 1))
-            or self.tokenizer.find_special(text) is not None
+        next to it (it begins with the end of a special token's text or ends with its start),
+        in any letter case: a template may change a string's case (`| lower` makes a tool
+        named "<|EOT_ID|>" a control token)."""
+        tokens, starts, ends, longest = self._special_token_parts
+        return any(
+            tokens.search(folded) is not None
+            or any(folded[-cut:] in starts or folded[:cut] in ends for cut in range(1, longest + 1))
+            for folded in {text.lower(), text.upper().lower()}  # "ı".upper() is "I"
         )
 
     @cached_property
-    def _special_token_parts(self) -> tuple[frozenset[str], frozenset[str], int]:
-        """Every proper start and every proper end of the special tokens' texts, and the
-        longest one's length."""
-        tokens = self.tokenizer.special_tokens
+    def _special_token_parts(
+        self,
+    ) -> tuple[re.Pattern[str], frozenset[str], frozenset[str], int]:
+        """The special tokens' texts in lower case: a pattern finding any of them, every proper
+        start and every proper end of them, and the longest one's length."""
+        tokens = sorted({token.lower() for token in self.tokenizer.special_tokens}, key=len)
         starts = frozenset(token[:cut] for token in tokens for cut in range(1, len(token)))
         ends = frozenset(token[cut:] for token in tokens for cut in range(1, len(token)))
-        return starts, ends, max(map(len, starts), default=0)
+        found = re.compile("|".join(map(re.escape, reversed(tokens))) or "(?!)")
+        return found, starts, ends, max(map(len, starts), default=0)
 
     def _stand_ins(self, chosen: Callable[[str], bool]) -> _StandIns:
         return _StandIns(chosen, self._template().searched, self._may_spell_special)
