@@ -673,6 +673,43 @@ def test_engine_logprobs_within_bf16_tolerance(
             assert len(best & {t for t, _ in lp.top}) >= 15
 
 
+def test_engine_prompt_logprobs_and_ranks_on_the_gpu(
+    engine_1b: Any, oracle_fp32: torch.nn.Module, oracle_bf16: torch.nn.Module
+) -> None:
+    """Prompt log-probabilities and their ranks (counted on the device, 256 rows at a time) for
+    a 600-token prompt: 300 random tokens, then the model's own greedy continuation. Each
+    log-probability is as near transformers' FP32 log_softmax as its BF16 run is; each rank is
+    FP32's count of tokens at least as likely, give or take the tokens within that error."""
+    from sv_engine import SamplingParams
+
+    rng = random.Random(11)
+    head = [rng.randint(0, 127999) for _ in range(300)]
+    greedy = engine_1b.generate([head], SamplingParams(max_new_tokens=300, ignore_eos=True))
+    prompt = head + greedy[0].output_ids
+    params = SamplingParams(max_new_tokens=1, ignore_eos=True, prompt_logprobs=5)
+    scored = engine_1b.generate([prompt], params)[0].prompt_logprobs
+    assert len(scored) == len(prompt) and scored[0] is None
+    ids = torch.tensor([prompt], device="cuda")
+    with torch.no_grad():
+        fp32 = torch.log_softmax(oracle_fp32(ids).logits[0, :-1].float(), dim=-1)
+        bf16 = torch.log_softmax(oracle_bf16(ids).logits[0, :-1].float(), dim=-1)
+    rows = torch.arange(len(prompt) - 1, device="cuda")
+    targets = torch.tensor(prompt[1:], device="cuda")
+    want = fp32[rows, targets]
+    error = 2 * float((bf16 - fp32).abs().max()) + 0.02
+    ours = torch.tensor([s.logprob for s in scored[1:]], device="cuda")
+    assert float((ours - want).abs().max()) <= error
+    ranks = torch.tensor([s.rank for s in scored[1:]], device="cuda")
+    fewest = (fp32 >= want[:, None] + error).sum(dim=1)
+    most = (fp32 >= want[:, None] - error).sum(dim=1)
+    off = ((ranks < fewest) | (ranks > most)).nonzero().flatten().tolist()
+    assert not off, f"ranks outside FP32's band at rows {off[:8]} (error {error:.3f})"
+    first = [s.rank for s in scored[300:]].count(1)
+    print(f"prompt ranks within FP32's band (error {error:.3f}); greedy part: {first}/300 rank 1")
+    assert first > 200
+    assert all(s.top[0][0] == s.token_id for s in scored[1:] if s.rank == 1)
+
+
 def test_engine_logit_controls_on_the_gpu(engine_1b: Any) -> None:
     """Logit processing before the Triton sampler, in the engine on the GPU: a +100 bias
     forces its token, the largest penalties allowed forbid any repeat (a seen token's positive
