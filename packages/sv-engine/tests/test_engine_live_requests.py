@@ -91,10 +91,78 @@ def test_a_failed_step_forgets_every_request(
         while engine.has_unfinished():
             engine.step()
     assert _counts(engine) == (0, 0, 0, 0)
-    assert not list(engine._live)
+    assert not list(engine._live) and not engine._live.constrained
     assert_all_back(engine)
     monkeypatch.undo()
     # and the engine serves again, counting afresh
     out = engine.generate([PROMPT], REQUESTS["sampled"][0])
     assert len(out[0].output_ids) == 3
     assert _counts(engine) == (0, 0, 0, 0)
+
+
+def _digit_ids(engine: Engine) -> frozenset[int]:
+    ids = [engine.tokenizer.encode(str(d)) for d in range(10)]
+    assert all(len(i) == 1 for i in ids)
+    return frozenset(i[0] for i in ids)
+
+
+def test_the_constrained_requests_leave_however_they_end(engine: Engine) -> None:
+    """The engine checks the matchers of `LiveRequests.constrained` after every step, and only
+    theirs: each request with a grammar is there from add_request to its final event, whether
+    it finishes, is cancelled or fails its grammar, and one without a grammar never is."""
+    grammar = Grammar.choice(["red", "blue", "green and yellow and purple"])
+    ids = {
+        "finishes": engine.add_request(PROMPT, SamplingParams(max_new_tokens=6, grammar=grammar)),
+        "cancelled": engine.add_request(PROMPT, SamplingParams(max_new_tokens=6, grammar=grammar)),
+        # the regex wants letters after the "1", allowed_token_ids only digits: it fails there
+        "fails": engine.add_request(
+            PROMPT,
+            SamplingParams(
+                max_new_tokens=12,
+                grammar=Grammar.regex("1[a-z]+"),
+                allowed_token_ids=_digit_ids(engine),
+            ),
+        ),
+        "plain": engine.add_request(PROMPT, SamplingParams(max_new_tokens=6)),
+    }
+    constrained = {ids["finishes"], ids["cancelled"], ids["fails"]}
+    assert set(engine._live.constrained) == constrained
+    engine.step()
+    engine.cancel(ids["cancelled"])
+    constrained.discard(ids["cancelled"])
+    assert set(engine._live.constrained) == constrained
+    reasons: dict[object, str | None] = {}
+    while engine.has_unfinished():
+        for event in engine.step():
+            if event.completion is not None:
+                reasons[event.request_id] = event.completion.finish_reason
+                constrained.discard(event.request_id)
+        assert set(engine._live.constrained) == constrained
+    assert reasons[ids["fails"]] == "error"
+    assert set(reasons) == {ids["finishes"], ids["fails"], ids["plain"]}
+    assert not engine._live.constrained and engine._live.num_constrained == 0
+    assert_all_back(engine)
+
+
+def test_a_preempted_constrained_request_stays_constrained(tiny_llama_dir: Path) -> None:
+    """Preemption sends a sequence back to the queue, not out of the engine: its grammar is
+    still checked (and still masks its tokens) when it resumes, and it leaves the constrained
+    requests only at its final event. The outputs are those of a pool with room for all."""
+    params = SamplingParams(max_new_tokens=24, grammar=Grammar.regex("[a-z]{20,30}"))
+    prompts = [f"{PROMPT} Number {i}, please, and a long answer." for i in range(6)]
+    tight = Engine.from_model_dir(
+        tiny_llama_dir, device="cpu", kv_cache_mib=0.06, admission="preemptive"
+    )
+    ids = {tight.add_request(p, params, stream_text=False): i for i, p in enumerate(prompts)}
+    got: dict[int, list[int]] = {}
+    while tight.has_unfinished():
+        for event in tight.step():
+            if event.completion is not None:
+                got[ids[event.request_id]] = event.completion.output_ids
+        assert set(tight._live.constrained) == {r for r, i in ids.items() if i not in got}
+    assert tight.stats.preemptions > 0
+    assert not tight._live.constrained
+    assert_all_back(tight)
+    roomy = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=64)
+    want = [c.output_ids for c in roomy.generate(prompts, params)]
+    assert [got[i] for i in range(len(prompts))] == want

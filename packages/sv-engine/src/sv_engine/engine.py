@@ -604,12 +604,14 @@ class Engine:
     def _end_failed_grammars(self) -> list[StreamEvent]:
         """End each request whose grammar failed, at once: a failed matcher's mask allows only
         the stop tokens, but allowed_token_ids may ban those too, and then every later token
-        would be sampled from nothing (as token 0) until max_tokens."""
-        if not self._live.num_constrained:
+        would be sampled from nothing (as token 0) until max_tokens. Only the constrained
+        requests are visited: the rest have no matcher to fail."""
+        constrained = self._live.constrained
+        if not constrained:
             return []
         failed = [
             request_id
-            for request_id, live in self._live.by_id.items()
+            for request_id, live in constrained.items()
             if live.matcher is not None and live.matcher.error is not None
         ]
         return [event for r in failed if (event := self._end(r, "error")) is not None]

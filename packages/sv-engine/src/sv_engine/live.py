@@ -3,7 +3,8 @@
 A request is live from `Engine.add_request` until its final event. `LiveRequests` holds them
 by id and counts those that ask a step for something beyond a greedy token (sampling, log-
 probabilities, logit processing, a grammar): the step inputs build those parts only when a
-count is not zero, so a batch of plain greedy rows pays nothing for them.
+count is not zero, so a batch of plain greedy rows pays nothing for them. Those with a grammar
+it also holds apart, so that the per-step checks of their matchers visit only them.
 """
 
 from __future__ import annotations
@@ -52,28 +53,43 @@ class LiveRequests:
         self.num_sampling = 0  # temperature > 0
         self.num_logprobs = 0  # logprobs or prompt_logprobs
         self.num_controlled = 0  # logit processing
-        self.num_constrained = 0  # a grammar
+        # Those with a grammar, in the order they came (a subset of _by_id, so a request ends
+        # here by the same pop or clear, whatever ends it; a preempted one stays live).
+        self._constrained: dict[RequestId, LiveRequest] = {}
 
     def add(self, request_id: RequestId, live: LiveRequest) -> None:
         assert request_id not in self._by_id, request_id
         self._by_id[request_id] = live
+        if live.matcher is not None:
+            self._constrained[request_id] = live
         self._count(live, 1)
 
     def pop(self, request_id: RequestId) -> LiveRequest:
         live = self._by_id.pop(request_id)
+        self._constrained.pop(request_id, None)
         self._count(live, -1)
         return live
 
     def clear(self) -> None:
         """Forget every request (an engine whose step failed, once it cancelled what it could)."""
         self._by_id.clear()
-        self.num_sampling = self.num_logprobs = self.num_controlled = self.num_constrained = 0
+        self._constrained.clear()
+        self.num_sampling = self.num_logprobs = self.num_controlled = 0
 
     def _count(self, live: LiveRequest, sign: int) -> None:
         self.num_sampling += sign * (not live.params.greedy)
         self.num_logprobs += sign * live.wants_logprobs
         self.num_controlled += sign * (live.controls is not None)
-        self.num_constrained += sign * (live.matcher is not None)
+
+    @property
+    def num_constrained(self) -> int:
+        """How many live requests have a grammar."""
+        return len(self._constrained)
+
+    @property
+    def constrained(self) -> Mapping[RequestId, LiveRequest]:
+        """The live requests with a grammar, by id and read-only, in the order they came."""
+        return self._constrained
 
     @property
     def by_id(self) -> Mapping[RequestId, LiveRequest]:
