@@ -372,6 +372,41 @@ def test_prompt_logprobs_of_completions(
     assert "prompt_logprobs" not in plain.model_dump(exclude_unset=True)["choices"][0]
 
 
+def test_the_choices_of_a_prompt_score_it_once(
+    client: openai.OpenAI, server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server queues each of the n choices as an engine request of its own; they share
+    their prompt's scores, so the prompt is scored once, and every choice shows what n = 1
+    shows (each prompt token's entry: its logprob, rank and top K)."""
+    engine = server.app.state.server.loop.engine
+    scored: list[int] = []
+    launch = engine.runner.launch
+
+    def counting(step: Any) -> Any:
+        scored.append(sum(len(targets) for _, _, targets in step.prompt_logprobs))
+        return launch(step)
+
+    args: dict[str, Any] = {
+        "model": server.model_name,
+        "prompt": "The quick brown fox jumps over the lazy dog, said the typist",
+        "max_tokens": 2,
+        "extra_body": {"prompt_logprobs": 2},
+    }
+    one = client.completions.create(**args).model_dump()["choices"][0]["prompt_logprobs"]
+    monkeypatch.setattr(engine.runner, "launch", counting)
+    reply = client.completions.create(**args, n=3, temperature=1.0, seed=4).model_dump()
+    assert sum(scored) == len(one) - 1
+    for choice in reply["choices"]:
+        got = choice["prompt_logprobs"]
+        assert len(got) == len(one) and got[0] is None and one[0] is None
+        for mine, want in zip(got[1:], one[1:], strict=True):
+            assert list(mine) == list(want)  # the same tokens, in the same order
+            for token, entry in mine.items():
+                assert entry["rank"] == want[token]["rank"]
+                assert entry["decoded_token"] == want[token]["decoded_token"]
+                assert entry["logprob"] == pytest.approx(want[token]["logprob"], abs=TOL)
+
+
 def test_prompt_logprobs_of_a_chat_answer(
     client: openai.OpenAI,
     server: RunningServer,

@@ -64,7 +64,7 @@ def test_counts_follow_adds_cancels_and_finishes(engine: Engine) -> None:
     while engine.has_unfinished():
         engine.step()
     assert _counts(engine) == (0, 0, 0, 0)
-    assert not list(engine._live)
+    assert not list(engine._live) and not engine._live._prompt_scores
     assert_all_back(engine)
 
 
@@ -92,6 +92,7 @@ def test_a_failed_step_forgets_every_request(
             engine.step()
     assert _counts(engine) == (0, 0, 0, 0)
     assert not list(engine._live) and not engine._live.constrained
+    assert not engine._live._prompt_scores
     assert_all_back(engine)
     monkeypatch.undo()
     # and the engine serves again, counting afresh

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from sv_engine import Engine, EngineError, SamplingParams, TokenLogprob
+from sv_model import PendingTokens, StepInputs
 
 PROMPTS = [
     "Write a haiku about the sea.",
@@ -146,7 +149,6 @@ def test_output_logprobs_read_as_a_list() -> None:
     """OutputLogprobs is a sequence of the TokenLogprobs made from its rows: indexing (negative
     too), slices, iteration, equality with a list of the same items, truncation."""
     from sv_engine.logprobs import OutputLogprobs
-    from sv_model import PendingTokens
 
     values = torch.tensor([[-0.5, -1.5], [-0.25, -2.25]])
     step = PendingTokens(
@@ -218,7 +220,6 @@ def test_token_logprob_reads_its_row_when_asked() -> None:
     """A TokenLogprob made from a step's arrays equals (and hashes and prints as) one made
     from the hand-built tuples of its row's first k entries, as plain Python ints and floats;
     the step's arrays copy the runner's host tensors (pinned buffers on CUDA, reused later)."""
-    from sv_model import PendingTokens
 
     ids = torch.tensor([3, 1])
     chosen = torch.tensor([-0.5, -2.25])
@@ -235,3 +236,89 @@ def test_token_logprob_reads_its_row_when_asked() -> None:
     assert all(type(t) is int and type(v) is float for t, v in lazy.top)
     assert lazy != TokenLogprob(1, -2.25, ((9, -0.25),))
     assert TokenLogprob.of_row(3, rows.chosen[0], rows, 0, 0).top == ()
+
+
+def assert_same_scores(
+    got: Sequence[TokenLogprob | None] | None, want: Sequence[TokenLogprob | None] | None
+) -> None:
+    """The same tokens, ranks and top ids (as far as `want`'s go), the values within 1e-5: a
+    prompt token scored in another step's batch may differ in the last bit on the CPU."""
+    assert got is not None and want is not None and len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None)
+        if a is None or b is None:
+            continue
+        assert (a.token_id, a.rank) == (b.token_id, b.rank)
+        assert a.logprob == pytest.approx(b.logprob, rel=1e-5, abs=1e-5)
+        top = a.top[: len(b.top)]
+        assert [t for t, _ in top] == [t for t, _ in b.top]
+        assert [v for _, v in top] == pytest.approx([v for _, v in b.top], rel=1e-5, abs=1e-5)
+
+
+def _count_scored(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A spy on the runner: how many prompt tokens each launched step scores (the device
+    work of prompt_logprobs: a logits row per token, its log-softmax, top and rank)."""
+    scored: list[int] = []
+    launch = engine.runner.launch
+
+    def counting(step: StepInputs) -> PendingTokens:
+        scored.append(sum(len(targets) for _, _, targets in step.prompt_logprobs))
+        return launch(step)
+
+    monkeypatch.setattr(engine.runner, "launch", counting)
+    return scored
+
+
+def test_the_choices_of_a_prompt_score_it_once(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n choices with prompt_logprobs score their prompt once between them (whichever choice's
+    chunk comes to a token first scores it, 8-token steps interleaving them), and each shows
+    the prompt_logprobs of the same request with n = 1."""
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True, prompt_logprobs=2)
+    [one] = engine.generate(PROMPTS[2], params)
+    assert one.prompt_logprobs is not None and len(one.prompt_logprobs) > 8
+    scored = _count_scored(engine, monkeypatch)
+    choices = engine.generate(PROMPTS[2], replace(params, n=3, temperature=1.0, seed=5))
+    assert sum(scored) == len(one.prompt_ids) - 1
+    assert len(choices) == 3 and len({tuple(c.output_ids) for c in choices}) > 1
+    assert_same_scores(choices[0].prompt_logprobs, one.prompt_logprobs)
+    assert all(c.prompt_logprobs == choices[0].prompt_logprobs for c in choices[1:])
+    assert not engine.has_unfinished()
+
+
+def test_requests_of_one_prompt_share_its_scores_until_the_last_ends(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server queues each choice as a request of its own: live requests of the same prompt
+    asking for the same K share its scores, also when the one that scored part of it is
+    cancelled before its step comes back; a different K is scored apart, and a request after
+    the last sharer ended scores the prompt afresh."""
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True, prompt_logprobs=1)
+    [want] = engine.generate(PROMPTS[2], params)
+    scored = _count_scored(engine, monkeypatch)
+    first = engine.add_request(PROMPTS[2], params)
+    engine.step()  # its first 8-token chunk is scored...
+    engine.overlap = True
+    try:
+        later = [engine.add_request(PROMPTS[2], params) for _ in range(2)]
+        other_k = engine.add_request(PROMPTS[2], replace(params, prompt_logprobs=3))
+        engine.step()  # ...and with overlap, the next step is launched before this returns
+        assert engine.cancel(first) is not None  # (its rows in flight still go to the others)
+        done = {}
+        while engine.has_unfinished():
+            done |= {e.request_id: e.completion for e in engine.step() if e.completion}
+    finally:
+        engine.overlap = False
+    assert set(done) == {*later, other_k}
+    n = len(want.prompt_ids) - 1
+    assert sum(scored) == 2 * n  # once for K = 1 (two requests and a cancelled one), once for 3
+    for request_id in later:
+        assert_same_scores(done[request_id].prompt_logprobs, want.prompt_logprobs)
+    assert_same_scores(done[other_k].prompt_logprobs, want.prompt_logprobs)
+    assert all(len(s.top) == 3 for s in (done[other_k].prompt_logprobs or [])[1:] if s)
+    assert not engine._live._prompt_scores  # nothing kept once they ended
+    scored.clear()
+    [again] = engine.generate(PROMPTS[2], params)
+    assert sum(scored) == n
+    assert_same_scores(again.prompt_logprobs, want.prompt_logprobs)

@@ -347,7 +347,7 @@ class Engine:
             prompt_logprobs=(
                 None
                 if params.prompt_logprobs is None
-                else PromptLogprobs(prompt_ids, params.prompt_logprobs, [None])
+                else self._live.prompt_scores(prompt_ids, params.prompt_logprobs)
             ),
             controls=(
                 # (min_tokens bans the stop ids; one past the logits is never sampled anyway)
@@ -540,25 +540,23 @@ class Engine:
             self.tracer.resolved(plan, tokens, events, draft_choices.kept_runs(runs, plan))
         return events
 
-    def _prompt_targets(self, plan: StepPlan) -> list[tuple[RequestId, int, int, list[int]]]:
-        """(request, prefill row, offset in its chunk, prompt ids) of each chunk of this plan
-        that scores prompt tokens (SamplingParams.prompt_logprobs)."""
+    def _prompt_targets(self, plan: StepPlan) -> list[tuple[PromptLogprobs, int, int, list[int]]]:
+        """(the scores, prefill row, offset in its chunk, prompt ids) of each chunk of this
+        plan that scores prompt tokens (SamplingParams.prompt_logprobs): only tokens no chunk
+        has scored yet, for requests that share their scores."""
         out = []
         for row, chunk in enumerate(plan.prefills):
             prompt = self._live[chunk.seq.request_id].prompt_logprobs
-            found = prompt.targets(chunk) if prompt is not None else None
-            if found is not None:
-                out.append((chunk.seq.request_id, row, *found))
+            if prompt is not None and (found := prompt.targets(chunk)) is not None:
+                out.append((prompt, row, *found))
         return out
 
     def _deliver_prompt_logprobs(self, launched: LaunchedStep) -> None:
         rows = launched.tokens.prompt_logprobs()
         if rows is None:
             return
-        for request_id, first_row, targets in with_first_rows(launched.prompt_targets):
-            live = self._live.get(request_id)
-            if live is not None and live.prompt_logprobs is not None:
-                live.prompt_logprobs.add(rows, first_row, targets)
+        for scores, first_row, targets in with_first_rows(launched.prompt_targets):
+            scores.add(rows, first_row, targets)
 
     def _abandon_all(self) -> None:
         """A step failed: end every request (pages and credits back) and forget the steps in

@@ -10,12 +10,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import TypeVar, overload
 
 from sv_model import Logprobs
-from sv_scheduler import PrefillChunk, RequestId
+from sv_scheduler import PrefillChunk
 
 from sv_engine.params import TokenLogprob
+
+T = TypeVar("T")
 
 
 class OutputLogprobs(Sequence[TokenLogprob]):
@@ -86,7 +88,11 @@ class OutputLogprobs(Sequence[TokenLogprob]):
 @dataclass
 class PromptLogprobs:
     """A request's prompt log-probabilities, as they come in: `scored` entries so far (the
-    first prompt token has none); `planned`: prompt tokens covered by launched steps."""
+    first prompt token has none); `planned`: prompt tokens covered by launched steps.
+
+    Live requests of the same prompt and K share one (`LiveRequests.prompt_scores`: the n
+    choices of a prompt): each of their chunks scores only the tokens none has planned yet,
+    so the prompt is scored once between them."""
 
     prompt_ids: Sequence[int]
     k: int
@@ -114,12 +120,12 @@ class PromptLogprobs:
 
 
 def with_first_rows(
-    entries: Sequence[tuple[RequestId, Sequence[int]]],
-) -> list[tuple[RequestId, int, Sequence[int]]]:
-    """(request, targets) entries of a step, each with the row its targets start at among the
+    entries: Sequence[tuple[T, Sequence[int]]],
+) -> list[tuple[T, int, Sequence[int]]]:
+    """(scores, targets) entries of a step, each with the row its targets start at among the
     step's prompt log-probability rows (they follow one another)."""
     out, first = [], 0
-    for request_id, targets in entries:
-        out.append((request_id, first, targets))
+    for scores, targets in entries:
+        out.append((scores, first, targets))
         first += len(targets)
     return out

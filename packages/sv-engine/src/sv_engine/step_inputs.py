@@ -14,11 +14,12 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from sv_model import LogitControls, SamplingRows, StepInputs, TokenBitmask
-from sv_scheduler import RequestId, StepPlan
+from sv_scheduler import StepPlan
 
 from sv_engine import draft_choices
 from sv_engine.live import LaunchedStep, LiveRequests
 from sv_engine.logit_controls import step_controls
+from sv_engine.logprobs import PromptLogprobs
 
 
 def step_inputs(
@@ -26,11 +27,11 @@ def step_inputs(
     previous: LaunchedStep | None,
     live: LiveRequests,
     vocab_size: int,
-    prompt_targets: Sequence[tuple[RequestId, int, int, list[int]]] = (),
+    prompt_targets: Sequence[tuple[PromptLogprobs, int, int, list[int]]] = (),
     token_bitmask: Callable[[], TokenBitmask | None] | None = None,
 ) -> StepInputs:
     """The inputs of `plan`. `previous`: the step still on the device, whose sampled ids this
-    one may feed. `prompt_targets`: (request, prefill row, offset in its chunk, prompt ids)
+    one may feed. `prompt_targets`: (scores, prefill row, offset in its chunk, prompt ids)
     of each chunk that scores prompt tokens. `token_bitmask`: what the runner calls for the
     grammar masks once the forward is queued (None: no constrained row)."""
     token_ids: list[int] = []
