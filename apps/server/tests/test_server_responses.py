@@ -741,6 +741,8 @@ def test_the_routes_checks_apply(make_server: Any) -> None:
         openai_error(httpx.post(url, content=b"{}", headers=key), 415)
         openai_error(httpx.post(url, json=BASE | {"input": "x" * 2000}, headers=key), 413)
         assert httpx.post(url, json=BASE, headers=key, timeout=120).status_code == 200
+        openai_error(httpx.get(f"{url}/resp_x"), 401)
+        assert openai_error(httpx.get(f"{url}/resp_x", headers=key), 404)["param"] == "response_id"
     finally:
         guarded.stop()
 
@@ -757,6 +759,47 @@ def test_the_sdk_raises_its_bad_request_error(client: openai.OpenAI, server: Run
         client.responses.create(
             model=server.model_name, input=QUESTION, previous_response_id="resp_123"
         )
+
+
+def _assert_response_not_found(error: Any, response_id: str) -> None:
+    """OpenAI's answer for a response it does not have (vLLM's too), as its client reads it."""
+    assert isinstance(error, openai.NotFoundError) and error.status_code == 404
+    assert error.body == {
+        "message": f"Response with id '{response_id}' not found.",
+        "type": "invalid_request_error",
+        "param": "response_id",
+        "code": None,
+    }
+    assert f"Response with id '{response_id}' not found." in str(error)
+
+
+def test_the_sdks_calls_on_a_stored_response_find_none(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """Nothing is stored (an answer's `store` is false): retrieving, deleting or cancelling a
+    response, or listing its input items, is OpenAI's 404 for an id it does not know, also
+    for the id of a response this server has just given."""
+    given = client.responses.create(model=server.model_name, input=QUESTION, max_output_tokens=2)
+    for response_id in ("resp_x", given.id):
+        calls = [
+            client.responses.retrieve,
+            client.responses.delete,
+            client.responses.cancel,
+            client.responses.input_items.list,
+        ]
+        for call in calls:
+            with pytest.raises(openai.NotFoundError) as not_found:
+                call(response_id)
+            _assert_response_not_found(not_found.value, response_id)
+
+
+def test_other_paths_under_responses_stay_unknown_routes(server: RunningServer) -> None:
+    """OpenAI's POST /v1/responses/input_tokens (and the like) is not served: still the 404 of
+    an unknown route, not a 405 of the stored-response route its path matches."""
+    error = openai_error(httpx.post(f"{server.url}/v1/responses/input_tokens", json={}), 404)
+    assert error["code"] == "not_found" and "/v1/responses/input_tokens" in error["message"]
+    error = openai_error(httpx.get(f"{server.url}/v1/responses/resp_x/other"), 404)
+    assert error["code"] == "not_found"
 
 
 def test_a_prompt_that_overflows_the_context_is_a_400_naming_input(server: RunningServer) -> None:

@@ -3,6 +3,8 @@
     POST /v1/completions        raw text or token ids (not chat-formatted)
     POST /v1/chat/completions   messages, formatted with the model's chat format
     POST /v1/responses          OpenAI's Responses API: a chat in its shapes (responses_*.py)
+    GET, DELETE /v1/responses/{id}, POST .../{id}/cancel, GET .../{id}/input_items
+                                a stored response's: nothing is stored, so OpenAI's 404
     GET  /v1/models, /v1/models/{id}, /health, /metrics
     GET  /dashboard (and its /dashboard/session and /dashboard/events; see dashboard.py)
     POST /tokenize, /detokenize  vLLM's: a text or conversation -> ids, and ids -> text
@@ -171,6 +173,19 @@ def create_app(
             Route("/v1/completions", handler(_completions), methods=["POST"]),
             Route("/v1/chat/completions", handler(_chat_completions), methods=["POST"]),
             Route("/v1/responses", handler(_responses), methods=["POST"]),
+            Route(
+                "/v1/responses/{response_id}", handler(_stored_response), methods=["GET", "DELETE"]
+            ),
+            # (a path its other methods share: OpenAI's POST /v1/responses/input_tokens, say)
+            Route("/v1/responses/{response_id}", _unknown_route, methods=["POST", "PUT", "PATCH"]),
+            Route(
+                "/v1/responses/{response_id}/cancel", handler(_stored_response), methods=["POST"]
+            ),
+            Route(
+                "/v1/responses/{response_id}/input_items",
+                handler(_stored_response),
+                methods=["GET"],
+            ),
             Route("/v1/models", handler(_models), methods=["GET"]),
             Route("/v1/models/{model_id:path}", handler(_model), methods=["GET"]),
             Route("/tokenize", handler(_tokenize), methods=["POST"]),
@@ -352,6 +367,22 @@ async def _responses(request: Request, state: ServerState) -> Response:
     return await _generate(
         request, state, partial(parse_responses_request, tool_call_parser=state.tool_call_parser)
     )
+
+
+async def _stored_response(request: Request, _state: ServerState) -> Response:
+    """OpenAI's calls on a stored response (retrieve, delete, cancel, list its input items):
+    this server stores none (each answer says `store: false`), so every id is one it does not
+    have, answered as OpenAI and vLLM answer one: a 404 naming it, `param` "response_id"."""
+    response_id = request.path_params["response_id"]
+    raise ServerError(
+        f"Response with id '{response_id}' not found.", status=404, param="response_id"
+    )
+
+
+async def _unknown_route(_request: Request) -> Response:
+    """A route's 404 for a path that a route of other methods matches: not a 405, as the path
+    is not this server's (_http_error words it)."""
+    raise HTTPException(404)
 
 
 async def _read(request: Request, state: ServerState) -> bytes:
