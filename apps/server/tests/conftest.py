@@ -29,6 +29,17 @@ def server(default_model: Path) -> Iterator[RunningServer]:
     running.stop()
 
 
+@pytest.fixture(scope="module")
+def speculating(make_server: Any) -> Iterator[RunningServer]:
+    """A server that speculates (one per test module): a step verifies a draft, and several of
+    a request's tokens reach its stream at once."""
+    from sv_scheduler import SpeculationConfig
+
+    running = make_server(speculation=SpeculationConfig())
+    yield running
+    running.stop()
+
+
 @pytest.fixture(scope="session")
 def oracle_engine(default_model: Path) -> Any:
     """A second, in-process engine of the same model: what the server must reproduce."""

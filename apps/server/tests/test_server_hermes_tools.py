@@ -298,34 +298,31 @@ def test_a_required_call_always_parses(accepts: Any, parser: str) -> None:
 
 def test_a_responses_message_before_calls_has_its_texts_logprobs() -> None:
     """A message's entries go with the text that completes their token's own text (a token
-    of no text, the first part of a split character, with the next): before calls, the
-    message's text, and so its entries, end before the calls' tokens."""
+    of no text, the first part of a split character, with the next; a skipped special token
+    with the text before it): before calls, the message's text, and so its entries, end
+    before the calls' tokens."""
     from sv_engine import TokenLogprob
-    from sv_server.responses_answers import MessageLogprobs
+    from sv_server.logprobs import ScoredTokens
 
     # (token id, its own characters): "Sur", é's first byte, "é.\n", "<tool_call>"
     tokens = [(1, 3), (2, 0), (3, 3), (4, 11)]
+    shown = {1: b"Sur", 2: b"\xc3", 3: b"\xa9.\n", 4: b"<tool_call>", 5: b"<|im_end|>"}
 
-    class Scores:  # a Generation's scored tokens, and a writer that shows their ids
-        def __init__(self) -> None:
-            self.left = [(t, TokenLogprob(t, -1.0, ()), chars) for t, chars in tokens]
+    class Shown:  # the tokenizer: the tokens' bytes
+        def shown_bytes(self, token_id: int) -> bytes:
+            return shown[token_id]
 
-        def take_scored(self) -> list[Any]:
-            taken, self.left = self.left, []
-            return taken
+    def message(scored: list[tuple[int, int]] = tokens) -> Any:
+        taken = ScoredTokens(Shown())  # type: ignore[arg-type]
+        taken.extend((t, TokenLogprob(t, -1.0, ()), chars) for t, chars in scored)
+        return lambda shown=None: [t for t, _, _ in taken.take(shown)]
 
-        def render(self, scored: list[Any]) -> dict[str, Any]:
-            return {"content": [t for t, _, _ in scored]}
-
-    def message() -> MessageLogprobs:
-        scores = Scores()
-        return MessageLogprobs(scores, scores)  # type: ignore[arg-type]
-
-    assert message().within(len("Suré.\n")) == [1, 2, 3]
-    assert message().within(3) == [1] and message().within(0) == []
+    assert message()(len("Suré.\n")) == [1, 2, 3]
+    assert message()(3) == [1] and message()(0) == []
     streamed = message()
-    assert [streamed.within(n) for n in (2, 3, 4, 6)] == [[], [1], [], [2, 3]]
-    assert streamed.rest() == [4]
+    assert [streamed(n) for n in (2, 3, 4, 6)] == [[], [1], [], [2, 3]]
+    assert streamed() == [4]
+    assert message([(1, 3), (5, 0), (3, 3)])(3) == [1, 5]  # (no piece of a character)
 
 
 def test_the_parser_comes_from_the_tokenizer(qwen3_tokenizer_dir: Path) -> None:

@@ -3,6 +3,7 @@ the CPU, against transformers' FP32 log_softmax of the same token ids (the oracl
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -481,3 +482,104 @@ def test_bad_logprobs_fields_get_400_naming_them(
     response = httpx.post(f"{server.url}{path}", json=base | body, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+# --- streamed: each chunk's logprobs are those of the tokens whose text it completes ----------
+
+COPY = "Copy exactly: the red fox and the blue bird sat on the old green fence."
+
+
+def _logprobs_of(kind: str, choice: dict[str, Any]) -> tuple[list[str], list[float], list[int]]:
+    """A choice's (or chunk's) tokens, their log-probabilities and (completions) text offsets."""
+    lp = choice.get("logprobs") or {}
+    if kind == "chat":
+        entries = lp.get("content") or []
+        return [e["token"] for e in entries], [e["logprob"] for e in entries], []
+    return lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("text_offset") or []
+
+
+def _text_of(kind: str, choice: dict[str, Any]) -> str:
+    if kind == "chat":
+        return str((choice.get("message") or choice["delta"]).get("content") or "")
+    return str(choice["text"])
+
+
+@pytest.mark.parametrize("stop", ["none", "aligned", "held", "cut"])
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_streamed_logprobs_come_with_their_tokens_text(
+    speculating: RunningServer, kind: str, stop: str
+) -> None:
+    """A chunk's logprobs are those of the tokens whose text it completes: never before
+    their text (a stop string holds it back while later tokens come, and several come at once
+    on a speculating server), never after. Held text let out at token boundaries ("aligned"),
+    each chunk's entries spell its text; held from inside a token ("held": a stop string that
+    never completes), the token's entry waits for the chunk that shows the rest of it; cut by
+    a stop string completed inside a token ("cut"), the cut tokens' entries come on the last
+    chunk, of no text, as the whole answer has them. Together they are the whole answer's
+    (the oracle), text and entries."""
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    body: dict[str, Any] = {"model": speculating.model_name, "max_tokens": 24, "temperature": 0}
+    if kind == "chat":
+        body |= {"messages": [{"role": "user", "content": COPY}], "logprobs": True}
+        body["top_logprobs"] = 1
+    else:
+        body |= {"prompt": COPY + "\nCopy exactly:", "logprobs": 1}
+
+    def whole() -> dict[str, Any]:
+        reply = httpx.post(f"{speculating.url}{path}", json=body, timeout=300)
+        assert reply.status_code == 200, reply.text
+        choice: dict[str, Any] = reply.json()["choices"][0]
+        return choice
+
+    plain = whole()
+    text, (tokens, _, _) = _text_of(kind, plain), _logprobs_of(kind, plain)
+    assert "".join(tokens) == text and len(tokens) >= 8
+    starts = [len("".join(tokens[:i])) for i in range(len(tokens) + 1)]
+    first = starts[1] + 1  # inside the second token: held back from there
+    body["stop"] = {
+        "none": [],
+        "aligned": [text[starts[3] : starts[6]] + "\u00a7"],  # (no such character: let out)
+        "held": [text[first : starts[5] + 1] + "\u00a7"],
+        "cut": [text[first : starts[5] + 2]],  # completed inside the sixth token
+    }[stop]
+    answer = whole()
+    oracle_text = _text_of(kind, answer)
+    oracle_tokens, oracle_logprobs, oracle_offsets = _logprobs_of(kind, answer)
+    assert oracle_text == (text[:first] if stop == "cut" else text)
+    assert oracle_tokens == (tokens[:6] if stop == "cut" else tokens)
+    ends = [len("".join(oracle_tokens[: i + 1])) for i in range(len(oracle_tokens))]
+
+    with httpx.stream(
+        "POST", f"{speculating.url}{path}", json={**body, "stream": True}, timeout=300
+    ) as response:
+        assert response.status_code == 200, response.read()
+        chunks = [
+            json.loads(line.removeprefix("data: "))["choices"][0]
+            for line in response.iter_lines()
+            if line.startswith("data: {")
+        ]
+    shown, given, several = "", 0, False
+    streamed: tuple[list[str], list[float], list[int]] = ([], [], [])
+    for chunk in chunks:
+        delta = _text_of(kind, chunk)
+        entries = _logprobs_of(kind, chunk)
+        for joined, part in zip(streamed, entries, strict=True):
+            joined.extend(part)
+        several = several or len(entries[0]) > 1
+        if not delta:  # chat's first (its role) and the last (the finish): the rest, if any
+            given += len(entries[0])
+            continue
+        at_token = len(shown) in starts
+        shown += delta
+        done = sum(end <= len(shown) for end in ends)  # the tokens whose text is shown
+        assert entries[0] == oracle_tokens[given:done], (delta, entries[0])
+        given = done
+        if at_token and len(shown) in starts:  # a chunk of whole tokens: they spell it
+            assert "".join(entries[0]) == delta, (delta, entries[0])
+        if stop in ("none", "aligned"):  # all chunks are
+            assert at_token and len(shown) in starts, (shown, tokens)
+    assert chunks[-1]["finish_reason"] == answer["finish_reason"] and shown == oracle_text
+    assert several  # several tokens reached the stream at once (or the cut ones, last)
+    assert streamed[0] == oracle_tokens
+    assert streamed[1] == pytest.approx(oracle_logprobs, abs=TOL)
+    assert streamed[2] == oracle_offsets

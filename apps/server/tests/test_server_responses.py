@@ -343,17 +343,6 @@ LOGPROBS = "message.output_text.logprobs"
 COPY = "Copy exactly: the red fox and the blue bird sat on the old green fence."
 
 
-@pytest.fixture(scope="module")
-def speculating(make_server: Any) -> Any:
-    """A server that speculates: a step verifies a draft, and several of a request's tokens
-    reach its stream at once."""
-    from sv_scheduler import SpeculationConfig
-
-    running = make_server(speculation=SpeculationConfig())
-    yield running
-    running.stop()
-
-
 def _stream_events(server: RunningServer, body: dict[str, Any]) -> list[dict[str, Any]]:
     with httpx.stream(
         "POST", f"{server.url}/v1/responses", json={**body, "stream": True}, timeout=300

@@ -23,7 +23,7 @@ from sv_engine import StreamEvent, TokenLogprob
 from sv_server import tools
 from sv_server.engine_loop import Delivery, EngineLoop, Failed, RequestHandle, Token
 from sv_server.errors import ServerError
-from sv_server.logprobs import LogprobsWriter, PromptLogprobsWriter, Scored
+from sv_server.logprobs import LogprobsWriter, PromptLogprobsWriter, Scored, ScoredTokens
 from sv_server.reasoning import ReasoningStream, ReasoningTokens, split_reasoning
 from sv_server.request_parsing import GenerationRequest
 from sv_server.response_bodies import (
@@ -43,11 +43,12 @@ class Generation:
     loop matches them, engine_loop.py). `close()` cancels it if it is still running (client
     gone).
     `echo`: text that comes first (the prompt, for completions' echo). With `logprobs`, the
-    scored tokens gather as they come, until `take_logprobs` renders them. With `reasoning`
-    (chat under a reasoning parser), its thinking tokens are counted. `echo_only` (echo with
-    `max_tokens: 0`): the token the engine generates is no part of the answer (no text, no
-    log-probabilities, not counted in its usage), which ends with "length". With
-    `prompt_logprobs` (vLLM's field), the prompt's scores are kept for `prompt_logprobs_body`.
+    scored tokens gather as they come, until `take_logprobs` renders them (a stream's, once
+    the text that completes theirs is shown). With `reasoning` (chat under a reasoning
+    parser), its thinking tokens are counted. `echo_only` (echo with `max_tokens: 0`): the
+    token the engine generates is no part of the answer (no text, no log-probabilities, not
+    counted in its usage), which ends with "length". With `prompt_logprobs` (vLLM's field),
+    the prompt's scores are kept for `prompt_logprobs_body`.
     """
 
     def __init__(
@@ -75,13 +76,14 @@ class Generation:
         self.finish_reason: str | None = None
         self.logprobs = logprobs
         self.reasoning = reasoning
-        self._scored: list[Scored] = []
+        # With logprobs: the scored tokens, given as their text is shown
+        self._scored = None if logprobs is None else logprobs.scored_tokens()
 
-    def take_logprobs(self) -> dict[str, Any] | None:
-        """The log-probabilities of the tokens consumed since the last call, rendered."""
+    def take_logprobs(self, shown: int | None = None) -> dict[str, Any] | None:
+        """The log-probabilities of the tokens `take_scored` takes, rendered."""
         if self.logprobs is None:
             return None
-        return self.logprobs.render(self.take_scored())
+        return self.logprobs.render(self.take_scored(shown))
 
     def prompt_logprobs_body(self) -> list[dict[str, dict[str, Any]] | None] | None:
         """vLLM's `prompt_logprobs` of the prompt, once the answer has ended (None: not asked)."""
@@ -89,10 +91,12 @@ class Generation:
             return None
         return self._prompt_logprobs.render(self._prompt_scores)
 
-    def take_scored(self) -> list[Scored]:
-        """The tokens scored since the last call (of either take), not rendered yet."""
-        scored, self._scored = self._scored, []
-        return scored
+    def take_scored(self, shown: int | None = None) -> list[Scored]:
+        """The scored tokens not taken yet (by either take), not rendered. With `shown`, those
+        whose own text ends within the answer's first `shown` characters (`ScoredTokens`): a
+        stream gives each token's with the text that completes its own. None: all, those of
+        tokens whose text a stop string cut too, as the whole answer has them."""
+        return [] if self._scored is None else self._scored.take(shown)
 
     async def texts(self) -> AsyncIterator[str]:
         """The answer's text, piece by piece. Tokens that queued up while the client was being
@@ -126,8 +130,8 @@ class Generation:
             self.completion_tokens += 1
             if self.reasoning is not None and event.finished != "stop":  # (a stop token: no text)
                 self.reasoning.push(event.text)
-        if self.logprobs is not None:
-            self._score(event, delivery.own_chars)
+        if self._scored is not None:
+            self._score(self._scored, event, delivery.own_chars)
         text = event.text
         if event.completion is not None:
             self.cached_tokens = event.completion.num_cached_tokens
@@ -147,15 +151,15 @@ class Generation:
             self.finish_reason = "length" if self._echo_only else event.finished
         return text
 
-    def _score(self, event: StreamEvent, own_chars: int | None) -> None:
+    def _score(self, scored: ScoredTokens, event: StreamEvent, own_chars: int | None) -> None:
         if event.prompt_logprobs is not None and self._echo_lengths:  # echo: the prompt's first
-            self._scored.extend(
+            scored.extend(
                 zip(self.handle.prompt_ids, event.prompt_logprobs, self._echo_lengths, strict=True)
             )
         # A stop token's text is not shown: nor is its log-probability.
         if event.token_id is not None and event.logprob is not None and event.finished != "stop":
             chars = len(event.text) if own_chars is None else own_chars
-            self._scored.append((event.token_id, event.logprob, chars))
+            scored.append((event.token_id, event.logprob, chars))
 
     def close(self) -> None:
         if self.finish_reason is None:
@@ -335,13 +339,19 @@ async def stream(
     splits = None
     if counts is not None:
         splits = [ReasoningStream(count.opens_in_thinking) for count in counts]
+    # Each choice's characters of text so far: a chunk carries the logprobs of the tokens whose
+    # text it completes (`Generation.take_scored`), so it is told where in the text it ends.
+    pushed = [0] * len(generations)
 
-    def content_events(index: int, text: str | None) -> Iterator[str]:
-        """The events of a piece of choice `index`'s content (None: the choice has ended)."""
+    def content_events(index: int, text: str | None, shown: int) -> Iterator[str]:
+        """The events of a piece of choice `index`'s content (None: the choice has ended),
+        which ends at the choice's `shown`-th character of text (before a tool call's hold)."""
         generation = generations[index]
-        logprobs = None
         if calls is not None:
-            deltas = calls[index].push(text) if text is not None else calls[index].finish()
+            split = calls[index]
+            deltas = split.push(text) if text is not None else split.finish()
+            # (calls found at the end: the held tokens' logprobs all go on their first delta)
+            upto = None if split.called else shown - len(split.held)
             for i, delta in enumerate(deltas):
                 yield chunk(
                     tools.delta_chunk(
@@ -350,24 +360,23 @@ async def stream(
                         created,
                         delta,
                         index=index,
-                        logprobs=generation.take_logprobs() if i == 0 else None,
+                        logprobs=generation.take_logprobs(upto) if i == 0 else None,
                     )
                 )
             if text is not None:
                 return
-            logprobs = generation.take_logprobs()
-        elif text is not None and generation.logprobs is None and not req.continuous_usage:
-            yield encoders[index].text_event(text)
+        elif text is not None:
+            if generation.logprobs is None and not req.continuous_usage:
+                yield encoders[index].text_event(text)
+                return
+            logprobs = generation.take_logprobs(shown)
+            yield chunk(
+                chunk_body(kind, response_id, model, created, text, index=index, logprobs=logprobs)
+            )
             return
-        else:
-            logprobs = generation.take_logprobs()
-            if text is not None:
-                yield chunk(
-                    chunk_body(
-                        kind, response_id, model, created, text, index=index, logprobs=logprobs
-                    )
-                )
-                return
+        # The rest, on the last chunk: those of tokens whose text a stop string cut, say (the
+        # whole answer has them too).
+        logprobs = generation.take_logprobs()
         last = None if kind == "chat" else ""
         reason = generation.finish_reason
         if calls is not None:
@@ -380,14 +389,19 @@ async def stream(
 
     try:
         async for index, text in _pieces(generations):
+            if text is not None:
+                pushed[index] += len(text)
             if splits is None:
-                for event in content_events(index, text):
+                for event in content_events(index, text, pushed[index]):
                     yield event
                 continue
             split = splits[index]
             reasoning, content = split.push(text) if text is not None else split.finish()
+            # The content ends where the split's hold starts; the thinking before the content
+            # (with the tag between them).
+            shown = pushed[index] - len(split.held)
             if reasoning:
-                logprobs = generations[index].take_logprobs()
+                logprobs = generations[index].take_logprobs(shown - len(content))
                 yield chunk(
                     chunk_body(
                         kind,
@@ -401,10 +415,10 @@ async def stream(
                     )
                 )
             if content:
-                for event in content_events(index, content):
+                for event in content_events(index, content, shown):
                     yield event
             if text is None:
-                for event in content_events(index, None):
+                for event in content_events(index, None, shown):
                     yield event
     except ServerError as e:  # the status line is gone already: the error goes in the stream
         close_all(generations)

@@ -17,7 +17,7 @@ or a BOS the echoed text leaves out adds none), which the caller gives with it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sv_engine import MAX_LOGPROBS, TokenLogprob
@@ -31,6 +31,55 @@ from sv_server.request_parsing import Kind
 Scored = tuple[int, TokenLogprob | None, int]
 
 
+class ScoredTokens:
+    """One answer's scored tokens not given yet, each to be given with the text that completes
+    its own: never earlier, so the entries given so far spell no more than the text shown so
+    far (a stop string, a tool call or a think tag may hold a token's text back while later
+    tokens are scored; several tokens may reach a stream at once), and never later. Text is
+    counted in the characters each token's own text has as the engine decoded it (`Scored`):
+    the text the stop strings let out, up to where a completed one cut it, whose cut tokens
+    are only given by a take of them all (at the end of the answer, as the whole answer has
+    them). A token of no text of its own goes with the text before it, unless it is a piece of
+    a character (its bytes are no whole UTF-8 text): that one waits for the next token with
+    text, which completes the character."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._pending: list[Scored] = []
+        self._given = 0  # the characters of the given tokens' own text
+
+    def append(self, scored: Scored) -> None:
+        self._pending.append(scored)
+
+    def extend(self, scored: Iterable[Scored]) -> None:
+        self._pending.extend(scored)
+
+    def take(self, shown: int | None = None) -> list[Scored]:
+        """The tokens not given yet whose own text ends within the answer's first `shown`
+        characters; None: all of them."""
+        count, given = len(self._pending), self._given
+        if shown is None:
+            given += sum(chars for _, _, chars in self._pending)
+        else:
+            count, end = 0, given
+            for i, (token_id, _, chars) in enumerate(self._pending):
+                end += chars
+                if end > shown:
+                    break
+                if chars or not self._piece_of_a_character(token_id):
+                    count, given = i + 1, end
+        taken, self._pending = self._pending[:count], self._pending[count:]
+        self._given = given
+        return taken
+
+    def _piece_of_a_character(self, token_id: int) -> bool:
+        try:
+            self._tokenizer.shown_bytes(token_id).decode()
+        except UnicodeDecodeError:
+            return True
+        return False
+
+
 class LogprobsWriter:
     """Renders one choice's log-probabilities, chunk after chunk (completions' text offsets
     run on across chunks). `top`: the alternatives shown per token (an echoed prompt's may
@@ -41,6 +90,10 @@ class LogprobsWriter:
         self._tokenizer = tokenizer
         self._top = top
         self._offset = 0  # completions: where the next token's text starts in the choice's text
+
+    def scored_tokens(self) -> ScoredTokens:
+        """An answer's tokens to score, to be rendered here as they are given."""
+        return ScoredTokens(self._tokenizer)
 
     def render(self, scored: Sequence[Scored]) -> dict[str, Any]:
         # (the Responses API's output_text logprobs are chat's entries)

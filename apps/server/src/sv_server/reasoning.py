@@ -131,6 +131,11 @@ class ReasoningStream:
         self._at_start = True  # nothing shown yet: a `<think>` here opens the thinking
         self._held = ""
 
+    @property
+    def held(self) -> str:
+        """The answer's last text, held back: it may be (the start of) a think tag."""
+        return self._held
+
     def push(self, text: str) -> tuple[str, str]:
         """The next piece of the answer -> the (reasoning, content) text now safe to show."""
         held = self._held + text

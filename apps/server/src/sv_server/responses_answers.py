@@ -37,17 +37,12 @@ def _status(generation: Generation) -> Status:
 
 class MessageLogprobs:
     """The message's log-probabilities, if asked for (chat's entries: the Responses API's are
-    the same), each given with the text that completes its token's own text: never earlier,
-    so the entries given so far spell no more than the text shown so far (several tokens may
-    reach the stream together while a stop string or a tool call holds their text back), and
-    never later. A token of no text of its own (the first part of a split character) waits
-    for the next one that has some."""
+    the same), each given with the text that completes its token's own text, as chat's and
+    completions' streams give theirs (`ScoredTokens` says how)."""
 
     def __init__(self, generation: Generation, writer: LogprobsWriter) -> None:
         self._generation = generation
         self._writer = writer
-        self._pending: list[Scored] = []
-        self._given = 0  # the characters of the given tokens' own text
 
     @classmethod
     def of(cls, generation: Generation) -> MessageLogprobs | None:
@@ -56,24 +51,12 @@ class MessageLogprobs:
     def within(self, shown: int) -> Logprobs:
         """The entries not given yet of the tokens whose text ends within the message's first
         `shown` characters."""
-        self._pending += self._generation.take_scored()
-        end = cut_end = self._given
-        cut = 0
-        for i, (_, _, chars) in enumerate(self._pending):
-            end += chars
-            if end > shown:
-                break
-            if chars:
-                cut, cut_end = i + 1, end
-        given, self._pending = self._pending[:cut], self._pending[cut:]
-        self._given = cut_end
-        return self._render(given)
+        return self._render(self._generation.take_scored(shown))
 
     def rest(self) -> Logprobs:
         """Every entry not given yet: at the end of a message that is the whole answer, those
         of tokens whose text a stop string cut, too (as the whole answer has them)."""
-        given, self._pending = self._pending + self._generation.take_scored(), []
-        return self._render(given)
+        return self._render(self._generation.take_scored())
 
     def _render(self, scored: list[Scored]) -> Logprobs:
         return self._writer.render(scored)["content"] if scored else []

@@ -242,6 +242,11 @@ class ToolCallStream:
     def called(self) -> bool:
         return bool(self.calls)
 
+    @property
+    def held(self) -> str:
+        """The text held back so far, the end of what was pushed: it may be calls."""
+        return self._split.held
+
     def finish_reason(self, reason: str | None) -> str | None:
         """The choice's finish_reason, given the engine's (see ToolRequest.finish_reason)."""
         return self._tools.finish_reason(self.answer, reason)
