@@ -837,6 +837,23 @@ def test_spec_max_batch_flag_sets_the_batch_limit_and_zero_lifts_it() -> None:
     assert limit("--spec-max-batch", "0") is None
 
 
+def test_spec_ngram_help_states_the_shortest_suffix_looked_up() -> None:
+    """--help gives the shortest suffix the drafter falls back to: SpeculationConfig's
+    min_ngram, which --spec-ngram leaves as it is (the help said 2 after the default became 1)."""
+    import argparse
+
+    from sv_engine.options import add_engine_arguments, speculation_from_args
+    from sv_scheduler import SpeculationConfig
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser, admission="conservative")
+    action = next(a for a in parser._actions if "--spec-ngram" in a.option_strings)
+    shortest = SpeculationConfig().min_ngram
+    assert f"shorter ones down to {shortest}" in (action.help or "")
+    spec = speculation_from_args(parser.parse_args(["--speculate", "ngram", "--spec-ngram", "4"]))
+    assert spec is not None and spec.ngram == 4 and spec.min_ngram == shortest
+
+
 def test_a_negative_spec_max_batch_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["generate", "--speculate", "ngram", "--spec-max-batch", "-1", "Hi."])

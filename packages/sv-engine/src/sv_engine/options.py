@@ -360,8 +360,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         "--spec-ngram",
         type=positive_int,
         metavar="N",
-        help=f"with --speculate ngram: longest suffix looked up (default {_SPECULATION.ngram}; "
-        "the shortest is 2, or N when smaller)",
+        help=f"with --speculate ngram: longest suffix looked up (default {_SPECULATION.ngram}); "
+        f"when it is not found, shorter ones down to {_SPECULATION.min_ngram}",
     )
     p.add_argument(
         "--spec-max-batch",
