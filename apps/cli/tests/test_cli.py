@@ -130,7 +130,12 @@ def test_prompts_that_start_alike_share_pages_in_their_first_round(
     opening = " ".join(["The quick brown fox jumps over the lazy dog."] * 8)
     argv = ["generate", "--stats", f"{opening} Name a colour.", "4", f"{opening} Say hello."]
     assert main(argv) == 0
-    assert _stat(capsys.readouterr().out, "prefix-cache hit tokens") >= 64
+    out = capsys.readouterr().out
+    assert _stat(out, "prefix-cache hit tokens") >= 64
+    # every value in one column, the longest label's too
+    rows = out[out.index("--- stats ---\n") :].splitlines()[1:]
+    columns = {len(row) - len(row.split(":", 1)[1].lstrip()) for row in rows}
+    assert len(rows) >= 8 and len(columns) == 1, rows
 
 
 @pytest.mark.parametrize(

@@ -226,18 +226,26 @@ def _print_logprobs(engine: Any, completion: Any, out: TextIO) -> None:
 
 def print_stats(engine: Any) -> None:
     s = engine.stats
-    print("--- stats ---")
-    print(f"pool size:              {s.pool_pages} pages of {engine.runner.page_size} tokens")
-    print(f"peak active requests:   {s.peak_running}")
-    print(f"largest decode batch:   {s.largest_decode_batch}")
-    print(f"peak assigned pages:    {s.peak_assigned_pages}")
-    print(f"admission waits:        {s.admission_waits}")
-    print(f"prefix-cache hit tokens:{s.prefix_cache_hit_tokens:>7}")
-    print(f"preemptions:            {s.preemptions} ({s.recomputed_tokens} tokens recomputed)")
-    print(f"final free pages:       {s.free_pages}")
+    rows = [
+        ("pool size", f"{s.pool_pages} pages of {engine.runner.page_size} tokens"),
+        ("peak active requests", s.peak_running),
+        ("largest decode batch", s.largest_decode_batch),
+        ("peak assigned pages", s.peak_assigned_pages),
+        ("admission waits", s.admission_waits),
+        ("prefix-cache hit tokens", s.prefix_cache_hit_tokens),
+        ("preemptions", f"{s.preemptions} ({s.recomputed_tokens} tokens recomputed)"),
+        ("final free pages", s.free_pages),
+    ]
     if s.verifications:
-        print(
-            f"speculation:            {s.drafted_tokens} drafted, {s.accepted_tokens} accepted "
-            f"({s.accepted_tokens / s.drafted_tokens:.0%}), "
-            f"{1 + s.accepted_tokens / s.verifications:.2f} tokens per verify step"
+        rows.append(
+            (
+                "speculation",
+                f"{s.drafted_tokens} drafted, {s.accepted_tokens} accepted "
+                f"({s.accepted_tokens / s.drafted_tokens:.0%}), "
+                f"{1 + s.accepted_tokens / s.verifications:.2f} tokens per verify step",
+            )
         )
+    print("--- stats ---")
+    width = max(len(label) for label, _ in rows) + 2  # the values in one column
+    for label, value in rows:
+        print(f"{label + ':':<{width}}{value}")

@@ -147,7 +147,8 @@ def build_parser() -> OneLineErrorParser:
         choices=REASONING_PARSERS,
         metavar="NAME",
         help="split each chat answer's thinking (between <think> and </think>) into "
-        "message.reasoning_content, streamed as delta.reasoning_content, and the rest into "
+        "message.reasoning and message.reasoning_content (vLLM's newer and older names), streamed "
+        "as delta.reasoning and delta.reasoning_content, and the rest into "
         f"content, as vLLM's flag of that name: {' or '.join(REASONING_PARSERS)} (the same "
         "split; deepseek_r1 also takes an answer without <think> as thinking); the model's "
         "tokenizer must have the two tags; /v1/completions stays raw text (default: off)",
