@@ -322,3 +322,33 @@ def test_requests_of_one_prompt_share_its_scores_until_the_last_ends(
     [again] = engine.generate(PROMPTS[2], params)
     assert sum(scored) == n
     assert_same_scores(again.prompt_logprobs, want.prompt_logprobs)
+
+
+def test_shared_scores_are_each_requests_own_once_given(engine: Engine) -> None:
+    """Requests that share their prompt's scores while in flight each get a list of their
+    own: a choice cancelled mid-prefill keeps the scores it had when it ended (the others'
+    later chunks do not grow it after its final event), and changing one choice's list
+    leaves the others' alone."""
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True, prompt_logprobs=1)
+    for overlap in (False, True):
+        engine.overlap = overlap
+        try:
+            cancelled, kept, other = (engine.add_request(PROMPTS[2], params) for _ in range(3))
+            engine.step()  # the first 8-token chunk is scored
+            event = engine.cancel(cancelled)
+            assert event is not None and event.completion is not None
+            partial = event.completion.prompt_logprobs
+            assert partial is not None and len(partial) > 1
+            had = list(partial)
+            done = {}
+            while engine.has_unfinished():
+                done |= {e.request_id: e.completion for e in engine.step() if e.completion}
+        finally:
+            engine.overlap = False
+        assert partial == had  # as it was when the request ended
+        first, second = done[kept].prompt_logprobs, done[other].prompt_logprobs
+        assert first is not None and second is not None and first == second
+        assert len(first) == len(done[kept].prompt_ids) > len(had)
+        first.pop()
+        assert len(second) == len(done[other].prompt_ids)
+    assert not engine._live._prompt_scores

@@ -63,7 +63,8 @@ def token_events(
         if logprob is not None:
             event.logprob = logprob
         if first and request.prompt_logprobs is not None:
-            event.prompt_logprobs = request.prompt_logprobs.scored
+            # (a copy: live requests of one prompt share the scores, LiveRequests.prompt_scores)
+            event.prompt_logprobs = list(request.prompt_logprobs.scored)
         events.append(event)
     return events
 
@@ -138,7 +139,11 @@ def finish_event(
         ),
         latency_s=now - request.start,
         logprobs=None if request.logprobs is None else request.logprobs.truncate(len(output)),
-        prompt_logprobs=None if request.prompt_logprobs is None else request.prompt_logprobs.scored,
+        # (a copy: the scores may be shared, and still coming in for a request cancelled
+        # mid-prefill while others of its prompt go on)
+        prompt_logprobs=(
+            None if request.prompt_logprobs is None else list(request.prompt_logprobs.scored)
+        ),
         error=error,
     )
     return StreamEvent(done.request_id, token, text, reason, completion)
