@@ -313,6 +313,71 @@ def test_two_client_strings_side_by_side_cannot_spell_a_token(
     assert model.special_ids(ids) == [special["<|im_start|>"], special["<|im_end|>"]]
 
 
+# The structure of Mistral 7B v0.3's template, Llama 3's special tokens standing in for
+# Mistral's controls: the tools go before the last user message (`message == user_messages[-1]`
+# compares whole messages), and a call id of any length but 9 is refused (so contents cannot
+# all stand in).
+MISTRAL_STYLE_TEMPLATE = """
+{%- set user_messages = messages | selectattr("role", "equalto", "user") | list %}
+{{- bos_token }}
+{%- for message in messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "<|python_tag|>[" }}
+            {%- for tool in tools %}{{- tool | tojson }}{%- endfor %}
+            {{- "]<|reserved_special_token_1|>" }}
+        {%- endif %}
+        {{- "<|start_header_id|> " + message["content"] + "<|end_header_id|>" }}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none %}
+        {{- "<|eom_id|>[" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set out = tool_call.function | tojson %}
+            {{- out[:-1] }}
+            {%- if not tool_call.id is defined or tool_call.id | length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+        {%- endfor %}
+        {{- "]<|eot_id|>" }}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"] | trim + "<|eot_id|>" }}
+    {%- elif message["role"] == "tool" %}
+        {{- '<|reserved_special_token_0|>{"content": ' + message.content | string + ", " }}
+        {{- '"call_id": "' + message.tool_call_id + '"}<|reserved_special_token_2|>' }}
+    {%- endif %}
+{%- endfor %}"""
+
+
+def test_a_template_that_compares_whole_messages(llama_json: Tokenizer, hf_llama_chat: Any) -> None:
+    """Where contents cannot all stand in (a call id's length is tested), the check that no
+    transformed content made a special token renders the conversation with plain contents:
+    all one letter, the user messages became equal, and the tools this template writes before
+    the last of them (found by comparing whole messages) were written before each, so an
+    ordinary second question after a tool call was refused. Equal contents stay equal there,
+    different ones different: transformers' ids."""
+    model = Model(llama_json, hf_llama_chat, MISTRAL_STYLE_TEMPLATE, bos_token="<|begin_of_text|>")
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather of a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    call = ToolCall("get_weather", json.dumps({"city": "Paris"}), "abcDEF123")
+    messages = [
+        Message("user", "What is the weather in Paris?"),
+        Message("assistant", "", tool_calls=(call,)),
+        Message("tool", "22C, sunny", tool_call_id="abcDEF123"),
+        Message("assistant", "It is 22C and sunny in Paris."),
+        Message("user", "And in Rome?"),
+    ]
+    for conversation in (messages, [*messages[:4], Message("user", messages[0].content)]):
+        options: dict[str, Any] = {"add_generation_prompt": False}
+        expected = model.expected_ids(conversation, [weather], **options)
+        assert model.chat.encode_dialog(conversation, tools=[weather], **options) == expected
+
+
 # ---------------------------------------------------------------- any text, anywhere
 
 

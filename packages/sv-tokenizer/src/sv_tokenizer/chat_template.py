@@ -40,8 +40,9 @@ the stand-ins render otherwise: then only the strings that may spell a special t
 (those that hold special-token text in any letter case, or begin with the end of one or end
 with the start of one, which the text written next to them could complete: a template may
 change a tool name's case as well as a content's), the rest is template text, and that
-text must hold the special tokens of the same render with every content a plain letter (a
-template that lower-cases contents could make a user's "<|EOT_ID|>" a control token). A string
+text must hold the special tokens of the same render with every content plain letters (a
+template that lower-cases contents could make a user's "<|EOT_ID|>" a control token; equal
+contents alike, different ones not, for a template that compares messages). A string
 that may spell a special token and that even this cannot keep apart (the template transforms
 it) is refused with a TokenizerError. Roles and `chat_template_kwargs` are always template
 text: they are refused up front if they hold special-token text.
@@ -493,15 +494,21 @@ class TemplateChatFormat:
     ) -> None:
         """Client text left in the template's text holds no special-token text, but a template
         that transforms it could make some (`| lower` a user's "<|EOT_ID|>"): the template text
-        must hold the special tokens of the same render with every content a plain letter
-        (not empty: a template may refuse an empty message)."""
+        must hold the special tokens of the same render with every content plain letters (not
+        empty: a template may refuse an empty message), equal contents alike and different
+        ones not, since a template may compare messages (Mistral's writes the tools before
+        the user message that equals the last one)."""
         made = [
             token
             for text, is_client in segments
             if not is_client
             for token in self._special_tokens_in(text)
         ]
-        plain = [replace(m, content="x") for m in messages]
+        letters: dict[str, str] = {}
+        plain = [
+            replace(m, content=letters.setdefault(m.content, "x" * (len(letters) + 1)))
+            for m in messages
+        ]
         own = self._special_tokens_in(
             self._render_stand_ins(plain, options, self._stand_ins(chosen))
         )
