@@ -354,7 +354,7 @@ def test_a_template_that_compares_whole_messages(llama_json: Tokenizer, hf_llama
     all one letter, the user messages became equal, and the tools this template writes before
     the last of them (found by comparing whole messages) were written before each, so an
     ordinary second question after a tool call was refused. Equal contents stay equal there,
-    different ones different: transformers' ids."""
+    different ones different, and so do the stand-ins of equal strings: transformers' ids."""
     model = Model(llama_json, hf_llama_chat, MISTRAL_STYLE_TEMPLATE, bos_token="<|begin_of_text|>")
     weather = {
         "type": "function",
@@ -372,7 +372,14 @@ def test_a_template_that_compares_whole_messages(llama_json: Tokenizer, hf_llama
         Message("assistant", "It is 22C and sunny in Paris."),
         Message("user", "And in Rome?"),
     ]
-    for conversation in (messages, [*messages[:4], Message("user", messages[0].content)]):
+    quoted = Message("user", "> It is 22C and sunny in Paris.\n\nWhat does this mean?")
+    for conversation in (
+        messages,
+        [*messages[:4], Message("user", messages[0].content)],
+        # the same question twice, one a stand-in where it is (">" may end a special token):
+        # the two stand-ins must be equal too
+        [quoted, *messages[1:4], quoted],
+    ):
         options: dict[str, Any] = {"add_generation_prompt": False}
         expected = model.expected_ids(conversation, [weather], **options)
         assert model.chat.encode_dialog(conversation, tools=[weather], **options) == expected

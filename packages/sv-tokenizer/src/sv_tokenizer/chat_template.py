@@ -21,7 +21,8 @@ template's own text, found by rendering the conversation a second time with stan
 
 - every string the client sent (contents, names, call ids, earlier thinking, a tool call's
   argument strings, the tool definitions' strings; a dict key only where it may spell a special
-  token, as below, since templates look keys up by name) is a private-use sentinel, wrapped in
+  token, as below, since templates look keys up by name) is a private-use sentinel (equal
+  strings the same one: a template may compare messages), wrapped in
   the string's leading/trailing whitespace (so that `| trim` behaves as on the real text), with
   the texts the template searches strings for kept as they are around it (so that Qwen3's
   `'</think>' in content` and `content.split('</think>')` take the same branches and cut at
@@ -687,17 +688,24 @@ class _StandIns:
         self.may_spell_special = may_spell_special
         self.searched = searched
         self.texts: list[str] = []
+        self._given: dict[str, str] = {}  # each string's stand-in
 
     def text(self, text: str) -> str:
-        """`text` as the template is to see it."""
+        """`text` as the template is to see it: equal strings as equal stand-ins, since a
+        template may compare them (Mistral's writes the tools before the user message that
+        equals the last one)."""
         if not self.chosen(text):
             return text
+        given = self._given.get(text)
+        if given is not None:
+            return given
         first = len(self.texts)
         stand_in = self._stand_in(text, self.searched)
         if self.searched is not None and self.may_spell_special(stand_in):
             # The searched texts kept may spell a special token: one sentinel for it all.
             del self.texts[first:]
             stand_in = self._stand_in(text, None)
+        self._given[text] = stand_in
         return stand_in
 
     def _stand_in(self, text: str, searched: re.Pattern[str] | None) -> str:
