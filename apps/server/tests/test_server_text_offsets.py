@@ -151,3 +151,53 @@ def test_an_echoed_padding_id_shows_nothing(tiny_qwen3_dir: Path) -> None:
         _check_offsets(choice, tokens)
     finally:
         running.stop()
+
+
+def test_an_echoed_text_prompt_the_tokenizer_normalizes(tiny_qwen3_dir: Path) -> None:
+    """Qwen's tokenizer normalizes to NFC: "e\\u0301" (2 characters, as sent and as echoed)
+    is "é" (1) in its tokens. The answer's text starts where the echo ends, so its first
+    token's offset is the prompt's length, and a stream gives each entry with the chunk that
+    shows the rest of its token's text (here a stop string holds the last character of the
+    third token's back): counting the tokens' characters instead put the answer's entries
+    two characters early."""
+    import json
+
+    prompt = "cafe\u0301 au lait, tre\u0300s bien"
+    running = RunningServer(tiny_qwen3_dir, kv_cache_mib=32)
+    try:
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "max_tokens": 6,
+            "temperature": 0,
+            "echo": True,
+            "logprobs": 0,
+        }
+        plain = _complete(running, **body)
+        text, logprobs = plain["text"], plain["logprobs"]
+        answer = logprobs["tokens"][-6:]
+        assert all(token and "\\x" not in token for token in answer)
+        assert text == prompt + "".join(answer)
+        assert logprobs["text_offset"][-6] == len(prompt)
+        ends = [len(prompt) + len("".join(answer[: i + 1])) for i in range(6)]
+        body["stop"] = [text[ends[2] - 1] + "\u00a7"]  # (never completed: let out at the end)
+        with httpx.stream(
+            "POST",
+            running.url + "/v1/completions",
+            json={"model": running.model_name, **body, "stream": True},
+            timeout=60,
+        ) as response:
+            chunks = [
+                json.loads(line.removeprefix("data: "))["choices"][0]
+                for line in response.iter_lines()
+                if line.startswith("data: {")
+            ]
+        shown, given, held = "", 0, False
+        for chunk in chunks:
+            shown += chunk["text"]
+            given += len((chunk["logprobs"] or {}).get("tokens") or [])
+            whole = len(logprobs["tokens"]) - 6 + sum(end <= len(shown) for end in ends)
+            assert given == whole, (shown, given, whole)
+            held = held or len(shown) not in (len(prompt), *ends)
+        assert shown == text and held
+    finally:
+        running.stop()

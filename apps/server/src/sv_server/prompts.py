@@ -372,7 +372,10 @@ def echo_lengths(
 ) -> list[int]:
     """With echo and logprobs, the characters of `echo_text` each prompt token stands for (the
     text offsets of its tokens): none for the BOS the server put before a text (the echo is
-    the text as sent), and the rest as decoding them gives them."""
+    the text as sent), and the rest as decoding them gives them. A text the tokenizer
+    normalized (Qwen's NFC: "e\u0301", 2 characters as sent, is "é" in its tokens) decodes
+    to another length than the echo's: the last tokens take the difference, so that the
+    answer's offsets, and the stream's logprobs, start where the echo ends."""
     if not req.echo or req.logprobs is None or req.prompts is None:
         return []
     lengths = [0] * _server_bos(state, req.prompts[index])
@@ -381,6 +384,13 @@ def echo_lengths(
     lengths += [len(decoder.push(t)) if shown(t) else 0 for t in ids[len(lengths) :]]
     if lengths:
         lengths[-1] += len(decoder.flush())
+    extra = len(echo_text(state, req, index, ids)) - sum(lengths)
+    for at in reversed(range(len(lengths))):
+        if not extra:
+            break
+        change = max(extra, -lengths[at])  # (all of a surplus; a shortfall as far as it goes)
+        lengths[at] += change
+        extra -= change
     return lengths
 
 
