@@ -81,15 +81,84 @@ def test_the_thinking_is_a_reasoning_item_as_chat_splits_it(
     assert [item.type for item in final.output] == [item.type for item in response.output]
 
 
-def test_logprobs_are_refused_under_a_reasoning_parser(thinking_server: Any) -> None:
-    """A response's logprobs sit on its text: the thinking's tokens would have no place."""
-    import httpx
-    from server_test_support import openai_error
+LOGPROBS = "message.output_text.logprobs"
 
-    body = {"input": QUESTION, "include": ["message.output_text.logprobs"]}
-    answer = httpx.post(f"{thinking_server.url}/v1/responses", json=body, timeout=60)
-    error = openai_error(answer, 400)
-    assert error["param"] == "include" and "reasoning parser" in error["message"]
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_message_logprobs_are_its_own_tokens_whole_and_streamed(
+    thinking_server: Any, seed: int
+) -> None:
+    """The message's logprobs are the entries of its own text's tokens: the thinking's (and
+    its tags') are dropped, a reasoning item carrying none. Streamed, each text delta carries
+    those of the tokens whose text it completes, and together they are the whole answer's."""
+    import json
+
+    import httpx
+
+    body = {
+        "model": thinking_server.model_name,
+        "input": QUESTION,
+        "max_output_tokens": 20,
+        "seed": seed,
+        "logit_bias": TAGS_OFTEN,
+        "include": [LOGPROBS],
+        "top_logprobs": 1,
+    }
+    answer = httpx.post(f"{thinking_server.url}/v1/responses", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    output = answer.json()["output"]
+    messages = [item for item in output if item["type"] == "message"]
+    whole = messages[0]["content"][0] if messages and messages[0]["content"] else None
+    if whole is not None:
+        # (Qwen3's `</think>` is one token: no token holds both the tag and the message's text)
+        assert b"".join(bytes(e["bytes"]) for e in whole["logprobs"]) == whole["text"].encode()
+        assert len(whole["logprobs"]) > 0 or whole["text"] == ""
+    with httpx.stream(
+        "POST", f"{thinking_server.url}/v1/responses", json={**body, "stream": True}, timeout=120
+    ) as response:
+        assert response.status_code == 200, response.read()
+        events = [
+            json.loads(line.removeprefix("data: "))
+            for line in response.iter_lines()
+            if line.startswith("data: ")
+        ]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    text, spelt = "", b""
+    for delta in deltas:
+        text += delta["delta"]
+        spelt += b"".join(bytes(e["bytes"]) for e in delta["logprobs"])
+        assert text.encode().startswith(spelt), (text, spelt)  # never before their text
+    streamed = [e for d in deltas for e in d["logprobs"]]
+    wanted = whole["logprobs"] if whole is not None else []
+    assert [e["token"] for e in streamed] == [e["token"] for e in wanted]
+    assert [e["logprob"] for e in streamed] == pytest.approx(
+        [e["logprob"] for e in wanted], abs=1e-4
+    )
+    if whole is not None:
+        assert text == whole["text"] and spelt == text.encode()
+
+
+def test_some_seed_thinks_then_answers_with_logprobs(thinking_server: Any) -> None:
+    """The test above sees answers whose message follows a thinking (so its tokens are not
+    the answer's first)."""
+    import httpx
+
+    both = 0
+    for seed in range(6):
+        body = {
+            "input": QUESTION,
+            "max_output_tokens": 20,
+            "seed": seed,
+            "logit_bias": TAGS_OFTEN,
+            "include": [LOGPROBS],
+        }
+        answer = httpx.post(f"{thinking_server.url}/v1/responses", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        kinds = {item["type"]: item for item in answer.json()["output"]}
+        message = kinds.get("message")
+        if "reasoning" in kinds and message and message["content"][0]["text"]:
+            both += 1
+    assert both > 0
 
 
 def test_a_reasoning_item_before_a_call_renders_as_chats_reasoning_content(

@@ -39,14 +39,6 @@ def prepare(
     body = decode_json(raw)
     req = parse(body)
     check_model(state, req.model)
-    if req.kind == "responses" and req.logprobs is not None and state.reasoning is not None:
-        # A response's logprobs sit on its output text, and the thinking's tokens have no
-        # place there (chat gives them on its reasoning chunks).
-        raise bad_request(
-            "log-probabilities on /v1/responses are not given by a server with a reasoning "
-            "parser: drop the 'include' of them, or use /v1/chat/completions",
-            param="include",
-        )
     keep = _kept_prompt_tokens(state, req)
     if req.messages is not None:  # chat: the model's chat format
         tools = req.tools.tools if req.tools is not None else None

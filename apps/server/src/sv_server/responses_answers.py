@@ -38,23 +38,40 @@ def _status(generation: Generation) -> Status:
 class MessageLogprobs:
     """The message's log-probabilities, if asked for (chat's entries: the Responses API's are
     the same), each given with the text that completes its token's own text, as chat's and
-    completions' streams give theirs (`ScoredTokens` says how)."""
+    completions' streams give theirs (`ScoredTokens` says how).
+
+    Under a reasoning parser the message is the answer's text after its thinking: positions
+    are counted in the whole answer's characters, the message starting after what the split
+    put before it (the thinking with its tags, `begins_at`). The thinking's tokens' entries
+    are dropped, as a reasoning item carries none (OpenAI's have no logprobs). A token is the
+    message's when its own text ends inside the message's text: one that holds the end of
+    `</think>` and the start of the message is the message's (its entry's text then begins
+    with the tag's end), one that ends at the tag's end or before is the thinking's."""
 
     def __init__(self, generation: Generation, writer: LogprobsWriter) -> None:
         self._generation = generation
         self._writer = writer
+        self._start = 0  # the answer's characters before the message's
 
     @classmethod
     def of(cls, generation: Generation) -> MessageLogprobs | None:
         return None if generation.logprobs is None else cls(generation, generation.logprobs)
 
+    def begins_at(self, start: int) -> None:
+        """The message starts at (no earlier than) the answer's `start`-th character: the
+        entries not given yet of the tokens whose text ends there are dropped (at 0, none:
+        a token of no text at the very start is the message's)."""
+        if start:
+            self._generation.take_scored(start)
+        self._start = start
+
     def within(self, shown: int) -> Logprobs:
         """The entries not given yet of the tokens whose text ends within the message's first
         `shown` characters."""
-        return self._render(self._generation.take_scored(shown))
+        return self._render(self._generation.take_scored(self._start + shown))
 
     def rest(self) -> Logprobs:
-        """Every entry not given yet: at the end of a message that is the whole answer, those
+        """Every entry not given yet: at the end of a message that ends the answer, those
         of tokens whose text a stop string cut, too (as the whole answer has them)."""
         return self._render(self._generation.take_scored())
 
@@ -95,6 +112,9 @@ async def collect_response(
     message = MessageLogprobs.of(generation)
     logprobs = None
     if message is not None:
+        # The message's text is the answer's last (the split's content); a message the split
+        # left none of is no item, and the thinking's entries are dropped all the same.
+        message.begins_at(len(texts[0]) - len(content or ""))
         # Before calls, the message's are its text's tokens (the calls' are no part of it).
         logprobs = message.within(len(content or "")) if calls else message.rest()
     body = response_object(
@@ -132,11 +152,21 @@ async def stream_response(
         split = ReasoningStream(generation.reasoning.opens_in_thinking)
     calls = ToolCallStream(req.tools) if req.tools is not None and req.tools.parses else None
     message = MessageLogprobs.of(generation)
-    shown = 0  # the message's characters so far
+    pushed = 0  # the answer's characters so far
+    begun = 0  # the message's characters the split gave so far (a tool call may hold some)
+    shown = 0  # the message's characters shown so far
+    thought = False  # whether the thinking was shown (a reasoning item)
 
     def pieces(reasoning: str, content: str, end: bool) -> Iterator[str]:
-        nonlocal shown
+        nonlocal begun, shown, thought
+        begun += len(content)
+        if message is not None and split is not None:
+            # What the split let out ends where its hold starts; the message's text so far
+            # (if any) ends it: before it, the thinking with its tags, whose tokens' entries
+            # are dropped (as chat's stream counts: answers.py's `shown`).
+            message.begins_at(pushed - len(split.held) - begun)
         if reasoning:
+            thought = True
             yield from events.text("reasoning", reasoning)
         deltas = calls.push(content) if calls is not None and content else []
         if calls is None and content:
@@ -149,7 +179,8 @@ async def stream_response(
                 logprobs = message.within(shown) if message is not None else None
                 yield from events.text("message", delta["content"], logprobs)
         found = calls.calls if calls is not None and end else ()
-        if end and message is not None and not found:
+        # (no message after a shown thinking: as whole, the answer has no message item)
+        if end and message is not None and not found and (shown or not thought):
             rest = message.rest()  # (a cut token's, say: on a delta of no text, as whole)
             if rest:
                 yield from events.text("message", "", rest)
@@ -158,6 +189,7 @@ async def stream_response(
 
     try:
         async for text in generation.texts():
+            pushed += len(text)
             reasoning, content = split.push(text) if split is not None else ("", text)
             for event in pieces(reasoning, content, end=False):
                 yield event
