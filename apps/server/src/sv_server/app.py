@@ -442,8 +442,8 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
                     min_tokens=req.min_tokens,
                 ),
             ),
-            echo=echo_text(state, req, i, ids),
-            echo_lengths=echo_lengths(state, req, i, ids),
+            echo=echo,
+            echo_lengths=echo_lengths(state, req, i, ids, echo),
             logprobs=None
             if req.logprobs is None
             else LogprobsWriter(req.kind, state.tokenizer, req.logprobs),
@@ -456,6 +456,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
         for i, (ids, turn, p) in enumerate(zip(prompts, turns, params, strict=True))
         # (looked up once per prompt: its choices share its ids)
         for opened in [thinking is not None and thinking.opens_in_thinking(turn)]
+        for echo in [echo_text(state, req, i, ids)]
         for choice in p.choices()
     ]
     for generation in generations:

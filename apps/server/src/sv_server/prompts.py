@@ -360,11 +360,11 @@ def _server_bos(state: ServerState, prompt: str | list[int]) -> int:
 
 
 def echo_lengths(
-    state: ServerState, req: GenerationRequest, index: int, ids: list[int]
+    state: ServerState, req: GenerationRequest, index: int, ids: list[int], echo: str
 ) -> list[int]:
-    """With echo and logprobs, the characters of `echo_text` each prompt token stands for (the
-    text offsets of its tokens): none for the BOS the server put before a text (the echo is
-    the text as sent), and the rest as decoding them gives them. A text the tokenizer
+    """With echo and logprobs, the characters of `echo` (`echo_text`'s) each prompt token
+    stands for (the text offsets of its tokens): none for the BOS the server put before a text
+    (the echo is the text as sent), and the rest as decoding them gives them. A text the tokenizer
     normalized (Qwen's NFC: "e\u0301", 2 characters as sent, is "é" in its tokens) decodes
     to another length than the echo's: the last tokens take the difference, so that the
     answer's offsets, and the stream's logprobs, start where the echo ends."""
@@ -376,7 +376,7 @@ def echo_lengths(
     lengths += [len(decoder.push(t)) if shown(t) else 0 for t in ids[len(lengths) :]]
     if lengths:
         lengths[-1] += len(decoder.flush())
-    extra = len(echo_text(state, req, index, ids)) - sum(lengths)
+    extra = len(echo) - sum(lengths)
     for at in reversed(range(len(lengths))):
         if not extra:
             break

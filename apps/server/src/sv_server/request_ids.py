@@ -1,8 +1,9 @@
 """The client's `X-Request-Id` header on the generation routes, as vLLM reads it by default: a
 completion's or chat answer's `id` is made of it (`cmpl-<id>`, `chatcmpl-<id>`; vLLM's
 `_base_request_id`), or, without the header, of the body's `request_id` (vLLM's field on
-completions and chat, which the header overrides there too); a Responses answer keeps its own. The answer also carries the header back, as vLLM's `--enable-request-id-headers`
-does (only the client's own: no id is made up for a request that sent none).
+completions and chat, which the header overrides there too); a Responses answer keeps its own.
+The answer also carries the header back, as vLLM's `--enable-request-id-headers` does (only
+the client's own: no id is made up for a request that sent none).
 
 A value is at most MAX_REQUEST_ID_CHARS visible ASCII characters: else the request is a 400
 naming the header (an id lands in logs and in a response header, where a control character or
