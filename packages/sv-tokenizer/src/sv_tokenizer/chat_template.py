@@ -43,7 +43,10 @@ with the start of one, which the text written next to them could complete: a tem
 change a tool name's case as well as a content's), the rest is template text, and that
 text must hold the special tokens of the same render with every content plain letters (a
 template that lower-cases contents could make a user's "<|EOT_ID|>" a control token; equal
-contents alike, different ones not, for a template that compares messages). A string
+contents alike, different ones not, for a template that compares messages) and every other
+string's special-token delimiters ('<', '>', ...) private-use characters (a template that
+writes a tool name `| replace('-', '_')` could make "<|eot-id|>" one; a name without them,
+which a template may compare with a built-in one, is left as it is). A string
 that may spell a special token and that even this cannot keep apart (the template transforms
 it) is refused with a TokenizerError. Roles and `chat_template_kwargs` are always template
 text: they are refused up front if they hold special-token text.
@@ -74,6 +77,9 @@ _SENTINEL = re.compile(f"{_OPEN}([0-9]+){_CLOSE}")
 # dropped by a template that strips the content's end, which then loses its trailing whitespace.
 _CONTINUE = "\U000f0002"
 _CONTINUE_TAG = _CONTINUE + " "
+# The first of the private-use characters that stand in for a special token's delimiters in
+# the check of a transforming template (`_defused`).
+_DELIMITER_STAND_INS = 0xF0100
 
 # Variables the format sets itself: what transformers passes besides the caller's kwargs (and
 # vLLM's own request fields), and every special-token name transformers may pass.
@@ -119,6 +125,10 @@ _SEARCHING_METHODS = frozenset(
         "removesuffix",
     }
 )
+
+
+def _unchanged(value: Any) -> Any:
+    return value
 
 
 @dataclass(frozen=True)
@@ -467,8 +477,33 @@ class TemplateChatFormat:
         found = re.compile("|".join(map(re.escape, reversed(tokens))) or "(?!)")
         return found, starts, ends, max(map(len, starts), default=0)
 
-    def _stand_ins(self, chosen: Callable[[str], bool]) -> _StandIns:
-        return _StandIns(chosen, self._template().searched, self._may_spell_special)
+    def _stand_ins(
+        self, chosen: Callable[[str], bool], others: Callable[[str], str] = _unchanged
+    ) -> _StandIns:
+        return _StandIns(chosen, self._template().searched, self._may_spell_special, others)
+
+    def _defused(self, text: str) -> str:
+        """`text` with every character that opens or closes a special token's text replaced
+        by a private-use character of its own: the same length and equal strings alike (a
+        template may test a call id's length or compare names), but no rewriting of other
+        characters (`replace('-', '_')`) can make it a special token."""
+        return text.translate(self._delimiter_stand_ins)
+
+    @cached_property
+    def _delimiter_stand_ins(self) -> dict[int, str]:
+        """A private-use character for each character a special token's text begins or ends
+        with ('<' and '>' for "<|eot_id|>"), letters and digits left out: a string without
+        them (a built-in tool's name, which templates compare) keeps its text."""
+        delimiters = sorted(
+            {
+                end
+                for token in self.tokenizer.special_tokens
+                if token
+                for end in (token[0], token[-1])
+                if not end.isalnum() and not end.isspace()
+            }
+        )
+        return {ord(char): chr(_DELIMITER_STAND_INS + n) for n, char in enumerate(delimiters)}
 
     def _cut_at_stand_ins(
         self,
@@ -510,14 +545,14 @@ class TemplateChatFormat:
             replace(m, content=letters.setdefault(m.content, "x" * (len(letters) + 1)))
             for m in messages
         ]
-        own = self._special_tokens_in(
-            self._render_stand_ins(plain, options, self._stand_ins(chosen))
-        )
+        defused = self._stand_ins(chosen, others=self._defused)
+        own = self._special_tokens_in(self._render_stand_ins(plain, options, defused))
         if made != own:
             index, got = next((i, m) for i, (m, o) in enumerate(zip_longest(made, own)) if m != o)
             raise TokenizerError(
-                "this chat template transforms message contents, and the transformed contents "
-                f"hold special-token text: the conversation renders {len(made)} special tokens "
+                "this chat template transforms the client's strings (contents, names, ids or "
+                "arguments), and the transformed strings hold special-token text: the "
+                f"conversation renders {len(made)} special tokens "
                 f"where the template alone renders {len(own)}, the first that differs being "
                 f"{got!r} (number {index + 1}); so they cannot be kept as plain text"
             )
@@ -681,10 +716,12 @@ class _StandIns:
         chosen: Callable[[str], bool],
         searched: re.Pattern[str] | None,
         may_spell_special: Callable[[str], bool],
+        others: Callable[[str], str] = _unchanged,
     ) -> None:
         """`chosen`: which strings stand in; `searched`: the texts the template looks for in
-        strings, kept as they are."""
+        strings, kept as they are; `others`: what the strings not chosen are written as."""
         self.chosen = chosen
+        self.others = others
         self.may_spell_special = may_spell_special
         self.searched = searched
         self.texts: list[str] = []
@@ -695,7 +732,7 @@ class _StandIns:
         template may compare them (Mistral's writes the tools before the user message that
         equals the last one)."""
         if not self.chosen(text):
-            return text
+            return self.others(text)
         given = self._given.get(text)
         if given is not None:
             return given
@@ -765,10 +802,6 @@ def _written_forms(text: str) -> tuple[str, str]:
     transformers' tojson, non-ASCII as it is), or as it is. The escaped form is tried first:
     where both fit, the longer is taken as client text, the safe side."""
     return json.dumps(text, ensure_ascii=False)[1:-1], text
-
-
-def _unchanged(value: Any) -> Any:
-    return value
 
 
 def _as_dict(
