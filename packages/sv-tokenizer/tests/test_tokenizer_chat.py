@@ -322,6 +322,14 @@ def test_template_that_transforms_a_tool_name(llama_model: Tokenizer) -> None:
             match=re.escape("tools contains a special token's text in some letter case"),
         ):
             listing.encode_dialog(hello, tools=[tool(name)])
+    # A content holding a token's text comes first, but the template writes it as it is: the
+    # refusal names the transformed string, not the first that may spell a token.
+    asking = [Message("user", "Why does my output end with <|eot_id|>?")]
+    with pytest.raises(
+        TokenizerError,
+        match=re.escape("tools contains a special token's text in some letter case"),
+    ):
+        listing.encode_dialog(asking, tools=[tool("<|EOT_ID|>")])
 
 
 def test_template_that_rewrites_a_tool_name_where_strings_cannot_all_stand_in(

@@ -430,28 +430,44 @@ class TemplateChatFormat:
         chosen = self._may_spell_special
         segments = self._cut_at_stand_ins(messages, options, rendered, chosen)
         if segments is None:
-            self._refuse_special_text(messages, options)
+            self._refuse_special_text(messages, options, rendered)
             # No client text stood in, and still the render was not matched: the template's
             # own text holds what reads as a sentinel (or it renders differently each time).
             chosen, segments = _no_string, [(rendered, False)]
         self._check_untransformed(messages, options, chosen, segments)
         return segments
 
-    def _refuse_special_text(self, messages: Sequence[Message], options: _Options) -> None:
-        """Refuse the first client string that may spell a special token, which the template
-        transforms so that it cannot be kept apart from the template's text."""
-        for where, text in _client_strings(messages, options.tools):
-            if self._may_spell_special(text):
-                token = self.tokenizer.find_special(text)
-                what = (
-                    "a special token's text in some letter case, or the start or end of one"
-                    if token is None
-                    else f"the special token text {token!r}"
-                )
-                raise TokenizerError(
-                    f"{where} contains {what} and this chat template transforms it, so it "
-                    "cannot be kept as plain text"
-                )
+    def _refuse_special_text(
+        self, messages: Sequence[Message], options: _Options, rendered: str
+    ) -> None:
+        """Refuse a client string that may spell a special token and that the template
+        transforms, so that it cannot be kept apart from the template's text: the first one
+        that alone as a stand-in does not give the render, else the first that may spell one."""
+        spelling = [
+            (where, text)
+            for where, text in _client_strings(messages, options.tools)
+            if self._may_spell_special(text)
+        ]
+        if not spelling:
+            return
+        where, text = next(
+            (
+                (where, text)
+                for where, text in spelling
+                if self._cut_at_stand_ins(messages, options, rendered, text.__eq__) is None
+            ),
+            spelling[0],
+        )
+        token = self.tokenizer.find_special(text)
+        what = (
+            "a special token's text in some letter case, or the start or end of one"
+            if token is None
+            else f"the special token text {token!r}"
+        )
+        raise TokenizerError(
+            f"{where} contains {what} and this chat template transforms it, so it "
+            "cannot be kept as plain text"
+        )
 
     def _may_spell_special(self, text: str) -> bool:
         """Whether `text` holds special-token text, or could spell some with the text written
