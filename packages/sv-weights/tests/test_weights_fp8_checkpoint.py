@@ -139,6 +139,21 @@ def test_fp8_checkpoint_errors_name_the_tensor(tmp_path: Path) -> None:
             load_checkpoint(folder)
 
 
+def test_a_missing_fp8_weight_is_named_missing(tmp_path: Path) -> None:
+    """A quantized layer whose weight and scales are both absent (a truncated export): the
+    error says the weight is missing, as for a plain checkpoint. It used to say the weight
+    "is FP8 but its scales are missing", of a weight the file does not hold."""
+    config = tiny_llama_config()
+    q = "model.layers.0.self_attn.q_proj"
+    write_fp8_checkpoint(
+        tmp_path, config, drop=[f"{q}.weight", f"{q}.weight_scale", f"{q}.input_scale"]
+    )
+    assert f"{q}.weight" not in safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    message = f"1 tensor(s) the config needs are missing, e.g. '{q}.weight'"
+    with pytest.raises(WeightsError, match=re.escape(message)):
+        load_checkpoint(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("name", "dtype"),
     [

@@ -108,12 +108,14 @@ class FP8Quantization:
                             "quantization_config.ignore leaves unquantized"
                         )
                 continue
-            if info is not None and info.shape != shape:  # named here, before its scales
+            if info is None:  # the check of missing tensors names it: it is not FP8, it is absent
+                continue
+            if info.shape != shape:  # named here, before its scales
                 raise WeightsError(
                     f"{source}: tensor {name!r} has shape {list(info.shape)}, expected "
                     f"{list(shape)} from config.json"
                 )
-            if info is not None and info.dtype != FP8_DTYPE:
+            if info.dtype != FP8_DTYPE:
                 raise WeightsError(
                     f"{source}: tensor {name!r} has dtype {info.dtype}; quantization_config "
                     f"quantizes {module!r}, so expected {FP8_DTYPE}"
