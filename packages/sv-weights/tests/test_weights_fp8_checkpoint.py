@@ -203,6 +203,30 @@ def test_fp8_scales_must_be_positive(tmp_path: Path, copy: bool, bad: float) -> 
     assert load_checkpoint(tmp_path / "good", copy=copy)[name].shape == scale.shape
 
 
+@pytest.mark.parametrize("copy", [False, True])
+def test_fp8_scales_whose_values_overflow_are_refused(tmp_path: Path, copy: bool) -> None:
+    """A finite, positive scale so large that e4m3's largest value (448) times it is no
+    finite BF16 or FP32 number: the matrix it scales would hold infinities, and the model
+    answered NaN logits (token 0, at once) with no other sign. Refused, naming the tensor
+    and the value; the largest scale an exporter makes, absmax / 448 of a BF16 matrix whose
+    absmax is BF16's largest value, loads."""
+    config = tiny_llama_config()
+    name = "model.layers.1.mlp.down_proj.weight_scale"
+    scale = write_fp8_checkpoint(tmp_path / "good", config)[name].float()
+    bf16_max = torch.finfo(torch.bfloat16).max
+    largest = scale.clone()
+    largest[3, 0] = bf16_max / 448.0
+    write_fp8_checkpoint(tmp_path / "largest", config, tensors={name: largest})
+    assert load_checkpoint(tmp_path / "largest", copy=copy)[name][3, 0] == largest[3, 0]
+    huge = scale.clone()
+    huge[3, 0] = 1e38
+    assert torch.isinf((torch.tensor(448.0) * huge[3, 0]).to(torch.bfloat16))  # the oracle
+    assert torch.isinf(torch.tensor(448.0) * huge[3, 0])
+    write_fp8_checkpoint(tmp_path / "huge", config, tensors={name: huge})
+    with pytest.raises(WeightsError, match=re.escape(f"tensor {name} holds a scale of 1e+38")):
+        load_checkpoint(tmp_path / "huge", copy=copy)
+
+
 def test_fp8_checkpoint_of_an_older_exporter_loads(tmp_path: Path) -> None:
     """neuralmagic's published FP8 Llama 3.1 checkpoints name their format "naive-quantized"
     (per-tensor scales, static input scales): for FP8 weights, the same tensors."""

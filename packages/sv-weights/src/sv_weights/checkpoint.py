@@ -337,8 +337,8 @@ def load_checkpoint(
                 check_finite(
                     {n: tensors[n] for n in header.tensors if n in tensors}, str(header.path)
                 )
-    _check_scales_positive(tensors, weight_scales, str(model_dir), "FP8 weight scale")
-    _check_scales_positive(tensors, kv_files, str(model_dir), "KV-cache scale")
+    _check_scale_range(tensors, weight_scales, str(model_dir), "FP8 weight scale")
+    _check_scale_range(tensors, kv_files, str(model_dir), "KV-cache scale")
     renamed = {ours: tensors[name] for ours, name in kv_scales.items()}
     for name in kv_files:
         del tensors[name]
@@ -432,26 +432,38 @@ def _all_finite_at_once(data: torch.Tensor, tensors: dict[str, torch.Tensor]) ->
     return bool(torch.isfinite(data.view(dtype).sum(dtype=torch.float32)))
 
 
-def _check_scales_positive(
+# The largest scale of e4m3 values (FP8 weights, FP8 KV pages): e4m3's largest value (448)
+# times it is BF16's largest, which FP32 holds too. Above it the values a scale stands for
+# overflow to infinity in the matrix (or K and V) the model computes with. An exporter's
+# largest scale, absmax / 448 of a BF16 matrix, is at most this.
+LARGEST_E4M3_SCALE = torch.finfo(torch.bfloat16).max / 448.0
+
+
+def _check_scale_range(
     tensors: dict[str, torch.Tensor], scales: list[str], source: str, kind: str
 ) -> None:
     """Raise WeightsError naming the first of `scales` (each an FP8 weight scale or a
-    KV-cache scale: `kind`) that is zero or negative (one minimum over them all, then a
-    look at each only when it fails): a zero scale silences its output channels (or makes
-    its K or V infinite) and a negative one flips them, and the model then answers nonsense
-    with no other sign of the damage."""
+    KV-cache scale: `kind`) that is zero, negative or above LARGEST_E4M3_SCALE (one minimum
+    and maximum over them all, then a look at each only when they fail): a zero scale
+    silences its output channels (or makes its K or V infinite), a negative one flips them,
+    and too large a one makes them infinite; the model then answers nonsense with no other
+    sign of the damage."""
     if not scales:
         return
     everything = torch.cat([tensors[name].reshape(-1).float() for name in scales])
-    if bool(everything.min() > 0):
+    lowest, highest = torch.aminmax(everything)
+    if bool(lowest > 0) and bool(highest <= LARGEST_E4M3_SCALE):
         return
     for name in scales:
-        lowest = float(tensors[name].float().min())
-        if not lowest > 0:
-            raise WeightsError(
-                f"{source}: tensor {name} holds a scale of {lowest:g} (expected every {kind} "
-                "> 0: the file is damaged or was exported wrongly)"
-            )
+        values = tensors[name].float()
+        for value in (float(values.min()), float(values.max())):
+            if not 0 < value <= LARGEST_E4M3_SCALE:
+                raise WeightsError(
+                    f"{source}: tensor {name} holds a scale of {value:g} (expected every "
+                    f"{kind} > 0 and at most {LARGEST_E4M3_SCALE:.4g}, where 448, e4m3's "
+                    "largest value, times it is still finite: the file is damaged or was "
+                    "exported wrongly)"
+                )
 
 
 def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
