@@ -109,6 +109,53 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().err == "sv weights inspect: error: the path must not be empty\n"
 
 
+def write_kv_cache_checkpoint(folder: Path, scales: dict[str, torch.Tensor]) -> None:
+    """The tiny Llama as an FP8 checkpoint with a kv_cache_scheme and the KV-cache `scales`,
+    written by the `safetensors` package."""
+    config = tiny_llama_config()
+    write_random_checkpoint(folder, config)
+    state = safetensors.torch.load_file(str(folder / "model.safetensors"))
+    for name in [n for n in state if n.endswith("_proj.weight")]:
+        state[name + "_scale"] = state[name].float().abs().amax(dim=1, keepdim=True) / 448
+        state[name] = (state[name].float() / state[name + "_scale"]).to(torch.float8_e4m3fn)
+    safetensors.torch.save_file(state | scales, str(folder / "model.safetensors"))
+    raw = json.loads((folder / "config.json").read_text())
+    fp8 = {"num_bits": 8, "type": "float"}
+    raw["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": fp8 | {"strategy": "channel"}}
+        },
+        "kv_cache_scheme": fp8 | {"strategy": "tensor", "dynamic": False, "symmetric": True},
+    }
+    (folder / "config.json").write_text(json.dumps(raw))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -0.5])
+def test_kv_cache_scales_the_load_refuses_are_an_error(tmp_path: Path, bad: float) -> None:
+    """A K scale of NaN, 0 or below, which the load refuses: inspect says so too (it printed
+    their range, e.g. "k nan-nan", as scales --kv-cache-dtype fp8 uses, and exited 0)."""
+    from sv_weights import WeightsError, load_checkpoint
+
+    k0 = "model.layers.0.self_attn.k_scale"
+    write_kv_cache_checkpoint(
+        tmp_path,
+        {
+            k0: torch.tensor([bad]),
+            "model.layers.0.self_attn.v_scale": torch.tensor([0.25]),
+            "model.layers.1.self_attn.k_scale": torch.tensor([0.5]),
+            "model.layers.1.self_attn.v_scale": torch.tensor([0.5]),
+        },
+    )
+    with pytest.raises(WeightsError, match=k0):
+        load_checkpoint(tmp_path)
+    code, out, err = run([str(tmp_path)])
+    assert code == 2 and "kv cache:" not in out
+    assert err.startswith("sv weights inspect: error: ") and err.count("\n") == 1
+    assert f"tensor {k0} holds a scale of {bad:g}" in err
+
+
 def test_a_calibrated_kv_cache_shows_its_scales(tmp_path: Path) -> None:
     """An FP8 checkpoint with a kv_cache_scheme and each layer's K and V scale (here one
     layer's in the older `output_scale` spelling): listed, checked, and summed up in one line

@@ -3,7 +3,8 @@
 For a folder it also reads config.json, prints its summary and checks the tensors against it;
 a config.json sv cannot read (unsupported or malformed) is a note on stderr, after the tensors.
 A checkpoint calibrated for an FP8 KV cache (`kv_cache_scheme`) gets a line on its K and V
-scales: their range, and that only `--kv-cache-dtype fp8` uses them.
+scales: their range, and that only `--kv-cache-dtype fp8` uses them (a value the load refuses,
+NaN, 0 or below, is an error here too).
 Bad input prints one line on stderr and exits with status 2 (no traceback).
 """
 
@@ -22,7 +23,7 @@ from sv_weights import (
     read_header,
     validate_checkpoint,
 )
-from sv_weights.checkpoint import checkpoint_infos, read_checkpoint_headers
+from sv_weights.checkpoint import check_scale_range, checkpoint_infos, read_checkpoint_headers
 from sv_weights.quantization import FP8Quantization, read_quantization
 from sv_weights.safetensors import load_from_header
 
@@ -94,6 +95,11 @@ def _kv_scales(
     for header in headers:
         if files.intersection(header.tensors):
             tensors = load_from_header(header, "cpu")  # mapped: only these few values are read
+            # The load's check of their values: a range of NaN, 0 or below, printed as
+            # scales the FP8 cache uses, would pass a checkpoint the load then refuses.
+            check_scale_range(
+                tensors, sorted(files.intersection(tensors)), source, "KV-cache scale"
+            )
             for ours, name in found.items():
                 if name in tensors:
                     values[ours.rsplit(".", 1)[1]].append(float(tensors[name].float()))

@@ -337,8 +337,8 @@ def load_checkpoint(
                 check_finite(
                     {n: tensors[n] for n in header.tensors if n in tensors}, str(header.path)
                 )
-    _check_scale_range(tensors, weight_scales, str(model_dir), "FP8 weight scale")
-    _check_scale_range(tensors, kv_files, str(model_dir), "KV-cache scale")
+    check_scale_range(tensors, weight_scales, str(model_dir), "FP8 weight scale")
+    check_scale_range(tensors, kv_files, str(model_dir), "KV-cache scale")
     renamed = {ours: tensors[name] for ours, name in kv_scales.items()}
     for name in kv_files:
         del tensors[name]
@@ -439,7 +439,7 @@ def _all_finite_at_once(data: torch.Tensor, tensors: dict[str, torch.Tensor]) ->
 LARGEST_E4M3_SCALE = torch.finfo(torch.bfloat16).max / 448.0
 
 
-def _check_scale_range(
+def check_scale_range(
     tensors: dict[str, torch.Tensor], scales: list[str], source: str, kind: str
 ) -> None:
     """Raise WeightsError naming the first of `scales` (each an FP8 weight scale or a
