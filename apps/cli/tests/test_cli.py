@@ -912,3 +912,33 @@ def test_the_parser_needs_no_package_metadata(
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out == "sv (from a source tree, not an installed package)\n"
+
+
+def test_kv_cache_dtype_help_states_the_pool_ratio_of_each_default(default_model: Path) -> None:
+    """--kv-cache-dtype fp8 against auto (the weights' dtype): an FP8 pool holds twice the
+    tokens of BF16's (CUDA's default) and four times FP32's (the CPU's), measured on the
+    engine's pools; the help said "twice the tokens" only, which the CPU's default is not."""
+    import argparse
+
+    import torch
+    from sv_engine import Engine
+    from sv_engine.options import add_engine_arguments
+
+    def pool_pages(kv_cache_dtype: str, dtype: torch.dtype | None) -> int:
+        engine = Engine.from_model_dir(
+            default_model,
+            device="cpu",
+            kv_cache_mib=8,
+            kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
+            dtype=dtype,
+        )
+        return engine.stats.pool_pages
+
+    fp8 = pool_pages("fp8", None)  # (8 MiB is not a whole number of pages: floors)
+    assert fp8 // 4 == pool_pages("auto", None) > 0  # the CPU's default: FP32
+    assert fp8 // 2 == pool_pages("auto", torch.bfloat16)
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser, admission="conservative")
+    action = next(a for a in parser._actions if "--kv-cache-dtype" in a.option_strings)
+    text = " ".join((action.help or "").split())
+    assert "twice the tokens of BF16's" in text and "four times FP32's" in text

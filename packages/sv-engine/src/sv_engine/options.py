@@ -322,8 +322,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
         default="auto",
-        help="KV-cache storage: auto (default: the weights' dtype) or fp8 (e4m3: half the "
-        "bytes per token, twice the tokens in the same pool)",
+        help="KV-cache storage: auto (default: the weights' dtype) or fp8 (e4m3: one byte per "
+        "value, so the same pool holds twice the tokens of BF16's, CUDA's default, and four "
+        "times FP32's, the CPU's)",
     )
     add_tensor_parallel_argument(p)
     p.add_argument(
