@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sv_kernels.quantized import QuantizedWeight, QuantKind, dequantize
 from sv_model import (
     LayerWeights,
@@ -146,3 +148,79 @@ def test_quantizing_keeps_biases_and_head_norms(tmp_path: Path, model_type: str)
     ours_logits = every_logit(config, weights, ids)
     plain_logits = every_logit(config, loaded, ids)
     assert float((ours_logits - plain_logits).norm() / plain_logits.norm()) < 5e-2
+
+
+# safetensors dtype names of the tensors the fuzz below writes.
+_HEADER_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float8_e4m3fn: "F8_E4M3",
+}
+_SHORT_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fuzz_fp8_layouts_are_refused_or_load_as_their_values(data: st.DataObject) -> None:
+    """Any ignore list (full and short module names, absent modules, lm_head), tied or not,
+    Llama, Qwen2 or Qwen3, channel or tensor scales in any scale dtype, and each linear weight
+    written FP8 or not mostly as the scheme says and sometimes against it: the check raises
+    a WeightsError naming the checkpoint, or every matrix it passes is FP8 exactly where the
+    scheme quantizes it and the model packs the file's values times its scales (by hand)."""
+    from sv_weights import WeightsError, expected_tensors, validate_checkpoint
+    from sv_weights.quantization import parse_quantization_config
+    from sv_weights.safetensors import TensorInfo
+
+    tied = data.draw(st.booleans())
+    model_type = data.draw(st.sampled_from(["llama", "qwen2", "qwen3"]))
+    config = tiny_llama_config(tie_word_embeddings=tied, model_type=model_type)
+    strategy = data.draw(st.sampled_from(["channel", "tensor"]))
+    linear = [n for n in expected_tensors(config) if n.endswith("_proj.weight")]
+    linear += [] if tied else ["lm_head.weight"]
+    modules = ["lm_head", "model.layers.7.mlp.down_proj", *_SHORT_MODULES]
+    modules += [n.removesuffix(".weight") for n in linear]
+    raw = fp8_quantization_config()
+    raw["config_groups"]["group_0"]["weights"]["strategy"] = strategy
+    raw["ignore"] = data.draw(st.lists(st.sampled_from(modules), max_size=4))
+    scheme = parse_quantization_config(raw, "config.json")
+    state = dict(random_weights(config, seed=1))
+    stands_for: dict[str, torch.Tensor] = {}
+    for name in linear:
+        w = state[name].float()
+        fp8 = scheme.quantizes(name.removesuffix(".weight"))
+        if data.draw(st.integers(0, 9)) == 0:
+            fp8 = data.draw(st.booleans())
+        if fp8:
+            scale_shape = (w.shape[0], 1) if strategy == "channel" else (1,)
+            absmax = w.abs().amax(dim=1, keepdim=True) if strategy == "channel" else w.abs().amax()
+            scale_dtype = data.draw(st.sampled_from(list(_HEADER_DTYPES)[:3]))
+            scale = (absmax / 448.0).reshape(scale_shape).to(scale_dtype)
+            state[name] = (w / scale.float()).to(torch.float8_e4m3fn)
+            state[name + "_scale"] = scale
+            w = state[name].float() * scale.float()
+        stands_for[name] = w
+    infos = {
+        name: TensorInfo(name, _HEADER_DTYPES[t.dtype], tuple(t.shape), 0, t.nbytes)
+        for name, t in state.items()
+    }
+    try:
+        validate_checkpoint(config, infos, "ckpt", scheme)
+    except WeightsError as error:
+        assert str(error).startswith("ckpt: ")
+        return
+    for name in linear:
+        assert (state[name].dtype == torch.float8_e4m3fn) == scheme.quantizes(
+            name.removesuffix(".weight")
+        ), name
+    weights = ModelWeights.from_state_dict(config, state, "cpu", torch.float32)
+    for i, layer in enumerate(weights.layers):
+        p = f"model.layers.{i}."
+        qkv = torch.cat([stands_for[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        gate_up = torch.cat([stands_for[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")])
+        assert torch.equal(plain(layer.qkv), qkv)
+        assert torch.equal(plain(layer.gate_up), gate_up)
+        assert torch.equal(plain(layer.o), stands_for[p + "self_attn.o_proj.weight"])
+        assert torch.equal(plain(layer.down), stands_for[p + "mlp.down_proj.weight"])
+    if not tied:
+        assert torch.equal(plain(weights.lm_head), stands_for["lm_head.weight"])

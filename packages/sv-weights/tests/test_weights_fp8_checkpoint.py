@@ -275,7 +275,6 @@ def _paths(node: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
 CONFIG_PATHS = _paths(compressed_tensors_config())
 
 
-@settings(max_examples=300, deadline=None)
 def _mutated(config: dict[str, Any], path: tuple[str, ...], value: Any, drop: bool) -> Any:
     """A copy of `config` with the field at `path` replaced by `value`, or removed."""
     raw = copy.deepcopy(config)
@@ -289,6 +288,7 @@ def _mutated(config: dict[str, Any], path: tuple[str, ...], value: Any, drop: bo
     return raw
 
 
+@settings(max_examples=300, deadline=None)
 @given(path=st.sampled_from(CONFIG_PATHS), value=json_values, drop=st.booleans())
 def test_fuzz_quantization_config_weights_error_or_a_scheme(
     path: tuple[str, ...], value: Any, drop: bool
