@@ -128,6 +128,59 @@ def test_dequantized_fp8_checkpoint_is_its_values_by_hand(tmp_path: Path) -> Non
     assert isinstance(weights.lm_head, torch.Tensor)
 
 
+def test_kv_cache_only_checkpoint_packs_its_plain_values_and_kv_scales(tmp_path: Path) -> None:
+    """A checkpoint that llm-compressor calibrated only for an FP8 KV cache (no config group,
+    a kv_cache_scheme, BF16 weights, each layer's K and V scale), written by the `safetensors`
+    package: every matrix packs as the file's BF16 values exactly, none quantized, and the
+    KV scales are the file's, [layers, 2]."""
+    config = tiny_llama_config(tie_word_embeddings=False)
+    state = random_weights(config, seed=5)
+    for layer in range(config.num_hidden_layers):
+        for i, which in enumerate(("k_scale", "v_scale")):
+            state[f"model.layers.{layer}.self_attn.{which}"] = torch.tensor(
+                [0.01 * (1 + 2 * layer + i)]
+            )
+    safetensors.torch.save_file(state, str(tmp_path / "model.safetensors"))
+    raw = config.to_json_dict()
+    raw["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": {
+            "num_bits": 8,
+            "type": "float",
+            "strategy": "tensor",
+            "dynamic": False,
+            "symmetric": True,
+        },
+        "quantization_status": "compressed",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    weights = ModelWeights.from_state_dict(config, load_checkpoint(tmp_path), "cpu", torch.bfloat16)
+    for i, layer in enumerate(weights.layers):
+        p = f"model.layers.{i}."
+        packed = {
+            "qkv": torch.cat([state[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+            "o": state[p + "self_attn.o_proj.weight"],
+            "gate_up": torch.cat([state[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")]),
+            "down": state[p + "mlp.down_proj.weight"],
+        }
+        for name, want in packed.items():
+            got = getattr(layer, name)
+            assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16, name
+            assert torch.equal(got, want), (i, name)
+    assert isinstance(weights.lm_head, torch.Tensor)
+    assert torch.equal(weights.lm_head, state["lm_head.weight"])
+    by_hand = torch.tensor(
+        [
+            [float(state[f"model.layers.{i}.self_attn.{w}"]) for w in ("k_scale", "v_scale")]
+            for i in range(config.num_hidden_layers)
+        ]
+    )
+    assert weights.kv_scales is not None and torch.equal(weights.kv_scales, by_hand)
+
+
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
 def test_quantizing_keeps_biases_and_head_norms(tmp_path: Path, model_type: str) -> None:
     """Qwen2's q/k/v biases and Qwen3's per-head q/k norms are not matrices: quantizing keeps

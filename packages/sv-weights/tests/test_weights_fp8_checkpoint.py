@@ -301,7 +301,9 @@ def test_fuzz_quantization_config_weights_error_or_a_scheme(
     except WeightsError as error:
         assert str(error).startswith("config.json: quantization_config")
         return
-    assert scheme.strategy in ("channel", "tensor")
+    # No group left (config_groups removed, null or empty): a scheme of plain weights.
+    assert scheme.strategy in ("channel", "tensor") or not raw.get("config_groups")
+    assert scheme.quantizes_weights == bool(raw.get("config_groups"))
     assert all(isinstance(module, str) for module in scheme.ignore)
 
 
@@ -517,4 +519,213 @@ def test_fuzz_kv_cache_scheme_weights_error_or_a_scheme(
     except WeightsError as error:
         assert str(error).startswith("config.json: quantization_config")
         return
+    assert scheme.kv_cache == (raw.get("kv_cache_scheme") is not None)
+
+
+# --- a KV-cache-only calibration: plain weights, a kv_cache_scheme and the K/V scales ---------
+
+
+def kv_only_config(fmt: str = "dense", groups: str = "empty") -> dict[str, Any]:
+    """The quantization_config llm-compressor writes when it calibrates only the KV cache:
+    no config group quantizes a weight (`groups`: "empty" {}, "null" or "absent")."""
+    raw: dict[str, Any] = {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": dict(KV_SCHEME),
+        "quantization_status": "compressed",
+    }
+    if groups == "null":
+        raw["config_groups"] = None
+    elif groups == "absent":
+        del raw["config_groups"]
+    return raw
+
+
+def write_kv_only_checkpoint(
+    folder: Path,
+    config: ModelConfig,
+    dtype: torch.dtype = torch.bfloat16,
+    quantization_config: Any = None,
+    tensors: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Plain random weights in `dtype`, each layer's K and V scale (`kv_scales`, or `tensors`
+    instead) and a KV-cache-only quantization_config (`kv_only_config()` unless given),
+    written by the `safetensors` package; returns what the file holds."""
+    state = random_weights(config, seed=3, dtype=dtype) | (
+        kv_scales(config) if tensors is None else tensors
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    safetensors.torch.save_file(state, str(folder / "model.safetensors"))
+    raw = config.to_json_dict()
+    raw["quantization_config"] = (
+        kv_only_config() if quantization_config is None else quantization_config
+    )
+    (folder / "config.json").write_text(json.dumps(raw))
+    return state
+
+
+@pytest.mark.parametrize("fmt", ["dense", "float-quantized", "naive-quantized"])
+@pytest.mark.parametrize("groups", ["empty", "null", "absent"])
+@pytest.mark.parametrize("copy", [False, True])
+def test_a_kv_cache_only_checkpoint_loads_plain_weights_and_its_scales(
+    tmp_path: Path, fmt: str, groups: str, copy: bool
+) -> None:
+    """No config group, a kv_cache_scheme: every weight loads as the file's plain BF16 values
+    (none FP8, no weight_scale expected) and each layer's K and V scale as the file's (read
+    back with safetensors). It was refused: "config_groups must hold exactly one group"."""
+    config = tiny_llama_config()
+    write_kv_only_checkpoint(tmp_path, config, quantization_config=kv_only_config(fmt, groups))
+    written = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    scheme = read_quantization(tmp_path)
+    assert scheme is not None and scheme.kv_cache and not scheme.quantizes_weights
+    assert not any(scheme.quantizes(n.removesuffix(".weight")) for n in expected_tensors(config))
+    loaded = load_checkpoint(tmp_path, copy=copy)
+    assert set(loaded) == set(written)
+    for name, tensor in written.items():
+        assert loaded[name].dtype == tensor.dtype, name
+        assert torch.equal(loaded[name], tensor), name
+    assert loaded["model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("spelling", sorted(KV_SPELLINGS))
+def test_kv_cache_only_checkpoints_of_other_dtypes_and_spellings_load(
+    tmp_path: Path, dtype: torch.dtype, spelling: str
+) -> None:
+    """F32 or F16 weights, and the K/V scales under any spelling sv reads: the file's values,
+    the scales under sv's names."""
+    config = tiny_llama_config()
+    written = write_kv_only_checkpoint(tmp_path, config, dtype, tensors=kv_scales(config, spelling))
+    loaded = load_checkpoint(tmp_path, copy=True)
+    for name in expected_tensors(config):
+        assert loaded[name].dtype == dtype and torch.equal(loaded[name], written[name]), name
+    k_name, v_name, _, _ = KV_SPELLINGS[spelling]
+    for layer in range(config.num_hidden_layers):
+        for which, name in (("k", k_name), ("v", v_name)):
+            want = written[f"model.layers.{layer}.self_attn.{name}"]
+            got = loaded[f"model.layers.{layer}.self_attn.{which}_scale"]
+            assert float(got.float()) == float(want.float())
+
+
+def test_kv_cache_only_errors_name_the_tensor_or_field(tmp_path: Path) -> None:
+    """What a KV-cache-only checkpoint must still be: its KV scheme one sv honours, its scales
+    in every layer and described by a kv_cache_scheme, and no FP8 weight or weight scale (no
+    config group says how to read them)."""
+    config = tiny_llama_config()
+    good = kv_scales(config)
+    v1 = "model.layers.1.self_attn.v_scale"
+    q = "model.layers.0.self_attn.q_proj.weight"
+    fp8_q = random_weights(config, seed=3)[q].float().to(FP8)
+    no_scheme = kv_only_config()
+    del no_scheme["kv_cache_scheme"]
+    dynamic, channel = kv_only_config(), kv_only_config()
+    dynamic["kv_cache_scheme"]["dynamic"] = True
+    channel["kv_cache_scheme"]["strategy"] = "channel"
+    where = "quantization_config"
+    cases: list[tuple[dict[str, Any], Any, str]] = [
+        (good, dynamic, f"{where}.kv_cache_scheme.dynamic is True; sv reads only false"),
+        (good, channel, f"{where}.kv_cache_scheme.strategy is 'channel'; sv reads tensor"),
+        (
+            {n: t for n, t in good.items() if n != v1},
+            kv_only_config(),
+            f"tensor {v1!r} is missing: a calibrated KV cache has k_scale and v_scale in every "
+            "layer or in none",
+        ),
+        (
+            good,
+            no_scheme,
+            "tensor 'model.layers.0.self_attn.k_scale' is a KV-cache scale, but "
+            "quantization_config has no kv_cache_scheme",
+        ),
+        (
+            good | {q: fp8_q},
+            kv_only_config(),
+            f"tensor {q!r} is F8_E4M3, but quantization_config does not quantize it",
+        ),
+        (
+            good | {q + "_scale": torch.ones(64, 1)},
+            kv_only_config(),
+            f"{q + '_scale'!r} belongs to 'model.layers.0.self_attn.q_proj', which "
+            "quantization_config leaves unquantized (it has no config_groups)",
+        ),
+        (good, kv_only_config("pack-quantized"), f"{where}.format is 'pack-quantized'"),
+        (good, kv_only_config(None), f"{where}.format is None"),  # type: ignore[arg-type]
+    ]
+    for i, (tensors, quantization_config, message) in enumerate(cases):
+        folder = tmp_path / str(i)
+        write_kv_only_checkpoint(
+            folder, config, quantization_config=quantization_config, tensors=tensors
+        )
+        for copied in (False, True):
+            with pytest.raises(WeightsError, match=re.escape(message)) as caught:
+                load_checkpoint(folder, copy=copied)
+            assert "\n" not in str(caught.value)
+            assert str(caught.value).startswith(str(folder))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (  # "dense" weights are plain: a group quantizing them would describe no FP8 tensor
+            {"format": "dense"},
+            "quantization_config.format is 'dense'; with config_groups sv reads only "
+            "'float-quantized' or 'naive-quantized' (FP8 weights)",
+        ),
+        (
+            {"config_groups": {"group_0": {}, "group_1": {}}},
+            "quantization_config.config_groups must hold one group (FP8 weights) or none",
+        ),
+        (
+            {"config_groups": ["group_0"]},
+            "quantization_config.config_groups must hold one group (FP8 weights) or none",
+        ),
+    ],
+)
+def test_configs_with_weights_keep_their_refusals(change: dict[str, Any], message: str) -> None:
+    raw = kv_cache_config() | change
+    with pytest.raises(WeightsError, match=re.escape(f"config.json: {message}")):
+        parse_quantization_config(raw, "config.json")
+
+
+def test_an_empty_compressed_tensors_config_quantizes_nothing(tmp_path: Path) -> None:
+    """No config group and no kv_cache_scheme: a config that quantizes nothing (vLLM runs it
+    unquantized). Plain weights load as the file's values; an FP8 weight or a KV-cache scale
+    is refused, as nothing in the config says how to read it."""
+    config = tiny_llama_config()
+    empty = kv_only_config()
+    del empty["kv_cache_scheme"]
+    written = write_kv_only_checkpoint(
+        tmp_path / "plain", config, quantization_config=empty, tensors={}
+    )
+    scheme = read_quantization(tmp_path / "plain")
+    assert scheme is not None and not scheme.kv_cache and not scheme.quantizes_weights
+    loaded = load_checkpoint(tmp_path / "plain")
+    assert all(torch.equal(loaded[n], t) for n, t in written.items()) and set(loaded) == set(
+        written
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=st.sampled_from(_paths(kv_only_config())), value=json_values, drop=st.booleans())
+def test_fuzz_kv_cache_only_config_weights_error_or_a_scheme(
+    path: tuple[str, ...], value: Any, drop: bool
+) -> None:
+    """Any one field of a KV-cache-only config replaced by any JSON value, or removed: a
+    scheme (quantizing weights only with a group sv reads) or a WeightsError naming the config.
+    A field sv does not read (quantization_status), and config_groups removed, null or empty,
+    leave a scheme of plain weights."""
+    raw = _mutated(kv_only_config(), path, value, drop)
+    unread = path == ("quantization_status",)
+    no_groups = path == ("config_groups",) and (drop or value is None or value == {})
+    if unread or no_groups:
+        assert not parse_quantization_config(raw, "config.json").quantizes_weights
+        return
+    try:
+        scheme = parse_quantization_config(raw, "config.json")
+    except WeightsError as error:
+        assert str(error).startswith("config.json: quantization_config")
+        return
+    assert not scheme.quantizes_weights  # no group sv reads can come from one field
     assert scheme.kv_cache == (raw.get("kv_cache_scheme") is not None)

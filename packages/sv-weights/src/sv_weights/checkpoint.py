@@ -21,7 +21,8 @@ each FP8 linear weight, its `weight_scale` (and maybe an `input_scale`, checked 
 they are validated against the config's `quantization_config` and loaded with the weights.
 One with a calibrated FP8 KV cache (`kv_cache_scheme`) also holds each layer's K and V cache
 scales, loaded under one name whichever spelling the file uses
-(`sv_weights.quantization.kv_scale_name`): the model's FP8 KV pool uses them.
+(`sv_weights.quantization.kv_scale_name`): the model's FP8 KV pool uses them. A checkpoint
+calibrated for the KV cache alone holds those scales beside plain weights (no config group).
 """
 
 from __future__ import annotations

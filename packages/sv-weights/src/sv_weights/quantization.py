@@ -34,6 +34,16 @@ layer; with a BF16 or FP32 cache they are not needed and are ignored, as vLLM ig
 They are in every layer or in none (none: the scales are 1, as vLLM's default). sv honours
 only that scheme: per-head or per-channel KV scales, integer KV caches and dynamic scales are
 refused, naming the field.
+
+llm-compressor can also calibrate the KV cache alone: then no config group quantizes a weight
+(`"config_groups": {}`, or null, or no key; `"format": "dense"`, or one of the FP8 formats
+above) and every weight is stored plain (BF16, F16 or F32), beside the same K and V scales.
+sv loads such a checkpoint's weights as a plain one's (no weight may then be FP8 or have a
+`weight_scale`) and checks and uses its scales as above; `--quantization auto` keeps the
+weights plain and `fp8` / `int8` quantize them at load (`sv_engine.options`). A config with
+neither a group nor a `kv_cache_scheme` quantizes nothing, and the checkpoint is read as a
+plain one, as vLLM runs it. More than one group, or a group with `"format": "dense"`, is
+refused, naming the field.
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ from sv_weights.safetensors import TensorInfo
 QUANT_METHOD = "compressed-tensors"
 # The formats whose FP8 weights are stored as they are (float8_e4m3fn with their scales).
 _FORMATS = ("float-quantized", "naive-quantized")
+# The format of weights stored plain, as a KV-cache-only calibration writes them (module doc).
+DENSE_FORMAT = "dense"
 FP8_DTYPE = "F8_E4M3"
 SCALE_DTYPES = frozenset({"F32", "BF16", "F16"})
 WEIGHT_SCALE = "_scale"  # "X.weight" -> "X.weight_scale"
@@ -73,18 +85,24 @@ KV_SCALE_SPELLINGS = {
 
 @dataclass(frozen=True)
 class FP8Quantization:
-    """A checkpoint's FP8 weight scheme: scale strategy and the modules left unquantized;
+    """A checkpoint's FP8 scheme: the weights' scale strategy (None: no config group, so no
+    weight is quantized, as in a KV-cache-only calibration) and the modules left unquantized;
     `kv_cache`: the config declares a static per-tensor FP8 KV cache (`kv_cache_scheme`), so
     each layer may hold its K and V scales (module doc)."""
 
-    strategy: Strategy
+    strategy: Strategy | None
     ignore: frozenset[str]
     kv_cache: bool = False
+
+    @property
+    def quantizes_weights(self) -> bool:
+        """Whether a config group makes linear weights FP8 (else every weight is plain)."""
+        return self.strategy is not None
 
     def quantizes(self, module: str) -> bool:
         """Whether the linear module `module` (e.g. "model.layers.0.mlp.up_proj") is FP8."""
         short = module.rsplit(".", 1)[-1]
-        return module not in self.ignore and short not in self.ignore
+        return self.quantizes_weights and module not in self.ignore and short not in self.ignore
 
     def check_tensors(
         self, linear_weights: dict[str, tuple[int, ...]], infos: dict[str, TensorInfo], source: str
@@ -101,11 +119,15 @@ class FP8Quantization:
             scale_name = name + WEIGHT_SCALE
             input_name = f"{module}.{INPUT_SCALE}"
             if not quantized:
+                why = (
+                    "quantization_config.ignore leaves unquantized"
+                    if self.quantizes_weights
+                    else "quantization_config leaves unquantized (it has no config_groups)"
+                )
                 for extra in (scale_name, input_name):
                     if extra in infos:
                         raise WeightsError(
-                            f"{source}: {extra!r} belongs to {module!r}, which "
-                            "quantization_config.ignore leaves unquantized"
+                            f"{source}: {extra!r} belongs to {module!r}, which {why}"
                         )
                 continue
             if info is None:  # the check of missing tensors names it: it is not FP8, it is absent
@@ -250,37 +272,55 @@ def parse_quantization_config(qc: Any, source: str) -> FP8Quantization:
         raise WeightsError(
             f"{where}.quant_method is {method!r}; sv reads only {QUANT_METHOD!r} FP8 checkpoints"
         )
-    fmt = qc.get("format")
-    if fmt not in _FORMATS:
-        raise WeightsError(
-            f"{where}.format is {fmt!r}; sv reads only {' or '.join(map(repr, _FORMATS))} (FP8)"
-        )
     groups = qc.get("config_groups")
-    if not isinstance(groups, dict) or len(groups) != 1:
-        raise WeightsError(f"{where}.config_groups must hold exactly one group")
-    ((group_name, group),) = groups.items()
-    gwhere = f"{where}.config_groups.{group_name}"
-    if not isinstance(group, dict):
-        raise WeightsError(f"{gwhere} must be an object")
-    targets = group.get("targets")
-    if targets != ["Linear"]:
-        raise WeightsError(f"{gwhere}.targets is {targets!r}; sv reads only ['Linear']")
-    strategy = _check_fp8_args(group.get("weights"), f"{gwhere}.weights", ("channel", "tensor"))
-    activations = group.get("input_activations")
-    if activations is not None:
-        _check_fp8_args(activations, f"{gwhere}.input_activations", ("token", "tensor"))
+    # No group (llm-compressor writes {}, other writers null or no key): no weight is
+    # quantized, as when only the KV cache was calibrated (module doc).
+    if groups is not None and (not isinstance(groups, dict) or len(groups) > 1):
+        raise WeightsError(f"{where}.config_groups must hold one group (FP8 weights) or none")
+    fmt = qc.get("format")
+    if groups:
+        if fmt not in _FORMATS:
+            raise WeightsError(
+                f"{where}.format is {fmt!r}; with config_groups sv reads only "
+                f"{' or '.join(map(repr, _FORMATS))} (FP8 weights)"
+            )
+    elif fmt not in (DENSE_FORMAT, *_FORMATS):
+        # Exporters name the format of plain weights "dense", or the one the checkpoint
+        # would have with FP8 weights; either way no tensor of the file is compressed.
+        raise WeightsError(
+            f"{where}.format is {fmt!r}; without config_groups (plain weights) sv reads only "
+            f"{', '.join(map(repr, (DENSE_FORMAT, *_FORMATS)))}"
+        )
+    strategy: Strategy | None = None
+    if groups:
+        ((group_name, group),) = groups.items()
+        gwhere = f"{where}.config_groups.{group_name}"
+        if not isinstance(group, dict):
+            raise WeightsError(f"{gwhere} must be an object")
+        targets = group.get("targets")
+        if targets != ["Linear"]:
+            raise WeightsError(f"{gwhere}.targets is {targets!r}; sv reads only ['Linear']")
+        args = group.get("weights")
+        found = _check_fp8_args(args, f"{gwhere}.weights", ("channel", "tensor"))
+        strategy = "channel" if found == "channel" else "tensor"
+        activations = group.get("input_activations")
+        if activations is not None:
+            _check_fp8_args(activations, f"{gwhere}.input_activations", ("token", "tensor"))
     ignore = qc.get("ignore", [])
     if not isinstance(ignore, list) or not all(isinstance(m, str) for m in ignore):
         raise WeightsError(f"{where}.ignore must be a list of module names")
     patterns = [m for m in ignore if m.startswith("re:")]
-    if patterns:
+    if patterns and strategy is not None:  # without a group, ignore leaves out nothing
         raise WeightsError(f"{where}.ignore holds patterns ({patterns[0]!r}); sv reads only names")
     kv_scheme = qc.get("kv_cache_scheme")
     if kv_scheme is not None:
         _check_kv_cache_scheme(kv_scheme, f"{where}.kv_cache_scheme")
-    return FP8Quantization(
-        "channel" if strategy == "channel" else "tensor", frozenset(ignore), kv_scheme is not None
-    )
+    # No group and no kv_cache_scheme: a config that quantizes nothing. vLLM runs such a
+    # checkpoint unquantized (no linear layer matches a scheme), and so does sv: the scheme
+    # quantizes no weight and declares no KV scales, so the checks refuse an FP8 tensor or a
+    # KV-cache scale in the file naming quantization_config, and `--quantization auto`
+    # treats the checkpoint as plain (sv_engine.options).
+    return FP8Quantization(strategy, frozenset(ignore), kv_scheme is not None)
 
 
 def _check_kv_cache_scheme(scheme: Any, where: str) -> None:
