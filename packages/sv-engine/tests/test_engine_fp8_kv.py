@@ -16,6 +16,7 @@ import safetensors.torch
 import torch
 import transformers
 from sv_engine import Engine, EngineError, SamplingParams
+from sv_kernels.quantized import QuantizedWeight, dequantize
 from sv_model import StepInputs
 from sv_weights import ModelConfig
 from sv_weights.synthetic import fp8_quantization_config
@@ -99,25 +100,52 @@ def fp8_weights(source: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.
     return fp8, plain
 
 
+KV_CACHE_SCHEME = {
+    "num_bits": 8,
+    "type": "float",
+    "strategy": "tensor",
+    "dynamic": False,
+    "symmetric": True,
+}
+
+
+def kv_only_quantization_config() -> dict[str, Any]:
+    """The quantization_config of a checkpoint llm-compressor calibrated only for an FP8 KV
+    cache: no config group (the weights stay plain), a kv_cache_scheme."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": dict(KV_CACHE_SCHEME),
+        "quantization_status": "compressed",
+    }
+
+
 def write_model(
     source: Path, folder: Path, state: dict[str, torch.Tensor], kv_cache_scheme: bool | None
 ) -> Path:
     """`state` written by the `safetensors` package, with `source`'s config and tokenizer;
     kv_cache_scheme None: no quantization_config (plain weights), else an FP8 one, with the
     kv_cache_scheme of llm-compressor's calibrated FP8 KV cache when True."""
+    quantization_config = None
+    if kv_cache_scheme is not None:
+        quantization_config = fp8_quantization_config()
+        if kv_cache_scheme:
+            quantization_config["kv_cache_scheme"] = dict(KV_CACHE_SCHEME)
+    return write_model_with(source, folder, state, quantization_config)
+
+
+def write_model_with(
+    source: Path, folder: Path, state: dict[str, torch.Tensor], quantization_config: Any
+) -> Path:
+    """`state` written by the `safetensors` package, with `source`'s config and tokenizer and
+    `quantization_config` (None: none)."""
     folder.mkdir()
     safetensors.torch.save_file(state, str(folder / "model.safetensors"))
     raw = json.loads((source / "config.json").read_text())
-    if kv_cache_scheme is not None:
-        raw["quantization_config"] = fp8_quantization_config()
-        if kv_cache_scheme:
-            raw["quantization_config"]["kv_cache_scheme"] = {
-                "num_bits": 8,
-                "type": "float",
-                "strategy": "tensor",
-                "dynamic": False,
-                "symmetric": True,
-            }
+    if quantization_config is not None:
+        raw["quantization_config"] = quantization_config
     (folder / "config.json").write_text(json.dumps(raw))
     shutil.copy(source / "tokenizer.json", folder / "tokenizer.json")
     return folder
@@ -173,6 +201,8 @@ class ScaledCheckpoint:
     logits: Tensor  # transformers' FP32 logits of ids on the plain weights
     fp8_logits: Tensor  # and through an FP8 cache of the file's scales
     fp8_kv: list[Tensor]  # and its K and V of each layer then, [2, T, Hkv, D]
+    plain_dir: Path  # the values the FP8 weights stand for, as plain FP32 weights
+    kv_only_dir: Path  # those plain weights, a KV-cache-only quantization_config, the scales
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +232,10 @@ def scaled_checkpoint(
         logits,
         fp8_logits,
         fp8_kv,
+        plain_dir,
+        write_model_with(
+            tiny_llama_dir, tmp / "kv-only", plain | tensors, kv_only_quantization_config()
+        ),
     )
 
 
@@ -220,13 +254,18 @@ def teacher_forced(engine: Engine, ids: list[int], cut: int | None = None) -> Te
     return torch.cat(logits)
 
 
-def test_an_fp8_pool_uses_the_checkpoint_kv_scales(scaled_checkpoint: ScaledCheckpoint) -> None:
+@pytest.mark.parametrize("weights", ["fp8", "kv-cache-only"])
+def test_an_fp8_pool_uses_the_checkpoint_kv_scales(
+    scaled_checkpoint: ScaledCheckpoint, weights: str
+) -> None:
     """With an FP8 cache the pool's scales are the file's, every KV head of a layer its
-    layer's. The pages then hold K (after RoPE) and V divided by them, in e4m3: those of
-    transformers on the plain weights with attention reading such an FP8 cache, by hand; the
-    logits are that run's, and close to transformers' FP32 ones."""
+    layer's, whether the weights are FP8 too or plain (a KV-cache-only calibration). The
+    pages then hold K (after RoPE) and V divided by them, in e4m3: those of transformers on
+    the plain weights with attention reading such an FP8 cache, by hand; the logits are that
+    run's, and close to transformers' FP32 ones."""
     c = scaled_checkpoint
-    engine = Engine.from_model_dir(c.scaled_dir, device="cpu", kv_cache_mib=4, kv_cache_dtype="fp8")
+    folder = c.scaled_dir if weights == "fp8" else c.kv_only_dir
+    engine = Engine.from_model_dir(folder, device="cpu", kv_cache_mib=4, kv_cache_dtype="fp8")
     kv = engine.runner.kv
     assert kv.scales is not None
     heads = kv.scales.shape[2]
@@ -248,13 +287,19 @@ def test_an_fp8_pool_uses_the_checkpoint_kv_scales(scaled_checkpoint: ScaledChec
     assert (logits.argmax(-1) == c.logits.argmax(-1)).float().mean() >= 0.9
 
 
-def test_a_plain_cache_ignores_the_kv_scales(scaled_checkpoint: ScaledCheckpoint) -> None:
+@pytest.mark.parametrize("weights", ["fp8", "kv-cache-only"])
+def test_a_plain_cache_ignores_the_kv_scales(
+    scaled_checkpoint: ScaledCheckpoint, weights: str
+) -> None:
     """With the default (FP32) cache the scales are not needed: the checkpoint loads, and its
     logits are those of the same weights without scales, exactly."""
     c = scaled_checkpoint
-    scaled = Engine.from_model_dir(c.scaled_dir, device="cpu", kv_cache_mib=4)
+    folder, unscaled = (
+        (c.scaled_dir, c.unscaled_dir) if weights == "fp8" else (c.kv_only_dir, c.plain_dir)
+    )
+    scaled = Engine.from_model_dir(folder, device="cpu", kv_cache_mib=4)
     assert scaled.runner.kv.scales is None and scaled.runner.kv.k.dtype == torch.float32
-    plain = Engine.from_model_dir(c.unscaled_dir, device="cpu", kv_cache_mib=4)
+    plain = Engine.from_model_dir(unscaled, device="cpu", kv_cache_mib=4)
     assert torch.equal(teacher_forced(scaled, c.ids), teacher_forced(plain, c.ids))
 
 
@@ -279,3 +324,90 @@ def test_two_tensor_parallel_ranks_use_the_kv_scales(scaled_checkpoint: ScaledCh
         assert float((logits - c.fp8_logits).norm() / c.fp8_logits.norm()) < 1e-4
     finally:
         runner.close()
+
+
+def _matrices(engine: Engine) -> list[Any]:
+    weights = engine.runner.model.weights
+    return [weights.lm_head] + [m for layer in weights.layers for m in vars(layer).values()]
+
+
+def test_a_kv_cache_only_checkpoint_keeps_its_weights_plain(
+    scaled_checkpoint: ScaledCheckpoint,
+) -> None:
+    """A KV-cache-only calibration quantizes no weight: `--quantization auto` keeps them plain
+    (its author chose plain weights and a calibrated cache), so the model's matrices are the
+    file's FP32 values, as the same weights without a quantization_config load them."""
+    from sv_engine.options import resolve_quantization
+
+    c = scaled_checkpoint
+    assert resolve_quantization("auto", "cpu", c.kv_only_dir) is None
+    assert resolve_quantization("auto", "cpu", c.plain_dir) == "int8"  # a plain checkpoint's
+    kv_only = Engine.from_model_dir(
+        c.kv_only_dir, device="cpu", kv_cache_mib=4, kv_cache_dtype="fp8"
+    )
+    plain = Engine.from_model_dir(c.plain_dir, device="cpu", kv_cache_mib=4)
+    for ours, theirs in zip(_matrices(kv_only), _matrices(plain), strict=True):
+        assert (ours is None) == (theirs is None)
+        if ours is not None:
+            assert isinstance(ours, torch.Tensor) and ours.dtype == torch.float32
+            assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+def test_fp8_or_int8_asked_for_quantizes_a_kv_cache_only_checkpoint(
+    scaled_checkpoint: ScaledCheckpoint, tiny_llama_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    """`--quantization fp8|int8` quantizes a KV-cache-only checkpoint's plain weights at load,
+    as it does those of the same weights without a quantization_config (the oracle: equal
+    matrices, int8's quantized, fp8's dequantized once on the CPU), and the FP8 pool keeps
+    the file's scales. The weights are the tiny Llama's own FP32 ones, which no FP8 or int8
+    matrix holds exactly, so a load that did not quantize them would show."""
+    c = scaled_checkpoint
+    plain_state = safetensors.torch.load_file(str(tiny_llama_dir / "model.safetensors"))
+    scales = {
+        f"model.layers.{layer}.self_attn.{which}": c.scales[layer, i].reshape(1).clone()
+        for layer in range(c.scales.shape[0])
+        for i, which in enumerate(("k_scale", "v_scale"))
+    }
+    folder = write_model_with(
+        tiny_llama_dir, tmp_path / "kv-only", plain_state | scales, kv_only_quantization_config()
+    )
+    kv_only = Engine.from_model_dir(
+        folder, device="cpu", kv_cache_mib=4, kv_cache_dtype="fp8", quantization=kind
+    )
+    plain = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=4, quantization=kind)
+    ours, theirs = _matrices(kv_only), _matrices(plain)
+    assert any(isinstance(m, QuantizedWeight) for m in ours) == (kind == "int8")
+    for a, b in zip(ours, theirs, strict=True):
+        if isinstance(a, QuantizedWeight):
+            assert isinstance(b, QuantizedWeight) and a.kind == b.kind == "int8"
+            assert torch.equal(a.data, b.data) and torch.equal(a.scale, b.scale)
+        elif a is not None:
+            assert torch.equal(a, b)
+    qkv = torch.cat([plain_state[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qkv"])
+    packed = kv_only.runner.model.weights.layers[0].qkv
+    assert not torch.equal(
+        dequantize(packed) if isinstance(packed, QuantizedWeight) else packed, qkv
+    )
+    kv = kv_only.runner.kv
+    assert kv.scales is not None
+    assert torch.equal(kv.scales, c.scales[:, :, None].expand(-1, -1, kv.scales.shape[2]))
+
+
+def test_a_kv_cache_only_checkpoint_generates_on_the_cpu(
+    scaled_checkpoint: ScaledCheckpoint,
+) -> None:
+    """Greedy generation with an FP8 pool of the file's scales: the tokens of the FP8-weight
+    checkpoint whose matrices stand for the same values with the same scales (dequantized at
+    load on the CPU), and every page back at the end."""
+    c = scaled_checkpoint
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    prompts = ["Name three rivers.", "Count to five."]
+    kv_only = Engine.from_model_dir(
+        c.kv_only_dir, device="cpu", kv_cache_mib=4, kv_cache_dtype="fp8"
+    )
+    fp8 = Engine.from_model_dir(c.scaled_dir, device="cpu", kv_cache_mib=4, kv_cache_dtype="fp8")
+    got = [done.output_ids for done in kv_only.generate(prompts, params)]
+    assert all(len(ids) == 12 for ids in got)
+    assert got == [done.output_ids for done in fp8.generate(prompts, params)]
+    assert kv_only.stats.free_pages == kv_only.stats.pool_pages
