@@ -194,3 +194,47 @@ def test_a_calibrated_kv_cache_shows_its_scales(tmp_path: Path) -> None:
         "kv cache: FP8 scales in all 2 layers (k 0.125-0.5, v 0.25-2), used by "
         "--kv-cache-dtype fp8; a BF16 or FP32 cache does not need them"
     )
+
+
+def test_a_kv_cache_only_checkpoint_shows_plain_weights_and_its_scales(tmp_path: Path) -> None:
+    """A checkpoint llm-compressor calibrated only for an FP8 KV cache (no config group, BF16
+    weights, each layer's K and V scale): checked, its weights said to be unquantized and its
+    scales summed up as an FP8 checkpoint's are. It was an error ("config_groups must hold
+    exactly one group")."""
+    config = tiny_llama_config()
+    write_random_checkpoint(tmp_path, config)
+    state = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    scales = {
+        "model.layers.0.self_attn.k_scale": torch.tensor([0.5]),
+        "model.layers.0.self_attn.v_scale": torch.tensor([0.25]),
+        "model.layers.1.self_attn.k_scale": torch.tensor([0.125]),
+        "model.layers.1.self_attn.v_scale": torch.tensor([2.0]),
+    }
+    safetensors.torch.save_file(state | scales, str(tmp_path / "model.safetensors"))
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": {
+            "num_bits": 8,
+            "type": "float",
+            "strategy": "tensor",
+            "dynamic": False,
+            "symmetric": True,
+        },
+        "quantization_status": "compressed",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    code, out, err = run([str(tmp_path)])
+    assert code == 0 and err == ""
+    rows = [line.split() for line in out.splitlines()]
+    assert ["model.layers.0.self_attn.q_proj.weight", "BF16", "[64,", "64]", "8,192"] in rows
+    lines = out.rstrip().splitlines()
+    assert lines[-3] == "check: tensors match config.json"
+    assert lines[-2] == "weights: unquantized (quantization_config has no config_groups)"
+    assert lines[-1] == (
+        "kv cache: FP8 scales in all 2 layers (k 0.125-0.5, v 0.25-2), used by "
+        "--kv-cache-dtype fp8; a BF16 or FP32 cache does not need them"
+    )

@@ -4,7 +4,8 @@ For a folder it also reads config.json, prints its summary and checks the tensor
 a config.json sv cannot read (unsupported or malformed) is a note on stderr, after the tensors.
 A checkpoint calibrated for an FP8 KV cache (`kv_cache_scheme`) gets a line on its K and V
 scales: their range, and that only `--kv-cache-dtype fp8` uses them (a value the load refuses,
-NaN, 0 or below, is an error here too).
+NaN, 0 or below, is an error here too); one whose quantization_config quantizes no weight (a
+KV-cache-only calibration) gets a line saying its weights are unquantized.
 Bad input prints one line on stderr and exits with status 2 (no traceback).
 """
 
@@ -68,6 +69,10 @@ def inspect_main(
             print(f"config: {config.summary()}", file=out)
             validate_checkpoint(config, checkpoint_infos(headers), str(path), quantization)
             print("check: tensors match config.json", file=out)
+            if quantization is not None and not quantization.quantizes_weights:
+                # Said, since the config does have a quantization_config: a KV-cache-only
+                # calibration (or one that quantizes nothing) leaves the weights as listed.
+                print("weights: unquantized (quantization_config has no config_groups)", file=out)
             if quantization is not None and quantization.kv_cache:
                 print(f"kv cache: {_kv_scales(config, headers, quantization, str(path))}", file=out)
         else:
