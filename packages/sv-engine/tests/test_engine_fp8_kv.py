@@ -331,16 +331,16 @@ def _matrices(engine: Engine) -> list[Any]:
     return [weights.lm_head] + [m for layer in weights.layers for m in vars(layer).values()]
 
 
-def test_a_kv_cache_only_checkpoint_keeps_its_weights_plain(
+def test_a_kv_cache_only_checkpoint_loads_its_weights_plain(
     scaled_checkpoint: ScaledCheckpoint,
 ) -> None:
-    """A KV-cache-only calibration quantizes no weight: `--quantization auto` keeps them plain
-    (its author chose plain weights and a calibrated cache), so the model's matrices are the
-    file's FP32 values, as the same weights without a quantization_config load them."""
+    """A KV-cache-only calibration quantizes no weight: `--quantization auto` treats it as a
+    plain checkpoint (int8 on the CPU), and unquantized the model's matrices are the file's
+    FP32 values, as the same weights without a quantization_config load them."""
     from sv_engine.options import resolve_quantization
 
     c = scaled_checkpoint
-    assert resolve_quantization("auto", "cpu", c.kv_only_dir) is None
+    assert resolve_quantization("auto", "cpu", c.kv_only_dir) == "int8"
     assert resolve_quantization("auto", "cpu", c.plain_dir) == "int8"  # a plain checkpoint's
     kv_only = Engine.from_model_dir(
         c.kv_only_dir, device="cpu", kv_cache_mib=4, kv_cache_dtype="fp8"

@@ -99,18 +99,31 @@ def test_fp8_asked_for_on_the_cpu_is_dequantized_at_load(tiny_llama_dir: Path) -
 
 def test_auto_for_kv_cache_only_and_empty_compressed_tensors_configs(tmp_path: Path) -> None:
     """`--quantization auto` on a checkpoint whose quantization_config calibrates only the KV
-    cache (no config group): none, the plain weights its author chose, as for any checkpoint
-    that comes quantized; on one whose config quantizes nothing (no group, no
-    kv_cache_scheme): int8 on the CPU, as for a plain checkpoint (vLLM runs it unquantized).
-    fp8 and int8 asked for quantize either."""
+    cache (no config group), and on one whose config quantizes nothing (no group, no
+    kv_cache_scheme): int8 on the CPU, as for a plain checkpoint, since no weight comes
+    quantized; on one with FP8 weights: none. fp8 and int8 asked for quantize any."""
     from sv_engine.options import resolve_quantization
     from sv_weights import tiny_llama_config
 
     kv_cache_scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
     empty = {"quant_method": "compressed-tensors", "format": "dense", "config_groups": {}}
     for quantization_config, auto in (
-        (empty | {"kv_cache_scheme": kv_cache_scheme}, None),
+        (empty | {"kv_cache_scheme": kv_cache_scheme}, "int8"),
         (empty, "int8"),
+        (
+            empty
+            | {
+                "format": "float-quantized",
+                "config_groups": {
+                    "group_0": {
+                        "targets": ["Linear"],
+                        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                    }
+                },
+                "kv_cache_scheme": kv_cache_scheme,
+            },
+            None,
+        ),
     ):
         raw = tiny_llama_config().to_json_dict() | {"quantization_config": quantization_config}
         (tmp_path / "config.json").write_text(json.dumps(raw))

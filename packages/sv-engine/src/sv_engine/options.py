@@ -316,8 +316,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, admission: Admission) ->
         "FP8 on CUDA); the CPU has no FP8 kernel: there FP8 matrices (fp8's, or a "
         "checkpoint's) are dequantized at load, FP8's values at FP32's speed and size; auto "
         "(default): int8 on the CPU, where its perplexity on the default model is within "
-        "0.5%% of FP32's (BENCHMARKS.md), none on CUDA and for a checkpoint that comes quantized "
-        "(FP8 weights, or a KV cache calibrated alone: its weights stay as they are)",
+        "0.5%% of FP32's (BENCHMARKS.md), none on CUDA and for a checkpoint whose weights come "
+        "quantized (FP8; one that calibrates only its KV cache counts as plain)",
     )
     p.add_argument(
         "--kv-cache-dtype",
@@ -396,9 +396,10 @@ def resolve_quantization(
 ) -> QuantKind | None:
     """What --quantization asks for on `device`: "auto" is int8 on the CPU (a quarter of FP32's
     bytes per decode step, its perplexity within 1% of FP32's) and none on CUDA; and none for
-    a checkpoint in `model_dir` that comes quantized (its author chose which matrices stay
-    BF16, such as the LM head, or, calibrating only the KV cache, that all do: auto keeps
-    that choice). On the CPU, an FP8 checkpoint
+    a checkpoint in `model_dir` whose weights come quantized (its author chose which matrices
+    stay BF16, such as the LM head: auto keeps that choice). A checkpoint calibrated for its
+    KV cache alone has plain weights, chosen by no one, and gets what a plain one gets: its
+    scales serve `--kv-cache-dtype fp8` whatever the weights are. On the CPU, an FP8 checkpoint
     re-quantized to int8 measured +1.03% perplexity over its own values (default model,
     scripts/quality.py), past the 1% the CPU default must keep: it is dequantized at load."""
     if choice == "none":
@@ -413,15 +414,15 @@ def resolve_quantization(
 
 
 def _comes_quantized(model_dir: Path) -> bool:
-    """Whether model_dir's config.json has a quantization_config that quantizes something:
-    FP8 weights or a calibrated KV cache (or one the load then refuses with its own message,
-    if it cannot read it). One with neither (no config group, no kv_cache_scheme) quantizes
-    nothing: its checkpoint is plain, and auto treats it as such."""
+    """Whether model_dir's config.json has a quantization_config that quantizes weights (or
+    one the load then refuses with its own message, if it cannot read it). One with no config
+    group (a KV-cache-only calibration, or a config that quantizes nothing) leaves every
+    weight plain, and auto treats the checkpoint as plain."""
     try:
         scheme = read_quantization(model_dir)
     except WeightsError:
         return True
-    return scheme is not None and (scheme.quantizes_weights or scheme.kv_cache)
+    return scheme is not None and scheme.quantizes_weights
 
 
 GEMV_TUNING_FILE = "gemv-tuning.json"

@@ -39,8 +39,8 @@ llm-compressor can also calibrate the KV cache alone: then no config group quant
 (`"config_groups": {}`, or null, or no key; `"format": "dense"`, or one of the FP8 formats
 above) and every weight is stored plain (BF16, F16 or F32), beside the same K and V scales.
 sv loads such a checkpoint's weights as a plain one's (no weight may then be FP8 or have a
-`weight_scale`) and checks and uses its scales as above; `--quantization auto` keeps the
-weights plain and `fp8` / `int8` quantize them at load (`sv_engine.options`). A config with
+`weight_scale`) and checks and uses its scales as above; `--quantization` treats the
+weights as any plain checkpoint's (`sv_engine.options`). A config with
 neither a group nor a `kv_cache_scheme` quantizes nothing, and the checkpoint is read as a
 plain one, as vLLM runs it. More than one group, or a group with `"format": "dense"`, is
 refused, naming the field.
