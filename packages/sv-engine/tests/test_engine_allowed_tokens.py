@@ -114,3 +114,34 @@ def test_a_grammar_that_leaves_no_allowed_id_fails_the_request_there(engine: Eng
     assert done.text == "1" and len(done.output_ids) == 2
     assert "".join(e.text for e in events) == done.text
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("max_new_tokens", [2, 3])
+def test_a_failure_at_the_length_limit_is_the_same_failure(
+    engine: Engine, overlap: bool, max_new_tokens: int
+) -> None:
+    """The request above fails at its second token; with a budget of 2 or 3 tokens it must
+    fail there the same way, as with 12 (its last token, or the step after it, is where the
+    length limit falls): not end as "length" with the refused token's text, or, with overlap,
+    with one more token sampled from nothing."""
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens,
+        grammar=Grammar.regex("1[a-z]+"),
+        allowed_token_ids=_digit_ids(engine),
+    )
+    engine.overlap = overlap
+    try:
+        request_id = engine.add_request(PROMPTS[0], params)
+        events = []
+        while engine.has_unfinished():
+            events += [e for e in engine.step() if e.request_id == request_id]
+    finally:
+        engine.overlap = True
+    done = events[-1].completion
+    assert done is not None
+    assert done.finish_reason == "error"
+    assert done.error is not None and "allowed_token_ids" in done.error
+    assert done.text == "1" and len(done.output_ids) == 2
+    assert "".join(e.text for e in events) == done.text
+    assert engine.stats.free_pages == engine.stats.pool_pages

@@ -483,6 +483,10 @@ class Engine:
                 if self.scheduler.has_unfinished():
                     self._in_flight = following
                 else:  # every request in it is done: end it now, so nothing is left in flight
+                    # A grammar that failed on this step's tokens ends its request first, at
+                    # the refused token, as the plain loop does: `following` may hold one
+                    # more token of it, sampled from nothing, at its length limit.
+                    events += self._end_failed_grammars()
                     events += self._resolve(following)
             return events + self._end_failed_grammars()
         except BaseException:

@@ -115,14 +115,16 @@ def finish_event(
     if (
         request.matcher is not None
         and request.matcher.error is not None
-        and reason in ("stop", "error")
+        and reason in ("stop", "error", "length")
     ):
         # (a failed matcher's mask allows only the stop tokens: that is how it ended, unless
-        # the engine ended it first, at the token the constraint refused)
+        # the engine ended it first, at the token the constraint refused, or the length limit
+        # fell on that token: the engine ends a failed request at once, so the refused token
+        # is the last either way)
         reason, error = "error", f"the output constraint failed: {request.matcher.error}"
     output = list(done.output_ids)
     # (the token that stopped it, or that its constraint refused, is not its text)
-    visible = output[:-1] if done.finish_reason in ("stop", "error") and output else output
+    visible = output[:-1] if reason in ("stop", "error") and output else output
     now = time.perf_counter()
     completion = Completion(
         request_id=done.request_id,
