@@ -145,3 +145,26 @@ def test_a_failure_at_the_length_limit_is_the_same_failure(
     assert done.text == "1" and len(done.output_ids) == 2
     assert "".join(e.text for e in events) == done.text
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+def test_a_failure_found_while_overlap_drains_ends_the_request_there(engine: Engine) -> None:
+    """Overlap turned off with the step that samples the refused token in flight: the call
+    that drains it must end the request at that token, as either loop alone does, not run
+    one more step for it."""
+    params = SamplingParams(
+        max_new_tokens=12, grammar=Grammar.regex("1[a-z]+"), allowed_token_ids=_digit_ids(engine)
+    )
+    request_id = engine.add_request(PROMPTS[0], params)
+    try:
+        events = [e for e in engine.step() if e.request_id == request_id]
+        engine.overlap = False
+        while engine.has_unfinished():
+            events += [e for e in engine.step() if e.request_id == request_id]
+    finally:
+        engine.overlap = True
+    done = events[-1].completion
+    assert done is not None
+    assert done.finish_reason == "error"
+    assert done.text == "1" and len(done.output_ids) == 2
+    assert "".join(e.text for e in events) == done.text
+    assert engine.stats.free_pages == engine.stats.pool_pages

@@ -458,7 +458,7 @@ class Engine:
                 draining = self._in_flight
                 if draining is not None:  # overlap was just turned off: drain first
                     self._in_flight = None
-                    return self._resolve(draining)
+                    return self._resolve(draining) + self._end_failed_grammars()
                 launched = self._launch_next(None)
                 if launched is None:
                     return []
