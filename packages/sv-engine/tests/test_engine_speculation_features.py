@@ -282,6 +282,47 @@ def test_grammar_drafts_are_verified_and_accepted(base: Engine) -> None:
     assert_all_back(engine)
 
 
+def streamed(engine: Engine, prompt: list[int], params: SamplingParams) -> tuple[str, Completion]:
+    """One request's streamed text, and its completion."""
+    request_id = engine.add_request(prompt, params)
+    events = []
+    while engine.has_unfinished():
+        events += [e for e in engine.step() if e.request_id == request_id]
+    done = events[-1].completion
+    assert done is not None
+    return "".join(e.text for e in events), done
+
+
+@pytest.mark.parametrize("prompt_seed", [0, 2, 6])
+def test_a_grammar_failing_at_the_end_of_an_accepted_run_streams_the_run(
+    base: Engine, prompt_seed: int
+) -> None:
+    """A regex of exactly 8 characters, and allowed_token_ids without the stop tokens: after
+    the 8th the mask and the allowed ids leave nothing, and the request fails there. When the
+    8th comes in a verify step's accepted run, followed by the refused choice, its text (and
+    that of every token of the run before) is streamed, as in plain decoding: the matcher's
+    failure on the last token of the run does not hide the tokens it had accepted."""
+    params = SamplingParams(
+        max_new_tokens=20,
+        ignore_eos=True,
+        grammar=Grammar.regex("[#-/]{8}"),
+        allowed_token_ids=frozenset(range(3, 15)),
+    )
+    prompt = pattern(prompt_seed, 30)
+    plain_text, plain = streamed(engine_like(base, None), prompt, params)
+    assert plain.finish_reason == "error" and len(plain.text) == 8 and plain_text == plain.text
+    engine = engine_like(base, SpeculationConfig(max_draft=3))
+    text, done = streamed(engine, prompt, params)
+    assert engine.stats.accepted_tokens > 0
+    assert (done.output_ids, done.finish_reason, done.text) == (
+        plain.output_ids,
+        plain.finish_reason,
+        plain.text,
+    )
+    assert text == done.text
+    assert_all_back(engine)
+
+
 SCHEMA = {
     "type": "object",
     "properties": {

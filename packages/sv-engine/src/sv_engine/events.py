@@ -79,14 +79,19 @@ def _accepted_run(
 ) -> tuple[int, int]:
     """Events for a verified draft's `kept` tokens (its first choice, then the accepted run)
     but the last; returns (the last kept token, the row of its choice)."""
-    if request.matcher is not None:  # its choice 0 was given to it with the others
-        for accepted in kept[1:]:
-            request.matcher.accept(accepted)
+    matcher = request.matcher
     for i, accepted in enumerate(kept[:-1]):
+        # Given to the matcher one by one, each before its text: a token the constraint
+        # refuses later in the run hides its own text, not that of those it had accepted.
+        # (Choice 0 was given to it with the step's other tokens.)
+        if matcher is not None and i:
+            matcher.accept(accepted)
         event = StreamEvent(request_id, accepted, _text(request, accepted))
         if rows is not None and request.logprobs is not None:
             event.logprob = request.logprobs.add(accepted, rows, choice.row(i))
         events.append(event)
+    if matcher is not None and len(kept) > 1:
+        matcher.accept(kept[-1])
     return kept[-1], choice.row(len(kept) - 1)
 
 
