@@ -12,6 +12,7 @@ import safetensors.torch
 import torch
 from sv_cli.weights_inspect import inspect_main
 from sv_weights import tiny_llama_config, write_random_checkpoint
+from sv_weights.synthetic import kv_cache_only_quantization_config
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:
@@ -160,30 +161,13 @@ def test_a_calibrated_kv_cache_shows_its_scales(tmp_path: Path) -> None:
     """An FP8 checkpoint with a kv_cache_scheme and each layer's K and V scale (here one
     layer's in the older `output_scale` spelling): listed, checked, and summed up in one line
     that says only an FP8 cache uses them."""
-    config = tiny_llama_config()
-    write_random_checkpoint(tmp_path, config)
-    state = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
-    for name in [n for n in state if n.endswith("_proj.weight")]:
-        state[name + "_scale"] = state[name].float().abs().amax(dim=1, keepdim=True) / 448
-        state[name] = (state[name].float() / state[name + "_scale"]).to(torch.float8_e4m3fn)
     scales = {
         "model.layers.0.self_attn.k_scale": torch.tensor([0.5]),
         "model.layers.0.self_attn.v_scale": torch.tensor([0.25]),
         "model.layers.1.self_attn.k_proj.output_scale": torch.tensor(0.125, dtype=torch.bfloat16),
         "model.layers.1.self_attn.v_proj.output_scale": torch.tensor(2.0, dtype=torch.bfloat16),
     }
-    safetensors.torch.save_file(state | scales, str(tmp_path / "model.safetensors"))
-    raw = json.loads((tmp_path / "config.json").read_text())
-    fp8 = {"num_bits": 8, "type": "float"}
-    raw["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "float-quantized",
-        "config_groups": {
-            "group_0": {"targets": ["Linear"], "weights": fp8 | {"strategy": "channel"}}
-        },
-        "kv_cache_scheme": fp8 | {"strategy": "tensor", "dynamic": False, "symmetric": True},
-    }
-    (tmp_path / "config.json").write_text(json.dumps(raw))
+    write_kv_cache_checkpoint(tmp_path, scales)
     code, out, err = run([str(tmp_path)])
     assert code == 0 and err == ""
     assert ["model.layers.1.self_attn.k_proj.output_scale", "BF16", "[]", "2"] in [
@@ -212,20 +196,7 @@ def test_a_kv_cache_only_checkpoint_shows_plain_weights_and_its_scales(tmp_path:
     }
     safetensors.torch.save_file(state | scales, str(tmp_path / "model.safetensors"))
     raw = json.loads((tmp_path / "config.json").read_text())
-    raw["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "dense",
-        "config_groups": {},
-        "ignore": [],
-        "kv_cache_scheme": {
-            "num_bits": 8,
-            "type": "float",
-            "strategy": "tensor",
-            "dynamic": False,
-            "symmetric": True,
-        },
-        "quantization_status": "compressed",
-    }
+    raw["quantization_config"] = kv_cache_only_quantization_config()
     (tmp_path / "config.json").write_text(json.dumps(raw))
     code, out, err = run([str(tmp_path)])
     assert code == 0 and err == ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sv_engine import Engine, EngineError, SamplingParams
+from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_engine.grammar import Grammar
 
 PROMPTS = ["Write a haiku about the sea.", "What is 2 + 2?", "Name three colours, please."]
@@ -138,13 +138,7 @@ def test_a_failure_at_the_length_limit_is_the_same_failure(
             events += [e for e in engine.step() if e.request_id == request_id]
     finally:
         engine.overlap = True
-    done = events[-1].completion
-    assert done is not None
-    assert done.finish_reason == "error"
-    assert done.error is not None and "allowed_token_ids" in done.error
-    assert done.text == "1" and len(done.output_ids) == 2
-    assert "".join(e.text for e in events) == done.text
-    assert engine.stats.free_pages == engine.stats.pool_pages
+    _assert_failed_at_the_second_token(engine, events)
 
 
 def test_a_failure_found_while_overlap_drains_ends_the_request_there(engine: Engine) -> None:
@@ -162,9 +156,16 @@ def test_a_failure_found_while_overlap_drains_ends_the_request_there(engine: Eng
             events += [e for e in engine.step() if e.request_id == request_id]
     finally:
         engine.overlap = True
+    _assert_failed_at_the_second_token(engine, events)
+
+
+def _assert_failed_at_the_second_token(engine: Engine, events: list[StreamEvent]) -> None:
+    """The request of the tests above ended as it does with room to spare: an error at its
+    second token, which its text leaves out, streamed and whole alike, every page back."""
     done = events[-1].completion
     assert done is not None
     assert done.finish_reason == "error"
+    assert done.error is not None and "allowed_token_ids" in done.error
     assert done.text == "1" and len(done.output_ids) == 2
     assert "".join(e.text for e in events) == done.text
     assert engine.stats.free_pages == engine.stats.pool_pages

@@ -19,7 +19,7 @@ from sv_engine import Engine, EngineError, SamplingParams
 from sv_kernels.quantized import QuantizedWeight, dequantize
 from sv_model import StepInputs
 from sv_weights import ModelConfig
-from sv_weights.synthetic import fp8_quantization_config
+from sv_weights.synthetic import fp8_quantization_config, kv_cache_only_quantization_config
 from torch import Tensor
 
 TEXT = (
@@ -100,28 +100,6 @@ def fp8_weights(source: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.
     return fp8, plain
 
 
-KV_CACHE_SCHEME = {
-    "num_bits": 8,
-    "type": "float",
-    "strategy": "tensor",
-    "dynamic": False,
-    "symmetric": True,
-}
-
-
-def kv_only_quantization_config() -> dict[str, Any]:
-    """The quantization_config of a checkpoint llm-compressor calibrated only for an FP8 KV
-    cache: no config group (the weights stay plain), a kv_cache_scheme."""
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "dense",
-        "config_groups": {},
-        "ignore": [],
-        "kv_cache_scheme": dict(KV_CACHE_SCHEME),
-        "quantization_status": "compressed",
-    }
-
-
 def write_model(
     source: Path, folder: Path, state: dict[str, torch.Tensor], kv_cache_scheme: bool | None
 ) -> Path:
@@ -132,7 +110,9 @@ def write_model(
     if kv_cache_scheme is not None:
         quantization_config = fp8_quantization_config()
         if kv_cache_scheme:
-            quantization_config["kv_cache_scheme"] = dict(KV_CACHE_SCHEME)
+            quantization_config["kv_cache_scheme"] = kv_cache_only_quantization_config()[
+                "kv_cache_scheme"
+            ]
     return write_model_with(source, folder, state, quantization_config)
 
 
@@ -234,7 +214,7 @@ def scaled_checkpoint(
         fp8_kv,
         plain_dir,
         write_model_with(
-            tiny_llama_dir, tmp / "kv-only", plain | tensors, kv_only_quantization_config()
+            tiny_llama_dir, tmp / "kv-only", plain | tensors, kv_cache_only_quantization_config()
         ),
     )
 
@@ -370,7 +350,10 @@ def test_fp8_or_int8_asked_for_quantizes_a_kv_cache_only_checkpoint(
         for i, which in enumerate(("k_scale", "v_scale"))
     }
     folder = write_model_with(
-        tiny_llama_dir, tmp_path / "kv-only", plain_state | scales, kv_only_quantization_config()
+        tiny_llama_dir,
+        tmp_path / "kv-only",
+        plain_state | scales,
+        kv_cache_only_quantization_config(),
     )
     kv_only = Engine.from_model_dir(
         folder, device="cpu", kv_cache_mib=4, kv_cache_dtype="fp8", quantization=kind

@@ -25,7 +25,11 @@ from sv_model import (
     quantize_weights,
 )
 from sv_weights import ModelConfig, load_checkpoint, tiny_llama_config
-from sv_weights.synthetic import fp8_quantization_config, random_weights
+from sv_weights.synthetic import (
+    fp8_quantization_config,
+    kv_cache_only_quantization_config,
+    random_weights,
+)
 
 
 def plain(w: torch.Tensor | QuantizedWeight) -> torch.Tensor:
@@ -142,20 +146,7 @@ def test_kv_cache_only_checkpoint_packs_its_plain_values_and_kv_scales(tmp_path:
             )
     safetensors.torch.save_file(state, str(tmp_path / "model.safetensors"))
     raw = config.to_json_dict()
-    raw["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "dense",
-        "config_groups": {},
-        "ignore": [],
-        "kv_cache_scheme": {
-            "num_bits": 8,
-            "type": "float",
-            "strategy": "tensor",
-            "dynamic": False,
-            "symmetric": True,
-        },
-        "quantization_status": "compressed",
-    }
+    raw["quantization_config"] = kv_cache_only_quantization_config()
     (tmp_path / "config.json").write_text(json.dumps(raw))
     weights = ModelWeights.from_state_dict(config, load_checkpoint(tmp_path), "cpu", torch.bfloat16)
     for i, layer in enumerate(weights.layers):

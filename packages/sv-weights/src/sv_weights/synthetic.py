@@ -101,3 +101,23 @@ def fp8_quantization_config() -> dict[str, Any]:
         },
         "ignore": ["lm_head"],
     }
+
+
+def kv_cache_only_quantization_config() -> dict[str, Any]:
+    """The config.json `quantization_config` of a checkpoint llm-compressor calibrated only
+    for an FP8 KV cache: no config group (the weights stay plain) and a kv_cache_scheme of one
+    static scale per layer for K and one for V (`self_attn.k_scale`, `v_scale`)."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": {
+            "num_bits": 8,
+            "type": "float",
+            "strategy": "tensor",
+            "dynamic": False,
+            "symmetric": True,
+        },
+        "quantization_status": "compressed",
+    }
