@@ -416,7 +416,8 @@ class Completion:
     latency_s: float = 0.0
     # With SamplingParams.logprobs: one per output id (a sequence that makes each item as it
     # is read, sv_engine.logprobs.OutputLogprobs). With prompt_logprobs: one per prompt id,
-    # None for the first (nothing precedes it).
+    # None for the first (nothing precedes it); a request cancelled before its prefill ended
+    # has those of the prompt ids scored by then.
     logprobs: Sequence[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     error: str | None = None  # finish_reason "error": why its output constraint failed
