@@ -225,6 +225,43 @@ def test_mistral_chat_template_through_jinja(trained: Any) -> None:
     assert typed.count(ours.special_tokens["</s>"]) == 0
 
 
+_REPLACE = {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}
+_BYTE_FALLBACK, _FUSE = {"type": "ByteFallback"}, {"type": "Fuse"}
+_STRIP = {"type": "Strip", "content": " ", "start": 1, "stop": 0}
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [_REPLACE, _BYTE_FALLBACK, _FUSE, _STRIP],  # Llama 2's, Mistral's
+        [_REPLACE, _BYTE_FALLBACK, _FUSE],  # Gemma's: no leading space to drop
+        [_REPLACE, _BYTE_FALLBACK, _STRIP, _FUSE],  # Strip before Fuse: one space per token
+        [_REPLACE, _BYTE_FALLBACK, _STRIP],  # no Fuse: Strip acts on each token too
+        [_REPLACE, _FUSE, _BYTE_FALLBACK, _STRIP],  # <0xXX> fused before ByteFallback
+        [_BYTE_FALLBACK, _FUSE, _STRIP],  # no Replace: ▁ stays
+        [_REPLACE, _FUSE, _STRIP],  # no ByteFallback: <0xXX> stays text
+        [{**_REPLACE, "content": "_"}, _BYTE_FALLBACK, _FUSE, _STRIP],  # ▁ becomes "_"
+        [_STRIP, _REPLACE, _BYTE_FALLBACK, _FUSE],  # Strip before the ▁ is a space
+    ],
+)
+def test_a_decoder_decodes_as_hf_or_is_refused(tmp_path: Path, steps: list[Any]) -> None:
+    """HF runs a Sequence decoder's steps in order, Strip on each token it is given: a file
+    whose steps sv would not decode as HF does is refused by name, not decoded otherwise."""
+    spec = json.loads(_train("llama2"))
+    spec["decoder"] = {"type": "Sequence", "decoders": steps}
+    text = json.dumps(spec)
+    (tmp_path / "tokenizer.json").write_text(text, encoding="utf-8")
+    try:
+        ours = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    except TokenizerError as error:
+        assert "field 'decoder" in str(error)
+        return
+    hf = tokenizers.Tokenizer.from_str(text)
+    for sample in ("Hello world, the prompt", "日本 x", " lead", "a\u2581b"):
+        ids = hf_ids(hf, sample)
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False), sample
+
+
 def test_a_vocabulary_without_its_byte_tokens_is_refused(tmp_path: Path) -> None:
     spec = json.loads(_train("llama2"))
     del spec["model"]["vocab"]["<0x41>"]

@@ -429,20 +429,42 @@ def _sentencepiece_decoder_strips(root: _Fields) -> bool:
     steps = top.required("decoders") if top.value.get("type") == "Sequence" else [decoder]
     if not isinstance(steps, list):
         raise top.error("decoders", f"must be a list, found {_kind(steps)}")
-    strips = False
+    kinds: list[str] = []
     for i, value in enumerate(steps):
         step = _Fields(root.source, f"decoder.decoders[{i}]", value)
         kind = step.value.get("type")
         if kind in ("ByteFallback", "Fuse"):
+            kinds.append(kind)
             continue
         if kind == "Replace" and step.value.get("pattern") == {"String": SPACE_MARKER}:
+            if step.value.get("content") != " ":
+                raise step.error("content", f"is {step.value.get('content')!r}; expected ' '")
+            kinds.append(kind)
             continue
-        if kind == "Strip" and step.value.get("content") == " " and not step.value.get("stop"):
-            strips = step.value.get("start") == 1
-            if strips:
-                continue
+        if (
+            kind == "Strip"
+            and step.value.get("content") == " "
+            and not step.value.get("stop")
+            and step.value.get("start") == 1
+        ):
+            kinds.append(kind)
+            continue
         raise step.error("type", f"is {kind!r}; not a SentencePiece-style decoder step")
-    return strips
+    # HF runs the steps in order, each on every token it is given: only this order decodes
+    # as sv does (a Strip before the Fuse drops a space of every token, ByteFallback after it
+    # finds no <0xXX> token, and without Replace or ByteFallback `▁` and `<0xXX>` stay text).
+    if kinds not in (_SENTENCEPIECE_DECODER, [*_SENTENCEPIECE_DECODER, "Strip"]):
+        raise top.error(
+            "decoders" if top.value.get("type") == "Sequence" else "type",
+            f"steps are {kinds}; expected {_SENTENCEPIECE_DECODER}, then an optional Strip",
+        )
+    return kinds[-1] == "Strip"
+
+
+_SENTENCEPIECE_DECODER = ["Replace", "ByteFallback", "Fuse"]
+"""A SentencePiece-style decoder's steps (Llama 2's, Mistral's, Gemma's): `▁` to a space, each
+run of `<0xXX>` tokens to its text, then the tokens joined (before a Strip of the leading
+space)."""
 
 
 def _parse_pre_tokenizer(root: _Fields, *, nfc: bool) -> PreTokenizer:
