@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -548,6 +549,38 @@ def test_smollm2_against_apply_chat_template(
             smollm2.chat_format.encode_dialog(messages, add_generation_prompt=generation)
             == expected
         )
+
+
+# Tests what a content says (its length), so a stand-in renders otherwise and the render is
+# checked with plain contents in their place (`_check_untransformed`).
+LENGTH_TESTING_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message.role }}"
+    "<|end_header_id|>\n\n{% if message.content | length > 3 %}{{ message.content }}{% endif %}"
+    "<|eot_id|>{% endfor %}"
+)
+
+
+def test_a_long_conversation_through_a_checked_template_takes_transformers_time(
+    llama_json: Tokenizer, hf_llama_chat: Any
+) -> None:
+    """A coding agent's thousands of turns through a template whose render is checked with
+    plain contents: the ids transformers gives, in time linear in the conversation, as
+    transformers takes (the check's plain contents grew by a letter a message, and its
+    special tokens were found by re-slicing the render after each: cubic, 40 s for 8,000
+    messages)."""
+    messages = [
+        Message("user" if i % 2 == 0 else "assistant", f"turn {i}: read train.py, line {i}")
+        for i in range(6000)
+    ]
+    chat = template_format(llama_json, LENGTH_TESTING_TEMPLATE, bos_token="<|begin_of_text|>")
+    start = time.perf_counter()
+    expected = apply_chat_template(hf_llama_chat, LENGTH_TESTING_TEMPLATE, messages, False)
+    transformers_s = time.perf_counter() - start
+    start = time.perf_counter()
+    ids = chat.encode_dialog(messages, add_generation_prompt=False)
+    ours_s = time.perf_counter() - start
+    assert ids == expected
+    assert ours_s < 10 * transformers_s + 1.0, (ours_s, transformers_s)
 
 
 @pytest.mark.slow

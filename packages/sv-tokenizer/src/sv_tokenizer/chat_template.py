@@ -558,7 +558,7 @@ class TemplateChatFormat:
         ]
         letters: dict[str, str] = {}
         plain = [
-            replace(m, content=letters.setdefault(m.content, "x" * (len(letters) + 1)))
+            replace(m, content=letters.setdefault(m.content, _plain_word(len(letters))))
             for m in messages
         ]
         defused = self._stand_ins(chosen, others=self._defused)
@@ -583,12 +583,15 @@ class TemplateChatFormat:
         return None
 
     def _special_tokens_in(self, text: str) -> list[str]:
-        """The special tokens' texts occurring in `text`, in order."""
-        found = []
-        while (token := self.tokenizer.find_special(text)) is not None:
-            found.append(token)
-            text = text[text.index(token) + len(token) :]
-        return found
+        """The special tokens' texts occurring in `text`, in order (one scan: a long
+        conversation's render holds thousands)."""
+        return self._special_token_texts.findall(text)
+
+    @cached_property
+    def _special_token_texts(self) -> re.Pattern[str]:
+        """Any special token's text, the longest first (as `find_special` matches them)."""
+        tokens = sorted(self.tokenizer.special_tokens, key=lambda token: (-len(token), token))
+        return re.compile("|".join(map(re.escape, tokens)) or "(?!)")
 
     def encode_user_prompt(self, text: str) -> list[int]:
         return self.encode_dialog([Message("user", text)])
@@ -659,6 +662,13 @@ def _continued_end(rendered: str) -> int:
         )
     at = rendered.index(_CONTINUE)
     return at if rendered.startswith(_CONTINUE_TAG, at) else len(rendered[:at].rstrip())
+
+
+def _plain_word(index: int) -> str:
+    """The `index`th of distinct, non-empty words of plain letters ("y", "yx", "yy", "yxx", …,
+    the binary digits of index + 1): a few letters each, so that a conversation's render with
+    them is as long as its messages are many, not their square."""
+    return format(index + 1, "b").replace("0", "x").replace("1", "y")
 
 
 def _cut(segments: list[Segment], end: int) -> list[Segment]:
