@@ -294,6 +294,33 @@ def test_input_that_is_not_utf8_is_one_line_and_exit_2(default_model: Path) -> N
         assert done.returncode in (1, 2), (argv, done.returncode)
 
 
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["chat", "-n", "2", "--system", b"caf\xe9 hi"], "--system"),
+        (["generate", "--bad-words", b"caf\xe9 hi", "--", "Hi", "2"], "--bad-words"),
+        (["chat", "-n", "2", "--bad-words", b"caf\xe9 hi"], "--bad-words"),
+        (["generate", "--chat-template", b"caf\xe9 {{ messages }}", "Hi", "2"], "--chat-template"),
+    ],
+)
+def test_a_flag_text_that_is_not_utf8_is_one_line_and_exit_2(
+    argv: list[str | bytes], flag: str
+) -> None:
+    """A non-UTF-8 byte in an argument arrives as a lone surrogate, which the tokenizer turns
+    into U+FFFD: a prompt is refused naming the byte; a system message, a bad word or a
+    template text went on silently changed (`--bad-words` then banned another word)."""
+    done = subprocess.run(
+        [os.fsencode(SV), *(os.fsencode(a) for a in argv)],
+        input=b"Hi\n",
+        capture_output=True,
+        timeout=300,
+    )
+    error = one_line_error(
+        subprocess.CompletedProcess(done.args, done.returncode, "", done.stderr.decode())
+    )
+    assert flag in error and "byte 0xe9 at character 3" in error, error
+
+
 def test_chat_ctrl_c_at_the_prompt_exits_130(default_model: Path) -> None:
     """Ctrl-C at the prompt is an interrupt (exit 130, as the README says of every command),
     where Ctrl-D and /exit end the chat normally (0)."""

@@ -16,6 +16,7 @@ import torch
 from sv_kernels import TuningCache
 from sv_kernels.quantized import QUANT_KINDS, QuantKind
 from sv_scheduler import Admission, SchedulerError, SpeculationConfig, check_batch_limits
+from sv_tokenizer import TokenizerError, check_utf8
 from sv_weights import WeightsError
 from sv_weights.quantization import read_quantization
 
@@ -503,6 +504,10 @@ def chat_template_from_args(args: argparse.Namespace) -> tuple[str, str] | None:
             text = value.encode("latin-1", "backslashreplace").decode("unicode_escape")
     except UnicodeDecodeError as e:
         raise EngineError(f"--chat-template (text): a bad backslash escape: {e.reason}") from None
+    try:  # (a byte that is not UTF-8 would reach every prompt as U+FFFD)
+        check_utf8(text, "--chat-template (text)")
+    except TokenizerError as e:
+        raise EngineError(str(e)) from None
     return text, "--chat-template (text)"
 
 
