@@ -623,6 +623,36 @@ def test_help_on_a_full_disk_is_one_line_and_exit_1(argv: list[str], unbuffered:
     assert done.stderr == "sv: error: [Errno 28] No space left on device\n"
 
 
+@pytest.mark.parametrize(
+    ("closed", "argv"),
+    [
+        (1, ["--version"]),
+        (1, ["tokenize", "Hi"]),
+        (0, ["tokenize", "-"]),
+        (0, ["generate", "-", "2"]),
+        (0, ["chat", "-n", "2"]),
+    ],
+)
+def test_a_closed_standard_stream_is_one_line_and_exit_1(
+    default_model: Path, closed: int, argv: list[str]
+) -> None:
+    """`sv ... >&-` or `<&-`: Python sets sys.stdout or sys.stdin to None, and sv ended in an
+    AttributeError's traceback (or wrote nothing and exited 0). As `cat` does, and as a write
+    that fails is reported: one line, exit 1."""
+    done = subprocess.run(
+        [str(SV), *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.close(closed),
+    )
+    stream = "standard input" if closed == 0 else "standard output"
+    assert done.stderr == f"sv: error: [Errno 9] {stream}: Bad file descriptor\n", done.stderr
+    assert done.returncode == 1
+
+
 def test_tokenize_defaults_to_the_default_model(default_model: Path) -> None:
     from sv_tokenizer import Tokenizer
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.metadata
 import io
@@ -12,7 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from sv_engine.options import OneLineErrorParser
@@ -94,7 +95,35 @@ def _add_passthrough(sub: Any, name: str, help: str, module: str, function: str)
     p.set_defaults(handler=run)
 
 
+class _ClosedStream(io.TextIOBase):
+    """sys.stdin or sys.stdout of a process started with that descriptor closed (`sv ... >&-`,
+    `<&-`), where Python leaves None: every use of it was an AttributeError's traceback, and a
+    print() to None wrote nothing and went on to exit 0. A read or write here fails as the
+    descriptor itself would (EBADF), for `main` to report in one line, as `cat` does; flushing
+    what was never written succeeds, as for any stream."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def _fail(self) -> NoReturn:
+        raise OSError(errno.EBADF, f"{self.name}: {os.strerror(errno.EBADF)}")
+
+    def read(self, size: int | None = -1) -> str:
+        self._fail()
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]  # (typeshed: bytes)
+        self._fail()
+
+    def write(self, text: str) -> int:
+        self._fail()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stdin is None:
+        sys.stdin = _ClosedStream("standard input")
+    if sys.stdout is None:
+        sys.stdout = _ClosedStream("standard output")
     if isinstance(sys.stdin, io.TextIOWrapper):
         # Bytes that are not UTF-8 come through as lone surrogates, which each command refuses
         # naming the byte (sv_tokenizer.check_utf8), rather than as a UnicodeDecodeError's
