@@ -151,6 +151,8 @@ class TemplateTokenizer(ChatTokenizer, Protocol):
 
     def find_special(self, text: str) -> str | None: ...
 
+    def special_texts_in(self, text: str) -> list[str]: ...
+
     def split_special(self, text: str) -> list[str | int]: ...
 
 
@@ -554,7 +556,7 @@ class TemplateChatFormat:
             token
             for text, is_client in segments
             if not is_client
-            for token in self._special_tokens_in(text)
+            for token in self.tokenizer.special_texts_in(text)
         ]
         letters: dict[str, str] = {}
         plain = [
@@ -562,7 +564,7 @@ class TemplateChatFormat:
             for m in messages
         ]
         defused = self._stand_ins(chosen, others=self._defused)
-        own = self._special_tokens_in(self._render_stand_ins(plain, options, defused))
+        own = self.tokenizer.special_texts_in(self._render_stand_ins(plain, options, defused))
         if made != own:
             index, got = next((i, m) for i, (m, o) in enumerate(zip_longest(made, own)) if m != o)
             raise TokenizerError(
@@ -581,17 +583,6 @@ class TemplateChatFormat:
             if forged is not None:
                 return forged
         return None
-
-    def _special_tokens_in(self, text: str) -> list[str]:
-        """The special tokens' texts occurring in `text`, in order (one scan: a long
-        conversation's render holds thousands)."""
-        return self._special_token_texts.findall(text)
-
-    @cached_property
-    def _special_token_texts(self) -> re.Pattern[str]:
-        """Any special token's text, the longest first (as `find_special` matches them)."""
-        tokens = sorted(self.tokenizer.special_tokens, key=lambda token: (-len(token), token))
-        return re.compile("|".join(map(re.escape, tokens)) or "(?!)")
 
     def encode_user_prompt(self, text: str) -> list[int]:
         return self.encode_dialog([Message("user", text)])

@@ -441,6 +441,11 @@ class Tokenizer:
         match = self._special_regex.search(text)
         return match.group() if match else None
 
+    def special_texts_in(self, text: str) -> list[str]:
+        """Every special token's text occurring in `text`, in order, as `find_special` finds
+        the first (one scan: a long conversation's render holds thousands)."""
+        return [] if self._special_regex is None else self._special_regex.findall(text)
+
     def split_special(self, text: str) -> list[str | int]:
         """`text` cut at its special/added tokens: ordinary strings and the tokens' ids, in order."""
         parts: list[str | int] = []
