@@ -12,12 +12,11 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
 
-from sv_engine.options import add_engine_arguments, positive_int
+from sv_engine.options import add_engine_arguments, check_flag_utf8, positive_int
 
 from sv_cli.common import (
     add_sampling_arguments,
     flag_named,
-    not_utf8,
     open_engine,
     pool_hint,
     sampling_params,
@@ -81,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         thinking = partial(parser_for, args.reasoning_parser)
     try:
         if args.system is not None:
-            not_utf8(args.system, "--system")
+            check_flag_utf8(args.system, "--system")
         params = sampling_params(args, args.max_new)
         # The tokenizer is checked for the parser's tags before the weights load.
         engine = open_engine(args, check_tokenizer=thinking)

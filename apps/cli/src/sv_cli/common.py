@@ -110,28 +110,17 @@ def sampling_params(args: argparse.Namespace, max_new: int) -> SamplingParams:
     """The engine's SamplingParams of the flags: its own checks, with the field a message
     names called by the flag the user typed (`--top-p must be in (0, 1], got 2.0`)."""
     from sv_engine import EngineError, SamplingParams
+    from sv_engine.options import check_flag_utf8
 
     for word in args.bad_words:
         # (a byte that is not UTF-8 would be encoded as U+FFFD: another word banned)
-        not_utf8(word, "--bad-words")
+        check_flag_utf8(word, "--bad-words")
     try:
         return SamplingParams(
             max_new_tokens=max_new, **{name: getattr(args, name) for name in SAMPLING_FIELDS}
         )
     except EngineError as e:
         raise flag_named(e) from None
-
-
-def not_utf8(text: str, flag: str) -> None:
-    """An EngineError naming `flag` if its `text` holds bytes that were not UTF-8 (Python
-    passes them on as lone surrogates, which encoding silently turns into U+FFFD)."""
-    from sv_engine import EngineError
-    from sv_tokenizer import TokenizerError, check_utf8
-
-    try:
-        check_utf8(text, flag)
-    except TokenizerError as e:
-        raise EngineError(str(e)) from None
 
 
 def flag_named(error: Exception) -> Exception:

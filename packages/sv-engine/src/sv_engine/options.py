@@ -504,11 +504,17 @@ def chat_template_from_args(args: argparse.Namespace) -> tuple[str, str] | None:
             text = value.encode("latin-1", "backslashreplace").decode("unicode_escape")
     except UnicodeDecodeError as e:
         raise EngineError(f"--chat-template (text): a bad backslash escape: {e.reason}") from None
-    try:  # (a byte that is not UTF-8 would reach every prompt as U+FFFD)
-        check_utf8(text, "--chat-template (text)")
+    check_flag_utf8(text, "--chat-template (text)")  # (else U+FFFD in every prompt)
+    return text, "--chat-template (text)"
+
+
+def check_flag_utf8(text: str, flag: str) -> None:
+    """An EngineError naming `flag` if its `text` holds bytes that were not UTF-8 (Python
+    passes them on as lone surrogates, which encoding silently turns into U+FFFD)."""
+    try:
+        check_utf8(text, flag)
     except TokenizerError as e:
         raise EngineError(str(e)) from None
-    return text, "--chat-template (text)"
 
 
 def engine_from_args(args: argparse.Namespace, **overrides: Any) -> tuple[Engine, Path]:
