@@ -437,7 +437,7 @@ def _all_finite_at_once(data: torch.Tensor, tensors: dict[str, torch.Tensor]) ->
 # times it is BF16's largest, which FP32 holds too. Above it the values a scale stands for
 # overflow to infinity in the matrix (or K and V) the model computes with. An exporter's
 # largest scale, absmax / 448 of a BF16 matrix, is at most this.
-LARGEST_E4M3_SCALE = torch.finfo(torch.bfloat16).max / 448.0
+LARGEST_E4M3_SCALE = torch.finfo(torch.bfloat16).max / torch.finfo(torch.float8_e4m3fn).max
 
 
 def check_scale_range(
