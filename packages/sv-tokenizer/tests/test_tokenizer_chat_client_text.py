@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sv_tokenizer import Message, TemplateChatFormat, Tokenizer, ToolCall, Tools
-from tokenizer_test_support import tricky_text
+from tokenizer_test_support import WEATHER_TOOL, tricky_text
 
 transformers = pytest.importorskip("transformers")
 
@@ -356,14 +356,6 @@ def test_a_template_that_compares_whole_messages(llama_json: Tokenizer, hf_llama
     ordinary second question after a tool call was refused. Equal contents stay equal there,
     different ones different, and so do the stand-ins of equal strings: transformers' ids."""
     model = Model(llama_json, hf_llama_chat, MISTRAL_STYLE_TEMPLATE, bos_token="<|begin_of_text|>")
-    weather = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather of a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
     call = ToolCall("get_weather", json.dumps({"city": "Paris"}), "abcDEF123")
     messages = [
         Message("user", "What is the weather in Paris?"),
@@ -381,8 +373,8 @@ def test_a_template_that_compares_whole_messages(llama_json: Tokenizer, hf_llama
         [quoted, *messages[1:4], quoted],
     ):
         options: dict[str, Any] = {"add_generation_prompt": False}
-        expected = model.expected_ids(conversation, [weather], **options)
-        assert model.chat.encode_dialog(conversation, tools=[weather], **options) == expected
+        expected = model.expected_ids(conversation, [WEATHER_TOOL], **options)
+        assert model.chat.encode_dialog(conversation, tools=[WEATHER_TOOL], **options) == expected
 
 
 # ---------------------------------------------------------------- any text, anywhere

@@ -6,15 +6,7 @@ import json
 
 import pytest
 from sv_tokenizer import Message, TemplateChatFormat, Tokenizer, TokenizerError, ToolCall
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
+from tokenizer_test_support import WEATHER_TOOL
 
 
 def test_llama3_format_writes_meta_tool_text(llama_json: Tokenizer) -> None:
@@ -22,7 +14,10 @@ def test_llama3_format_writes_meta_tool_text(llama_json: Tokenizer) -> None:
     `tojson` writes non-ASCII as it is, the call's arguments decoded and written again (a
     client's compact JSON gets the template's spacing), and a tool's result through `tojson`
     too (a string is "iterable" to Jinja): quoted."""
-    weather = {**WEATHER, "function": {**WEATHER["function"], "description": "Météo d'une ville"}}
+    weather = {
+        **WEATHER_TOOL,
+        "function": {**WEATHER_TOOL["function"], "description": "Météo d'une ville"},
+    }
     dialog = [
         Message("system", "Be brief."),
         Message("user", "Weather in Lisbon?"),
@@ -58,9 +53,9 @@ def test_llama3_tools_before_an_empty_user_message_keep_their_blank_line(
     """Meta's template writes each definition and then "\n\n", then the user's text
     trimmed: an empty text leaves the definitions' "\n\n" before the end of turn (it was
     trimmed away with the message)."""
-    ids = llama_json.chat_format.encode_dialog([Message("user", text)], tools=[WEATHER])
+    ids = llama_json.chat_format.encode_dialog([Message("user", text)], tools=[WEATHER_TOOL])
     assert llama_json.decode(ids).endswith(
-        json.dumps(WEATHER, indent=4) + "\n\n<|eot_id|>"
+        json.dumps(WEATHER_TOOL, indent=4) + "\n\n<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
 
@@ -70,7 +65,7 @@ def test_llama3_format_refuses_what_it_cannot_write(llama_json: Tokenizer) -> No
     with pytest.raises(TokenizerError, match="one tool call per turn"):
         llama_json.chat_format.encode_dialog([Message("assistant", "", tool_calls=two)])
     with pytest.raises(TokenizerError, match="first user message"):
-        llama_json.chat_format.encode_dialog([Message("system", "s")], tools=[WEATHER])
+        llama_json.chat_format.encode_dialog([Message("system", "s")], tools=[WEATHER_TOOL])
 
 
 def test_template_gets_tools_and_tool_calls(llama_json: Tokenizer) -> None:
@@ -87,7 +82,7 @@ def test_template_gets_tools_and_tool_calls(llama_json: Tokenizer) -> None:
         Message("assistant", "", tool_calls=(ToolCall("get_weather", '{"city":"X"}', "c1"),)),
         Message("tool", "21", tool_call_id="c1"),
     ]
-    text = llama_json.decode(chat.encode_dialog(dialog, tools=[WEATHER]))
+    text = llama_json.decode(chat.encode_dialog(dialog, tools=[WEATHER_TOOL]))
     assert (
         text == 'TOOL get_weather;[user]w?[assistant]CALL get_weather {"city": "X"}[tool]21 for c1'
     )
@@ -115,7 +110,7 @@ def test_template_without_tools_refuses_them(llama_json: Tokenizer) -> None:
     chat = TemplateChatFormat(llama_json, CHATML_WITHOUT_TOOLS)
     question = [Message("user", "Weather in Lisbon?")]
     with pytest.raises(TokenizerError, match="does not render tools") as e:
-        chat.encode_dialog(question, tools=[WEATHER])
+        chat.encode_dialog(question, tools=[WEATHER_TOOL])
     assert e.value.argument == "tools"
     called = [
         *question,
@@ -133,5 +128,5 @@ def test_template_that_writes_only_tool_names_is_accepted(llama_json: Tokenizer)
     """A template whose only trace of the tools is their names still shows them: accepted."""
     template = "{% for t in tools %}{{ t.function.name }};{% endfor %}" + CHATML_WITHOUT_TOOLS
     chat = TemplateChatFormat(llama_json, template)
-    text = llama_json.decode(chat.encode_dialog([Message("user", "w?")], tools=[WEATHER]))
+    text = llama_json.decode(chat.encode_dialog([Message("user", "w?")], tools=[WEATHER_TOOL]))
     assert text.startswith("get_weather;<|im_start|>user")

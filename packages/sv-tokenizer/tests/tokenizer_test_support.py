@@ -7,6 +7,16 @@ from collections.abc import Iterator
 
 from hypothesis import strategies as st
 
+# An OpenAI tool definition, as clients send them.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
 
 def _corpus() -> list[str]:
     zwj_family = "👨\u200d👩\u200d👧\u200d👦"
