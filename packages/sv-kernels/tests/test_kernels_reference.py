@@ -335,3 +335,28 @@ def test_reference_sampler_edge_rules(cpu_gen: torch.Generator) -> None:
     assert not torch.equal(u0, u1), "the noise depends on the step"
     gumbel_max = torch.argmax(logits.double() / 1.3 - torch.log(-torch.log(u0.double())), dim=-1)
     assert torch.equal(draw(1.3, 0, 1.0), gumbel_max)
+
+
+def test_reference_sampler_far_from_zero_and_at_a_tiny_temperature(
+    cpu_gen: torch.Generator,
+) -> None:
+    """Logits where FP32 cannot hold the noise beside them still sample by the softmax's limit.
+
+    Eight logits raised by 1e30 (a huge logit_bias) round to one value: the softmax of what FP32
+    holds is uniform over them, so every one must come up about equally often, not the lowest
+    column each time. And at T = 1e-38, logits / T overflow: the draw is the softmax's limit, the
+    largest logit, not the lowest column among the overflowed."""
+    tied = torch.cat([torch.full((8,), 1e30), torch.tensor([0.0, -5.0, 1e29])])
+    assert bool((tied[:8] + 3.0 == tied[:8]).all()), "the noise must not fit beside 1e30"
+    n = 8000
+    counts = torch.bincount(_sample_many(tied, n, 1.0, 0, 1.0), minlength=11).double()
+    assert float(counts[8:].sum()) == 0.0, "a token 1e29 or more below the top was drawn"
+    expected = n / 8
+    chi2 = float(((counts[:8] - expected) ** 2 / expected).sum())
+    assert chi2 < 7 + 10 * math.sqrt(14) + 10, f"chi2={chi2:.1f} for 7 dof: {counts[:8].tolist()}"
+
+    logits = randn(cpu_gen, 300, dtype=torch.float32, scale=2.0) + 10.0
+    assert bool(torch.isinf(logits / 1e-38).all()), "every logit must overflow at T = 1e-38"
+    for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.9)):
+        ids = _sample_many(logits, 50, 1e-38, top_k, top_p)
+        assert bool((ids == int(torch.argmax(logits))).all()), (top_k, top_p)

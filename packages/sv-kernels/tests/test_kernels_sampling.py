@@ -264,6 +264,37 @@ def test_sample_rows_with_minus_inf(gen: torch.Generator) -> None:
         assert bool(finite[torch.arange(batch, device=DEVICE), out].all())
 
 
+# At T = 1e-38 the logits below the largest divide past FP32's range to -inf, as intended.
+@pytest.mark.filterwarnings("ignore:overflow encountered in divide:RuntimeWarning")
+def test_sample_far_from_zero_and_at_a_tiny_temperature(gen: torch.Generator) -> None:
+    """Rows where FP32 cannot hold the noise beside x (`reference`'s sampling notes): both
+    backends measure x from the row's largest logit, found across chunks, and agree."""
+    batch, vocab = 5, 2100  # two chunks: the row maximum is merged from their maxima
+    logits = randn(gen, batch, vocab, dtype=torch.float32, scale=2.0)
+    tops = torch.tensor([5, 1000, 2050, 2099])
+    logits[0, tops] = 1e30  # ties the noise cannot break without the offset
+    logits[1] += 10.0  # at T = 1e-38 every logit overflows
+    logits[2] -= 1e30  # far below zero: every logit loses digits, all equally
+    logits[3] = float("-inf")  # but for four near FP32's largest and two at -1e30
+    logits[3, tops] = 3e38
+    logits[3, [10, 20]] = -1e30
+    logits[4, tops[1:3]] = float("inf")  # overflowed logits: measured from 0, never NaN
+    # (no top-p there: the mass of +inf has no fixed-point value)
+    logits = logits.to(DEVICE)
+    temperature = [1.0, 1e-38, 0.8, 2.0, 0.9]
+    drawn: list[set[int]] = [set() for _ in range(batch)]
+    for top_k, top_p in ((0, 1.0), (3, 1.0), (0, 0.9), (20, 0.7)):
+        for _ in range(3):
+            out, _ = _draw(gen, logits, temperature, [top_k] * batch, [top_p] * 4 + [1.0])
+            for row, token in enumerate(out.tolist()):
+                drawn[row].add(token)
+    # Twelve draws among four tied tokens: all the same one is a 2e-7 chance.
+    for row in (0, 3):
+        assert drawn[row] <= set(tops.tolist()) and len(drawn[row]) >= 2, (row, drawn[row])
+    assert drawn[1] == {int(torch.argmax(logits[1]))}
+    assert drawn[4] <= set(tops[1:3].tolist()), drawn[4]
+
+
 def test_sample_is_deterministic(gen: torch.Generator) -> None:
     """The same inputs give the same ids run after run (integer histograms, no float atomics)."""
     batch, vocab = 5, 4099
@@ -277,7 +308,7 @@ def test_sample_is_deterministic(gen: torch.Generator) -> None:
 @pytest.mark.parametrize(
     ("filters", "any_top_k", "any_top_p"),
     [
-        ("none", False, False),  # greedy and temperature-only rows: the 2-launch path
+        ("none", False, False),  # greedy and temperature-only rows: the 3-launch path
         ("top-k", True, False),
         ("top-p", False, True),
     ],

@@ -347,7 +347,14 @@ def argmax(logits: Tensor) -> Tensor:
 # Sampling must be reproducible from a per-request seed and identical on both backends, so the
 # random numbers do not come from a framework generator. Each draw hashes (seed, step, column)
 # with a small integer hash and turns it into a uniform number in (0, 1); the sample is then the
-# Gumbel-max over the surviving (top-k / top-p) columns: argmax(logit / T - log(-log(u))).
+# Gumbel-max over the surviving (top-k / top-p) columns: argmax(x - log(-log(u))), where
+# x = (logit - the row's largest logit) / T.
+#
+# Why from the row's largest: the noise (between -2.8 and 16.6) must stay visible beside x. FP32
+# keeps about 7 digits, so logits near 1e30 (a huge logit_bias) would all round to one value
+# and tie, and a tiny T overflows (10 / 1e-38 = inf), so the lowest column among the overflowed
+# would win, not the largest logit. Measured from the largest, the likely tokens sit near 0, where
+# the noise is exact, and only tokens far below it lose digits or reach -inf (probability ~0).
 
 _MASK32 = 0xFFFFFFFF
 
@@ -375,6 +382,14 @@ def uniform_noise(seeds: Tensor, steps: Tensor, vocab: int) -> Tensor:
     return ((h >> 9).float() + 0.5) * (1.0 / 8388608.0)
 
 
+def _sampling_offset(logits: Tensor, greedy: Tensor) -> Tensor:
+    """What a row's logits [B, V] (FP32) are measured from before the temperature: the largest
+    logit of a sampled row, 0 for a greedy row and for a row whose largest is not finite (all
+    -inf: masked; +inf: (inf - inf) would be NaN). [B] f32."""
+    top = logits.max(dim=-1).values
+    return torch.where(greedy | ~torch.isfinite(top), torch.zeros_like(top), top)
+
+
 def sample(
     logits: Tensor,
     temperature: Tensor,
@@ -393,7 +408,7 @@ def sample(
     vocab = x.shape[-1]
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
-    x = x / t[:, None]
+    x = (x - _sampling_offset(x, greedy)[:, None]) / t[:, None]
     # top-k: keep values >= the k-th largest (ties at the boundary are kept).
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab)).long()
     sorted_x, _ = torch.sort(x, dim=-1, descending=True)

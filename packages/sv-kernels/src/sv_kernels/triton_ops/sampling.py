@@ -9,10 +9,11 @@ picks the best chunk per row (the lowest index wins ties in both stages).
 split over (row, column chunk) programs, so that even a single row keeps the whole GPU busy;
 small one-program-per-row kernels in between combine what the chunks found. Per row:
   1. greedy rows (temperature <= 0) use T = 1 and no noise: the argmax of the raw logits;
-  2. x = logits / T (IEEE division, as torch does);
+  2. x = (logits - the row's largest logit) / T (IEEE division, as torch does; why from the
+     largest: see `reference`'s sampling notes);
   3. top-k: the k-th largest x, i.e. the largest value t with count(x >= t) >= k;
   4. top-p: among the top-k survivors, the largest value t with mass(x >= t) >= p * (their
-     total mass), where a value's mass is exp(x - row max), its softmax probability up to the
+     total mass), where a value's mass is exp(x) (x <= 0), its softmax probability up to the
      normalizer. (This is the reference's rule: keep x if the mass strictly above x is < p.)
   5. the answer is argmax(x + Gumbel noise) over x >= the threshold, with the reference's
      hash-based noise, so both backends return the same ids for the same inputs.
@@ -36,10 +37,10 @@ Cost. The launch count is fixed for a shape (the call is captured in CUDA graphs
 read back on the host; rows that need less work branch inside the kernels on their own flags):
 19 launches = row max (1) + top-k rounds (4 x 2) + top-p rounds (4 x 2) + draw (chunks + merge).
 The caller may promise that no row uses top-k (or top-p): that filter's launches are skipped
-(2 launches with neither filter, 10 with top-k only).
-Passes over a row: 1 for greedy and temperature-only rows (every other kernel returns at once
-for them), 5 with top-k only (4 rounds + draw), 6 with top-p only (row max + 4 rounds + draw),
-10 with both. (The previous one-program-per-row bisection made about 25 passes.)
+(3 launches with neither filter, 11 with one).
+Passes over a row: 1 for greedy rows (every other kernel returns at once for them), 2 for
+temperature-only rows (row max + draw), 6 with top-k or top-p alone (row max + 4 rounds +
+draw), 10 with both. (The previous one-program-per-row bisection made about 25 passes.)
 
 Agreement with the reference: the kept set is identical unless top_p lands within FP32
 rounding (~1e-6 relative) of a cumulative mass (the reference's FP32 cumsum rounds; the fixed
@@ -212,10 +213,34 @@ def _row_filters(temperature_ptr, top_k_ptr, top_p_ptr, row, vocab):
 
 
 @triton.jit
-def _scaled_logits(row_ptr, cols, vocab, temperature):
-    """x = logits / T for one block of columns; columns past the vocabulary read -inf."""
-    raw = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-    return tl.math.div_rn(raw, temperature)  # IEEE division, bit-equal to torch's
+def _raw_logits(row_ptr, cols, vocab):
+    """One block of a row's logits in FP32; columns past the vocabulary read -inf."""
+    return tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _scaled_logits(row_ptr, cols, vocab, offset, temperature):
+    """x = (logits - offset) / T for one block of columns (-inf past the vocabulary)."""
+    raw = _raw_logits(row_ptr, cols, vocab)
+    return tl.math.div_rn(raw - offset, temperature)  # IEEE division, bit-equal to torch's
+
+
+@triton.jit
+def _row_offset(chunk_max_ptr, row, num_chunks, greedy):
+    """What the row's logits are measured from (`reference._sampling_offset`): the largest of
+    its chunk maxima for a sampled row, 0 for a greedy row (whose maxima were never written:
+    what they hold is read and dropped) and for a row whose largest is not finite."""
+    c = tl.arange(0, 64)
+    top = tl.full([], float("-inf"), tl.float32)
+    for c0 in range(0, num_chunks, 64):
+        maxima = tl.load(
+            chunk_max_ptr + row * num_chunks + c0 + c,
+            mask=c0 + c < num_chunks,
+            other=float("-inf"),
+        )
+        top = tl.maximum(top, tl.max(maxima, axis=0))
+    finite = (top > float("-inf")) & (top < float("inf"))
+    return tl.where(greedy | ~finite, 0.0, top)
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
@@ -232,19 +257,17 @@ def _chunk_max_kernel(
     BLOCK_V: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """Chunk maxima of x, for the rows that use top-p (their mass is exp(x - row max))."""
+    """Chunk maxima of the raw logits of the sampled rows (greedy rows write nothing)."""
     wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    temperature, _, _, _, _, use_top_p = _row_filters(
-        temperature_ptr, top_k_ptr, top_p_ptr, row, vocab
-    )
-    if use_top_p:
+    _, greedy, _, _, _, _ = _row_filters(temperature_ptr, top_k_ptr, top_p_ptr, row, vocab)
+    if not greedy:
         row_ptr = logits_ptr + row * stride_row
         top = tl.full([BLOCK_V], float("-inf"), tl.float32)
-        for offset in range(0, chunk_size, BLOCK_V):
-            cols = chunk * chunk_size + offset + tl.arange(0, BLOCK_V)
-            top = tl.maximum(top, _scaled_logits(row_ptr, cols, vocab, temperature))
+        for start in range(0, chunk_size, BLOCK_V):
+            cols = chunk * chunk_size + start + tl.arange(0, BLOCK_V)
+            top = tl.maximum(top, _raw_logits(row_ptr, cols, vocab))
         tl.store(chunk_max_ptr + row * num_chunks + chunk, tl.max(top, axis=0))
 
 
@@ -275,7 +298,7 @@ def _radix_histogram_kernel(
     wait_for_prior_kernels(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    temperature, _, _, use_top_k, _, use_top_p = _row_filters(
+    temperature, greedy, _, use_top_k, _, use_top_p = _row_filters(
         temperature_ptr, top_k_ptr, top_p_ptr, row, vocab
     )
     active = use_top_p if TOP_P else use_top_k
@@ -285,16 +308,8 @@ def _radix_histogram_kernel(
         program_hist = hist_ptr + (row * num_chunks + chunk) * 256  # this program's histogram
         # The first round has no prefix yet (key >> 32 is 0 for every key).
         prefix = tl.load(prefix_ptr + row, mask=shift < 24, other=0)
+        offset = _row_offset(chunk_max_ptr, row, num_chunks, greedy)
         if TOP_P:
-            c = tl.arange(0, 64)
-            row_max = tl.full([], float("-inf"), tl.float32)
-            for c0 in range(0, num_chunks, 64):
-                maxima = tl.load(
-                    chunk_max_ptr + row * num_chunks + c0 + c,
-                    mask=c0 + c < num_chunks,
-                    other=float("-inf"),
-                )
-                row_max = tl.maximum(row_max, tl.max(maxima, axis=0))
             floor = tl.load(threshold_ptr + row)
             # This histogram belongs to this program alone: zero it, then let every thread add to
             # it (the barrier orders the zeroing before the other threads' atomics).
@@ -302,15 +317,15 @@ def _radix_histogram_kernel(
             tl.debug_barrier()
         else:
             counts = tl.zeros([256], tl.int32)
-        for offset in range(0, chunk_size, BLOCK_V):
-            cols = chunk * chunk_size + offset + tl.arange(0, BLOCK_V)
-            x = _scaled_logits(row_ptr, cols, vocab, temperature)
+        for start in range(0, chunk_size, BLOCK_V):
+            cols = chunk * chunk_size + start + tl.arange(0, BLOCK_V)
+            x = _scaled_logits(row_ptr, cols, vocab, offset, temperature)
             key = _float_to_key(x)
             # Count only real columns (the padding reads -inf, which is also a real value).
             match = (cols < vocab) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
             digit = ((key >> shift) & 255).to(tl.int32)
             if TOP_P:
-                mass = (tl.exp(x - row_max) * 2.0**40).to(tl.int64)
+                mass = (tl.exp(x) * 2.0**40).to(tl.int64)  # x <= 0 (0 at the row's largest)
                 add = match & (x >= floor) & (mass > 0)
                 tl.atomic_add(program_hist + digit, mass, mask=add, sem="relaxed", scope="cta")
             else:
@@ -389,6 +404,7 @@ def _draw_chunks_kernel(
     top_p_ptr,
     seeds_ptr,
     steps_ptr,
+    chunk_max_ptr,
     threshold_ptr,
     chunk_best_ptr,
     chunk_arg_ptr,
@@ -412,15 +428,16 @@ def _draw_chunks_kernel(
     temperature, greedy, _, _, _, _ = _row_filters(
         temperature_ptr, top_k_ptr, top_p_ptr, row, vocab
     )
+    offset = _row_offset(chunk_max_ptr, row, num_chunks, greedy)
     threshold = tl.load(threshold_ptr + row)
     seed = tl.load(seeds_ptr + row).to(tl.uint32)  # the low 32 bits, as the reference masks
     step = tl.load(steps_ptr + row).to(tl.uint32)
     row_hash = _hash32(_hash32(seed) ^ step)
     best = tl.full([], float("-inf"), tl.float32)
     best_col = tl.full([], 0, tl.int32) + chunk * chunk_size
-    for offset in range(0, chunk_size, BLOCK_V):
-        cols = chunk * chunk_size + offset + tl.arange(0, BLOCK_V)
-        x = _scaled_logits(row_ptr, cols, vocab, temperature)
+    for start in range(0, chunk_size, BLOCK_V):
+        cols = chunk * chunk_size + start + tl.arange(0, BLOCK_V)
+        x = _scaled_logits(row_ptr, cols, vocab, offset, temperature)
         h = _hash32(row_hash ^ cols.to(tl.uint32))
         u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # as reference.uniform_noise
         # libdevice's logf is the one torch's CUDA log uses: bit-equal noise. (A constexpr
@@ -434,7 +451,7 @@ def _draw_chunks_kernel(
         block_best, block_col = tl.max(
             score, axis=0, return_indices=True, return_indices_tie_break_left=True
         )
-        best_col = tl.where(block_best > best, chunk * chunk_size + offset + block_col, best_col)
+        best_col = tl.where(block_best > best, chunk * chunk_size + start + block_col, best_col)
         best = tl.maximum(best, block_best)
     tl.store(chunk_best_ptr + row * num_chunks + chunk, best)
     tl.store(chunk_arg_ptr + row * num_chunks + chunk, best_col)
@@ -464,7 +481,7 @@ def sample(
     `any_top_k=False` / `any_top_p=False` promise that no row uses that filter (the caller
     knows its rows on the host); the filter's launches are then skipped, which matters because
     the sampler runs eagerly, where each launch costs tens of microseconds of host time. With
-    neither filter a call is 2 launches (the draw and its merge) instead of 19.
+    neither filter a call is 3 launches (row max, the draw and its merge) instead of 19.
     """
     logits = unit_last_stride(logits)
     temperature, top_k, top_p = temperature.contiguous(), top_k.contiguous(), top_p.contiguous()
@@ -494,20 +511,19 @@ def sample(
     # anything (19 launches with both filters: their gaps are most of a batch-1 draw).
     pdl = use_pdl(device)
 
-    if any_top_p:
-        _chunk_max_kernel[grid](
-            logits,
-            *params,
-            chunk_max,
-            vocab,
-            logits.stride(0),
-            num_chunks,
-            chunk,
-            BLOCK_V=block_v,
-            USE_PDL=pdl,
-            num_warps=num_warps,
-            launch_pdl=pdl,
-        )
+    _chunk_max_kernel[grid](
+        logits,
+        *params,
+        chunk_max,
+        vocab,
+        logits.stride(0),
+        num_chunks,
+        chunk,
+        BLOCK_V=block_v,
+        USE_PDL=pdl,
+        num_warps=num_warps,
+        launch_pdl=pdl,
+    )
     if not any_top_k:  # the first top-k round is what sets "keep everything" otherwise
         threshold.fill_(float("-inf"))
     phases = [p for p, used in ((False, any_top_k), (True, any_top_p)) if used]
@@ -550,6 +566,7 @@ def sample(
         *params,
         seeds,
         steps,
+        chunk_max,
         threshold,
         chunk_best,
         chunk_arg,
