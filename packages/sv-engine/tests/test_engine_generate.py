@@ -10,7 +10,7 @@ import transformers
 from sv_engine import Engine, EngineError, SamplingParams
 from sv_kernels import reference
 from sv_scheduler import AdmissionError
-from sv_tokenizer import Message, TokenizerError
+from sv_tokenizer import LeadingSpace, Message, TokenizerError
 
 PROMPTS = [
     "Write a haiku about the sea.",
@@ -102,7 +102,7 @@ def test_a_continuation_keeps_the_leading_space_a_text_start_drops(
     a byte-level vocabulary whose " Paris" starts with a space."""
     engine = Engine.from_model_dir(tiny_llama_dir, device="cpu", kv_cache_mib=16)
     tokenizer = engine.tokenizer
-    monkeypatch.setattr(tokenizer, "strips_leading_space", True)
+    monkeypatch.setattr(tokenizer, "leading_space", LeadingSpace.ONE)
     prompt = tokenizer.encode("The capital of France is")
     paris = tokenizer.encode(" Paris")
     params = SamplingParams(max_new_tokens=2, ignore_eos=True, allowed_token_ids=frozenset(paris))

@@ -11,6 +11,7 @@ the jinja path.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -295,3 +296,35 @@ def test_bad_sentencepiece_fields_are_named(tmp_path: Path, change: Any, message
     with pytest.raises(TokenizerError) as caught:
         Tokenizer.from_file(tmp_path / "tokenizer.json")
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("scheme", ["first", "always", "never"])
+def test_a_metaspace_decoder_leaves_byte_tokens_as_text(tmp_path: Path, scheme: str) -> None:
+    """HF's Metaspace decoder turns ▁ into a space (dropping the first token's where its scheme
+    prepends one) and has no byte fallback: `<0xXX>` tokens decode as their own text, as HF's
+    decode and vLLM's output show them. The encoding still falls back to them."""
+    from tokenizers import decoders
+
+    hf = tokenizers.Tokenizer.from_str(_train("metaspace"))
+    hf.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
+    text = hf.to_str()
+    (tmp_path / "tokenizer.json").write_text(text, encoding="utf-8")
+    ours = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    assert not ours.byte_fallback_ids
+    vocab = json.loads(text)["model"]["vocab"]
+    byte_ids = [vocab[token] for token in BYTE_TOKENS]
+    rng = random.Random(0)
+    samples = [hf_ids(hf, t) for t in ("日本 x", "a\nb ✓", " lead", "Paris is the capital")]
+    samples += [
+        [
+            rng.choice(byte_ids) if rng.random() < 0.5 else rng.randrange(len(vocab))
+            for _ in range(n)
+        ]
+        for n in range(1, 60)
+    ]
+    assert any(i in byte_ids for i in samples[0]), "the sample must fall back to byte tokens"
+    for ids in samples:
+        expected = hf.decode(ids, skip_special_tokens=False)
+        assert ours.decode(ids) == expected, ids
+        assert "".join(streamed(ours, ids)) == expected, ids
+    assert ours.encode("日本 x") == samples[0]

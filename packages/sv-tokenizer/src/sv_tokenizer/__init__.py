@@ -9,6 +9,7 @@ from .chat_choice import choose_chat_format
 from .chat_template import TemplateChatFormat, TemplateTokenizer
 from .errors import TokenizerError
 from .messages import Message, ToolCall, Tools
+from .sentencepiece_bpe import LeadingSpace
 from .stream import StreamDecoder
 from .tokenizer import Tokenizer, check_utf8
 
@@ -16,6 +17,7 @@ __all__ = [
     "ChatFormat",
     "ChatMLFormat",
     "ChatTokenizer",
+    "LeadingSpace",
     "Llama3ChatFormat",
     "Message",
     "StreamDecoder",

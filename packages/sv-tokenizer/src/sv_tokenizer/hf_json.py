@@ -37,6 +37,7 @@ from .pretokenize import (
 from .sentencepiece_bpe import (
     SPACE_MARKER,
     CharPairMerger,
+    LeadingSpace,
     Pieces,
     SpaceMarkerPieces,
     token_text_bytes,
@@ -59,7 +60,7 @@ class HFTokenizerSpec:
     token_bytes: list[bytes | None]  # by id: the vocabulary's bytes, then the added tokens'
     added_tokens: list[AddedToken]
     bos_token: str | None  # the special token the post-processor puts first, if any
-    strip_leading_space: bool = False  # decoding drops one leading space (SentencePiece style)
+    leading_space: LeadingSpace = LeadingSpace.KEPT  # what decoding drops (SentencePiece)
     byte_fallback_ids: frozenset[int] = frozenset()  # the <0xXX> tokens (SentencePiece style)
 
 
@@ -381,12 +382,13 @@ def _parse_sentencepiece_bpe(
     for affix in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.str_or_none(affix):
             raise model.error(affix, "is set; subword prefixes/suffixes are not supported")
+    leading_space, decodes_bytes = _check_sentencepiece_decoder(root)
     vocab = _parse_vocab(model)
     added_tokens = _parse_added_tokens(root)
     size = 1 + max([*vocab.values(), *(t.id for t in added_tokens)])
     token_bytes: list[bytes | None] = [None] * size
     for token, token_id in vocab.items():
-        token_bytes[token_id] = token_text_bytes(token)
+        token_bytes[token_id] = token_text_bytes(token, byte_tokens=decodes_bytes)
     for added in added_tokens:
         token_bytes[added.id] = added.content.encode("utf-8")
     byte_token_ids = [vocab.get(f"<0x{byte:02X}>", -1) for byte in range(256)]
@@ -412,20 +414,23 @@ def _parse_sentencepiece_bpe(
         token_bytes=token_bytes,
         added_tokens=added_tokens,
         bos_token=_post_processor_bos(root),
-        strip_leading_space=_sentencepiece_decoder_strips(root),
-        byte_fallback_ids=frozenset(i for i in byte_token_ids if i >= 0),
+        leading_space=leading_space,
+        byte_fallback_ids=frozenset(i for i in byte_token_ids if i >= 0 and decodes_bytes),
     )
 
 
-def _sentencepiece_decoder_strips(root: _Fields) -> bool:
+def _check_sentencepiece_decoder(root: _Fields) -> tuple[LeadingSpace, bool]:
     """Check a SentencePiece-style decoder (▁ -> space, byte fallback, fuse, then a strip of
-    the leading space, or Metaspace doing all that); True if it drops the leading space."""
+    the leading space; or Metaspace: ▁ -> space, except that the first token's ▁ are dropped
+    where its scheme prepends one, and `<0xXX>` tokens stay text, as HF decodes them).
+    (what it drops at the start, whether it decodes byte tokens)."""
     decoder = root.value.get("decoder")
     if decoder is None:
         raise root.error("decoder", "is missing; a SentencePiece-style BPE needs one")
     top = _Fields(root.source, "decoder", decoder)
     if top.value.get("type") == "Metaspace":
-        return bool(top.value.get("prepend_scheme", "always") != "never")
+        prepends = top.value.get("prepend_scheme", "always") != "never"
+        return (LeadingSpace.FIRST_TOKEN if prepends else LeadingSpace.KEPT), False
     steps = top.required("decoders") if top.value.get("type") == "Sequence" else [decoder]
     if not isinstance(steps, list):
         raise top.error("decoders", f"must be a list, found {_kind(steps)}")
@@ -458,7 +463,7 @@ def _sentencepiece_decoder_strips(root: _Fields) -> bool:
             "decoders" if top.value.get("type") == "Sequence" else "type",
             f"steps are {kinds}; expected {_SENTENCEPIECE_DECODER}, then an optional Strip",
         )
-    return kinds[-1] == "Strip"
+    return (LeadingSpace.ONE if kinds[-1] == "Strip" else LeadingSpace.KEPT), True
 
 
 _SENTENCEPIECE_DECODER = ["Replace", "ByteFallback", "Fuse"]

@@ -21,12 +21,23 @@ sequence), so `fallback_run_text` is how sv decodes a run too.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from enum import Enum
 
 import regex  # type: ignore[import-untyped]  # (no types-regex in the lock)
 
 from .bpe import PairMerger
 
 SPACE_MARKER = "\u2581"
+
+
+class LeadingSpace(Enum):
+    """What decoding drops at the start of a text (not of a continuation), as HF's decoders."""
+
+    KEPT = "kept"  # byte-level BPE, or a SentencePiece decoder without a Strip
+    ONE = "one"  # a decoder ending in Strip(" ", 1, 0): the text's first space
+    FIRST_TOKEN = "first token"  # HF's Metaspace decoder: every ▁ of the first token (not added)
+
+
 _BYTE_TOKEN = regex.compile(r"<0x([0-9A-Fa-f]{2})>")
 # Metaspace's split: a new piece starts at every marker (HF's MergedWithNext).
 _MARKER_WORDS = regex.compile(SPACE_MARKER + "[^" + SPACE_MARKER + "]*|[^" + SPACE_MARKER + "]+")
@@ -36,11 +47,11 @@ Pieces = Callable[[str, bool], list[str]]
 the whole input (Metaspace's prepend_scheme "first" needs to know)."""
 
 
-def token_text_bytes(token: str) -> bytes:
-    """What a vocabulary entry decodes to: `<0xXX>` its byte, anything else its text with `▁`
-    as a space."""
+def token_text_bytes(token: str, *, byte_tokens: bool = True) -> bytes:
+    """What a vocabulary entry decodes to: `<0xXX>` its byte (`byte_tokens`: the decoder has
+    ByteFallback; else its text), anything else its text with `▁` as a space."""
     byte = _BYTE_TOKEN.fullmatch(token)
-    if byte is not None:
+    if byte is not None and byte_tokens:
         return bytes([int(byte.group(1), 16)])
     return token.replace(SPACE_MARKER, " ").encode("utf-8")
 

@@ -10,15 +10,16 @@ one-U+FFFD-per-invalid-sequence rule as the one-shot decode).
 A SentencePiece-style tokenizer decodes differently (sentencepiece_bpe.py), and the stream
 follows it: a run of `<0xXX>` tokens is held until a token of another kind (or the flush) ends
 it, because one invalid byte anywhere in the run turns the whole run into U+FFFDs; and the one
-leading space decoding drops is dropped from the first text the stream emits, unless the
-stream is a `continuation` (as `Tokenizer.decode`'s).
+leading space decoding drops is dropped from the first text the stream emits (or, for HF's
+Metaspace decoder, every space of the first token), unless the stream is a `continuation` (as
+`Tokenizer.decode`'s).
 """
 
 from __future__ import annotations
 
 import codecs
 
-from .sentencepiece_bpe import fallback_run_text
+from .sentencepiece_bpe import LeadingSpace, fallback_run_text
 from .tokenizer import Tokenizer
 
 
@@ -27,12 +28,18 @@ class StreamDecoder:
         self._tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._byte_run = bytearray()  # <0xXX> tokens not yet ended by another token
-        self._drops_space = tokenizer.strips_leading_space and not continuation
+        self._drops_space = tokenizer.leading_space is LeadingSpace.ONE and not continuation
+        self._continuation = continuation
+        self._first_token = not continuation  # still to come, for LeadingSpace.FIRST_TOKEN
         self._at_start = True  # nothing emitted yet: the leading space is still to drop
 
     def push(self, token_id: int) -> str:
         """The text that became complete with this token (often '', never a cut character)."""
         data = self._tokenizer.token_bytes(token_id)
+        if self._first_token:
+            self._first_token = False
+            if self._tokenizer.drops_spaces_of(token_id):
+                data = data.replace(b" ", b"")
         if token_id in self._tokenizer.byte_fallback_ids:
             self._byte_run += data
             return ""
@@ -43,6 +50,7 @@ class StreamDecoder:
         text = self._emit(self._end_byte_run() + self._utf8.decode(b"", final=True))
         self._utf8.reset()
         self._at_start = True
+        self._first_token = not self._continuation
         return text
 
     def _end_byte_run(self) -> str:

@@ -39,7 +39,7 @@ from .hf_json import AddedToken, id_table_size, parse_hf_tokenizer_json
 from .messages import Message
 from .model_dir import ModelDirConfig, find_tokenizer_file, read_model_dir_config
 from .pretokenize import LLAMA3_PATTERN, PreTokenizer
-from .sentencepiece_bpe import Pieces, byte_fallback_text
+from .sentencepiece_bpe import LeadingSpace, Pieces, byte_fallback_text
 from .tiktoken_file import llama3_special_tokens, parse_tiktoken_bpe
 
 STOP_TOKEN_NAMES = (
@@ -112,7 +112,7 @@ class Tokenizer:
     Public attributes: `bos_id`, `eos_ids` (every stop token), `special_tokens` (name -> id),
     `vocab_size` (ids are 0 .. vocab_size-1), `source` (where it was loaded from),
     `byte_fallback_ids` (a SentencePiece-style vocabulary's `<0xXX>` tokens, else empty) and
-    `strips_leading_space` (decoding drops one leading space). The loaders also give it its
+    `leading_space` (what decoding drops at the start of a text). The loaders also give it its
     chat format (`choose_chat_format`): `chat_format`.
     """
 
@@ -127,13 +127,13 @@ class Tokenizer:
         bos_token: str | None = None,
         eos_token: str | None = None,
         extra_eos_ids: Mapping[int, str] | None = None,
-        strip_leading_space: bool = False,
+        leading_space: LeadingSpace = LeadingSpace.KEPT,
         byte_fallback_ids: Iterable[int] = (),
     ) -> None:
         self.source = source
         self._merger = merger
         self._pretokenize = pretokenizer
-        self.strips_leading_space = strip_leading_space
+        self.leading_space = leading_space
         self.byte_fallback_ids = frozenset(byte_fallback_ids)
         self._token_bytes: list[bytes | None] = list(token_bytes)
         self.vocab_size = len(self._token_bytes)
@@ -144,6 +144,7 @@ class Tokenizer:
                 )
         self.special_tokens: dict[str, int] = {t.content: t.id for t in added_tokens if t.special}
         self._added_ids: dict[str, int] = {t.content: t.id for t in added_tokens}
+        self._added_id_set = frozenset(self._added_ids.values())
         plain_added = [t.content for t in added_tokens if not t.special]
         self._special_or_added_regex = _alternation(self._added_ids)
         self._special_regex = _alternation(self.special_tokens)
@@ -246,13 +247,13 @@ class Tokenizer:
             merger: RankMerger | PairMerger = spec.merger
             pretokenizer: PreTokenizer | Pieces = spec.pretokenizer
             token_bytes, added_tokens = spec.token_bytes, spec.added_tokens
-            strip_leading_space = spec.strip_leading_space
+            leading_space = spec.leading_space
             byte_fallback_ids = spec.byte_fallback_ids
             bos_token = bos_token or spec.bos_token
         elif data[:4096].isascii():
             merger, token_bytes, added_tokens = _tiktoken_parts(data, source, config.added_tokens)
             pretokenizer = PreTokenizer.from_pattern(LLAMA3_PATTERN)
-            strip_leading_space = False
+            leading_space = LeadingSpace.KEPT
             byte_fallback_ids = frozenset()
         else:
             raise TokenizerError(
@@ -268,7 +269,7 @@ class Tokenizer:
             bos_token=bos_token,
             eos_token=config.template_tokens.get("eos_token"),
             extra_eos_ids=config.eos_ids,
-            strip_leading_space=strip_leading_space,
+            leading_space=leading_space,
             byte_fallback_ids=byte_fallback_ids,
         )
         tokenizer._template_tokens = dict(config.template_tokens)
@@ -365,14 +366,25 @@ class Tokenizer:
         """The text of `ids`; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD.
         `continuation`: the ids follow others (a completion's, after its prompt), so a
         SentencePiece tokenizer keeps the leading space it drops at the start of a text."""
+        ids = list(ids)
         if self.byte_fallback_ids:
             fallback = self.byte_fallback_ids
             text = byte_fallback_text((self.token_bytes(i), i in fallback) for i in ids)
         else:
             text = self.decode_bytes(ids).decode("utf-8", errors="replace")
-        if self.strips_leading_space and not continuation and text.startswith(" "):
+        if continuation or not text:
+            return text
+        if self.leading_space is LeadingSpace.ONE and text.startswith(" "):
             return text[1:]
+        if self.drops_spaces_of(ids[0]):
+            head = len(self.token_bytes(ids[0]).decode("utf-8"))
+            return text[:head].replace(" ", "") + text[head:]
         return text
+
+    def drops_spaces_of(self, first_id: int) -> bool:
+        """Whether a decode starting with this token drops its spaces (`LeadingSpace.FIRST_TOKEN`:
+        a vocabulary token; added tokens are written as they are)."""
+        return self.leading_space is LeadingSpace.FIRST_TOKEN and first_id not in self._added_id_set
 
     # ---------------------------------------------------------------- chat
 
