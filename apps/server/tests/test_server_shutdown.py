@@ -4,7 +4,9 @@ drain that lets requests in flight finish first."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -258,3 +260,49 @@ def test_shutdown_waits_out_a_long_engine_step(make_server: Any, monkeypatch: An
     assert rest[-1] == "[DONE]", rest[-3:]
     assert json.loads(rest[-2])["error"]["code"] == "shutting_down", rest[-3:]
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+def test_sv_serve_refuses_a_closed_stdout_while_it_logs_access_there(
+    default_model: Path,
+) -> None:
+    """`sv serve >&-`: every request's access line went to the closed stdout and printed a
+    "Logging error" traceback to stderr, request after request. Refused at once in one line
+    (before the model loads), unless --log-level keeps the access log off; then it serves and
+    writes no such error."""
+    command = "import sys; from sv_cli.main import main; sys.exit(main())"
+    argv = [sys.executable, "-c", command, "serve", "--device", "cpu", "--kv-cache-mib", "32",
+            "--model", str(default_model)]  # fmt: skip
+    done = subprocess.run(
+        [*argv, "--port", str(_free_port())],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "standard output is closed" in done.stderr
+    port = _free_port()
+    process = subprocess.Popen(
+        [*argv, "--port", str(port), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(1),
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read()  # type: ignore[union-attr]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "sv serve did not come up"
+            time.sleep(0.2)
+        body = {"model": default_model.resolve().name, "prompt": "Hi", "max_tokens": 2}
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert "Logging error" not in stderr and "Traceback" not in stderr, stderr

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from sv_engine.options import (
     OneLineErrorParser,
@@ -212,6 +212,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def serve_main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.log_level in ("debug", "info") and not _writable(sys.stdout):
+        # Else every request's access line would fail, each a "Logging error" traceback.
+        print(
+            "sv serve: error: standard output is closed, and the access log of every request "
+            "goes there: redirect it (>/dev/null to drop it) or pass --log-level warning",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
 
     from sv_engine import EngineError
@@ -288,6 +296,18 @@ def serve_main(argv: list[str]) -> int:
         file=sys.stderr,
     )
     return status
+
+
+def _writable(stream: TextIO | None) -> bool:
+    """Whether writing to `stream` can work: not a descriptor the process started without
+    (None, or `sv`'s stand-in whose writes fail)."""
+    if stream is None:
+        return False
+    try:
+        stream.write("")
+    except OSError:
+        return False
+    return True
 
 
 def base_url(host: str, port: int) -> str:
