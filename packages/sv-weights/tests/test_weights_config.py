@@ -536,6 +536,26 @@ def test_each_familys_defaults_are_its_transformers_class(model_type: str) -> No
     assert ours.sliding_window == (getattr(theirs, "sliding_window", None) if slides else None)
 
 
+@pytest.mark.parametrize("model_type", sorted(_CONFIG_CLASSES))
+def test_absent_num_key_value_heads_is_the_familys_default(model_type: str) -> None:
+    """A config without num_key_value_heads has as many as its transformers class says:
+    Mistral's 8 and Qwen's 32 KV heads, Llama's one per query head (sv read one per query
+    head for every family, and refused the checkpoints transformers loads from such a
+    config, naming the k_proj shape); null is one per query head, as transformers 4 reads it."""
+    minimal = {
+        "model_type": model_type,
+        "hidden_size": 4096,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 64,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 8192,
+    }
+    theirs = getattr(transformers, _CONFIG_CLASSES[model_type])(**minimal)
+    assert ModelConfig.from_dict(minimal).num_key_value_heads == theirs.num_key_value_heads
+    assert ModelConfig.from_dict({**minimal, "num_key_value_heads": None}).num_key_value_heads == 64
+
+
 @pytest.mark.parametrize(
     "changes",
     [

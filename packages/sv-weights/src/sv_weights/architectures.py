@@ -11,7 +11,9 @@ config values read the same way for all. What is left differs by family, and is 
   query, itself included) applies to every layer (Mistral);
 - where a config leaves a key out, the family's own default in transformers'
   configuration class: `default_head_dim` (Qwen3's 128, where the others divide the hidden
-  size among the heads) and `default_sliding_window` (Mistral's 4096; null is no window).
+  size among the heads), `default_num_key_value_heads` (Mistral's 8, Qwen's 32, where
+  Llama has one per query head) and `default_sliding_window` (Mistral's 4096; null is no
+  window).
 
 A config is matched by `model_type`, or by its first `architectures` class name when it has
 no `model_type`.
@@ -32,6 +34,7 @@ class Architecture:
     qk_norm: bool = False
     sliding_window: bool = False
     default_head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    default_num_key_value_heads: int | None = None  # None: num_attention_heads
     default_sliding_window: int | None = None
 
 
@@ -40,10 +43,20 @@ ARCHITECTURES: dict[str, Architecture] = {
     for a in (
         Architecture("llama", "LlamaForCausalLM"),
         Architecture(
-            "mistral", "MistralForCausalLM", sliding_window=True, default_sliding_window=4096
+            "mistral",
+            "MistralForCausalLM",
+            sliding_window=True,
+            default_num_key_value_heads=8,
+            default_sliding_window=4096,
         ),
-        Architecture("qwen2", "Qwen2ForCausalLM", qkv_bias=True),
-        Architecture("qwen3", "Qwen3ForCausalLM", qk_norm=True, default_head_dim=128),
+        Architecture("qwen2", "Qwen2ForCausalLM", qkv_bias=True, default_num_key_value_heads=32),
+        Architecture(
+            "qwen3",
+            "Qwen3ForCausalLM",
+            qk_norm=True,
+            default_head_dim=128,
+            default_num_key_value_heads=32,
+        ),
     )
 }
 

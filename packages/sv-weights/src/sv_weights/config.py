@@ -216,13 +216,18 @@ class ModelConfig:
                 )
             head_dim = hidden_size // num_attention_heads
         rope_theta, rope_scaling = _parse_rope(raw)
+        # Absent: the family's default (Mistral's 8, Qwen's 32: a checkpoint transformers made
+        # from such a config has that many). Null: as many as the query heads (no GQA), as
+        # transformers reads it for every family.
+        kv_heads = num_attention_heads
+        if "num_key_value_heads" not in raw and architecture.default_num_key_value_heads:
+            kv_heads = architecture.default_num_key_value_heads
         return cls(
             hidden_size=hidden_size,
             num_hidden_layers=_get(raw, "num_hidden_layers", int),
             num_attention_heads=num_attention_heads,
-            # null: as many as the query heads, as transformers reads it (no GQA)
             num_key_value_heads=_get(
-                raw, "num_key_value_heads", int, default=num_attention_heads, null_is_default=True
+                raw, "num_key_value_heads", int, default=kv_heads, null_is_default=True
             ),
             head_dim=head_dim,
             intermediate_size=_get(raw, "intermediate_size", int),
