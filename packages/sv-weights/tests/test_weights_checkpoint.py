@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -360,6 +361,22 @@ def test_sharded_errors(tmp_path: Path) -> None:
         WeightsError, match=r"no model\.safetensors and no model\.safetensors\.index\.json"
     ):
         load_checkpoint(tmp_path)
+
+
+def test_a_weights_file_that_cannot_be_looked_up_is_named(tmp_path: Path) -> None:
+    """A folder whose config.json is within the path length limit and model.safetensors past
+    it: the lookup of the weights file fails (as in a folder that cannot be searched). It was
+    an OSError from deep inside pathlib, not a WeightsError naming the folder."""
+    limit = os.pathconf(tmp_path, "PC_PATH_MAX")
+    folder = tmp_path
+    while len(str(folder)) + 255 < limit - len("/config.json"):
+        folder /= "d" * 250
+    folder /= "e" * (limit - 1 - len("/config.json") - len(str(folder)) - 1)
+    folder.mkdir(parents=True)
+    tiny_llama_config().write_json(folder / "config.json")
+    assert len(str(folder / "model.safetensors")) >= limit > len(str(folder / "config.json"))
+    with pytest.raises(WeightsError, match=r"model\.safetensors cannot be looked up in .*too long"):
+        load_checkpoint(folder)
 
 
 def test_same_tensor_in_two_shards(tmp_path: Path) -> None:

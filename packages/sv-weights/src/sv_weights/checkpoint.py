@@ -206,23 +206,16 @@ def read_checkpoint_headers(model_dir: str | os.PathLike[str]) -> list[Safetenso
     model_dir = Path(model_dir)
     single = model_dir / SINGLE_FILE
     index_path = model_dir / INDEX_FILE
-    if single.is_file():
+    if _is_file(single, SINGLE_FILE, model_dir):
         return [read_header(single)]
-    if not index_path.is_file():
+    if not _is_file(index_path, INDEX_FILE, model_dir):
         raise WeightsError(f"{model_dir}: no {SINGLE_FILE} and no {INDEX_FILE}")
     weight_map = _read_weight_map(index_path)
     headers: list[SafetensorsHeader] = []
     seen: dict[str, str] = {}
     for shard_name in sorted(set(weight_map.values())):
         shard_path = model_dir / shard_name
-        try:
-            found = shard_path.is_file()
-        except OSError as exc:  # e.g. a name past the file system's length limit
-            raise WeightsError(
-                f"{index_path}: shard {reprlib.repr(shard_name)} cannot be looked up in "
-                f"{model_dir} ({exc.strerror or exc})"
-            ) from exc
-        if not found:
+        if not _is_file(shard_path, f"shard {reprlib.repr(shard_name)}", index_path):
             raise WeightsError(f"{index_path}: shard {shard_name!r} does not exist in {model_dir}")
         header = read_header(shard_path)
         for name in header.tensors:
@@ -241,6 +234,18 @@ def read_checkpoint_headers(model_dir: str | os.PathLike[str]) -> list[Safetenso
                 f"{index_path}: weight_map puts tensor {name!r} in {shard_name!r}, which does not hold it"
             )
     return headers
+
+
+def _is_file(path: Path, what: str, source: Path) -> bool:
+    """`path.is_file()`; a WeightsError starting with `source` where the lookup itself fails
+    (`is_file` is False only for a name that is absent; a folder that cannot be searched or a
+    path past the file system's length limit raise OSError, which would leave a traceback)."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        raise WeightsError(
+            f"{source}: {what} cannot be looked up in {path.parent} ({exc.strerror or exc})"
+        ) from exc
 
 
 def _read_weight_map(index_path: Path) -> dict[str, str]:
