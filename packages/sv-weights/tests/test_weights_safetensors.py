@@ -569,6 +569,14 @@ def test_header_padding_and_empty_file_are_valid(tmp_path: Path) -> None:
         ({"x": [1, 2]}, None, "'x' is a list, not a torch.Tensor"),
         ({"c": torch.zeros(2, dtype=torch.complex64)}, None, "'c' has dtype torch.complex64"),
         ({"x": torch.zeros(1)}, {"k": 1}, "metadata must map str to str"),
+        # UTF-8 cannot encode a lone surrogate: a UnicodeEncodeError from inside json
+        ({"a\udce9": torch.zeros(1)}, None, "tensor name 'a\\udce9' is not valid Unicode"),
+        (
+            {"x": torch.zeros(1)},
+            {"source": "caf\udce9.gguf"},
+            "['source'] value 'caf\\udce9.gguf' is not",
+        ),
+        ({"x": torch.zeros(1)}, {"\ud800": "v"}, "__metadata__ key '\\ud800' is not valid"),
     ],
 )
 def test_save_file_rejects_bad_input(

@@ -467,6 +467,9 @@ def save_file(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
         ):
             raise WeightsError(f"{path}: metadata must map str to str")
+        for key, value in metadata.items():
+            _require_encodable(key, path, f"{METADATA_KEY} key")
+            _require_encodable(value, path, f"{METADATA_KEY}[{key!r}] value")
         entries = {METADATA_KEY: dict(metadata), **entries}
     header = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     header += b" " * (-(8 + len(header)) % DATA_ALIGNMENT)
@@ -494,6 +497,9 @@ def _plan_layout(
     for name, tensor in tensors.items():
         if not isinstance(name, str) or name == METADATA_KEY:
             raise WeightsError(f"{path}: tensor name {name!r} is not allowed")
+        # (a lone surrogate, e.g. from a file name os.fsdecode made of bytes that are not
+        # UTF-8: the header could not be encoded, and the write failed from inside json)
+        _require_encodable(name, path, "tensor name")
         if not isinstance(tensor, torch.Tensor):
             raise WeightsError(
                 f"{path}: tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor"
