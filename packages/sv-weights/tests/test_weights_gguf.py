@@ -9,6 +9,7 @@ logits, tokenizer) on the same file.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from sv_weights import (
     WeightsError,
     convert_gguf_to_hf,
     load_checkpoint,
+    read_header,
     tiny_llama_config,
 )
 from sv_weights.gguf_import import unpermute_rope_rows
@@ -224,6 +226,17 @@ def test_float32_gguf_round_trips_exactly(tmp_path: Path, tie: bool) -> None:
         "tokenizer_config.json",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "tiny.gguf"]  # no staging left
+
+
+def test_a_gguf_file_name_that_is_not_utf_8_converts(tmp_path: Path) -> None:
+    """A GGUF named in Latin-1 (byte 0xE9): its name, recorded in the safetensors metadata,
+    was a str with a lone surrogate, and the conversion failed after dequantizing every
+    tensor, with a UnicodeEncodeError (a WeightsError since the writer checks names)."""
+    gguf_path = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9.gguf"))
+    write_tiny_gguf(gguf_path, tiny_gguf_config())
+    out = convert_gguf_to_hf(gguf_path, tmp_path / "hf", progress=lambda _: None)
+    assert read_header(out / "model.safetensors").metadata["source"] == "caf\\xe9.gguf"
+    assert sorted(load_checkpoint(out)) == sorted(load_checkpoint(out, copy=True))
 
 
 @pytest.mark.parametrize("quant", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1])

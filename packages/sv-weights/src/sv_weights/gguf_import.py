@@ -121,9 +121,10 @@ def convert_gguf_to_hf(
         _write_json(staging / TOKENIZER_FILE, tokenizer, indent=None)
         _write_json(staging / TOKENIZER_CONFIG_FILE, tokenizer_config, indent=2)
         progress(f"sv: writing {out_dir / SINGLE_FILE}")
-        save_file(
-            weights, staging / SINGLE_FILE, metadata={"format": "pt", "source": gguf_path.name}
-        )
+        # The file name as text UTF-8 can hold: bytes that are not UTF-8 (a name from a
+        # Latin-1 system) as \xNN escapes, where its str holds lone surrogates.
+        source_name = os.fsencode(gguf_path.name).decode("utf-8", "backslashreplace")
+        save_file(weights, staging / SINGLE_FILE, metadata={"format": "pt", "source": source_name})
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it owner-only
         os.replace(staging, out_dir)  # atomic; replaces an empty out_dir
     except BaseException:
