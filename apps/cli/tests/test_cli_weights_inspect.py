@@ -41,6 +41,20 @@ def test_file_table_and_totals(tmp_path: Path) -> None:
     assert lines[4] == "total: 3 tensors (1 BF16, 1 F32, 1 I64), 21 elements, 76 bytes (0.0 MiB)"
 
 
+def test_names_whose_digits_int_cannot_read_are_listed(tmp_path: Path) -> None:
+    """Names the file format allows, sorted with layer 2 before 10 all the same: a digit run
+    past int()'s 4300 digits, and a "²" (str.isdigit, but no int) after a digit. Each made the
+    sort key raise ValueError, a traceback instead of the table."""
+    path = tmp_path / "w.safetensors"
+    long = "w" + "9" * 5000
+    names = ["w10", "w1²", "w2", long, "w" + "1" + "0" * 4999]
+    safetensors.torch.save_file({name: torch.zeros(1) for name in names}, str(path))
+    code, out, err = run([str(path)])
+    assert code == 0 and err == ""
+    listed = [line.split()[0] for line in out.splitlines()[1:-1]]
+    assert listed == ["w1²", "w2", "w10", "w" + "1" + "0" * 4999, long]
+
+
 def test_model_folder_shows_config_and_check(tmp_path: Path) -> None:
     write_random_checkpoint(tmp_path, tiny_llama_config())
     code, out, err = run([str(tmp_path)])

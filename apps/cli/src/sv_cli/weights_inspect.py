@@ -119,9 +119,16 @@ def _one_line(error: WeightsError) -> str:
     return " ".join(str(error).split())  # whatever the message holds
 
 
-def _natural_key(name: str) -> list[tuple[int, int | str]]:
-    """Sort key that puts layer 2 before layer 10."""
-    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name)]
+def _natural_key(name: str) -> list[tuple[int, int, str]]:
+    """Sort key that puts layer 2 before layer 10. A run of ASCII digits (the odd parts of
+    the split) is compared by its value as (digits without leading zeros, those digits), not
+    by int(), which refuses a run past 4300 digits; the other parts as text, whatever digits
+    of other scripts (or a "²", which str.isdigit accepts and int() does not) they hold."""
+    parts = re.split(r"([0-9]+)", name)
+    return [
+        (0, len(part.lstrip("0")), part.lstrip("0")) if index % 2 else (1, 0, part)
+        for index, part in enumerate(parts)
+    ]
 
 
 def _print_table(headers: list[SafetensorsHeader], out: TextIO) -> None:
