@@ -7,11 +7,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 import transformers
 from sv_engine import Engine, SamplingParams
+from sv_engine.tracing import start_trace, stop_trace
 from sv_tokenizer.cli import installed_llama_tokenizer_dir
+from sv_trace import read_trace, trace_schema
 from sv_weights import tiny_llama_config, write_random_checkpoint
 
 WINDOW = 24
@@ -88,3 +91,37 @@ def test_generation_past_the_window_and_pages_given_back(
     per_sequence = -(-WINDOW // PAGE) + 2
     assert stats.peak_assigned_pages <= per_sequence * len(prompts)
     assert stats.peak_assigned_pages < sum(-(-(len(p) + new_tokens) // PAGE) for p in prompts)
+
+
+def test_the_trace_draws_only_the_pages_a_window_still_holds(
+    tiny_mistral_dir: Path, prompts: list[list[int]], tmp_path: Path
+) -> None:
+    """The trace's (and the dashboard's) pool picture: a block table's entries the window has
+    given back name pages the pool counts free or cached, or another table holds by now; drawn
+    as the request's, the tables held more pages than the pool had assigned."""
+    engine = Engine.from_model_dir(tiny_mistral_dir, device="cpu", kv_cache_mib=16)
+    path = tmp_path / "window.jsonl"
+    start_trace(engine, path, model="tiny-mistral")
+    done = engine.generate(prompts, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True))
+    stop_trace(engine)
+    records = read_trace(path)
+    validator = jsonschema.Draft202012Validator(trace_schema())
+    assert all(validator.is_valid(r) for r in records)
+    steps = [r for r in records if r["type"] == "step"]
+    for s in steps:
+        pool = s["pool"]
+        held = {p for t in pool["tables"] for p in t["pages"]}
+        assert len(held) == pool["assigned"], f"step {s['step']}"
+        assert not held & set(pool["cached_pages"]), f"step {s['step']}"
+    assert any(t.get("released") for s in steps for t in s["pool"]["tables"]), "nothing released"
+    # Growth is told from a new block table: each request is admitted once, never preempted.
+    admitted = [a["request"] for s in steps for a in s["admitted"]]
+    assert sorted(admitted) == sorted(c.request_id for c in done)
+    # What a finished request gives back is what it held, not the pages the window gave back.
+    freed = {f["request"]: f["pages"] for s in steps for f in s["freed"]}
+    last_tables = {
+        t["request"]: t["pages"] for s in steps for t in s["pool"]["tables"]
+    }  # each request's table at the last plan it ran in
+    for c in done:
+        if c.request_id in freed:
+            assert freed[c.request_id] == last_tables[c.request_id]

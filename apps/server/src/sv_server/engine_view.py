@@ -34,7 +34,8 @@ def engine_view(engine: Engine) -> dict[str, Any]:
                 "max_new_tokens": seq.max_new_tokens,
                 "phase": "decode" if seq.decoding else "prefill",
                 "row": seq.table_row,
-                "pages": len(seq.table.pages),
+                # held now: a sliding window's pages given back stay listed in its table
+                "pages": len(seq.table.pages) - seq.table.num_released,
             }
             for seq in scheduler.running()
         ],

@@ -207,6 +207,8 @@ class TraceChecker:
             self._request_id(table, "request", at, known=known)
             self._get(table, "row", at, COUNT)
             self._pages(table, "pages", at)
+            if "released" in table:  # (a sliding window's pages given back before these)
+                self._get(table, "released", at, COUNT)
 
     # --- fields: `at` is the path of the object that holds them (`pool.tables[0].`) ------------
 

@@ -79,7 +79,8 @@ class StepRecorder:
         self._t0 = time.perf_counter()
         self._open: dict[int, _OpenStep] = {}
         self._current: _OpenStep | None = None  # planned, its logits not seen yet
-        self._held: dict[RequestId, list[int]] = {}  # request -> its pages at the last plan
+        self._held: dict[RequestId, list[int]] = {}  # request -> its block table at the last plan
+        self._holding: dict[RequestId, list[int]] = {}  # request -> the pages it held then
         self._texts: dict[int, str] = {}
         self._closed = False
         config = scheduler.config
@@ -140,27 +141,32 @@ class StepRecorder:
         changes = []
         freed = []
         held: dict[RequestId, list[int]] = {}
-        for table in picture["tables"]:
-            rid, pages = table["request"], table["pages"]
-            held[rid] = pages
+        holding: dict[RequestId, list[int]] = {}
+        for seq, table in zip(scheduler.running(), picture["tables"], strict=True):
+            rid = seq.request_id
+            holding[rid] = table["pages"]
+            # The whole block table, the entries a sliding window gave back included (the
+            # picture has only the pages still held): positions line up with the last plan's.
+            pages = held[rid] = list(seq.table.pages)
             before = self._held.get(rid)
             if before is not None and pages[: len(before)] != before:
                 # preempted and admitted again within this one plan: a new block table
-                freed.append({"request": rid, "pages": before})
+                freed.append({"request": rid, "pages": self._holding[rid]})
                 before = None
             if before is None:
-                seq = scheduler.get(rid)
-                cached = seq.num_cached_tokens if seq is not None else 0
+                cached = seq.num_cached_tokens
                 shared = pages[: cached // scheduler.config.page_size]
-                resumed = seq is not None and seq.num_preemptions > 0
+                resumed = seq.num_preemptions > 0
                 admitted.append({"request": rid, "cached_tokens": cached, "resumed": resumed})
                 changes.append({"request": rid, "assigned": pages[len(shared) :], "shared": shared})
             elif len(pages) > len(before):
                 changes.append({"request": rid, "assigned": pages[len(before) :], "shared": []})
         freed += [
-            {"request": rid, "pages": pages} for rid, pages in self._held.items() if rid not in held
+            {"request": rid, "pages": pages}
+            for rid, pages in self._holding.items()
+            if rid not in held
         ]
-        self._held = held
+        self._held, self._holding = held, holding
         wait = None
         if plan.head_wait is not None:
             head, reason = plan.head_wait

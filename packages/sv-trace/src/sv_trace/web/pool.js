@@ -13,10 +13,11 @@ function drawPool(container, pool) {
   const holders = new Array(pool.num_pages).fill(0);
   const rows = new Array(pool.num_pages).fill(null);
   for (const table of pool.tables) {
+    const released = table.released || 0; // a sliding window's pages given back before these
     table.pages.forEach(function (page, index) {
       if (owners[page] === null) {
         owners[page] = table.request;
-        rows[page] = index;
+        rows[page] = released + index;
       }
       holders[page] += 1;
     });
