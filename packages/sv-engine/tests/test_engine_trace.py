@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 from sv_engine import Engine, EngineError, SamplingParams
+from sv_engine.grammar import Grammar
 from sv_engine.tracing import start_trace, stop_trace
 from sv_scheduler import SpeculationConfig
 from sv_trace import read_trace, trace_schema
@@ -168,3 +169,34 @@ def test_a_verified_drafts_kept_tokens_are_each_sampled_with_their_logprobs(
     expected = torch.log_softmax(logits, dim=-1)[len(completion.prompt_ids) - 1 : -1]
     for row, x in zip(expected, sampled, strict=True):
         assert x["logprob"] == pytest.approx(row[x["token"]].item(), abs=2e-4)
+
+
+def test_a_constrained_requests_logprobs_are_the_engines_with_or_without_logprobs(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The trace's log-probabilities are of the raw logits, as the engine's own are: a grammar's
+    mask went into the logits in place unless some row asked for logprobs, so the trace of the
+    same constrained request differed with that, and from the completion's."""
+    grammar = Grammar.regex("[a-z]{3,8}")
+    sampled: dict[int | None, list[tuple[int, float]]] = {}
+    done: dict[int | None, Any] = {}
+    for logprobs in (None, 0):
+        params = SamplingParams(
+            max_new_tokens=8, temperature=0.0, grammar=grammar, logprobs=logprobs
+        )
+        records = traced(
+            engine,
+            tmp_path / f"g{logprobs}.jsonl",
+            lambda p=params, k=logprobs: done.update({k: engine.generate(["Say a word:"], p)[0]}),
+        )
+        sampled[logprobs] = [
+            (x["token"], x["logprob"])
+            for r in records
+            if r["type"] == "step"
+            for x in r["sampled"]
+            if not x["dropped"]
+        ]
+    assert [t for t, _ in sampled[None]] == done[None].output_ids == done[0].output_ids
+    engines = [t.logprob for t in done[0].logprobs]
+    assert [lp for _, lp in sampled[0]] == pytest.approx(engines, abs=2e-4)
+    assert [lp for _, lp in sampled[None]] == pytest.approx(engines, abs=2e-4)

@@ -220,8 +220,14 @@ class ModelRunner:
         processed = self.logit_processor.process(step, logits)
         # The forward is queued: the host now computes the grammar masks while it runs.
         bitmask = step.token_bitmask() if step.token_bitmask is not None else None
-        if bitmask is not None and step.logprobs and processed is logits:
-            processed = logits.clone()  # the mask goes in place; logprobs are of the raw logits
+        if (
+            bitmask is not None
+            and (step.logprobs or self.logits_observer is not None)
+            and processed is logits
+        ):
+            # The mask goes in place; logprobs, and a trace's (the observer's), are of the raw
+            # logits: masked, a trace's would change with whether any row asked for logprobs.
+            processed = logits.clone()
         if processed is not logits:  # the graph's argmax and buffers are of the raw logits
             ids = sampler.next_token_ids(processed, None, step.sampling, None, bitmask)
         else:
