@@ -79,6 +79,18 @@ def test_report_errors_are_one_line(tmp_path: Path, content: str | None, message
     assert not (tmp_path / "out.html").exists()
 
 
+def test_a_missing_trace_beside_an_existing_report_is_the_commands_error(tmp_path: Path) -> None:
+    """Redrawing a report whose trace is gone: the check that the report is not the trace
+    compared the two files first, and the missing one came out as `sv: error: [Errno 2] ...`
+    with status 1, not as the command's own error."""
+    report = tmp_path / "out.html"
+    report.write_text("an earlier report", encoding="utf-8")
+    line = one_line_error(sv("trace", "report", str(tmp_path / "gone.jsonl"), "-o", str(report)))
+    assert line.startswith("sv trace report: error: cannot read the trace file ")
+    assert "gone.jsonl" in line
+    assert report.read_text(encoding="utf-8") == "an earlier report"
+
+
 def test_an_unwritable_trace_is_one_line(tmp_path: Path) -> None:
     line = one_line_error(sv("generate", "--trace", str(tmp_path / "none" / "t.jsonl"), "Hi", "2"))
     assert "cannot write the trace file" in line and "none" in line

@@ -196,12 +196,13 @@ def page(title: str, styles: tuple[str, ...], scripts: tuple[str, ...], body_fil
 def write_report(
     trace_path: str | Path, out_path: str | Path, note: Callable[[str], None] | None = None
 ) -> None:
+    # Read first: a trace that cannot be read is its own error, not the comparison's OSError.
+    data = render_report(trace_path, note).encode("utf-8")  # before the file is opened
     if Path(out_path).exists() and Path(out_path).samefile(trace_path):
         raise TraceError(
             f"the report {str(out_path)!r} would overwrite the trace it is drawn from; "
             "give another path"
         )
-    data = render_report(trace_path, note).encode("utf-8")  # before the file is opened
     try:
         Path(out_path).write_bytes(data)
     except OSError as e:
