@@ -16,6 +16,7 @@ from sv_engine.grammar import Grammar
 from sv_engine.tracing import start_trace, stop_trace
 from sv_scheduler import SpeculationConfig
 from sv_trace import read_trace, trace_schema
+from sv_trace.report import report_data
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +201,28 @@ def test_a_constrained_requests_logprobs_are_the_engines_with_or_without_logprob
     engines = [t.logprob for t in done[0].logprobs]
     assert [lp for _, lp in sampled[0]] == pytest.approx(engines, abs=2e-4)
     assert [lp for _, lp in sampled[None]] == pytest.approx(engines, abs=2e-4)
+
+
+def test_a_trace_started_on_a_busy_engine_does_not_admit_what_already_ran(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A request running when the trace starts was admitted before it: the first step said it
+    was admitted there, with every page it held newly assigned, while it decoded."""
+    rid = engine.add_request("Tell me a story.", SamplingParams(max_new_tokens=10, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    held = list(engine.scheduler.get(rid).table.pages)  # type: ignore[union-attr]
+
+    def run() -> None:
+        while engine.has_unfinished():
+            engine.step()
+
+    records = traced(engine, tmp_path / "busy.jsonl", run)
+    validate(records)
+    steps = [r for r in records if r["type"] == "step"]
+    assert steps[0]["decodes"] and steps[0]["decodes"][0]["request"] == rid
+    assert [a for s in steps for a in s["admitted"]] == []
+    assigned = [p for s in steps for c in s["pages"] for p in c["assigned"] + c["shared"]]
+    assert not set(assigned) & set(held)  # the pages it held were not assigned in the trace
+    (request,) = report_data(records)["requests"]
+    assert request["running_from"] == steps[0]["step"] and request["admitted"] == []

@@ -81,6 +81,11 @@ class StepRecorder:
         self._current: _OpenStep | None = None  # planned, its logits not seen yet
         self._held: dict[RequestId, list[int]] = {}  # request -> its block table at the last plan
         self._holding: dict[RequestId, list[int]] = {}  # request -> the pages it held then
+        # A trace started on a busy engine: the requests running now were admitted before it,
+        # with these pages (not at its first step, nor are their pages new there).
+        for seq, table in zip(scheduler.running(), pool_picture(scheduler)["tables"], strict=True):
+            self._held[seq.request_id] = list(seq.table.pages)
+            self._holding[seq.request_id] = table["pages"]
         self._texts: dict[int, str] = {}
         self._closed = False
         config = scheduler.config

@@ -60,6 +60,11 @@ def report_data(records: list[dict[str, Any]]) -> dict[str, Any]:
             index = len(steps)
             step = record["step"]
             next_step = step + 1
+            if not index:  # a trace started on a busy engine: who ran already, admitted before
+                for table in record["pool"]["tables"]:
+                    found = request(table["request"])
+                    if found["prompt_tokens"] is None:  # (no request line: queued before)
+                        found["running_from"] = step
             for a in record["admitted"]:
                 request(a["request"])["admitted"].append(step)
             for c in record["prefills"]:
@@ -133,6 +138,7 @@ def _new_request(rid: int, step: int, record: dict[str, Any] | None) -> dict[str
         "prompt_text": "" if record is None else record["prompt_text"],
         "max_new_tokens": None if record is None else record["max_new_tokens"],
         "admitted": [],
+        "running_from": None,  # the first step, for a request running when the trace started
         "prefill": [],
         "decode": [],
         "preempted": [],

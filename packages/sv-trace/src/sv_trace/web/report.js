@@ -79,7 +79,7 @@ function drawTimeline() {
     const finish = r.finish ? r.finish : "running";
     row.appendChild(el("div", { class: "label" }, "request " + r.id + " · " + finish));
     const svg = el("svg:svg", { width: span * pxPerStep + 4, height: 14 });
-    const start = r.admitted.length ? r.admitted[0] : (r.end_step !== null ? r.end_step : lastStep + 1);
+    const start = r.running_from !== null ? r.running_from : r.admitted.length ? r.admitted[0] : (r.end_step !== null ? r.end_step : lastStep + 1);
     if (start > r.queued_step) bar(svg, "queued", r.queued_step, start - r.queued_step, "queued from step " + r.queued_step);
     for (const w of r.waits) bar(svg, "wait", w[0], 1, "step " + w[0] + ": waits (" + w[1] + ")");
     for (const run of runs(r.decode)) bar(svg, "decode", run[0], run[1], "decode, steps " + run[0] + "–" + (run[0] + run[1] - 1));
