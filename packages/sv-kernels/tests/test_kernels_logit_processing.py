@@ -55,6 +55,21 @@ def test_penalties_off_change_nothing() -> None:
     assert torch.equal(got, logits)
 
 
+def test_a_repetition_penalty_keeps_finite_logits_finite() -> None:
+    """At its limits the repetition penalty saturates at FP32's largest magnitude instead of
+    overflowing (a huge logit_bias divided by r < 1; a very negative one times r > 1), and the
+    infinities a logit already had (a ban: -inf) stay as they were."""
+    largest = torch.finfo(torch.float32).max
+    logits = torch.tensor([[3e38, -3e38, float("-inf"), 2.0], [3e38, -3e38, float("-inf"), -2.0]])
+    seen = torch.ones(2, 4, dtype=torch.bool)
+    zeros = torch.zeros(2)
+    got = ops.apply_penalties(
+        logits, torch.zeros(2, 4, dtype=torch.int32), seen, zeros, zeros, torch.tensor([0.5, 2.0])
+    )
+    want = [[largest, -1.5e38, float("-inf"), 4.0], [1.5e38, -largest, float("-inf"), -4.0]]
+    assert got.tolist() == torch.tensor(want).tolist()
+
+
 def test_min_p_equals_the_formula() -> None:
     gen = torch.Generator().manual_seed(2)
     logits = _rows(gen, 4)

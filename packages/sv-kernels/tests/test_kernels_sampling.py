@@ -295,6 +295,35 @@ def test_sample_far_from_zero_and_at_a_tiny_temperature(gen: torch.Generator) ->
     assert drawn[4] <= set(tops[1:3].tolist()), drawn[4]
 
 
+# At T = 1e-5 the logits far below the saturated ones divide past FP32's range to -inf.
+@pytest.mark.filterwarnings("ignore:overflow encountered in divide:RuntimeWarning")
+def test_a_repetition_penalty_on_a_huge_bias_samples_alike_on_both_backends(
+    gen: torch.Generator,
+) -> None:
+    """A repetition penalty below 1 on logits biased to near FP32's largest (both allowed by
+    SamplingParams) once overflowed them to +inf: the reference drew the lowest such column
+    every time, and the Triton sampler's top-p mass of +inf was garbage, so it drew column 0,
+    a token nobody favoured. Saturated at FP32's largest, the overflowed tokens tie: both
+    backends agree and draw among them."""
+    batch, vocab = 4, 300
+    raw = randn(gen, batch, vocab, dtype=torch.float32, scale=2.0)
+    favoured = torch.tensor([7, 50, 201])
+    raw[:, favoured] += 3.4e38  # logit_bias near FP32's largest
+    seen = torch.zeros(batch, vocab, dtype=torch.bool, device=DEVICE)
+    seen[:, favoured] = True  # in the prompt
+    off = torch.zeros(batch, device=DEVICE)
+    penalised = reference.apply_penalties(
+        raw, torch.zeros_like(raw, dtype=torch.int32), seen, off, off, off + 0.5
+    )
+    assert bool(torch.isfinite(penalised).all())
+    drawn: set[int] = set()
+    for temperature, top_p in ((1.0, 0.9), (1e-5, 0.9), (0.7, 1.0)):
+        for _ in range(3):
+            out, _ = _draw(gen, penalised, [temperature] * batch, [0] * batch, [top_p] * batch)
+            drawn.update(out.tolist())
+    assert drawn <= set(favoured.tolist()) and len(drawn) >= 2, drawn
+
+
 def test_sample_is_deterministic(gen: torch.Generator) -> None:
     """The same inputs give the same ids run after run (integer histograms, no float atomics)."""
     batch, vocab = 5, 4099

@@ -485,12 +485,21 @@ def apply_penalties(
 
     repetition (CTRL's): a token seen in the prompt or the output has a positive logit divided
     by it, a negative one multiplied. Then OpenAI's: logit -= count * frequency + (count > 0) *
-    presence."""
+    presence.
+
+    A finite logit stays finite: a repetition penalty below 1 on a logit near FP32's largest (a
+    huge logit_bias) would overflow to +inf, which has no softmax (the CUDA sampler's top-p mass
+    of it is garbage: it drew column 0), and above 1 a very negative one would become -inf, a
+    ban nobody asked for. They saturate at FP32's largest magnitude instead, where the sampler
+    draws evenly among the tokens there."""
     x = logits.float()
     counts = output_counts.float()
     seen = prompt_mask | (output_counts > 0)
     rep = repetition.float()[:, None]
-    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    largest = torch.finfo(torch.float32).max
+    scaled = torch.where(x > 0, x / rep, x * rep)
+    scaled = torch.where(torch.isfinite(x), scaled.clamp(-largest, largest), scaled)
+    x = torch.where(seen, scaled, x)
     x = x - frequency.float()[:, None] * counts
     return x - presence.float()[:, None] * (output_counts > 0).float()
 
