@@ -4,6 +4,7 @@ written out here (OpenAI's presence/frequency, vLLM's repetition and min_p)."""
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -247,3 +248,24 @@ def test_logit_bias_outside_the_vocabulary_is_refused_at_add(engine: Engine) -> 
         (running, "length", 8)
     ]
     assert engine.stats.free_pages == engine.stats.pool_pages
+
+
+def test_logit_bias_is_kept_as_it_was_checked(engine: Engine) -> None:
+    """SamplingParams keeps its own copy of logit_bias: the caller's dict, changed after the
+    request was added (reused for the next one), once reached the running request's steps
+    unchecked, and an id past the logits failed the step, ending every request in flight."""
+    vocab_size = engine.runner.config.vocab_size
+    bias = {5: 1.0}
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True, logit_bias=bias)
+    running = engine.add_request(PROMPTS[0], params)
+    engine.step()
+    bias[vocab_size] = 1.0  # the caller's next request's bias, or a typo
+    bias[6] = float("nan")
+    assert dict(params.logit_bias) == {5: 1.0}
+    finished = []
+    while engine.has_unfinished():
+        finished += [e.completion for e in engine.step() if e.completion is not None]
+    assert [(c.request_id, c.finish_reason, len(c.output_ids)) for c in finished] == [
+        (running, "length", 8)
+    ]
+    assert pickle.loads(pickle.dumps(params)) == params

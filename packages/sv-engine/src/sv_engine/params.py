@@ -61,7 +61,7 @@ class SamplingParams:
                  one-token word: always). Only output tokens count, not the prompt. A list or
                  tuple of non-blank strings, at most 128; kept as a tuple.
     logit_bias:  token id -> value added to its logit (OpenAI's: -100 bans, 100 all but forces;
-                 any value FP32 holds here).
+                 any value FP32 holds here); kept as a copy of its own.
     min_tokens:  the stop tokens (the model's unless ignore_eos, and stop_token_ids) are banned
                  until this many tokens have been generated.
     repetition_penalty: in [1e-30, 1e30]; a token already in the prompt or the output has a
@@ -177,6 +177,11 @@ class SamplingParams:
     def _check_logit_processing(self) -> None:
         self._check_allowed_token_ids()
         self._check_bad_words()
+        if isinstance(self.logit_bias, Mapping):
+            # A copy of its own: the steps read it while the request runs, and a caller's dict
+            # changed after the check (reused for the next request) reached them unchecked.
+            # (A dict, not a read-only view: SamplingParams stays picklable and deep-copyable.)
+            object.__setattr__(self, "logit_bias", dict(self.logit_bias))
         if not isinstance(self.logit_bias, Mapping) or not all(
             _is_int(t) and t >= 0 and _is_finite(v) and abs(v) <= FP32_MAX
             for t, v in self.logit_bias.items()
