@@ -3,7 +3,11 @@ against transformers, the waits against --stats, cancels, and the schema."""
 
 from __future__ import annotations
 
+import errno
+import io
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +230,48 @@ def test_a_trace_started_on_a_busy_engine_does_not_admit_what_already_ran(
     assert not set(assigned) & set(held)  # the pages it held were not assigned in the trace
     (request,) = report_data(records)["requests"]
     assert request["running_from"] == steps[0]["step"] and request["admitted"] == []
+
+
+class _FillsUp(io.TextIOBase):
+    """The trace file from its `after`-th write on: the disk is full."""
+
+    def __init__(self, out: Any, after: int) -> None:
+        super().__init__()
+        self.out, self.after, self.name = out, after, out.name
+
+    def write(self, text: str) -> int:
+        self.after -= 1
+        if self.after < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return int(self.out.write(text))
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.close()
+
+
+def test_a_trace_write_that_fails_mid_run_stops_the_trace_not_the_requests(
+    engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk under `sv serve --trace` failed the step, and with it every request in
+    flight and every later one. The requests now finish as untraced; the error is logged once
+    when it happens and raised when the trace is stopped; the lines before it stay readable."""
+    prompts = ["Write a haiku about the sea.", "What is 2 + 2?"]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    plain = [c.output_ids for c in engine.generate(prompts, params)]
+    path = tmp_path / "full.jsonl"
+    recorder = start_trace(engine, path, model="tiny")
+    recorder._out = _FillsUp(recorder._out, after=4)
+    with caplog.at_level(logging.ERROR, logger="sv_trace.recorder"):
+        traced = [c.output_ids for c in engine.generate(prompts, params)]
+    assert traced == plain
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "cannot write the trace file" in errors[0], errors
+    with pytest.raises(OSError, match=r"cannot write the trace file .*full.jsonl.*No space left"):
+        stop_trace(engine)
+    assert engine.tracer is None and engine.runner.logits_observer is None
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1 + 4 and all(json.loads(line) for line in lines)  # header + 4
+    assert json.loads(lines[0])["type"] == "header"

@@ -22,8 +22,10 @@ at most two steps open; lines are written in step order. The format is `schema.j
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,6 +40,8 @@ from sv_trace.logprobs import StepLogprobs, step_logprobs
 from sv_trace.pool import pool_picture
 from sv_trace.schema import SCHEMA_NAME, SCHEMA_VERSION
 from sv_trace.timing import StepClock
+
+_log = logging.getLogger(__name__)
 
 
 class TracedEvent(Protocol):
@@ -88,6 +92,8 @@ class StepRecorder:
             self._holding[seq.request_id] = table["pages"]
         self._texts: dict[int, str] = {}
         self._closed = False
+        self._started = False  # the header is written: a later failed write stops the trace
+        self._failure: OSError | None = None  # that write's error, for close() to raise
         config = scheduler.config
         self._write(
             {
@@ -107,6 +113,7 @@ class StepRecorder:
                 **(header or {}),
             }
         )
+        self._started = True
 
     @classmethod
     def open(
@@ -264,7 +271,11 @@ class StepRecorder:
         self._write({"type": "cancel", "request": request_id, "at_ms": self._now_ms()})
 
     def close(self, stats: SchedulerStats) -> None:
-        """Write the "end" line (the --stats figures and the pool as it is left) and close."""
+        """Write the "end" line (the --stats figures and the pool as it is left) and close.
+        A write that failed earlier is raised here (the trace ended there)."""
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
         if self._closed:
             return
         self._closed = True
@@ -299,4 +310,14 @@ class StepRecorder:
             self._out.flush()
         except OSError as e:  # a full disk: an OSError still (the apps' write failures), named
             name = getattr(self._out, "name", "")
-            raise OSError(f"cannot write the trace file {name!r}: {e.strerror or e}") from e
+            error = OSError(f"cannot write the trace file {name!r}: {e.strerror or e}")
+            if not self._started or record.get("type") == "end":
+                raise error from e
+            # Mid-run, the engine goes on untraced: raising here would fail the step, and with
+            # it every request in flight (in `sv serve`, every request after it too). The
+            # error is logged now and raised by close(), so the trace's end still fails.
+            self._closed = True
+            self._failure = error
+            with contextlib.suppress(OSError):
+                self._out.close()
+            _log.error("%s; the trace stops here, the requests go on", error)
