@@ -275,3 +275,37 @@ def test_a_trace_write_that_fails_mid_run_stops_the_trace_not_the_requests(
     lines = path.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 1 + 4 and all(json.loads(line) for line in lines)  # header + 4
     assert json.loads(lines[0])["type"] == "header"
+
+
+def test_failed_steps_leave_no_step_open_and_the_trace_stays_valid(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A step that raises never resolves: the recorder kept its record open for good (one or
+    two per failure, without bound under a server whose steps keep failing). Now dropped; the
+    requests' cancel lines follow, and the next steps' records are whole and valid."""
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    launch = engine.runner.launch
+    recorder = start_trace(engine, tmp_path / "f.jsonl", model="tiny")
+    try:
+        for _ in range(3):
+            engine.add_request("Hi.", params)
+            engine.step()
+
+            def broken(step: Any) -> Any:
+                raise RuntimeError("device lost")
+
+            engine.runner.launch = broken  # type: ignore[method-assign]
+            with pytest.raises(RuntimeError, match="device lost"):
+                while True:
+                    engine.step()
+            engine.runner.launch = launch  # type: ignore[method-assign]
+            assert not recorder._open and recorder._current is None
+        done = engine.generate(["What is 2 + 2?"], params)
+    finally:
+        engine.runner.launch = launch  # type: ignore[method-assign]
+        stop_trace(engine)
+    records = read_trace(tmp_path / "f.jsonl")
+    validate(records)
+    assert sum(r["type"] == "cancel" for r in records) == 3
+    last = [x for r in records if r["type"] == "step" for x in r["sampled"]][-6:]
+    assert [x["token"] for x in last] == done[0].output_ids

@@ -567,6 +567,8 @@ class Engine:
         flight, so the engine is usable again; the caller sees the exception."""
         self._in_flight = None
         self.scheduler.abandon()
+        if self.tracer is not None:
+            self.tracer.abandoned()
         for request_id in list(self._live):
             self.cancel(request_id)
         self._live.clear()

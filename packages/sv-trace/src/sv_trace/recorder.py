@@ -267,6 +267,13 @@ class StepRecorder:
         record["timing"] = step.clock.result()
         self._write(record)
 
+    def abandoned(self) -> None:
+        """A step failed and the engine dropped the steps in flight: they will never resolve,
+        so their records are dropped too (kept, each failure would hold one or two for good).
+        The requests' cancel lines follow, and the next plan lists their pages as freed."""
+        self._open.clear()
+        self._current = None
+
     def cancelled(self, request_id: RequestId) -> None:
         self._write({"type": "cancel", "request": request_id, "at_ms": self._now_ms()})
 
