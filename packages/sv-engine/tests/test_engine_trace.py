@@ -309,3 +309,26 @@ def test_failed_steps_leave_no_step_open_and_the_trace_stays_valid(
     assert sum(r["type"] == "cancel" for r in records) == 3
     last = [x for r in records if r["type"] == "step" for x in r["sampled"]][-6:]
     assert [x["token"] for x in last] == done[0].output_ids
+
+
+def test_a_failed_grammar_is_traced_as_an_error_not_a_cancel(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The engine ends a request whose grammar fails between steps, with finish "error"; its
+    trace line said "cancel" and the report drew it as cancelled. Now the line says why."""
+    digits = frozenset(engine.tokenizer.encode(str(d))[0] for d in range(10))
+    params = SamplingParams(
+        max_new_tokens=12, grammar=Grammar.regex("1[a-z]+"), allowed_token_ids=digits
+    )
+    done: list[Any] = []
+    records = traced(
+        engine,
+        tmp_path / "g.jsonl",
+        lambda: done.extend(engine.generate(["What is 2 + 2?"], params)),
+    )
+    validate(records)
+    assert done[0].finish_reason == "error"
+    ends = [r for r in records if r["type"] == "cancel"]
+    assert [(r["request"], r.get("reason")) for r in ends] == [(done[0].request_id, "error")]
+    (drawn,) = report_data(records)["requests"]
+    assert drawn["finish"] == "error"

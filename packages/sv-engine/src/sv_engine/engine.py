@@ -421,7 +421,7 @@ class Engine:
             self.tokenizer,
         )
         if self.tracer is not None:
-            self.tracer.cancelled(request_id)
+            self.tracer.cancelled(request_id, reason)
         in_flight = self._in_flight
         if in_flight is not None and not any(
             s.request_id in self._live for s in in_flight.plan.sampling

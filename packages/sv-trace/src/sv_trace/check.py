@@ -99,6 +99,8 @@ class TraceChecker:
             self._get(record, "at_ms", "", MS)
             # Before the first step it may cancel a request queued before the trace started.
             self._request_id(record, "request", "", known=self._last_step is not None)
+            if "reason" in record:  # (absent: cancelled)
+                self._get(record, "reason", "", _one_of("error"))
         elif kind == "end":
             self._get(record, "at_ms", "", MS)
             stats = self._get(record, "stats", "", OBJECT)

@@ -274,8 +274,12 @@ class StepRecorder:
         self._open.clear()
         self._current = None
 
-    def cancelled(self, request_id: RequestId) -> None:
-        self._write({"type": "cancel", "request": request_id, "at_ms": self._now_ms()})
+    def cancelled(self, request_id: RequestId, reason: str = "cancelled") -> None:
+        """Ended between steps: cancelled, or (`reason` "error") its grammar failed."""
+        record: dict[str, Any] = {"type": "cancel", "request": request_id, "at_ms": self._now_ms()}
+        if reason != "cancelled":
+            record["reason"] = reason
+        self._write(record)
 
     def close(self, stats: SchedulerStats) -> None:
         """Write the "end" line (the --stats figures and the pool as it is left) and close.

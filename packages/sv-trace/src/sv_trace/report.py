@@ -55,7 +55,7 @@ def report_data(records: list[dict[str, Any]]) -> dict[str, Any]:
             requests[record["request"]] = _new_request(record["request"], next_step, record)
         elif kind == "cancel":
             r = request(record["request"])
-            r["end_step"], r["finish"] = next_step, "cancelled"
+            r["end_step"], r["finish"] = next_step, record.get("reason", "cancelled")
         elif kind == "step":
             index = len(steps)
             step = record["step"]
