@@ -608,6 +608,41 @@ def test_failed_engine_step_is_a_500_and_the_server_goes_on(server: RunningServe
     assert health["status"] == "ok" and "injected fault" in health["last_engine_error"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_requests_a_failed_step_ends_are_counted_as_aborted(
+    server: RunningServer, stream: bool
+) -> None:
+    """A request the engine had taken, ended by a failed step, was counted as refused
+    (rejected, engine_error) when not streamed, and nowhere when streamed. Both now count once,
+    as finished with reason "abort"; a refusal counts only what the engine never took."""
+    engine = server.app.state.server.loop.engine
+    real_step = engine.step
+
+    def failing_step() -> Any:
+        engine.step = real_step  # fail once
+        raise RuntimeError("injected fault")
+
+    before = server.wait_idle()
+    engine.step = failing_step
+    body = {"prompt": "hi", "max_tokens": 3, "stream": stream}
+    try:
+        response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    finally:
+        engine.step = real_step
+    if stream:
+        assert response.status_code == 200 and "injected fault" in response.text
+    else:
+        assert response.status_code == 500
+    after = server.wait_idle()
+
+    def grew(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert grew('sv_requests_finished_total{finish_reason="abort"}') == 1
+    assert grew('sv_requests_rejected_total{reason="engine_error"}') == 0
+    assert sum(grew(k) for k in after if k.startswith("sv_requests_finished_total")) == 1
+
+
 def test_an_unexpected_error_is_a_500_that_closes_its_connection(
     server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -240,7 +240,7 @@ def _error_response(error: ServerError) -> JSONResponse:
 async def _server_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServerError)
     state: ServerState = request.app.state.server
-    if request.url.path in GENERATION_PATHS:  # (sv_requests_rejected_total counts these)
+    if request.url.path in GENERATION_PATHS and not exc.counted:  # (sv_requests_rejected_total)
         reason = {429: "queue_full", 500: "engine_error", 503: "shutting_down"}.get(
             exc.status, "invalid"
         )

@@ -79,14 +79,18 @@ class Token:
 
 @dataclass(frozen=True)
 class Failed:
-    """The request died with the engine step it was in (500), or the server is stopping (503)."""
+    """The request died with the engine step it was in (500), or the server is stopping (503).
+    `ran`: the engine had accepted it (its metrics count it as finished, reason "abort")."""
 
     message: str
     status: int = 500
+    ran: bool = False
 
     def error(self) -> ServerError:
         code = "shutting_down" if self.status == 503 else None
-        return ServerError(self.message, status=self.status, type="server_error", code=code)
+        return ServerError(
+            self.message, status=self.status, type="server_error", code=code, counted=self.ran
+        )
 
 
 Delivery = Accepted | Rejected | Token | Failed
@@ -347,7 +351,7 @@ class EngineLoop:
 
     def _fail_all(self, message: str, batch: Batch, status: int = 500) -> None:
         for handle in self._live.values():
-            batch.append((handle, Failed(message, status)))
+            batch.append((handle, Failed(message, status, ran=True)))
         self._live.clear()
         try:
             self.engine.cancel_all()

@@ -27,8 +27,12 @@ class ServerError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        counted: bool = False,
     ) -> None:
         super().__init__(message)
+        # Already in /metrics (a request that ran and then failed: its finish is "abort"), so
+        # not counted again as one the server refused.
+        self.counted = counted
         self.message = message
         self.status = status
         self.type = type

@@ -14,7 +14,7 @@ import bisect
 from collections import Counter
 from collections.abc import Sequence
 
-from sv_server.engine_loop import Batch, LoopSnapshot, Token
+from sv_server.engine_loop import Batch, Failed, LoopSnapshot, Token
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -61,6 +61,9 @@ class Metrics:
     def observe(self, batch: Batch) -> None:
         """The EngineLoop's observer: count tokens and time them, per request."""
         for handle, delivery in batch:
+            if isinstance(delivery, Failed) and delivery.ran:
+                self.finished["abort"] += 1  # (streamed or not: its error reaches the client)
+                continue
             if not isinstance(delivery, Token):
                 continue
             event, at = delivery.event, delivery.at
@@ -143,15 +146,17 @@ class Metrics:
         out.labelled_counter(
             "sv_requests_finished_total",
             "Requests ended, by finish reason (stop: a stop token or string, as vLLM counts "
-            "them; cancelled: the client went away; error: its output constraint failed).",
+            "them; cancelled: the client went away; error: its output constraint failed; "
+            "abort: an engine step failed or the server stopped while it ran).",
             "finish_reason",
             self.finished,
-            ("stop", "length", "cancelled"),
+            ("stop", "length", "cancelled", "error", "abort"),
         )
         out.labelled_counter(
             "sv_requests_rejected_total",
             "Generation requests the server refused, by reason (unauthorized: any request "
-            "refused for its API key).",
+            "refused for its API key; engine_error and shutting_down: before the engine took "
+            "it).",
             "reason",
             self.rejected,
             (
