@@ -144,6 +144,11 @@ def test_a_rejection_quotes_the_max_new_tokens_asked_for_when_the_context_clampe
         sched.add(Request("long", [1] * 60, 500))
 
 
+def test_a_pool_of_one_page_is_one_page_in_the_message() -> None:
+    with pytest.raises(AdmissionError, match=r"pool has only 1 page; shorten"):
+        make(1, max_model_len=100).add(Request("two", [1] * 20, 1))
+
+
 def test_config_errors() -> None:
     with pytest.raises(SchedulerError, match="max_step_tokens"):
         SchedulerConfig(num_pages=4, max_model_len=64, max_num_seqs=8, max_step_tokens=4)

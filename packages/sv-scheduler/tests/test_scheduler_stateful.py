@@ -171,7 +171,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             clamped = min(max_new, cfg.max_model_len - len(prompt))
             if pages_touched(len(prompt) + clamped - 1, cfg.page_size) > cfg.num_pages:
-                expected_error = f"but the KV-cache pool has only {cfg.num_pages} pages"
+                pages = f"{cfg.num_pages} page" + ("s" if cfg.num_pages != 1 else "")
+                expected_error = f"but the KV-cache pool has only {pages}"
         try:
             seq = self.sched.add(request)
         except AdmissionError as error:

@@ -119,7 +119,7 @@ def check_request(request: Request, config: SchedulerConfig) -> tuple[int, int]:
                 f"request {rid!r} rejected: it needs {credits} pages at once (the sliding "
                 f"window of {config.sliding_window} positions plus a prefill chunk of up to "
                 f"{min(prompt_len, config.max_step_tokens)} tokens, {config.page_size} per page) "
-                f"but the KV-cache pool has only {config.num_pages} pages; give the KV cache "
+                f"but the KV-cache pool has only {_pages(config.num_pages)}; give the KV cache "
                 f"more memory or lower the step's token budget"
             )
     elif credits > config.num_pages:
@@ -129,10 +129,15 @@ def check_request(request: Request, config: SchedulerConfig) -> tuple[int, int]:
         raise AdmissionError(
             f"request {rid!r} rejected: it needs {credits} pages (prompt {prompt_len} + "
             f"{budget} - 1 = {prompt_len + clamped - 1} tokens, "
-            f"{config.page_size} per page) but the KV-cache pool has only {config.num_pages} pages; "
+            f"{config.page_size} per page) but the KV-cache pool has only "
+            f"{_pages(config.num_pages)}; "
             f"shorten the prompt or max_new_tokens, or give the KV cache more memory"
         )
     return clamped, credits
+
+
+def _pages(n: int) -> str:
+    return f"{n} page" if n == 1 else f"{n} pages"
 
 
 # -- the two policies ----------------------------------------------------------------------------
