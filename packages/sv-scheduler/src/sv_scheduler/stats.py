@@ -19,7 +19,9 @@ class SchedulerStats:
                              not per waiting request; a head held back by max_num_seqs or by the
                              step's token budget is not counted.
     waited_requests:         distinct requests that were such a blocked head at least once.
-    prefix_cache_hit_tokens: prompt tokens taken from the prefix cache instead of computed.
+    prefix_cache_hit_tokens: tokens taken from the prefix cache instead of computed, at every
+                             admission: a preempted sequence's own pages found again on resuming
+                             count too (a request's `num_cached_tokens` is its first admission's).
     preemptions:             sequences sent back to the queue (preemptive policy only).
     recomputed_tokens:       tokens whose KV a preempted sequence had computed and computed again
                              on resuming (those the prefix cache still held are not counted).
