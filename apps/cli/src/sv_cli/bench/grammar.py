@@ -14,7 +14,7 @@ import random
 import time
 from typing import Any
 
-from sv_cli.bench.inputs import random_prompts
+from sv_cli.bench.inputs import random_prompts, vocab_size
 from sv_cli.bench.report import Report, Row
 
 SCHEMA = {
@@ -43,7 +43,7 @@ def bench_grammar(report: Report, engine: Any, new_tokens: int, batch: int) -> N
     plain = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     constrained = SamplingParams(max_new_tokens=new_tokens, grammar=grammar)
     rng = random.Random(2)
-    warm, prompt = random_prompts(rng, 2, 128, 128)
+    warm, prompt = random_prompts(rng, 2, 128, 128, vocab_size(engine))
     figures = {}
     for name, params in (("plain", plain), ("json-schema", constrained)):
         engine.generate([warm], params)  # builds the grammar vocabulary once, off the clock
@@ -59,7 +59,7 @@ def bench_grammar(report: Report, engine: Any, new_tokens: int, batch: int) -> N
                 note=f"TTFT {(times[0] - t0) * 1e3:.1f} ms, {len(times)} tokens{ratio}",
             )
         )
-    prompts = random_prompts(random.Random(0), batch, 100, 1024)
+    prompts = random_prompts(random.Random(0), batch, 100, 1024, vocab_size(engine))
     throughput = {}
     for name, params in (("plain", plain), ("json-schema", constrained)):
         engine.clear_prefix_cache()

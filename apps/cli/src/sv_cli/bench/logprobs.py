@@ -12,7 +12,7 @@ import random
 import time
 from typing import Any
 
-from sv_cli.bench.inputs import random_prompts
+from sv_cli.bench.inputs import random_prompts, vocab_size
 from sv_cli.bench.report import Report, Row
 from sv_cli.bench.workloads import bench_throughput
 
@@ -31,7 +31,8 @@ def bench_logprobs(report: Report, engine: Any, quick: bool) -> None:
     from sv_engine import SamplingParams
 
     rng = random.Random(1)
-    warm, *prompts = random_prompts(rng, 5, 128, 128)  # distinct: no prefix-cache hit
+    # distinct: no prefix-cache hit; within the model's vocabulary
+    warm, *prompts = random_prompts(rng, 5, 128, 128, vocab_size(engine))
     new_tokens = 64 if quick else 256
     for logprobs in (None, TOP):  # captures the logprob graphs before any timing
         engine.generate([warm], SamplingParams(max_new_tokens=8, logprobs=logprobs))

@@ -257,12 +257,15 @@ def bench_spec_decode_b1(report: Report, model_dir: Any, new_tokens: int) -> flo
     from sv_engine import Engine, SamplingParams
     from sv_scheduler import Scheduler, SpeculationConfig
 
-    from sv_cli.bench.inputs import bench_engine
+    from sv_cli.bench.inputs import PROMPT_ID_BOUND, bench_engine, vocab_size
 
-    rng = random.Random(1)
-    warm, prompt = ([rng.randint(0, 127999) for _ in range(128)] for _ in range(2))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     plain_engine = bench_engine(model_dir, max_num_seqs=256)
+    rng = random.Random(1)
+    vocab = vocab_size(plain_engine)  # a smaller vocabulary than Llama's refused an id past it
+    warm, prompt = (
+        [rng.randint(0, PROMPT_ID_BOUND - 1) % vocab for _ in range(128)] for _ in range(2)
+    )
     spec_config = replace(plain_engine.scheduler.config, speculation=SpeculationConfig())
     engines = {
         "decode-b1 (same engine settings)": plain_engine,

@@ -11,7 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sv_cli.bench.inputs import bench_engine, random_prompts, scratch_decode_step, vocab_size
+from sv_cli.bench.inputs import (
+    PROMPT_ID_BOUND,
+    bench_engine,
+    random_prompts,
+    scratch_decode_step,
+    vocab_size,
+)
 from sv_cli.bench.profiles import profile_decode_batch, profile_decode_path
 from sv_cli.bench.report import Report, Row
 from sv_cli.bench.timing import (
@@ -174,12 +180,16 @@ def bench_long_context(
     that over the copy bandwidth is the roofline."""
     import torch
     from sv_engine import SamplingParams
+    from sv_weights import ModelConfig
 
     from sv_cli.bench.runner import weight_bytes_per_decode_step
 
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     rng = random.Random(7)
-    prompts = {n: random_prompts(rng, 1, n, n)[0] for n in contexts}
+    # Drawn before the first engine, within the model's vocabulary (a smaller one than Llama's
+    # was refused at the first prompt): its config says it.
+    vocab = ModelConfig.from_model_dir(model_dir).vocab_size
+    prompts = {n: random_prompts(rng, 1, n, n, vocab)[0] for n in contexts}
     runs = [(None, "auto"), (None, "fp8")] + [(mode, "fp8") for mode in quantization]
     for mode, kv_dtype in runs:
         engine = bench_engine(
@@ -254,10 +264,13 @@ def bench_prefill(report: Report, engine: Any, roof: dict[str, float], tag: str 
     config = engine.runner.config
     prompt = random_prompts(random.Random(2), 1, 2048, 2048, vocab_size(engine))[0]
     params = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    vocab = vocab_size(engine)
     best = float("inf")
     for i in range(6):
-        # a different prompt each time, so the prefix cache does not serve it
-        p = [(t + i + 1) % 128000 for t in prompt]
+        # a different prompt each time, so the prefix cache does not serve it; kept within
+        # Llama's ids (the workload of BENCHMARKS.md) and the model's vocabulary (a smaller
+        # one, as Mistral's 32,000, refuses an id shifted past it, ending the run)
+        p = [(t + i + 1) % PROMPT_ID_BOUND % vocab for t in prompt]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         engine.generate([p], params)
