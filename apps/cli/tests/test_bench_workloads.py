@@ -91,3 +91,29 @@ def test_prompts_fit_a_smaller_vocabulary(
     }
     runs[workload]()
     assert report.rows
+
+
+@pytest.mark.parametrize("workload", ["decode", "grammar"])
+def test_every_timed_decode_b1_prompt_is_cold(
+    workload: str, small_vocab_dirs: dict[int, Path], cpu_engine: Callable[..., Any]
+) -> None:
+    """Each decode-b1 row reports its TTFT; the rows after the first (sampled, plain step loop;
+    the JSON-schema one) streamed the prompt the first had left in the prefix cache, so their
+    TTFT was that of a cached prompt."""
+    engine = cpu_engine(small_vocab_dirs[TOKENIZER_VOCAB])
+    stream = engine.stream
+    hits: list[int] = []
+
+    def counted(prompts: Any, params: Any) -> Any:
+        before = engine.stats.prefix_cache_hit_tokens
+        yield from stream(prompts, params)
+        hits.append(engine.stats.prefix_cache_hit_tokens - before)
+
+    engine.stream = counted
+    report = Report()
+    if workload == "decode":
+        workloads.bench_decode_b1(report, engine, ROOF, 4)
+    else:
+        grammar.bench_grammar(report, engine, 4, 2)
+    assert len(hits) == (3 if workload == "decode" else 2)
+    assert hits == [0] * len(hits)
