@@ -159,14 +159,35 @@ def cpu_model() -> str:
     return f"{name} (family {family}; {found})"
 
 
+def at_least(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `least` (a bad value used to fail after minutes of
+    loading and measuring, with a traceback, or, as --threads 0, to be ignored)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return parse
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model folder (default: the embedded default model)")
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    # Two tokens at least: the rate is taken between the first and the last.
+    p.add_argument("--tokens", type=at_least(2), default=64)
+    p.add_argument("--rounds", type=at_least(1), default=3)
+    p.add_argument(
+        "--threads", type=at_least(1), help="torch CPU threads (default: torch's choice)"
+    )
     p.add_argument("--kernels", action="store_true", help="time torch's candidate kernels first")
     args = p.parse_args()
+    if args.model and not (Path(args.model) / "config.json").is_file():
+        p.error(f"--model {args.model!r}: no config.json there (not a model folder)")
     if args.threads:
         # On a machine shared with other busy processes, one thread avoids OpenMP's barriers
         # waiting on a descheduled partner thread at every op.
