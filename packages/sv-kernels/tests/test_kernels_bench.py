@@ -80,3 +80,17 @@ def test_bench_runs_only_the_named_sections() -> None:
     }
     with pytest.raises(SystemExit):
         bench.main(["--smoke", "--only", "logprob"])
+
+
+@pytest.mark.parametrize("smoke", [["--smoke"], []])
+def test_an_unknown_section_is_refused_before_any_measurement(
+    smoke: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was found only after the copy benchmark ran (with --smoke) or, without a GPU, not at
+    all: "needs a CUDA device" came first."""
+    with pytest.raises(SystemExit) as caught:
+        bench.main([*smoke, "--only", "rope,logprob"])
+    assert caught.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "unknown --only section 'logprob'" in captured.err

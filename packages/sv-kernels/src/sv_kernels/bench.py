@@ -337,6 +337,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "and int8)",
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
+    sections: dict[str, Callable[[Bench], None]] = {
+        "elementwise": bench_norm_swiglu_embedding,
+        "rope": bench_rope_cache_write,
+        "attention": lambda b: bench_attention(b, with_flex=not args.skip_flex),
+        "sampling": bench_sampling,
+        "logprobs": bench_token_logprobs,
+        "gemv": bench_gemv,
+    }
+    chosen = list(sections) if args.only is None else args.only.split(",")
+    # Checked before the device and the copy benchmark: a misspelt name used to be found
+    # only after the copy was timed (or, without a GPU, not at all).
+    unknown = [name for name in chosen if name not in sections]
+    if unknown:
+        parser.error(f"unknown --only section {unknown[0]!r} ({', '.join(sections)})")
     if torch.cuda.is_available():
         device = torch.device("cuda")
         name = torch.cuda.get_device_name(0)
@@ -350,18 +364,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     b = Bench(device, SMOKE if args.smoke else SERVING, quick=args.quick or args.smoke)
     print(f"device: {name}, torch {torch.__version__}", flush=True)
     bench_copy(b)
-    sections: dict[str, Callable[[Bench], None]] = {
-        "elementwise": bench_norm_swiglu_embedding,
-        "rope": bench_rope_cache_write,
-        "attention": lambda b: bench_attention(b, with_flex=not args.skip_flex),
-        "sampling": bench_sampling,
-        "logprobs": bench_token_logprobs,
-        "gemv": bench_gemv,
-    }
-    chosen = list(sections) if args.only is None else args.only.split(",")
-    unknown = [name for name in chosen if name not in sections]
-    if unknown:
-        parser.error(f"unknown --only section {unknown[0]!r} ({', '.join(sections)})")
     for section in (sections[name] for name in chosen):
         try:
             section(b)
