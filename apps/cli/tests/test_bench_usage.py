@@ -1,8 +1,8 @@
 """`sv bench`'s usage errors come before any work: a --json path that cannot be written (it was
-written only after the whole GPU run), a --tokenizer-dir without a tokenizer, a --spec-trace
-that cannot be read, and --spec-trace without the spec workload (silently ignored) are each one
-line naming the flag and its value, exit code 2, raised before the CUDA check (so a machine
-without a GPU finds them too)."""
+written only after the whole GPU run), a --workdir with a file in the way, a --tokenizer-dir
+without a tokenizer, a --spec-trace that cannot be read, and --spec-trace without the spec
+workload (silently ignored) are each one line naming the flag and its value, exit code 2,
+raised before the CUDA check (so a machine without a GPU finds them too)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,25 @@ def test_json_error_is_one_line_from_the_installed_command(tmp_path: Path) -> No
     """As a user meets it; without a GPU it used to be "the benchmarks need a CUDA device"."""
     line = one_line_error(sv("bench", "--quick", "--json", str(tmp_path)))
     assert line.startswith("sv bench: error: --json ") and str(tmp_path) in line
+
+
+@pytest.mark.parametrize("below", ["", "sub/dir"])
+def test_workdir_that_is_a_file_is_refused(
+    below: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The checkpoint is written there after the rooflines: a file in the way ended the run
+    with a traceback."""
+    (tmp_path / "a-file").write_text("x")
+    workdir = tmp_path / "a-file" / below if below else tmp_path / "a-file"
+    err = _usage_error(["--workdir", str(workdir)], capsys)
+    _names(err, "--workdir", workdir)
+    assert "not a folder" in err
+
+
+def test_workdir_that_is_or_can_be_a_folder_is_taken(tmp_path: Path) -> None:
+    for workdir in (tmp_path, tmp_path / "new" / "bench"):
+        assert main.parse_args(["--workdir", str(workdir)]).workdir == str(workdir)
+    assert not (tmp_path / "new").exists()  # made by the run, not by the check
 
 
 @pytest.mark.parametrize("kind", ["missing", "a file", "no tokenizer file", "only original/"])

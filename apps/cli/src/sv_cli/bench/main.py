@@ -157,12 +157,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = [m for m in modes if m not in QUANTIZATION_MODES]
     if unknown:
         p.error(f"unknown --quantization {unknown[0]!r} (modes: {', '.join(QUANTIZATION_MODES)})")
+    _check_workdir(p, args.workdir)
     if args.tokenizer_dir is not None:
         _check_tokenizer_dir(p, args.tokenizer_dir)
     args.spec_trace = _spec_traces(p, args.spec_trace, "spec" in names, args.only)
     if args.json is not None and (reason := cannot_write(args.json)) is not None:
         p.error(f"--json {args.json!r}: cannot be written ({reason})")
     return args
+
+
+def _check_workdir(p: OneLineErrorParser, value: str) -> None:
+    """The work folder is one, or can be made: a file at its path, or above it, used to end
+    the run with a traceback when the checkpoint was written, after the rooflines."""
+    folder = Path(value)
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    if not existing.is_dir():
+        what = "not a folder" if existing == folder else f"{str(existing)!r} is not a folder"
+        p.error(f"--workdir {value!r}: {what}")
 
 
 def _check_tokenizer_dir(p: OneLineErrorParser, value: str) -> None:
