@@ -109,7 +109,8 @@ for name in ("conservative", "preemptive"):
         continue
     r = json.loads(path.read_text())
     t, b = r["ttft_ms"], r["ttft_ms_with_max_tokens"]
-    print(f"{name:<14}{r['requests_per_s']:>8}{t['p50']:>10}{t['p99']:>9}{b['p50']:>13}{b['p99']:>9}"
+    # !s: a percentile of no request is None, which a width alone cannot format (TypeError)
+    print(f"{name:<14}{r['requests_per_s']!s:>8}{t['p50']!s:>10}{t['p99']!s:>9}{b['p50']!s:>13}{b['p99']!s:>9}"
           f"{r.get('server_preemptions')!s:>9}{r.get('server_recomputed_tokens')!s:>9}")
 PY
 fi
