@@ -296,6 +296,31 @@ def test_a_required_call_always_parses(accepts: Any, parser: str) -> None:
         _required(parser, {**refs, "$defs": [1]}).grammar()
 
 
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_a_call_schemas_root_refs_point_into_its_own_parameters(accepts: Any, parser: str) -> None:
+    """A `$ref` to the parameters' root ("#", "#/properties/...") means the parameter schema,
+    not the call object the grammar wraps it in: a recursive schema recurses into arguments,
+    never into another {"name", "arguments"} object, and a pointer into it compiles."""
+    compact = parser == "llama3_json"
+    tree = {"type": "object", "properties": {"c": {"$ref": "#"}}, "additionalProperties": False}
+    for required in (_required(parser, tree), _required(parser, tree, {"type": "object"})):
+        nested = '{"c":{"c":{}}}' if compact else '{"c": {"c": {}}}'
+        assert accepts(required, _call_text(parser, nested))
+        key = "parameters" if compact else "arguments"
+        wrapped = '{"c":{"name":"f0","' + key + '":{}}}'
+        if not compact:
+            wrapped = '{"c": {"name": "f0", "' + key + '": {}}}'
+        assert not accepts(required, _call_text(parser, wrapped))
+    pointer = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}},
+        "required": ["a", "b"],
+    }
+    pair = '{"a":1,"b":2}' if compact else '{"a": 1, "b": 2}'
+    assert accepts(_required(parser, pointer), _call_text(parser, pair))
+    assert not accepts(_required(parser, pointer), _call_text(parser, pair.replace("2", '"x"')))
+
+
 def test_a_responses_message_before_calls_has_its_texts_logprobs() -> None:
     """A message's entries go with the text that completes their token's own text (a token
     of no text, the first part of a split character, with the next; a skipped special token

@@ -196,12 +196,15 @@ def call_grammar(
     """The constraint of an answer that must call one of `functions` (OpenAI function
     definitions): with `parallel` and hermes, one or more calls. Arguments are always a JSON
     object (a schema without `"type": "object"` would let `5` or `null` through, which is no
-    call), and each schema's `$defs` move to the root, where its `#/$defs/...` refs point."""
+    call), and each schema's `$defs` move to the root, where its `#/$defs/...` refs point.
+    Its other local refs ("#", "#/properties/...") are rebased onto where its parameters sit
+    in the call object: left as they are, they would point at the call itself."""
     key = "parameters" if parser == "llama3_json" else "arguments"
     definitions: dict[str, dict[str, Any]] = {"$defs": {}, "definitions": {}}
     calls = []
-    for function in functions:
-        arguments = dict(function.get("parameters") or {})
+    for i, function in enumerate(functions):
+        at = f"#/properties/{key}" if len(functions) == 1 else f"#/anyOf/{i}/properties/{key}"
+        arguments = _rebased_refs(dict(function.get("parameters") or {}), at)
         for where, found in definitions.items():
             given = arguments.pop(where, None) or {}
             if not isinstance(given, dict):
@@ -232,3 +235,34 @@ def call_grammar(
     more = ' ("\\n" call)*' if parallel else ""
     start, end = json.dumps(HERMES_START + "\n"), json.dumps("\n" + HERMES_END)
     return Grammar.ebnf(f"start: call{more}\ncall: {start} body {end}\nbody: %json {body}\n")
+
+
+# Keywords whose values are JSON data, not schemas: a "$ref" in them is no reference; and
+# those whose values map names (a property's may be "const") to schemas.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+_NAMED_SCHEMAS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def _rebased_refs(schema: Any, at: str, named: bool = False) -> Any:
+    """`schema` with each local `$ref` but those into its `$defs`/`definitions` (which
+    `call_grammar` moves to the root) made relative to `at`, the pointer of the schema's root.
+    `named`: `schema` maps names to schemas (the value of "properties")."""
+    if isinstance(schema, list):
+        return [_rebased_refs(item, at) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if named:
+        return {name: _rebased_refs(value, at) for name, value in schema.items()}
+    rebased: dict[str, Any] = {}
+    for name, value in schema.items():
+        if name == "$ref" and isinstance(value, str) and value.startswith("#"):
+            pointer = value[1:]
+            kept = pointer.startswith(("/$defs/", "/definitions/"))
+            rebased[name] = value if kept else at + pointer
+        elif name in _DATA_KEYWORDS:
+            rebased[name] = value
+        else:
+            rebased[name] = _rebased_refs(value, at, name in _NAMED_SCHEMAS)
+    return rebased
