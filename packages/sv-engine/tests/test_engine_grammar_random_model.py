@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from sv_engine import Completion, Engine, SamplingParams
+import pytest
+from sv_engine import Completion, Engine, EngineError, SamplingParams
 from sv_engine.grammar import Grammar
 
 # The GPU test's schema. Every value is bounded: the integer's digits, the enum, the string's
@@ -109,3 +110,16 @@ def test_an_engine_that_served_other_work_constrains_as_a_fresh_one(tiny_llama_d
     used = engine_on(tiny_llama_dir)
     serve_other_work(used)
     assert [c.output_ids for c in run_batch(used)] == fresh
+
+
+def test_boolean_schemas_are_schemas(tiny_llama_dir: Path) -> None:
+    """`true` is the schema any JSON value matches (as `{}`), so it constrains like `{}`;
+    `false` matches none, so it is refused naming that, not the library's own words."""
+    engine = engine_on(tiny_llama_dir)
+    params = SamplingParams(max_new_tokens=BUDGET, grammar=Grammar.json_schema(True), seed=0)
+    completion = engine.generate([[128000, 1000, 2000]], params)[0]
+    assert completion.finish_reason in ("stop", "length")
+    if completion.finish_reason == "stop":
+        json.loads(completion.text)
+    with pytest.raises(EngineError, match="the schema false matches no value"):
+        Grammar.json_schema(False).compile()

@@ -63,7 +63,11 @@ class Grammar:
     def json_schema(cls, schema: Any) -> Grammar:
         if not isinstance(schema, dict | bool):
             raise EngineError(f"a JSON schema is an object, got {type(schema).__name__}")
-        return cls("json_schema", json.dumps(schema))
+        # A boolean is a schema too: true matches any value, as {} does (the library takes
+        # only objects once options apply); false matches none, so no output could be made.
+        if schema is False:
+            raise EngineError("the schema false matches no value, so nothing could be generated")
+        return cls("json_schema", json.dumps({} if schema is True else schema))
 
     @classmethod
     def json_object(cls) -> Grammar:
