@@ -692,6 +692,11 @@ BASE: dict[str, Any] = {"input": QUESTION, "max_output_tokens": 2}
             "text",
             "'text.format.schema'",
         ),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": 1}}},
+            "text",
+            "'text.format.strict' must be true or false",
+        ),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
         ({"conversation": "conv_1"}, "conversation", "stores no responses"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt", "stores no responses"),

@@ -113,6 +113,10 @@ def test_json_object_and_guided_fields(client: openai.OpenAI, server: RunningSer
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+        (
+            {"response_format": {**FORMAT, "json_schema": {**FORMAT["json_schema"], "strict": 1}}},
+            "response_format.json_schema.strict",
+        ),
     ],
 )
 def test_constraints_that_cannot_compile_are_400(

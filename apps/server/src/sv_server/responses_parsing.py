@@ -500,6 +500,8 @@ def _text_format(value: Any) -> tuple[dict[str, Any], Grammar | None]:
             "object)",
             "text",
         )
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise bad_request("'text.format.strict' must be true or false", "text")
     try:
         grammar = Grammar.json_schema(spec["schema"])
         grammar.compile()

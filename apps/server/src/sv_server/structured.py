@@ -78,6 +78,10 @@ def _response_format(value: Any) -> Grammar | None:
         raise bad_request(
             f"unknown field 'response_format.json_schema.{sorted(unknown)[0]}'", param
         )
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        # (The output is held to the schema either way, as vLLM's is: OpenAI's strict false
+        # only allows the model to stray.)
+        raise bad_request("'response_format.json_schema.strict' must be true or false", param)
     schema = spec.get("schema")
     if schema is None:  # OpenAI's default: any JSON object
         return Grammar.json_object()
