@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from sv_engine import Engine, SamplingParams
 from sv_engine.default_model import default_model_dir
+from sv_engine.options import positive_int
 
 PROMPT = "Write a short story about a lighthouse keeper who builds a clock."
 
@@ -159,33 +160,20 @@ def cpu_model() -> str:
     return f"{name} (family {family}; {found})"
 
 
-def at_least(least: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= `least` (a bad value used to fail after minutes of
-    loading and measuring, with a traceback, or, as --threads 0, to be ignored)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-
-    return parse
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model folder (default: the embedded default model)")
-    # Two tokens at least: the rate is taken between the first and the last.
-    p.add_argument("--tokens", type=at_least(2), default=64)
-    p.add_argument("--rounds", type=at_least(1), default=3)
+    # (a bad count used to fail after minutes of loading and measuring, with a traceback, or,
+    # as --threads 0, to be ignored)
+    p.add_argument("--tokens", type=positive_int, default=64)
+    p.add_argument("--rounds", type=positive_int, default=3)
     p.add_argument(
-        "--threads", type=at_least(1), help="torch CPU threads (default: torch's choice)"
+        "--threads", type=positive_int, help="torch CPU threads (default: torch's choice)"
     )
     p.add_argument("--kernels", action="store_true", help="time torch's candidate kernels first")
     args = p.parse_args()
+    if args.tokens < 2:  # the rate is taken between the first token and the last
+        p.error(f"argument --tokens: must be at least 2, got {args.tokens}")
     if args.model and not (Path(args.model) / "config.json").is_file():
         p.error(f"--model {args.model!r}: no config.json there (not a model folder)")
     if args.threads:
