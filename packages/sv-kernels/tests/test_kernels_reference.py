@@ -355,7 +355,8 @@ def test_reference_sampler_far_from_zero_and_at_a_tiny_temperature(
     chi2 = float(((counts[:8] - expected) ** 2 / expected).sum())
     assert chi2 < 7 + 10 * math.sqrt(14) + 10, f"chi2={chi2:.1f} for 7 dof: {counts[:8].tolist()}"
 
-    logits = randn(cpu_gen, 300, dtype=torch.float32, scale=2.0) + 10.0
+    # (4 or more: FP32 holds 3.4 / 1e-38, so a logit below that would not overflow)
+    logits = randn(cpu_gen, 300, dtype=torch.float32, scale=2.0).abs() + 4.0
     assert bool(torch.isinf(logits / 1e-38).all()), "every logit must overflow at T = 1e-38"
     for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.9)):
         ids = _sample_many(logits, 50, 1e-38, top_k, top_p)

@@ -273,7 +273,7 @@ def test_sample_far_from_zero_and_at_a_tiny_temperature(gen: torch.Generator) ->
     logits = randn(gen, batch, vocab, dtype=torch.float32, scale=2.0)
     tops = torch.tensor([5, 1000, 2050, 2099])
     logits[0, tops] = 1e30  # ties the noise cannot break without the offset
-    logits[1] += 10.0  # at T = 1e-38 every logit overflows
+    logits[1] = logits[1].abs() + 4.0  # at T = 1e-38 every logit / T overflows (3.4 would not)
     logits[2] -= 1e30  # far below zero: every logit loses digits, all equally
     logits[3] = float("-inf")  # but for four near FP32's largest and two at -1e30
     logits[3, tops] = 3e38
