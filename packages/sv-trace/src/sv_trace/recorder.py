@@ -44,6 +44,19 @@ from sv_trace.timing import StepClock
 _log = logging.getLogger(__name__)
 
 
+def _tables(
+    scheduler: Scheduler, picture: dict[str, Any]
+) -> tuple[dict[RequestId, list[int]], dict[RequestId, list[int]]]:
+    """Per running request: its whole block table, the entries a sliding window gave back
+    included (positions line up with an earlier plan's), and the pages it holds (the pool
+    picture's `tables`, which list only those)."""
+    held, holding = {}, {}
+    for seq, table in zip(scheduler.running(), picture["tables"], strict=True):
+        held[seq.request_id] = list(seq.table.pages)
+        holding[seq.request_id] = table["pages"]
+    return held, holding
+
+
 class TracedEvent(Protocol):
     """What the recorder reads of an engine event (sv_engine.StreamEvent)."""
 
@@ -83,13 +96,10 @@ class StepRecorder:
         self._t0 = time.perf_counter()
         self._open: dict[int, _OpenStep] = {}
         self._current: _OpenStep | None = None  # planned, its logits not seen yet
-        self._held: dict[RequestId, list[int]] = {}  # request -> its block table at the last plan
-        self._holding: dict[RequestId, list[int]] = {}  # request -> the pages it held then
-        # A trace started on a busy engine: the requests running now were admitted before it,
-        # with these pages (not at its first step, nor are their pages new there).
-        for seq, table in zip(scheduler.running(), pool_picture(scheduler)["tables"], strict=True):
-            self._held[seq.request_id] = list(seq.table.pages)
-            self._holding[seq.request_id] = table["pages"]
+        # Per request at the last plan: its block table, and the pages it held (`_tables`). A
+        # trace started on a busy engine: the requests running now were admitted before it, with
+        # these pages (not at its first step, nor are their pages new there).
+        self._held, self._holding = _tables(scheduler, pool_picture(scheduler))
         self._texts: dict[int, str] = {}
         self._closed = False
         self._started = False  # the header is written: a later failed write stops the trace
@@ -152,14 +162,10 @@ class StepRecorder:
         admitted = []
         changes = []
         freed = []
-        held: dict[RequestId, list[int]] = {}
-        holding: dict[RequestId, list[int]] = {}
-        for seq, table in zip(scheduler.running(), picture["tables"], strict=True):
+        held, holding = _tables(scheduler, picture)
+        for seq in scheduler.running():
             rid = seq.request_id
-            holding[rid] = table["pages"]
-            # The whole block table, the entries a sliding window gave back included (the
-            # picture has only the pages still held): positions line up with the last plan's.
-            pages = held[rid] = list(seq.table.pages)
+            pages = held[rid]
             before = self._held.get(rid)
             if before is not None and pages[: len(before)] != before:
                 # preempted and admitted again within this one plan: a new block table

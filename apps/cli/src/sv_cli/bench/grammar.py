@@ -43,7 +43,8 @@ def bench_grammar(report: Report, engine: Any, new_tokens: int, batch: int) -> N
     plain = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     constrained = SamplingParams(max_new_tokens=new_tokens, grammar=grammar)
     rng = random.Random(2)
-    warm, prompt = random_prompts(rng, 2, 128, 128, vocab_size(engine))
+    vocab = vocab_size(engine)
+    warm, prompt = random_prompts(rng, 2, 128, 128, vocab)
     figures = {}
     for name, params in (("plain", plain), ("json-schema", constrained)):
         engine.generate([warm], params)  # builds the grammar vocabulary once, off the clock
@@ -60,7 +61,7 @@ def bench_grammar(report: Report, engine: Any, new_tokens: int, batch: int) -> N
                 note=f"TTFT {(times[0] - t0) * 1e3:.1f} ms, {len(times)} tokens{ratio}",
             )
         )
-    prompts = random_prompts(random.Random(0), batch, 100, 1024, vocab_size(engine))
+    prompts = random_prompts(random.Random(0), batch, 100, 1024, vocab)
     throughput = {}
     for name, params in (("plain", plain), ("json-schema", constrained)):
         engine.clear_prefix_cache()

@@ -265,9 +265,9 @@ def bench_prefill(report: Report, engine: Any, roof: dict[str, float], tag: str 
     from sv_cli.bench.runner import num_parameters
 
     config = engine.runner.config
-    prompt = random_prompts(random.Random(2), 1, 2048, 2048, vocab_size(engine))[0]
-    params = SamplingParams(max_new_tokens=1, ignore_eos=True)
     vocab = vocab_size(engine)
+    prompt = random_prompts(random.Random(2), 1, 2048, 2048, vocab)[0]
+    params = SamplingParams(max_new_tokens=1, ignore_eos=True)
     best = float("inf")
     for i in range(6):
         # a different prompt each time, so the prefix cache does not serve it; kept within
