@@ -63,7 +63,8 @@ CHAT_VALID = VALID | {"prompt_logprobs": PROMPT_LOGPROBS}
 FIELDS = st.sampled_from([*VALID, "max_completion_tokens", "n", "stream_options", "echo",
                           "best_of", "suffix", "logit_bias", "top_logprobs", "tools",
                           "tool_choice", "response_format", "guided_json", "guided_regex",
-                          "guided_choice", "guided_grammar", "chat_template_kwargs",
+                          "guided_choice", "guided_grammar", "structured_outputs",
+                          "chat_template_kwargs",
                           "add_generation_prompt", "continue_final_message",
                           "prompt_logprobs"])  # fmt: skip
 ODD_FIELD = st.dictionaries(FIELDS, JSON, min_size=1, max_size=1)

@@ -99,6 +99,43 @@ def test_json_object_and_guided_fields(client: openai.OpenAI, server: RunningSer
     jsonschema.validate(json.loads(done.choices[0].text), SCHEMA)
 
 
+def test_vllm_structured_outputs(client: openai.OpenAI, server: RunningServer) -> None:
+    """vLLM's `structured_outputs` (which replaced `guided_*` in vLLM 0.12): each of its
+    constraints binds the output, checked by jsonschema and re.fullmatch."""
+
+    def text(constraint: dict[str, Any], prompt: str = "Data:", **more: Any) -> str:
+        done = client.completions.create(
+            model=server.model_name,
+            prompt=prompt,
+            max_tokens=200,
+            seed=1,
+            extra_body={"structured_outputs": constraint, **more},
+        )
+        assert done.choices[0].finish_reason == "stop", done.choices[0].text
+        return done.choices[0].text
+
+    jsonschema.validate(json.loads(text({"json": SCHEMA})), SCHEMA)
+    jsonschema.validate(json.loads(text({"json": json.dumps(SCHEMA)})), SCHEMA)
+    assert isinstance(json.loads(text({"json_object": True})), dict)
+    assert text({"choice": ["yes", "no"]}, "The answer is") in ("yes", "no")
+    date = r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"
+    assert re.fullmatch(date, text({"regex": date}, "A date:"))
+    sum_grammar = 'root ::= num " + " num\nnum ::= [1-9] [0-9]?'
+    assert re.fullmatch(r"[1-9][0-9]? \+ [1-9][0-9]?", text({"grammar": sum_grammar}, "A sum:"))
+    # disable_additional_properties: an object schema that lists no more than "a" (an object
+    # listing none) then allows nothing else, at any depth: one output can match.
+    open_schema = {"type": "object", "properties": {"a": {"type": "object"}}, "required": ["a"]}
+    closed = {"json": open_schema, "disable_additional_properties": True}
+    assert json.loads(text(closed | {"disable_any_whitespace": True})) == {"a": {}}
+    chat = client.chat.completions.create(
+        model=server.model_name,
+        messages=QUESTION,
+        max_tokens=60,
+        extra_body={"structured_outputs": {"choice": ["Lisbon", "Porto"]}},
+    )
+    assert chat.choices[0].message.content in ("Lisbon", "Porto")
+
+
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
@@ -113,6 +150,32 @@ def test_json_object_and_guided_fields(client: openai.OpenAI, server: RunningSer
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+        ({"structured_outputs": {"regex": "(unclosed"}}, "'structured_outputs.regex'"),
+        ({"structured_outputs": {"json": "{not json"}}, "'structured_outputs.json'"),
+        (
+            {"structured_outputs": {"json": "{not", "disable_additional_properties": True}},
+            "'structured_outputs.json'",
+        ),
+        ({"structured_outputs": ["regex", "a"]}, "'structured_outputs' must be an object"),
+        ({"structured_outputs": {}}, "'structured_outputs' needs one of"),
+        ({"structured_outputs": {"disable_fallback": True}}, "'structured_outputs' needs one of"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "'structured_outputs.choice'"),
+        ({"structured_outputs": {"json_object": False}}, "'structured_outputs.json_object'"),
+        ({"structured_outputs": {"regex": "a", "backend": "x"}}, "'structured_outputs.backend'"),
+        (
+            {"structured_outputs": {"regex": "a", "disable_fallback": "yes"}},
+            "'structured_outputs.disable_fallback' must be true or false",
+        ),
+        (
+            {"structured_outputs": {"json_object": True, "whitespace_pattern": " ?"}},
+            "'structured_outputs.whitespace_pattern' is not supported",
+        ),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "'structured_outputs.structural_tag'"),
+        ({"structured_outputs": {"regex": "a"}, "guided_regex": "a"}, "guided_regex"),
+        (
+            {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+            "'response_format' and 'structured_outputs.regex'",
+        ),
         (
             {"response_format": {**FORMAT, "json_schema": {**FORMAT["json_schema"], "strict": 1}}},
             "response_format.json_schema.strict",
@@ -160,3 +223,45 @@ def test_min_tokens_with_a_constraint_is_a_400_naming_it(
             model=server.model_name, prompt="x", max_tokens=8, extra_body=extra
         )
     assert caught.value.body["param"] == "min_tokens"  # type: ignore[index]
+
+
+def test_disable_additional_properties_closes_object_schemas_only() -> None:
+    """Every object schema is closed that does not say otherwise, through every keyword that
+    holds schemas; values that merely look like schemas (const, enum, default, examples) and
+    schemas that set additionalProperties keep theirs. Hand-written expectation."""
+    from sv_server.structured import _closed_objects
+
+    point = {"type": "object", "properties": {"x": {"type": "number"}}}
+    shaped = {"type": "object", "properties": {"type": {"const": {"type": "object"}}}}
+    schema = {
+        "type": ["object", "null"],
+        "properties": {
+            "p": {"$ref": "#/$defs/point"},
+            "open": {"type": "object", "additionalProperties": True},
+            "list": {"type": "array", "items": point, "default": [{"type": "object"}]},
+            "tuple": {"type": "array", "prefixItems": [point], "items": [point]},
+            "either": {"anyOf": [point, {"type": "string"}], "enum": [{"type": "object"}]},
+            "shaped": shaped,
+        },
+        "$defs": {"point": point},
+        "not": {"properties": {"y": {}}},
+    }
+    closed_point = point | {"additionalProperties": False}
+    assert _closed_objects(schema) == {
+        "type": ["object", "null"],
+        "properties": {
+            "p": {"$ref": "#/$defs/point"},
+            "open": {"type": "object", "additionalProperties": True},
+            "list": {"type": "array", "items": closed_point, "default": [{"type": "object"}]},
+            "tuple": {"type": "array", "prefixItems": [closed_point], "items": [closed_point]},
+            "either": {
+                "anyOf": [closed_point, {"type": "string"}],
+                "enum": [{"type": "object"}],
+            },
+            "shaped": shaped | {"additionalProperties": False},
+        },
+        "$defs": {"point": closed_point},
+        "not": {"properties": {"y": {}}, "additionalProperties": False},
+        "additionalProperties": False,
+    }
+    assert "additionalProperties" not in point  # the caller's schema is not changed
