@@ -10,7 +10,6 @@ could do. Needs a CUDA device; `--quick` shrinks every workload (for a smoke tes
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -123,7 +122,12 @@ def build_parser() -> OneLineErrorParser:
         "(written by scripts/spec_acceptance.py --trace; default: "
         f"scripts/{DEFAULT_SPEC_TRACE.name}, recorded on the CPU from the default model)",
     )
-    p.add_argument("--json", metavar="PATH", help="write the rows here as JSON")
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the rows here as JSON, rewritten after each row (a run cut short keeps "
+        "what it measured)",
+    )
     p.add_argument(
         "--quantization",
         default="",
@@ -216,18 +220,34 @@ def bench_main(argv: list[str]) -> int:
     modes = [m for m in args.quantization.split(",") if m]
 
     import torch
-    from sv_tokenizer.cli import installed_llama_tokenizer_dir
 
     if not torch.cuda.is_available():
         print("sv bench: error: the benchmarks need a CUDA device", file=sys.stderr)
         return 2
     only = set(args.only.split(",")) if args.only else None
+    report = Report(json_path=Path(args.json) if args.json else None)
+    try:
+        _run_workloads(args, modes, only, report)
+    except KeyboardInterrupt:  # (gpu-check.sh's time budget ends a run with SIGINT)
+        print("\nsv bench: interrupted; the rows measured before it:", file=sys.stderr)
+        print("\n" + report.table())
+        return 130
+    report.add(Row("host probe at end", host_probe_ms(), "ms", note="sum(range(10**7))"))
+    print("\n" + report.table())
+    return 0
+
+
+def _run_workloads(
+    args: argparse.Namespace, modes: list[str], only: set[str] | None, report: Report
+) -> None:
+    """Every workload `args` asks for, each row added to `report` as it is measured."""
+    import torch
+    from sv_tokenizer.cli import installed_llama_tokenizer_dir
 
     def want(name: str) -> bool:
         return only is None or name in only
 
     bf16_throughput: float | None = None
-    report = Report()
     report.info["device"] = torch.cuda.get_device_name()
     report.info["preset"] = args.preset
     roof = measure_rooflines(report)
@@ -353,10 +373,3 @@ def bench_main(argv: list[str]) -> int:
         bench_tensor_parallel(report, model_dir, roof, args.tensor_parallel_size, args.quick)
     if args.peer:
         bench_peer(report, model_dir, args.quick)
-    report.add(Row("host probe at end", host_probe_ms(), "ms", note="sum(range(10**7))"))
-    print("\n" + report.table())
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"info": report.info, "rows": [r.__dict__ for r in report.rows]}, indent=1)
-        )
-    return 0

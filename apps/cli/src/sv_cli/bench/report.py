@@ -1,9 +1,13 @@
 """The report `sv bench` fills: one `Row` per figure, printed as it is measured (beside its
-roofline where it has one) and again as the table that ends a run."""
+roofline where it has one) and again as the table that ends a run; with a JSON path, the file
+is rewritten after each row, so a run cut short (a device call's time limit) keeps what it
+measured."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -26,11 +30,15 @@ class Row:
 class Report:
     rows: list[Row] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    json_path: Path | None = None
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
         frac = f" ({row.fraction} of {row.roofline:,.0f})" if row.roofline else ""
         print(f"[bench] {row.name}: {row.value:,.2f} {row.unit}{frac} {row.note}", flush=True)
+        if self.json_path is not None:
+            rows = [r.__dict__ for r in self.rows]
+            self.json_path.write_text(json.dumps({"info": self.info, "rows": rows}, indent=1))
 
     def table(self) -> str:
         lines = [f"preset {self.info['preset']}"] if "preset" in self.info else []
