@@ -520,6 +520,19 @@ def test_text_format_json_object_constrains_the_text(
         assert isinstance(json.loads(response.output_text), dict)
 
 
+def test_vllms_structured_outputs_constrains_the_text(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """vLLM's `structured_outputs`, which its /v1/responses takes beside `text.format`."""
+    response = client.responses.create(
+        model=server.model_name,
+        input="Is Lisbon in Portugal?",
+        max_output_tokens=10,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert response.status == "completed" and response.output_text in ("yes", "no")
+
+
 # --- streamed -------------------------------------------------------------------------------
 
 
@@ -697,6 +710,21 @@ BASE: dict[str, Any] = {"input": QUESTION, "max_output_tokens": 2}
             "text",
             "'text.format.strict' must be true or false",
         ),
+        (
+            {"structured_outputs": {"regex": "a"}, "text": {"format": {"type": "json_object"}}},
+            "structured_outputs",
+            "not 'text.format' and 'structured_outputs'",
+        ),
+        (
+            {
+                "structured_outputs": {"regex": "a"},
+                "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": "required",
+            },
+            "tool_choice",
+            "drop 'structured_outputs'",
+        ),
+        ({"structured_outputs": {"regex": "("}}, "structured_outputs", "structured_outputs.regex"),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
         ({"conversation": "conv_1"}, "conversation", "stores no responses"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt", "stores no responses"),

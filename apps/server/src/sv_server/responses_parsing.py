@@ -62,6 +62,7 @@ _SAMPLING_FIELDS = frozenset(
         "bad_words",
         "allowed_token_ids",
         "skip_special_tokens",
+        "structured_outputs",  # beside text.format, as vLLM's Responses request takes it
     }
 )
 _OWN_FIELDS = frozenset(
@@ -135,10 +136,18 @@ def parse_responses_request(
         tool_call_parser,
     )
     text_format, grammar = _text_format(body.get("text"))
+    given = "text.format"
+    if req.grammar is not None:  # structured_outputs'
+        if grammar is not None:
+            raise bad_request(
+                "give one output constraint, not 'text.format' and 'structured_outputs'",
+                param="structured_outputs",
+            )
+        grammar, given = req.grammar, "structured_outputs"
     call_grammar = tools.grammar() if tools is not None else None
     if call_grammar is not None and grammar is not None:
         raise bad_request(
-            "a required or named tool call is already constrained: drop 'text.format'",
+            f"a required or named tool call is already constrained: drop '{given}'",
             param="tool_choice",
         )
     settings = {
