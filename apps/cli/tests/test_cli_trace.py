@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,31 @@ def test_the_trace_file_is_checked_before_the_model_loads(tmp_path: Path) -> Non
     trace = tmp_path / "t.jsonl"
     line = one_line_error(sv("generate", "--model", missing, "--trace", str(trace), "Hi", "2"))
     assert "no-model" in line and not trace.exists()
+
+
+def test_a_trace_over_a_file_of_the_model_folder_is_refused(
+    default_model: Path, tmp_path: Path
+) -> None:
+    """`--trace` naming the model's config.json (or a link to it) wrote the trace over it after
+    the load: the folder no longer loaded. Refused before the load, the file untouched."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for entry in default_model.iterdir():
+        if entry.suffix == ".safetensors":
+            (model / entry.name).symlink_to(entry)
+        elif entry.is_file():
+            shutil.copy(entry, model / entry.name)
+    config = (model / "config.json").read_bytes()
+    link = tmp_path / "trace.jsonl"
+    link.symlink_to(model / "config.json")
+    for target in (model / "config.json", link):
+        done = sv("generate", "--model", str(model), "--trace", str(target), "Hi", "2")
+        line = one_line_error(done)
+        assert "model folder's config.json" in line and done.returncode == 2, line
+        assert (model / "config.json").read_bytes() == config
+    trace = model / "new-trace.jsonl"  # a new file in the folder is no one's
+    assert main(["generate", "--model", str(model), "--trace", str(trace), "Hi", "2"]) == 0
+    assert read_trace(trace)[0]["type"] == "header"
 
 
 @pytest.fixture(scope="module")

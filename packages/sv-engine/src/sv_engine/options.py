@@ -571,6 +571,20 @@ def cannot_write(path: str) -> str | None:
     return None
 
 
+def _model_file(path: str, model_dir: Path) -> str | None:
+    """The name of the model folder's file that `path` is (through any link), or None: a
+    trace written over config.json or the weights (mapped while they run) loses the model."""
+    if not os.path.isfile(path) or not model_dir.is_dir():
+        return None
+    for entry in model_dir.iterdir():
+        try:
+            if entry.is_file() and os.path.samefile(path, entry):
+                return entry.name
+        except OSError:  # (a broken link in the folder)
+            continue
+    return None
+
+
 def _load_engine(
     args: argparse.Namespace,
     speculation: SpeculationConfig | None,
@@ -581,6 +595,12 @@ def _load_engine(
         model_dir = Path(args.model)
     else:
         model_dir = default_model_dir(progress=lambda message: print(message, file=sys.stderr))
+    trace = getattr(args, "trace", None)
+    if trace is not None and (clash := _model_file(trace, model_dir)) is not None:
+        raise EngineError(
+            f"--trace {trace!r}: that is the model folder's {clash}, which the trace would "
+            "overwrite: name another file"
+        )
     quantization = resolve_quantization(
         getattr(args, "quantization", "auto"), args.device, model_dir
     )
@@ -621,7 +641,6 @@ def _load_engine(
             file=sys.stderr,
         )
     engine.overlap = getattr(args, "overlap", True)
-    trace = getattr(args, "trace", None)
     if trace is not None:
         start_trace(engine, trace, model=str(model_dir))
     return engine, model_dir
