@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -569,3 +570,47 @@ def test_qwen2_configs_transformers_reads_as_sv_runs_them_load(changes: dict[str
     theirs = transformers.Qwen2Config(**raw)
     assert set(theirs.layer_types) == {"full_attention"}
     assert ModelConfig.from_dict(raw).sliding_window is None
+
+
+@pytest.mark.parametrize("model_type", sorted(_CONFIG_CLASSES))
+def test_partial_rotary_factor_is_refused_naming_it(tmp_path: Path, model_type: str) -> None:
+    """A config with `partial_rotary_factor` 0.5 asks for RoPE on half of each head's
+    dimensions: transformers' RoPE functions make tables for that half only (its Llama then
+    fails on them), vLLM's Llama rotates that half. sv rotates them all, so it ran such a
+    checkpoint silently wrong; it refuses it, naming the key. A factor of 1 is every dimension."""
+
+    def minimal() -> dict[str, Any]:  # fresh each time: transformers edits the dicts it gets
+        return {
+            "model_type": model_type,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "intermediate_size": 128,
+            "vocab_size": 100,
+            "max_position_embeddings": 16384,
+            "rope_scaling": dict(LLAMA_3_2_1B_INSTRUCT_JSON["rope_scaling"]),
+        }
+
+    cls = getattr(transformers, _CONFIG_CLASSES[model_type])
+    theirs = cls(**minimal(), partial_rotary_factor=0.5)
+    init = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["llama3"]
+    inv_freq, _ = init(theirs, "cpu")
+    assert inv_freq.shape == (4,)  # frequencies for 8 of the 16 dimensions: half rotate
+    theirs.save_pretrained(tmp_path)  # transformers 5: the factor at the top and in rope_parameters
+    with pytest.raises(
+        WeightsError, match=re.escape("'partial_rotary_factor': 0.5 is not supported")
+    ):
+        ModelConfig.from_model_dir(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    del raw["partial_rotary_factor"]
+    with pytest.raises(
+        WeightsError, match=re.escape("'rope_parameters.partial_rotary_factor': 0.5")
+    ):
+        ModelConfig.from_dict(raw)
+    legacy = minimal()
+    legacy["rope_scaling"]["partial_rotary_factor"] = 0.25
+    with pytest.raises(WeightsError, match=re.escape("'rope_scaling.partial_rotary_factor': 0.25")):
+        ModelConfig.from_dict(legacy)
+    assert ModelConfig.from_dict({**minimal(), "partial_rotary_factor": 1.0}).head_dim == 16

@@ -11,7 +11,7 @@ We write the 4.x spelling, which both versions of transformers read.
 
 Only what the engine implements is accepted: a config that asks for something else (an
 unknown family, biases its family does not have, another activation, another RoPE scaling,
-Qwen's per-layer sliding window) fails here, loudly, instead of producing
+RoPE on part of each head, Qwen's per-layer sliding window) fails here, loudly, instead of producing
 wrong text later.
 """
 
@@ -413,7 +413,26 @@ def _check_supported_architecture(raw: dict[str, Any]) -> Architecture:
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise WeightsError(f"config key 'hidden_act': {act!r} is not supported (expected 'silu')")
+    _check_full_rotary(raw)
     return architecture
+
+
+def _check_full_rotary(raw: dict[str, Any]) -> None:
+    """Refuse a `partial_rotary_factor` other than 1 (top level, or in either RoPE spelling):
+    sv rotates every dimension of each head. The config asks for RoPE on a fraction of them:
+    vLLM's Llama rotates that fraction, transformers' RoPE functions make tables for it (and
+    its Llama then fails on them, or ignores the key under plain RoPE). Run whole, the
+    model's text would be wrong with no other sign."""
+    for where in ("", "rope_parameters.", "rope_scaling."):
+        holder = raw if not where else raw.get(where[:-1])
+        if not isinstance(holder, dict):
+            continue
+        factor = holder.get("partial_rotary_factor")
+        if factor is not None and (isinstance(factor, bool) or factor != 1):
+            raise WeightsError(
+                f"config key '{where}partial_rotary_factor': {factor!r} is not supported "
+                "(sv applies RoPE to every dimension of each head; expected 1 or no key)"
+            )
 
 
 def _some_layers_slide(raw: dict[str, Any]) -> bool:
