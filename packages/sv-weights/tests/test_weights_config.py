@@ -614,3 +614,30 @@ def test_partial_rotary_factor_is_refused_naming_it(tmp_path: Path, model_type: 
     with pytest.raises(WeightsError, match=re.escape("'rope_scaling.partial_rotary_factor': 0.25")):
         ModelConfig.from_dict(legacy)
     assert ModelConfig.from_dict({**minimal(), "partial_rotary_factor": 1.0}).head_dim == 16
+
+
+def test_mistral_layer_types_with_full_attention_layers_are_refused() -> None:
+    """A Mistral config whose `layer_types` gives some layers full attention was made for
+    alternating layers: transformers' Ministral class (and vLLM's Mistral) honour the list,
+    its Mistral class ignores it with a warning. sv gave every layer the window, silently
+    unlike the first (teacher-forced logits 49% apart at 2 layers, window 5); it refuses it."""
+    raw = {
+        "model_type": "mistral",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 8192,
+        "sliding_window": 5,
+        "layer_types": ["sliding_attention", "full_attention"],
+    }
+    honoured = transformers.MinistralConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    assert honoured.layer_types == ["sliding_attention", "full_attention"]
+    with pytest.raises(WeightsError, match="config key 'layer_types': full attention on some"):
+        ModelConfig.from_dict(raw)
+    # Every layer sliding is what sv runs; without a window the list changes nothing.
+    sliding = ModelConfig.from_dict({**raw, "layer_types": ["sliding_attention"] * 2})
+    assert sliding.sliding_window == 5
+    assert ModelConfig.from_dict({**raw, "sliding_window": None}).sliding_window is None

@@ -11,7 +11,7 @@ We write the 4.x spelling, which both versions of transformers read.
 
 Only what the engine implements is accepted: a config that asks for something else (an
 unknown family, biases its family does not have, another activation, another RoPE scaling,
-RoPE on part of each head, Qwen's per-layer sliding window) fails here, loudly, instead of producing
+RoPE on part of each head, a sliding window on only some layers) fails here, loudly, instead of producing
 wrong text later.
 """
 
@@ -410,6 +410,12 @@ def _check_supported_architecture(raw: dict[str, Any]) -> Architecture:
             f"config key 'use_sliding_window': a sliding window on some layers of a "
             f"{architecture.model_type} model is not supported (expected false)"
         )
+    if architecture.sliding_window and _some_layers_see_everything(raw, architecture):
+        raise WeightsError(
+            f"config key 'layer_types': full attention on some layers of a "
+            f"{architecture.model_type} model with a sliding window is not supported (sv gives "
+            "every layer the window; expected only 'sliding_attention', or no key)"
+        )
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise WeightsError(f"config key 'hidden_act': {act!r} is not supported (expected 'silu')")
@@ -449,6 +455,18 @@ def _some_layers_slide(raw: dict[str, Any]) -> bool:
         return False
     layers, first = raw.get("num_hidden_layers"), raw.get("max_window_layers", 28)
     return not (_is_int(layers) and _is_int(first) and first >= layers)
+
+
+def _some_layers_see_everything(raw: dict[str, Any], architecture: Architecture) -> bool:
+    """Whether a config of a family whose window is every layer's (Mistral) lists, in
+    `layer_types`, layers without it while it has a window. transformers' Mistral class
+    ignores the list (and warns, pointing to its Ministral class, which honours it); vLLM's
+    gives those layers full attention: the checkpoint was made for alternating layers."""
+    layer_types = raw.get("layer_types")
+    window = raw.get("sliding_window", architecture.default_sliding_window)
+    if window is None or not isinstance(layer_types, list):
+        return False
+    return any(t != "sliding_attention" for t in layer_types)
 
 
 def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
