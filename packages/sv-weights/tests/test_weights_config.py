@@ -641,3 +641,35 @@ def test_mistral_layer_types_with_full_attention_layers_are_refused() -> None:
     sliding = ModelConfig.from_dict({**raw, "layer_types": ["sliding_attention"] * 2})
     assert sliding.sliding_window == 5
     assert ModelConfig.from_dict({**raw, "sliding_window": None}).sliding_window is None
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_sliding_layer_types_are_refused_naming_layer_types(model_type: str) -> None:
+    """A config whose `layer_types` gives a layer a sliding window is refused naming that key
+    (vLLM's Llama and Qwen give the layer the window; sv has none for these families). It
+    named 'use_sliding_window', expecting false: a key a Llama config does not have, and one
+    this Qwen config already sets false."""
+    raw = {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 8192,
+        "sliding_window": 4,
+        "use_sliding_window": False,
+        "layer_types": ["sliding_attention", "full_attention"],
+    }
+    with pytest.raises(WeightsError) as caught:
+        ModelConfig.from_dict(raw)
+    assert str(caught.value) == (
+        f"config key 'layer_types': a sliding window on some layers of a {model_type} model is "
+        "not supported (expected only 'full_attention')"
+    )
+    if model_type != "llama":  # without the list, Qwen's own keys say which layers slide
+        del raw["layer_types"]
+        raw.update(use_sliding_window=True, max_window_layers=1)
+        with pytest.raises(WeightsError, match="config key 'use_sliding_window': a sliding"):
+            ModelConfig.from_dict(raw)

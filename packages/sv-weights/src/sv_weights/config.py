@@ -406,9 +406,13 @@ def _check_supported_architecture(raw: dict[str, Any]) -> Architecture:
                 f"config key {key!r}: biases are not supported by this engine (expected false)"
             )
     if _some_layers_slide(raw) and not architecture.sliding_window:
+        listed = isinstance(raw.get("layer_types"), list) and raw["layer_types"]
+        key, expected = (
+            ("layer_types", "only 'full_attention'") if listed else ("use_sliding_window", "false")
+        )
         raise WeightsError(
-            f"config key 'use_sliding_window': a sliding window on some layers of a "
-            f"{architecture.model_type} model is not supported (expected false)"
+            f"config key '{key}': a sliding window on some layers of a "
+            f"{architecture.model_type} model is not supported (expected {expected})"
         )
     if architecture.sliding_window and _some_layers_see_everything(raw, architecture):
         raise WeightsError(
