@@ -298,6 +298,37 @@ def test_bad_sentencepiece_fields_are_named(tmp_path: Path, change: Any, message
     assert message in str(caught.value)
 
 
+def test_an_added_token_on_a_vocabulary_id_is_refused(tmp_path: Path) -> None:
+    """An added token whose id is a vocabulary entry of other text: HF gives that id the
+    entry's text (and the added token another id), so sv would encode the entry's text as the
+    id and decode it as the added token's. Refused by name, as in a byte-level file."""
+    spec = json.loads(_train("llama2"))
+    entry, taken = next((t, i) for t, i in spec["model"]["vocab"].items() if t.isalpha())
+    spec["added_tokens"].append(
+        {"id": taken, "content": "<extra>", "special": True, "single_word": False,
+         "lstrip": False, "rstrip": False, "normalized": False}
+    )  # fmt: skip
+    text = json.dumps(spec)
+    hf = tokenizers.Tokenizer.from_str(text)
+    assert hf.decode([taken], skip_special_tokens=False) == entry.replace(
+        "\u2581", " "
+    ).removeprefix(" ")
+    (tmp_path / "tokenizer.json").write_text(text, encoding="utf-8")
+    with pytest.raises(
+        TokenizerError, match=rf"'added_tokens\[\d+\].id' is {taken}, already the id of model.vocab"
+    ):
+        Tokenizer.from_file(tmp_path / "tokenizer.json")
+
+
+def test_a_sentencepiece_id_far_past_the_vocabulary_is_refused(tmp_path: Path) -> None:
+    """A damaged id (10**12) is a TokenizerError, not a table of 10**12 entries (MemoryError)."""
+    spec = json.loads(_train("metaspace"))
+    spec["model"]["vocab"]["zzz"] = 10**12
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(TokenizerError, match="token id 1,000,000,000,000 leaves"):
+        Tokenizer.from_file(tmp_path / "tokenizer.json")
+
+
 @pytest.mark.parametrize("scheme", ["first", "always", "never"])
 def test_a_metaspace_decoder_leaves_byte_tokens_as_text(tmp_path: Path, scheme: str) -> None:
     """HF's Metaspace decoder turns ▁ into a space (dropping the first token's where its scheme

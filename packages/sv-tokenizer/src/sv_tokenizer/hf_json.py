@@ -165,22 +165,8 @@ def parse_hf_tokenizer_json(data: bytes, source: str) -> HFTokenizerSpec:
 
     vocab = _parse_vocab(model)
     added_tokens = _parse_added_tokens(root)
-    token_of_id = {token_id: token for token, token_id in vocab.items()}
-    for index, added in enumerate(added_tokens):
-        taken_by = token_of_id.get(added.id)
-        if taken_by is not None and taken_by != added.content:
-            raise root.error(
-                f"added_tokens[{index}].id",
-                f"is {added.id}, already the id of model.vocab entry {taken_by!r}",
-            )
     added_ids = {token.id for token in added_tokens}
-
-    size = id_table_size(
-        [*vocab.values(), *added_ids],
-        len(vocab) + len(added_ids - set(vocab.values())),
-        root.source,
-    )
-    token_bytes: list[bytes | None] = [None] * size
+    token_bytes: list[bytes | None] = [None] * _checked_id_table_size(root, vocab, added_tokens)
     for token, token_id in vocab.items():
         as_bytes = chars_to_bytes(token)
         if as_bytes is None:
@@ -236,6 +222,28 @@ def parse_hf_tokenizer_json(data: bytes, source: str) -> HFTokenizerSpec:
         token_bytes=token_bytes,
         added_tokens=added_tokens,
         bos_token=_post_processor_bos(root),
+    )
+
+
+def _checked_id_table_size(
+    root: _Fields, vocab: dict[str, int], added_tokens: list[AddedToken]
+) -> int:
+    """The size of the table of bytes by id (`id_table_size`), once no added token has the id
+    of a vocabulary entry of other text: HF would renumber it, and sv would encode that
+    entry's text as the id and decode the id as the added token's text."""
+    token_of_id = {token_id: token for token, token_id in vocab.items()}
+    for index, added in enumerate(added_tokens):
+        taken_by = token_of_id.get(added.id)
+        if taken_by is not None and taken_by != added.content:
+            raise root.error(
+                f"added_tokens[{index}].id",
+                f"is {added.id}, already the id of model.vocab entry {taken_by!r}",
+            )
+    added_ids = {token.id for token in added_tokens}
+    return id_table_size(
+        [*vocab.values(), *added_ids],
+        len(vocab) + len(added_ids - set(vocab.values())),
+        root.source,
     )
 
 
@@ -385,8 +393,7 @@ def _parse_sentencepiece_bpe(
     leading_space, decodes_bytes = _check_sentencepiece_decoder(root)
     vocab = _parse_vocab(model)
     added_tokens = _parse_added_tokens(root)
-    size = 1 + max([*vocab.values(), *(t.id for t in added_tokens)])
-    token_bytes: list[bytes | None] = [None] * size
+    token_bytes: list[bytes | None] = [None] * _checked_id_table_size(root, vocab, added_tokens)
     for token, token_id in vocab.items():
         token_bytes[token_id] = token_text_bytes(token, byte_tokens=decodes_bytes)
     for added in added_tokens:
