@@ -114,6 +114,8 @@ def test_special_token_text_is_plain_without_allow_special(
         (["--decode", "--tokenizer", "{model}", "²"], "'²' is not a token id"),
         (["--decode", "--tokenizer", "{model}", "①"], "'①' is not a token id"),
         (["--decode", "--tokenizer", "{model}", "١٢"], "'١٢' is not a token id"),
+        # more digits than int() converts (4,300): not a ValueError traceback
+        (["--decode", "--tokenizer", "{model}", "9" * 5000], f"'{'9' * 40}' is not a token id"),
         (["--model", "{dir}", "--tokenizer", "{model}", "hi"], "not allowed with argument"),
         (["--bogus", "hi"], "unrecognized arguments: --bogus"),
         # An unknown option is the mistake to report, not the TEXT it left missing.

@@ -62,6 +62,9 @@ GOOD_LINE = b"aGk= 300\n"  # "hi"
         (b"aGk 300", "token b'aGk' is not valid base64"),  # missing padding: a truncated line
         (b"aGk= 30x", "rank b'30x' is not a non-negative integer"),
         (b"aGk= -3", "rank b'-3' is not a non-negative integer"),
+        # more digits than int() converts (4,300): not a ValueError traceback
+        (b"aGk= " + b"9" * 5000, "is too large"),
+        (b"aGk= " + b"1" * 19, "is too large"),
         (b"aGk=", "expected '<base64 token> <rank>', found 1 field(s)"),
         (b"aGk= 300 extra", "found 3 field(s)"),
         (b"aGk= 5", "rank 5 is already used on line 6"),
@@ -286,6 +289,11 @@ def test_bad_json_syntax(tmp_path: Path) -> None:
         write(tmp_path / "tokenizer.json", '{\n  "model": {\n    "type": "BPE",,\n')
     )
     assert "invalid JSON at line 3 column" in message
+    # an integer of more digits than int() converts (4,300): not a ValueError traceback
+    huge = '{"model": {"vocab": {"a": ' + "9" * 5000 + "}}}"
+    assert "invalid JSON: a number has too many digits" in load_error(
+        write(tmp_path / "h.json", huge)
+    )
     assert "field 'model' must be an object, found a list" in load_error(
         write(tmp_path / "b.json", '{"model": []}')
     )
@@ -369,6 +377,7 @@ def test_model_dir_errors(tmp_path: Path) -> None:
         ({"added_tokens_decoder": {"x": {}}}, "key 'x' is not a token id"),
         ({"added_tokens_decoder": {"\u00b2": {}}}, "key '\u00b2' is not a token id"),
         ({"added_tokens_decoder": {"\u0663": {}}}, "key '\u0663' is not a token id"),
+        ({"added_tokens_decoder": {"9" * 5000: {}}}, f"key '{'9' * 40}' is not a token id"),
     ]:
         write(config, content)  # type: ignore[arg-type]
         with pytest.raises(TokenizerError, match=re.escape(expected)):

@@ -66,8 +66,9 @@ def _parse_ids(arguments: list[str]) -> list[int]:
         text = text[1:-1]
     ids = []
     for field in text.replace(",", " ").split():
-        if not (field.isascii() and field.isdigit()):
-            raise TokenizerError(f"--decode: {field!r} is not a token id")
+        # (more than 18 digits is no vocabulary's id, and int() refuses 4,301 and more)
+        if not (field.isascii() and field.isdigit()) or len(field) > 18:
+            raise TokenizerError(f"--decode: {field[:40]!r} is not a token id")
         ids.append(int(field))
     return ids
 

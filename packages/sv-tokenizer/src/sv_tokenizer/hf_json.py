@@ -95,6 +95,8 @@ def parse_json_document(data: bytes, source: str) -> Any:
         ) from None
     except RecursionError:
         raise TokenizerError(f"{source}: invalid JSON: nested too deeply") from None
+    except ValueError:  # an integer of more digits than Python converts (4,300)
+        raise TokenizerError(f"{source}: invalid JSON: a number has too many digits") from None
 
 
 class _Fields:

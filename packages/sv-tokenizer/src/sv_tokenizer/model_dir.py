@@ -115,8 +115,9 @@ def _added_tokens_decoder(value: object, path: Path) -> list[AddedToken]:
         raise TokenizerError(f"{where} must be an object of id -> token")
     tokens = []
     for key, entry in value.items():
-        if not (key.isascii() and key.isdecimal()):
-            raise TokenizerError(f"{where}: key {key!r} is not a token id")
+        # (more than 18 digits is no vocabulary's id, and int() refuses 4,301 and more)
+        if not (key.isascii() and key.isdecimal()) or len(key) > 18:
+            raise TokenizerError(f"{where}: key {key[:40]!r} is not a token id")
         if (
             not isinstance(entry, dict)
             or not isinstance(entry.get("content"), str)

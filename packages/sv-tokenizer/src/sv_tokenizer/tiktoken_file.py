@@ -13,6 +13,9 @@ from .errors import TokenizerError
 
 LLAMA3_NUM_SPECIAL_TOKENS = 256
 
+MAX_RANK_DIGITS = 18
+"""Ranks are dense from 0, so a longer one is a damaged line (not a billion-billion-line file)."""
+
 LLAMA3_NAMED_SPECIAL_TOKENS = (
     "<|begin_of_text|>",
     "<|end_of_text|>",
@@ -81,6 +84,8 @@ def parse_tiktoken_bpe(data: bytes, source: str) -> dict[bytes, int]:
             raise TokenizerError(
                 f"{where}: rank {_shorten(rank_text)} is not a non-negative integer"
             )
+        if len(rank_text) > MAX_RANK_DIGITS:  # (int() refuses 4,301 digits and more)
+            raise TokenizerError(f"{where}: rank {_shorten(rank_text)} is too large")
         rank = int(rank_text)
         if rank in line_of_rank:
             raise TokenizerError(
