@@ -450,3 +450,42 @@ def test_bytes_missing_from_the_vocabulary_match_hf(
             text,
             model_options,
         )
+
+
+_BYTE_LEVEL = {
+    "type": "ByteLevel",
+    "add_prefix_space": True,
+    "trim_offsets": True,
+    "use_regex": True,
+}
+_MARKER_TO_SPACE = {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [{"type": "ByteFallback"}, {"type": "Fuse"}, _MARKER_TO_SPACE, _BYTE_LEVEL],  # GGUF's
+        [_BYTE_LEVEL, {"type": "Fuse"}],
+        [_BYTE_LEVEL, _MARKER_TO_SPACE],  # on the decoded text: the user's "▁" a space
+        [_BYTE_LEVEL, _BYTE_LEVEL],  # the decoded "é" read as byte-level text: U+FFFD
+        [_BYTE_LEVEL, {"type": "ByteFallback"}],  # a decoded "<0x41>" becomes "A"
+    ],
+)
+def test_a_byte_level_decoder_decodes_as_hf_or_is_refused(
+    tmp_path: Path, steps: list[dict[str, Any]]
+) -> None:
+    """HF runs a Sequence decoder's steps in order: the steps after ByteLevel get the decoded
+    text, where they are no longer no-ops. A file sv would decode otherwise is refused."""
+    tokenizers = pytest.importorskip("tokenizers")
+    document: Any = tiny_tokenizer_document()
+    document["decoder"] = {"type": "Sequence", "decoders": steps}
+    path = write(tmp_path / "tokenizer.json", document)
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    try:
+        ours = Tokenizer.from_file(path)
+    except TokenizerError as error:
+        assert "field 'decoder.decoders[1].type'" in str(error), error
+        return
+    for text in ("a\u2581b", "é", "<0x41>", "hello world"):
+        ids = hf.encode(text, add_special_tokens=False).ids
+        assert ours.decode(ids) == hf.decode(ids), (text, steps)

@@ -537,7 +537,8 @@ def _parse_split_step(step: _Fields, *, is_last: bool) -> RegexSplit | None:
 
 
 def _is_no_op_decoder(step: _Fields) -> bool:
-    """Decoder steps that cannot change what a byte-level vocabulary decodes to.
+    """Decoder steps that cannot change what a byte-level vocabulary decodes to, before its
+    ByteLevel step (they act on the tokens' byte-level spelling).
 
     transformers' GGUF converter writes ByteFallback + Fuse + Replace('▁' -> ' ') before
     ByteLevel: byte-level tokens never contain '▁', and ByteFallback only acts on `<0xXX>`
@@ -564,10 +565,18 @@ def _check_decoder(root: _Fields) -> bool:
         ]
     else:
         steps = [top]
+    decoded = False  # whether a ByteLevel step came: the steps after it get the text
     for step in steps:
-        if step.value.get("type") == "ByteLevel" or _is_no_op_decoder(step):
-            continue
         kind = step.value.get("type")
+        if not decoded and (kind == "ByteLevel" or _is_no_op_decoder(step)):
+            decoded = kind == "ByteLevel"
+            continue
+        if decoded and kind == "Fuse":  # (ByteLevel already gives one string)
+            continue
+        if decoded:
+            # HF would run it on the decoded text: a Replace of '▁' there replaces the user's
+            # '▁', a second ByteLevel reads Latin-1 text as bytes ("é" -> U+FFFD).
+            raise step.error("type", f"is {kind!r} after the ByteLevel decoder; not supported")
         raise step.error("type", f"is {kind!r}; only a byte-level decoder is supported")
     return any(step.value.get("type") == "ByteFallback" for step in steps)
 
