@@ -263,6 +263,25 @@ def test_a_decoder_decodes_as_hf_or_is_refused(tmp_path: Path, steps: list[Any])
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False), sample
 
 
+@pytest.mark.parametrize("replacement", ["\u2581", "_"])
+def test_a_metaspace_decoder_decodes_as_hf_or_is_refused(tmp_path: Path, replacement: str) -> None:
+    """HF's Metaspace decoder turns its `replacement` into spaces, not `▁`: a decoder whose
+    replacement is another character is refused, not decoded as if it were `▁`."""
+    spec = json.loads(_train("metaspace"))
+    spec["decoder"] = {"type": "Metaspace", "replacement": replacement, "prepend_scheme": "first"}
+    text = json.dumps(spec)
+    (tmp_path / "tokenizer.json").write_text(text, encoding="utf-8")
+    try:
+        ours = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    except TokenizerError as error:
+        assert "field 'decoder.replacement' must be" in str(error)
+        return
+    hf = tokenizers.Tokenizer.from_str(text)
+    for sample in ("The model_reads a prompt", "a_b c", " lead"):
+        ids = hf_ids(hf, sample)
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False), sample
+
+
 def test_a_vocabulary_without_its_byte_tokens_is_refused(tmp_path: Path) -> None:
     spec = json.loads(_train("llama2"))
     del spec["model"]["vocab"]["<0x41>"]

@@ -438,6 +438,8 @@ def _check_sentencepiece_decoder(root: _Fields) -> tuple[LeadingSpace, bool]:
         raise root.error("decoder", "is missing; a SentencePiece-style BPE needs one")
     top = _Fields(root.source, "decoder", decoder)
     if top.value.get("type") == "Metaspace":
+        if top.value.get("replacement", SPACE_MARKER) != SPACE_MARKER:  # (HF's default is ▁)
+            raise top.error("replacement", "must be '▁'")
         prepends = top.value.get("prepend_scheme", "always") != "never"
         return (LeadingSpace.FIRST_TOKEN if prepends else LeadingSpace.KEPT), False
     steps = top.required("decoders") if top.value.get("type") == "Sequence" else [decoder]
