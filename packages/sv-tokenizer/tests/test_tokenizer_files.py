@@ -489,3 +489,25 @@ def test_a_byte_level_decoder_decodes_as_hf_or_is_refused(
     for text in ("a\u2581b", "é", "<0x41>", "hello world"):
         ids = hf.encode(text, add_special_tokens=False).ids
         assert ours.decode(ids) == hf.decode(ids), (text, steps)
+
+
+def test_an_added_token_spelling_a_vocabulary_entry_of_another_id_is_refused(
+    tmp_path: Path,
+) -> None:
+    """HF gives an added token whose text is a vocabulary entry that entry's id, not its own,
+    and numbers the added tokens after it otherwise too: sv would encode and decode them by
+    the file's ids, so the file is refused by name."""
+    tokenizers = pytest.importorskip("tokenizers")
+    document: Any = tiny_tokenizer_document()
+    entry, entry_id = next((t, i) for t, i in document["model"]["vocab"].items() if i >= 3)
+    size = len(document["model"]["vocab"])
+    options = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
+    document["added_tokens"] = [
+        {"id": size, "content": entry, "special": True, **options},
+        {"id": size + 1, "content": "<x>", "special": True, **options},
+    ]
+    path = write(tmp_path / "tokenizer.json", document)
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    assert hf.token_to_id(entry) == entry_id and hf.token_to_id("<x>") != size + 1
+    message = load_error(path)
+    assert f"'added_tokens[0].id' is {size}, but {entry!r} is model.vocab's token" in message

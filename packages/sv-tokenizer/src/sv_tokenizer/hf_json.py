@@ -231,8 +231,9 @@ def _checked_id_table_size(
     root: _Fields, vocab: dict[str, int], added_tokens: list[AddedToken]
 ) -> int:
     """The size of the table of bytes by id (`id_table_size`), once no added token has the id
-    of a vocabulary entry of other text: HF would renumber it, and sv would encode that
-    entry's text as the id and decode the id as the added token's text."""
+    of a vocabulary entry of other text, nor the text of one of another id: HF would give it
+    another id (and renumber the added tokens after it), so sv would encode and decode it
+    otherwise."""
     token_of_id = {token_id: token for token, token_id in vocab.items()}
     for index, added in enumerate(added_tokens):
         taken_by = token_of_id.get(added.id)
@@ -240,6 +241,12 @@ def _checked_id_table_size(
             raise root.error(
                 f"added_tokens[{index}].id",
                 f"is {added.id}, already the id of model.vocab entry {taken_by!r}",
+            )
+        vocab_id = vocab.get(added.content)
+        if vocab_id is not None and vocab_id != added.id:
+            raise root.error(
+                f"added_tokens[{index}].id",
+                f"is {added.id}, but {added.content!r} is model.vocab's token {vocab_id}",
             )
     added_ids = {token.id for token in added_tokens}
     return id_table_size(
