@@ -203,6 +203,25 @@ def test_a_message_of_the_wrong_types_is_refused_by_name(
         smollm2.chat_format.encode_dialog(dialog)
 
 
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"name": None, "arguments": "{}"}, "name must be a str, got None"),
+        ({"name": "f", "arguments": {"a": 1}}, "arguments must be a str, got {'a': 1}"),
+        ({"name": "f", "arguments": "{}", "id": 5}, "id must be a str or None, got 5"),
+    ],
+)
+def test_a_tool_call_of_the_wrong_types_is_refused_by_name(
+    llama_model: Tokenizer, qwen3_tokenizer_dir: Path, fields: dict[str, Any], named: str
+) -> None:
+    """As a Message's: the Llama 3 format failed with a TypeError joining a name of None,
+    Qwen3's template with one searching an id of 5."""
+    with pytest.raises(TokenizerError, match=re.escape(f"a tool call's {named}")):
+        dialog = [Message("user", "a"), Message("assistant", "", tool_calls=(ToolCall(**fields),))]
+        llama_model.chat_format.encode_dialog(dialog)
+        Tokenizer.from_model_dir(qwen3_tokenizer_dir).chat_format.encode_dialog(dialog)
+
+
 def test_tool_calls_given_as_a_list_are_kept_as_a_tuple() -> None:
     call = ToolCall("get_weather", '{"city": "Paris"}', "call_1")
     message = Message("assistant", "", tool_calls=[call])  # type: ignore[arg-type]

@@ -23,6 +23,12 @@ class ToolCall:
     decoded_arguments: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # Checked here, as a Message's fields are, not as a TypeError inside a format later.
+        for field_name, value in (("name", self.name), ("arguments", self.arguments)):
+            if not isinstance(value, str):
+                raise TokenizerError(f"a tool call's {field_name} must be a str, got {value!r}")
+        if self.id is not None and not isinstance(self.id, str):
+            raise TokenizerError(f"a tool call's id must be a str or None, got {self.id!r}")
         try:
             decoded = json.loads(self.arguments)
         except (TypeError, ValueError, RecursionError):
