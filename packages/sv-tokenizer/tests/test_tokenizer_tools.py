@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from sv_tokenizer import Message, TemplateChatFormat, Tokenizer, TokenizerError, ToolCall
@@ -66,6 +68,19 @@ def test_llama3_format_refuses_what_it_cannot_write(llama_json: Tokenizer) -> No
         llama_json.chat_format.encode_dialog([Message("assistant", "", tool_calls=two)])
     with pytest.raises(TokenizerError, match="first user message"):
         llama_json.chat_format.encode_dialog([Message("system", "s")], tools=[WEATHER_TOOL])
+
+
+@pytest.mark.parametrize("tools", [[None], ["get_weather"], "abc", {"type": "function"}])
+def test_tools_that_are_not_a_list_of_objects_are_refused_by_name(
+    llama_json: Tokenizer, qwen3_tokenizer_dir: Path, tools: Any
+) -> None:
+    """The Llama 3 format wrote each such entry (each letter of "abc") as a tool of its own,
+    Qwen3's template failed with an AttributeError (`tool.get`): both refuse them now."""
+    qwen = Tokenizer.from_model_dir(qwen3_tokenizer_dir)
+    for chat_format in (llama_json.chat_format, qwen.chat_format):
+        with pytest.raises(TokenizerError, match="tools must be a list of tool definitions") as e:
+            chat_format.encode_dialog([Message("user", "Hi")], tools=tools)
+        assert e.value.argument == "tools"
 
 
 def test_template_gets_tools_and_tool_calls(llama_json: Tokenizer) -> None:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from .errors import TokenizerError
-from .messages import Message, Tools
+from .messages import Message, Tools, check_tools
 
 
 class ChatTokenizer(Protocol):
@@ -163,6 +163,7 @@ class Llama3ChatFormat:
 
         generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
         check_template_kwargs(chat_template_kwargs)  # no variables: each is dropped
+        check_tools(tools)
         # Trimmed before the tools are written in: the first user message then ends with the
         # definitions' "\n\n" when its own text is empty, as in Meta's template. A tool's
         # result is written as JSON, untrimmed, as Meta's template writes it.

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .chat import ChatTokenizer, check_template_kwargs, generation_prompt
 from .errors import TokenizerError
-from .messages import Message, Tools
+from .messages import Message, Tools, check_tools
 
 if TYPE_CHECKING:
     import jinja2.nodes
@@ -336,6 +336,7 @@ class TemplateChatFormat:
     ) -> tuple[Sequence[Message], _Options]:
         """The options checked; with continue_final_message, the tag after the last content."""
         generation = generation_prompt(messages, add_generation_prompt, continue_final_message)
+        check_tools(tools)
         options = _Options(generation, tools, self._variables(chat_template_kwargs))
         if continue_final_message:
             last = messages[-1]

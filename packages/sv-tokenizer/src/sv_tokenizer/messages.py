@@ -41,6 +41,18 @@ class ToolCall:
 Tools = Sequence[Mapping[str, Any]]  # OpenAI's tool definitions: {"type": "function", ...}
 
 
+def check_tools(value: object) -> None:
+    """`tools` as given: None, or a list (or tuple) of tool definitions, each a JSON object;
+    else a TokenizerError naming the argument, not an AttributeError inside a format."""
+    if value is None:
+        return
+    if not isinstance(value, list | tuple) or not all(isinstance(t, Mapping) for t in value):
+        raise TokenizerError(
+            f"tools must be a list of tool definitions (JSON objects), got {repr(value)[:80]}",
+            argument="tools",
+        )
+
+
 @dataclass(frozen=True)
 class Message:
     """One turn. `name` (OpenAI's optional participant name) reaches a model folder's own chat
