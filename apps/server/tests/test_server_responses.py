@@ -303,6 +303,28 @@ def test_cached_input_tokens_are_the_prefix_caches(server: RunningServer) -> Non
     assert 0 < gained < usage["input_tokens"]
 
 
+def test_cached_input_tokens_survive_a_stop_string(server: RunningServer) -> None:
+    """An answer a stop string ends (the server cancels its request at the stop) reports the
+    prompt tokens the prefix cache served as one that ran to its end does (it said 0)."""
+    body = {
+        "model": server.model_name,
+        "input": "Please tell me a long story about a brave dragon and a wise old knight. " * 4,
+        "max_output_tokens": 6,
+        "temperature": 0,
+    }
+    whole = _post(server, body).json()  # (and the prompt is in the cache now)
+    text = whole["output"][0]["content"][0]["text"]
+    assert whole["status"] == "incomplete" and len(text) > 2
+    before = server.wait_idle()["sv_prefix_cache_hit_tokens_total"]
+    # (a stop that ends well before the last token: the server cancels the request)
+    stopped = _post(server, {**body, "stop": [text[1:6]]}).json()
+    assert stopped["usage"]["output_tokens"] < whole["usage"]["output_tokens"]
+    gained = server.wait_idle()["sv_prefix_cache_hit_tokens_total"] - before
+    assert stopped["status"] == "completed"
+    assert stopped["output"][0]["content"][0]["text"] == text[:1]
+    assert 0 < gained == stopped["usage"]["input_tokens_details"]["cached_tokens"]
+
+
 def test_truncation_completed_at_and_cache_retention_are_echoed(
     client: openai.OpenAI, server: RunningServer
 ) -> None:

@@ -344,10 +344,14 @@ class EngineLoop:
         # The token is the client's (counted, scored), its text cut; the finish is "stop".
         cut = replace(event, text=text, finished=None, completion=None)
         batch.append((handle, Token(cut, now, len(event.text))))
+        completion = event.completion
         if event.finished is None:  # (else the engine has ended it already: "length")
             self._live.pop(event.request_id, None)
-            self.engine.cancel(event.request_id)  # (its "cancelled" event is no one's)
-        batch.append((handle, Token(StreamEvent(event.request_id, None, "", "stop"), now)))
+            cancelled = self.engine.cancel(event.request_id)  # (its event is no one's)
+            completion = None if cancelled is None else cancelled.completion
+        # (the completion, for its prompt's cached tokens: a Responses answer's usage)
+        last = StreamEvent(event.request_id, None, "", "stop", completion=completion)
+        batch.append((handle, Token(last, now)))
 
     def _fail_all(self, message: str, batch: Batch, status: int = 500) -> None:
         for handle in self._live.values():

@@ -414,7 +414,8 @@ class Engine:
         output = seq.output_ids
         prompt_ids = self._live[request_id].prompt_ids
         event = finish_event(
-            FinishedRequest(request_id, prompt_ids, output, reason),
+            # (its prompt's cached tokens too: a request a stop string ends reports them)
+            FinishedRequest(request_id, prompt_ids, output, reason, seq.prompt_cached_tokens),
             None,
             "",
             self._live,
