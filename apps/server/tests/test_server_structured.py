@@ -199,6 +199,7 @@ def test_a_constraint_that_fails_mid_answer_is_an_error_not_a_stop(
     the answer is an error naming the failed constraint (a 400 whole; streamed, an error
     event), never a finish_reason "stop" over output that does not match. Its pages go back."""
     extra = {"guided_regex": "(a{1000}){1000}"}
+    before = server.wait_idle()
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(
             model=server.model_name, prompt="x", max_tokens=20, extra_body=extra
@@ -212,6 +213,13 @@ def test_a_constraint_that_fails_mid_answer_is_an_error_not_a_stop(
             pass
     m = server.wait_idle()
     assert m["sv_kv_cache_pages_free"] == m["sv_kv_cache_pages_capacity"]
+    # Both ran and finished "error": neither is also a request the server refused.
+    failed, invalid = (
+        'sv_requests_finished_total{finish_reason="error"}',
+        ('sv_requests_rejected_total{reason="invalid"}'),
+    )
+    assert m[failed] - before[failed] == 2
+    assert m[invalid] == before[invalid]
 
 
 def test_min_tokens_with_a_constraint_is_a_400_naming_it(

@@ -136,17 +136,19 @@ class Generation:
         if event.completion is not None:
             self.cached_tokens = event.completion.num_cached_tokens
         if event.finished is not None:
+            # (/metrics counted its finish already: it is no request the server refused)
             if event.finished == "error" and event.completion is not None:
                 # Its grammar failed (past the lexer's limits): what it wrote so far is not
                 # output that meets the constraint, so it is no answer.
                 self.close()
-                raise ServerError(str(event.completion.error))
+                raise ServerError(str(event.completion.error), counted=True)
             if event.finished not in ("stop", "length"):
                 self.close()
                 raise ServerError(
                     f"the request ended unexpectedly ({event.finished})",
                     status=500,
                     type="server_error",
+                    counted=True,
                 )
             self.finish_reason = "length" if self._echo_only else event.finished
         return text
