@@ -306,3 +306,47 @@ def test_the_servers_own_template_failing_names_the_messages(
         body["max_tokens"] = 1
     ok = _post(trusting_server, path, body)
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_continued_message_keeps_its_first_tokens_leading_space(
+    server: Any, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """A SentencePiece tokenizer drops the space a text starts with; with
+    continue_final_message the answer goes on with the assistant's message, as a completion
+    goes on with its prompt, so it keeps it: "The capital of France is" + " Paris" (it gave
+    "Paris", which the message's text runs into). The tokenizer's flag alone decides, so it is
+    turned on for the default model's byte-level vocabulary, whose " Paris" starts with one."""
+    from sv_tokenizer.sentencepiece_bpe import LeadingSpace
+
+    tokenizer = server.app.state.server.tokenizer
+    monkeypatch.setattr(tokenizer, "leading_space", LeadingSpace.ONE)
+    paris = tokenizer.encode(" Paris")
+    body = {
+        "messages": [
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "The capital of France is"},
+        ],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "max_tokens": len(paris),
+        "allowed_token_ids": paris,
+        "temperature": 0,
+        "stream": stream,
+    }
+    reply = _post(server, "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    if stream:
+        chunks = [line[6:] for line in reply.text.splitlines() if line.startswith("data: {")]
+        content = "".join(
+            httpx.Response(200, content=c).json()["choices"][0]["delta"].get("content") or ""
+            for c in chunks
+        )
+    else:
+        content = reply.json()["choices"][0]["message"]["content"]
+    assert content == " Paris"
+    # A new message (no continuation) starts its text: there the space goes, as it did.
+    del body["continue_final_message"], body["add_generation_prompt"]
+    body["messages"] = body["messages"][:1]
+    reply = _post(server, "/v1/chat/completions", {**body, "stream": False})
+    assert reply.json()["choices"][0]["message"]["content"] == "Paris"

@@ -432,7 +432,7 @@ async def _generate(request: Request, state: ServerState, parse: Parser) -> Resp
             RequestHandle(
                 ids,
                 choice,
-                continuation=req.kind == "completion",
+                continuation=req.continues_text,
                 arrived_at=arrived_at,
                 stops=None
                 if req.echo_only  # (no text of its own to stop)

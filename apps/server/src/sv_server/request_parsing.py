@@ -115,6 +115,14 @@ class GenerationRequest:
     settings: Mapping[str, Any] | None = None
 
     @property
+    def continues_text(self) -> bool:
+        """Whether the answer goes on with text the prompt ends in (a completion's prompt, a
+        chat's continued final message) rather than start a message: a SentencePiece
+        tokenizer then keeps its first token's leading space, as decoding both together does."""
+        options = self.chat_options
+        return self.kind == "completion" or (options is not None and options.continue_final_message)
+
+    @property
     def echo_only(self) -> bool:
         """Completions' `echo` with `max_tokens: 0`: the prompt (scored, with logprobs) and no
         new token. As vLLM does, the engine generates one, which the answer leaves out."""
