@@ -6,6 +6,7 @@ text prompt keeps its BOS, as vLLM's."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,6 +99,53 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
     running = RunningServer(folder, kv_cache_mib=32)
     yield running
     running.stop()
+
+
+def test_a_character_that_never_completes_is_counted_where_it_starts(
+    server: RunningServer,
+) -> None:
+    """A token holding the start of a character (b"\xe3\x82") and then one that begins
+    another ("owered"): the text shows the broken character as U+FFFD, only once the second
+    token has come, but it starts at the first token, so the second's offset is its own text's
+    (it was the U+FFFD's). Echoed and generated alike."""
+    tokenizer = Tokenizer.from_model_dir(server.model_dir)
+    piece = next(i for i in range(tokenizer.vocab_size) if tokenizer.shown_bytes(i) == b"\xe3\x82")
+    (owered,), (cook,) = tokenizer.encode("owered"), tokenizer.encode("Cook")
+    echoed = _complete(server, prompt=[piece, owered, cook], echo=True, logprobs=0, max_tokens=0)
+    assert echoed["text"] == "\ufffdoweredCook"
+    _check_offsets(echoed, ["\ufffd", "owered", "Cook"])
+    # Generated: the same two tokens, drawn in the order they come. Each begins a character,
+    # so it starts after every character the bytes before it make, a broken one included.
+    shown = {"\\xe3\\x82": b"\xe3\x82", "owered": b"owered"}
+    for seed in range(3):
+        choice = _complete(
+            server,
+            prompt="Hi",
+            max_tokens=6,
+            logprobs=0,
+            seed=seed,
+            temperature=2,
+            allowed_token_ids=[piece, owered],
+        )
+        data = [shown[token] for token in choice["logprobs"]["tokens"]]
+        assert choice["text"] == b"".join(data).decode(errors="replace")
+        assert choice["logprobs"]["text_offset"] == [
+            len(b"".join(data[:i]).decode(errors="replace")) for i in range(len(data))
+        ]
+    # Streamed, each chunk's entries the tokens whose text it completes, at the same offsets.
+    body = {"prompt": "Hi", "max_tokens": 6, "logprobs": 0, "seed": 0, "temperature": 2}
+    body |= {"allowed_token_ids": [piece, owered], "model": server.model_name}
+    whole = _complete(server, **body)
+    chunks = httpx.post(server.url + "/v1/completions", json=body | {"stream": True}, timeout=60)
+    text, offsets = "", []
+    for line in chunks.text.splitlines():
+        if line.startswith("data: {"):
+            streamed = json.loads(line[6:])["choices"][0]
+            if streamed["logprobs"] is not None:
+                offsets += streamed["logprobs"]["text_offset"]
+                assert all(offset <= len(text + streamed["text"]) for offset in offsets)
+            text += streamed["text"]
+    assert (text, offsets) == (whole["text"], whole["logprobs"]["text_offset"])
 
 
 def test_an_echoed_text_prompt_starts_at_zero_after_its_bos(llama_server: RunningServer) -> None:

@@ -17,6 +17,7 @@ or a BOS the echoed text leaves out adds none), which the caller gives with it.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -47,9 +48,28 @@ class ScoredTokens:
         self._tokenizer = tokenizer
         self._pending: list[Scored] = []
         self._given = 0  # the characters of the given tokens' own text
+        # The generated tokens' bytes, as the engine's byte-level decoder took them: whether
+        # a character they began is still incomplete (SentencePiece's byte runs: not tracked)
+        self._bytes = None if tokenizer.byte_fallback_ids else _utf8_decoder()
 
     def append(self, scored: Scored) -> None:
+        """A generated token's entry. A character its predecessors began and it breaks (it
+        begins another: the decoder shows a U+FFFD, in this token's text) is counted on the
+        last of them, where it starts, so that this token's offset is its own text's."""
+        token_id, logprob, chars = scored
+        if self._breaks_a_character(token_id, chars) and self._pending:
+            before_id, before, before_chars = self._pending[-1]
+            self._pending[-1] = (before_id, before, before_chars + 1)
+            scored = (token_id, logprob, chars - 1)
         self._pending.append(scored)
+
+    def _breaks_a_character(self, token_id: int, chars: int) -> bool:
+        data = self._tokenizer.shown_bytes(token_id)
+        if self._bytes is None or not data or (not chars and _whole(data)):
+            return False  # (a token of no bytes, or one the text does not show: not decoded)
+        began = bool(self._bytes.getstate()[0])  # bytes of an incomplete character
+        self._bytes.decode(data)
+        return began and chars > 0 and data[0] & 0xC0 != 0x80  # (not a continuation byte)
 
     def extend(self, scored: Iterable[Scored]) -> None:
         self._pending.extend(scored)
@@ -73,11 +93,20 @@ class ScoredTokens:
         return taken
 
     def _piece_of_a_character(self, token_id: int) -> bool:
-        try:
-            self._tokenizer.shown_bytes(token_id).decode()
-        except UnicodeDecodeError:
-            return True
+        return not _whole(self._tokenizer.shown_bytes(token_id))
+
+
+def _whole(data: bytes) -> bool:
+    """Whether `data` is whole UTF-8 text (no piece of a character)."""
+    try:
+        data.decode()
+    except UnicodeDecodeError:
         return False
+    return True
+
+
+def _utf8_decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
 class LogprobsWriter:

@@ -22,6 +22,7 @@ from sv_tokenizer import ChatFormat, Message, StreamDecoder, TokenizerError, Too
 from sv_server.body import decode_json
 from sv_server.chat_messages import ChatOptions
 from sv_server.errors import ServerError, bad_request
+from sv_server.logprobs import ScoredTokens
 from sv_server.reasoning import ReasoningParser
 from sv_server.request_parsing import DEFAULT_COMPLETION_MAX_TOKENS, GenerationRequest
 from sv_server.state import ServerState
@@ -370,12 +371,17 @@ def echo_lengths(
     answer's offsets, and the stream's logprobs, start where the echo ends."""
     if not req.echo or req.logprobs is None or req.prompts is None:
         return []
-    lengths = [0] * _server_bos(state, req.prompts[index])
+    bos = _server_bos(state, req.prompts[index])
     decoder = StreamDecoder(state.tokenizer)
     shown = state.tokenizer.shown_bytes
-    lengths += [len(decoder.push(t)) if shown(t) else 0 for t in ids[len(lengths) :]]
-    if lengths:
-        lengths[-1] += len(decoder.flush())
+    decoded = [len(decoder.push(t)) if shown(t) else 0 for t in ids[bos:]]
+    if decoded:
+        decoded[-1] += len(decoder.flush())
+    # (a character that never completes counted where it starts, as in the answer's text)
+    scored = ScoredTokens(state.tokenizer)
+    for token_id, chars in zip(ids[bos:], decoded, strict=True):
+        scored.append((token_id, None, chars))
+    lengths = [0] * bos + [chars for _, _, chars in scored.take()]
     extra = len(echo) - sum(lengths)
     for at in reversed(range(len(lengths))):
         if not extra:
