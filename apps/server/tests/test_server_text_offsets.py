@@ -249,3 +249,82 @@ def test_an_echoed_text_prompt_the_tokenizer_normalizes(tiny_qwen3_dir: Path) ->
         assert shown == text and held
     finally:
         running.stop()
+
+
+def test_a_sentencepiece_byte_runs_text_is_counted_on_its_own_tokens(
+    tmp_path: Path,
+) -> None:
+    """A SentencePiece vocabulary (Llama 2, Mistral) spells what it has no piece for (CJK, an
+    emoji; Llama 2's newline) in `<0xXX>` tokens, whose run the decoder shows with the token
+    that ends it: each character is counted on its last byte's token, so the token after the
+    run starts at its own text (it started at the run's). Echoed, generated, streamed."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, normalizers, trainers
+
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    hf = tokenizers.Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    hf.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    hf.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<unk>", "<s>", "</s>", *byte_tokens],
+        limit_alphabet=30,
+        show_progress=False,
+    )
+    hf.train_from_iterator(
+        ["The model reads a prompt, and the prompt is a list of tokens."] * 3, trainer
+    )
+    spec = json.loads(hf.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in byte_tokens]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    config = {"bos_token": "<s>", "eos_token": "</s>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    vocab = hf.get_vocab_size()
+    model = tiny_llama_config(vocab_size=vocab, bos_token_id=1, eos_token_ids=(2,))
+    write_random_checkpoint(tmp_path, model, seed=0, dtype=torch.float32)
+    tokenizer = Tokenizer.from_model_dir(tmp_path)
+    prompt = tokenizer.encode("reads 日本 is\nok")
+    running = RunningServer(tmp_path, kv_cache_mib=16)
+    try:
+        echoed = _complete(running, prompt=prompt, echo=True, logprobs=0, max_tokens=0)
+        tokens = echoed["logprobs"]["tokens"]
+        assert "\\xe6" in tokens and echoed["text"] == tokenizer.decode(prompt), tokens
+        # each byte token at its character's start, the token after the run at its own text
+        text, offsets = echoed["text"], echoed["logprobs"]["text_offset"]
+        run = tokens.index("\\xe6")
+        assert tokens[run : run + 7] == ["\\xe6", "\\x97", "\\xa5", "\\xe6", "\\x9c", "\\xac", " "]
+        assert offsets[run : run + 7] == [text.index("日")] * 3 + [text.index("本")] * 3 + [
+            text.index(" is")
+        ]
+        # Generated: byte tokens among others, streamed as whole.
+        word = tokenizer.encode(" is")[-1]
+        allowed = [word, *(3 + b for b in "日é\n".encode())]  # (<0x00> is id 3)
+        body = {"model": running.model_name, "prompt": prompt, "max_tokens": 12}
+        body |= {"logprobs": 0, "seed": 1, "temperature": 2, "allowed_token_ids": allowed}
+        whole = _complete(running, **{k: v for k, v in body.items() if k != "model"})
+        chunks = httpx.post(running.url + "/v1/completions", json=body | {"stream": True})
+        text, offsets = "", []
+        for line in chunks.text.splitlines():
+            if line.startswith("data: {"):
+                streamed = json.loads(line[6:])["choices"][0]
+                text += streamed["text"]
+                if streamed["logprobs"] is not None:
+                    offsets += streamed["logprobs"]["text_offset"]
+                    assert all(offset <= len(text) for offset in offsets)
+        assert (text, offsets) == (whole["text"], whole["logprobs"]["text_offset"])
+        shown = tokenizer.shown_bytes(word).decode()
+        assert shown in whole["logprobs"]["tokens"]
+        for token, offset in zip(whole["logprobs"]["tokens"], offsets, strict=True):
+            if token == shown:  # (after a run: at its own text, not the run's)
+                assert whole["text"][offset:].startswith(token), (offset, whole)
+    finally:
+        running.stop()

@@ -49,14 +49,20 @@ class ScoredTokens:
         self._pending: list[Scored] = []
         self._given = 0  # the characters of the given tokens' own text
         # The generated tokens' bytes, as the engine's byte-level decoder took them: whether
-        # a character they began is still incomplete (SentencePiece's byte runs: not tracked)
-        self._bytes = None if tokenizer.byte_fallback_ids else _utf8_decoder()
+        # a character they began is still incomplete (SentencePiece's: see _place_byte_run)
+        self._byte_tokens = tokenizer.byte_fallback_ids
+        self._bytes = None if self._byte_tokens else _utf8_decoder()
+        self._run = bytearray()  # SentencePiece: the <0xXX> tokens' bytes not shown yet
 
     def append(self, scored: Scored) -> None:
         """A generated token's entry. A character its predecessors began and it breaks (it
         begins another: the decoder shows a U+FFFD, in this token's text) is counted on the
         last of them, where it starts, so that this token's offset is its own text's."""
         token_id, logprob, chars = scored
+        if self._byte_tokens:
+            self._pending.append(scored)
+            self._place_byte_run()
+            return
         if self._breaks_a_character(token_id, chars) and self._pending:
             before_id, before, before_chars = self._pending[-1]
             self._pending[-1] = (before_id, before, before_chars + 1)
@@ -70,6 +76,41 @@ class ScoredTokens:
         began = bool(self._bytes.getstate()[0])  # bytes of an incomplete character
         self._bytes.decode(data)
         return began and chars > 0 and data[0] & 0xC0 != 0x80  # (not a continuation byte)
+
+    def _place_byte_run(self) -> None:
+        """SentencePiece: the decoder shows a run of `<0xXX>` tokens' text with the token that
+        ends it (or, at the answer's end, with its last): each of the run's characters is
+        counted on the token of its last byte (where a split character's is), so that the
+        token after the run starts at its own text. (Run tokens given already: left as is.)"""
+        token_id, logprob, chars = self._pending[-1]
+        if token_id in self._byte_tokens:
+            self._run += self._tokenizer.shown_bytes(token_id)
+            if not chars:
+                return  # the run goes on
+            ends, after = len(self._pending), 0  # the answer ended on it: its text is the run's
+        elif not self._run or not chars:
+            return  # (a token the text does not show: the decoder never saw it)
+        else:
+            ends, after = len(self._pending) - 1, 1
+        run, self._run = bytes(self._run), bytearray()
+        shares = _run_shares(run)
+        start = ends - len(run)
+        moved = sum(shares)
+        run_tokens = self._pending[start:ends] if start >= 0 else []
+        shown_before = run_tokens if after else run_tokens[:-1]  # (none of the run's text)
+        if (
+            len(run_tokens) != len(run)
+            or any(t not in self._byte_tokens for t, _, _ in run_tokens)
+            or any(c for _, _, c in shown_before)
+            or moved > chars
+            or (not after and moved != chars)
+        ):
+            return  # (not the run as decoded: a hidden token in it, or part of it given)
+        for i, share in enumerate(shares):
+            run_id, run_logprob, _ = self._pending[start + i]
+            self._pending[start + i] = (run_id, run_logprob, share)
+        if after:
+            self._pending[-1] = (token_id, logprob, chars - moved)
 
     def extend(self, scored: Iterable[Scored]) -> None:
         self._pending.extend(scored)
@@ -93,7 +134,8 @@ class ScoredTokens:
         return taken
 
     def _piece_of_a_character(self, token_id: int) -> bool:
-        return not _whole(self._tokenizer.shown_bytes(token_id))
+        # (a <0xXX> token's text waits for the end of its run)
+        return token_id in self._byte_tokens or not _whole(self._tokenizer.shown_bytes(token_id))
 
 
 def _whole(data: bytes) -> bool:
@@ -103,6 +145,22 @@ def _whole(data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def _run_shares(run: bytes) -> list[int]:
+    """The characters of a run of `<0xXX>` tokens' text (`fallback_run_text`'s) counted on
+    each of its bytes: a character on its last byte; a run of no valid UTF-8 is a U+FFFD for
+    each byte."""
+    try:
+        text = run.decode("utf-8")
+    except UnicodeDecodeError:
+        return [1] * len(run)
+    shares = [0] * len(run)
+    at = 0
+    for character in text:
+        at += len(character.encode("utf-8"))
+        shares[at - 1] = 1
+    return shares
 
 
 def _utf8_decoder() -> codecs.IncrementalDecoder:
