@@ -653,6 +653,16 @@ def test_a_closed_standard_stream_is_one_line_and_exit_1(
     assert done.returncode == 1
 
 
+def test_text_that_the_output_encoding_cannot_hold_is_escaped(default_model: Path) -> None:
+    """Standard output in ASCII (PYTHONIOENCODING=ascii; an ASCII or Latin-1 locale; a Windows
+    code page): a character it cannot hold was a UnicodeEncodeError's traceback, exit 1; it is
+    written as its \\u escape, as Python writes it to stderr."""
+    ids = sv("tokenize", "日本").stdout.split()
+    done = sv("tokenize", "--decode", *ids, env={"PYTHONIOENCODING": "ascii"})
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (done.returncode, done.stdout) == (0, "\\u65e5\\u672c\n"), done
+
+
 def test_tokenize_defaults_to_the_default_model(default_model: Path) -> None:
     from sv_tokenizer import Tokenizer
 

@@ -129,6 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # naming the byte (sv_tokenizer.check_utf8), rather than as a UnicodeDecodeError's
         # traceback from deep inside, or as U+FFFD put silently into a prompt.
         sys.stdin.reconfigure(errors="surrogateescape")
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # A character that standard output's encoding cannot hold (an ASCII or Latin-1 locale,
+        # PYTHONIOENCODING=ascii, a Windows console's code page) is written as its \u escape,
+        # as Python writes it to stderr, not a UnicodeEncodeError's traceback mid-reply.
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         try:
             _import_engine()
