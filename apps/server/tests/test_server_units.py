@@ -193,12 +193,14 @@ def test_missing_model_folder_is_one_line_and_exit_2(
     assert err.count("\n") == 1 and "--model must not be empty" in err
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "host.invalid"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "host.invalid", "a..b", "a" * 64])
 def test_a_port_in_use_or_a_bad_host_is_one_line_and_exit_1(
     host: str, default_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """uvicorn found these after the model load, logged them over several lines and exited
-    with its own status 3 (a SystemExit out of serve_main)."""
+    with its own status 3 (a SystemExit out of serve_main). A host name that cannot be
+    encoded for lookup (an empty label, `a..b`; a label over 63 characters) raised
+    UnicodeError, not OSError: a traceback."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

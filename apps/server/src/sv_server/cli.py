@@ -232,10 +232,11 @@ def serve_main(argv: list[str]) -> int:
 
     try:
         listeners = _listen(args.host, args.port)
-    except OSError as e:
+    except (OSError, UnicodeError) as e:  # (UnicodeError: a name IDNA cannot encode, `a..b`)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else e
         print(
             f"sv serve: error: cannot listen on {args.host} port {args.port} "
-            f"(--host, --port): {e.strerror or e}",
+            f"(--host, --port): {reason}",
             file=sys.stderr,
         )
         return EXIT_FAILURE
