@@ -166,6 +166,34 @@ def test_the_api_key_comes_from_the_flag_or_the_environment(
     assert "$SV_API_KEY must not be blank" in capsys.readouterr().err
 
 
+def test_a_key_or_a_name_that_is_not_utf8_is_refused_and_a_folder_name_shown(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A byte that is not UTF-8 (a lone surrogate) in --api-key or $SV_API_KEY was a
+    traceback after the model load; in --served-model-name or the model folder's name, a
+    500 for every response that names the model. Refused naming the flag; the folder's name
+    shows the byte as U+FFFD."""
+    from sv_server.cli import parse_args, served_model_name
+
+    monkeypatch.delenv("SV_API_KEY", raising=False)
+    for flag in ("--api-key", "--served-model-name", "--host"):
+        with pytest.raises(SystemExit) as e:
+            parse_args([flag, "k\udcff"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"argument {flag}: " in err, err
+        assert "not UTF-8 text: byte 0xff at character 1" in err, err
+    monkeypatch.setenv("SV_API_KEY", "k\udcff")
+    with pytest.raises(SystemExit):
+        parse_args([])
+    assert "$SV_API_KEY is not UTF-8 text: byte 0xff" in capsys.readouterr().err
+    monkeypatch.delenv("SV_API_KEY")
+    name = served_model_name(parse_args([]), Path("/models/caf\udce9"))
+    assert name == "caf\ufffd"
+    name.encode("utf-8")  # what a response does with it
+    assert served_model_name(parse_args(["--served-model-name", "m"]), Path("/x")) == "m"
+
+
 def test_the_model_may_be_given_as_vllm_serve_takes_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

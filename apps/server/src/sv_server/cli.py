@@ -54,14 +54,36 @@ def _seconds(text: str) -> float:
 
 def _not_empty(what: str) -> Callable[[str], str]:
     """An argparse type: `text` unless blank (an unset shell variable, say), when the error
-    names `what` the value would otherwise silently become."""
+    names `what` the value would otherwise silently become; or not UTF-8 (a key or a name
+    that no response or header can carry: every response was a 500, or the load a
+    traceback)."""
 
     def check(text: str) -> str:
         if not text.strip():
             raise argparse.ArgumentTypeError(f"must not be empty ({what})")
+        _check_utf8(text, "the value")
         return text
 
     return check
+
+
+def _check_utf8(text: str, what: str) -> None:
+    """An ArgumentTypeError if `text` holds bytes that were not UTF-8 (lone surrogates)."""
+    from sv_tokenizer import TokenizerError, check_utf8
+
+    try:
+        check_utf8(text, what)
+    except TokenizerError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def served_model_name(args: argparse.Namespace, model_dir: Path) -> str:
+    """--served-model-name, else the model folder's name, a byte of which that is not UTF-8
+    shown as U+FFFD (as a lone surrogate it failed every response that names the model)."""
+    if args.served_model_name:
+        return str(args.served_model_name)
+    name = model_dir.resolve().name
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def build_parser() -> OneLineErrorParser:
@@ -206,6 +228,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.api_key is None and from_env:
         if not from_env.strip():
             parser.error(f"${API_KEY_ENV} must not be blank (unset it, or give a key)")
+        try:
+            _check_utf8(from_env, f"${API_KEY_ENV}")
+        except argparse.ArgumentTypeError as e:
+            parser.error(str(e))
         args.api_key = from_env
     return args
 
@@ -251,7 +277,7 @@ def serve_main(argv: list[str]) -> int:
             listener.close()
         print(f"sv serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    name = args.served_model_name or model_dir.resolve().name
+    name = served_model_name(args, model_dir)
     app = create_app(
         engine,
         model_name=name,
