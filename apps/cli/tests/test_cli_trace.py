@@ -108,6 +108,29 @@ def test_a_trace_write_that_fails_names_the_file(default_model: Path) -> None:
     )
 
 
+def test_a_trace_that_filled_up_mid_run_still_leaves_the_stats(
+    default_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A trace write that fails mid-run ends the trace, not the requests, and its error is
+    raised when the trace is closed: that came before --stats, which were never printed."""
+    import sv_engine.tracing
+
+    def disk_full(engine: Any) -> None:  # what the recorder's close() raises then
+        engine.tracer = None
+        raise OSError("cannot write the trace file 't.jsonl': No space left on device")
+
+    monkeypatch.setattr(sv_engine.tracing, "stop_trace", disk_full)
+    argv = ["generate", "--stats", "--trace", str(tmp_path / "t.jsonl"), "Hi", "2"]
+    assert main(argv) == EXIT_WRITE_FAILED
+    out, err = capsys.readouterr()
+    assert "[request 1] finish=" in out and "--- stats ---" in out, out
+    assert "final free pages:" in out
+    assert err.strip().splitlines()[-1].startswith("sv: error: cannot write the trace file")
+
+
 def test_the_trace_file_is_checked_before_the_model_loads(tmp_path: Path) -> None:
     """Found first: a model that does not exist is not what the error names. And a load that
     fails leaves no empty trace file behind."""

@@ -162,9 +162,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         with uninterrupted():
             engine.cancel_all()  # Ctrl-C lands here too: every page goes back before exit
-            stop_trace(engine)
-            if args.stats:
-                print_stats(engine)
+            try:
+                stop_trace(engine)  # (raises the error of a trace write that failed mid-run)
+            finally:
+                if args.stats:  # the requests finished all the same
+                    print_stats(engine)
     return 0
 
 
