@@ -653,6 +653,26 @@ def test_a_closed_standard_stream_is_one_line_and_exit_1(
     assert done.returncode == 1
 
 
+@pytest.mark.parametrize(
+    ("argv", "code"), [(["tokenize", "--decode", "x"], 2), (["generate", "Hi", "0"], 2)]
+)
+def test_a_closed_standard_error_puts_no_message_on_standard_output(
+    argv: list[str], code: int
+) -> None:
+    """`sv ... 2>&-`: Python sets sys.stderr to None, and print(file=None) writes to stdout,
+    so an error (or a note) went into the output. It goes nowhere, as a Unix tool's does; the
+    exit status still tells."""
+    done = subprocess.run(
+        [str(SV), *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.close(2),
+    )
+    assert (done.returncode, done.stdout) == (code, ""), done.stdout
+
+
 def test_text_that_the_output_encoding_cannot_hold_is_escaped(default_model: Path) -> None:
     """Standard output in ASCII (PYTHONIOENCODING=ascii; an ASCII or Latin-1 locale; a Windows
     code page): a character it cannot hold was a UnicodeEncodeError's traceback, exit 1; it is

@@ -124,6 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdin = _ClosedStream("standard input")
     if sys.stdout is None:
         sys.stdout = _ClosedStream("standard output")
+    if sys.stderr is None:
+        # `2>&-`: messages have nowhere to go, as for any Unix tool; print(file=None) put them
+        # on standard output, into the output (an error, a note, the first run's progress).
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
     if isinstance(sys.stdin, io.TextIOWrapper):
         # Bytes that are not UTF-8 come through as lone surrogates, which each command refuses
         # naming the byte (sv_tokenizer.check_utf8), rather than as a UnicodeDecodeError's
