@@ -80,6 +80,18 @@ def test_report_errors_are_one_line(tmp_path: Path, content: str | None, message
     assert not (tmp_path / "out.html").exists()
 
 
+@pytest.mark.parametrize(("trace", "report", "name"), [("", "out.html", "FILE"), ("t", "", "-o")])
+def test_an_empty_path_is_named_as_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trace: str, report: str, name: str
+) -> None:
+    """An unset shell variable (`sv trace report "$T" -o x.html`) was the current folder:
+    "cannot read the trace file '': Is a directory", as other commands' empty paths are not."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t").write_text("{}\n", encoding="utf-8")
+    line = one_line_error(sv("trace", "report", trace, "-o", report))
+    assert line.startswith(f"sv trace report: error: {name}") and "must not be empty" in line
+
+
 def test_a_missing_trace_beside_an_existing_report_is_the_commands_error(tmp_path: Path) -> None:
     """Redrawing a report whose trace is gone: the check that the report is not the trace
     compared the two files first, and the missing one came out as `sv: error: [Errno 2] ...`

@@ -31,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
     def note(message: str) -> None:
         print(f"sv trace report: note: {message}", file=sys.stderr)
 
+    for name, value in (("FILE", args.trace_file), ("-o/--output", args.output)):
+        if not value.strip():  # (an unset shell variable: not this folder, as Path("") is)
+            print(f"sv trace report: error: {name} must not be empty", file=sys.stderr)
+            return 2
     try:
         write_report(args.trace_file, args.output, note)
     except TraceError as e:
