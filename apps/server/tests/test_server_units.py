@@ -164,6 +164,13 @@ def test_the_api_key_comes_from_the_flag_or_the_environment(
     with pytest.raises(SystemExit):
         parse_args([])
     assert "$SV_API_KEY must not be blank" in capsys.readouterr().err
+    # a key with whitespace around it: the token a request carries is compared without it
+    # (HTTP drops it), so every request got 401
+    for argv, where in ((["--api-key", " k"], "--api-key"), ([], "$SV_API_KEY")):
+        monkeypatch.setenv("SV_API_KEY", "k\t")
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert f"{where} must not start or end with whitespace" in capsys.readouterr().err
 
 
 def test_a_key_or_a_name_that_is_not_utf8_is_refused_and_a_folder_name_shown(

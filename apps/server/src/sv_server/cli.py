@@ -225,6 +225,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(f"give the model once: MODEL {args.model_dir!r} or --model {args.model!r}")
         args.model = args.model_dir
     from_env = os.environ.get(API_KEY_ENV, "")
+    key_source = "--api-key" if args.api_key is not None else f"${API_KEY_ENV}"
     if args.api_key is None and from_env:
         if not from_env.strip():
             parser.error(f"${API_KEY_ENV} must not be blank (unset it, or give a key)")
@@ -233,6 +234,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         except argparse.ArgumentTypeError as e:
             parser.error(str(e))
         args.api_key = from_env
+    if args.api_key is not None and args.api_key != args.api_key.strip():
+        # The key is compared with the header's token less its surrounding whitespace (which
+        # HTTP drops anyway): such a key could never be sent, and every request got 401.
+        parser.error(f"{key_source} must not start or end with whitespace (no client can send it)")
     return args
 
 
