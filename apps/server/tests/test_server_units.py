@@ -228,6 +228,33 @@ def test_missing_model_folder_is_one_line_and_exit_2(
     assert err.count("\n") == 1 and "--model must not be empty" in err
 
 
+def test_a_trace_that_filled_up_mid_run_still_says_the_server_stopped(
+    default_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A trace write that failed mid-run is raised when the trace is closed, at the stop:
+    that came before the "stopped; N of M KV pages free" line, which was never printed."""
+    import sv_engine.tracing
+    import sv_server.cli
+
+    def disk_full(engine: object) -> None:  # what the recorder's close() raises then
+        raise OSError("cannot write the trace file 't.jsonl': No space left on device")
+
+    def stopped_at_once(server: object, listeners: list[socket.socket]) -> int:
+        for listener in listeners:
+            listener.close()
+        return 0
+
+    monkeypatch.setattr(sv_engine.tracing, "stop_trace", disk_full)
+    monkeypatch.setattr(sv_server.cli, "_run_until_stopped", stopped_at_once)
+    argv = ["--model", str(default_model), "--device", "cpu", "--port", "0"]
+    with pytest.raises(OSError, match="cannot write the trace file"):
+        serve_main([*argv, "--trace", str(tmp_path / "t.jsonl"), "--log-level", "warning"])
+    assert "sv serve: stopped; " in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "host.invalid", "a..b", "a" * 64])
 def test_a_port_in_use_or_a_bad_host_is_one_line_and_exit_1(
     host: str, default_model: Path, capsys: pytest.CaptureFixture[str]

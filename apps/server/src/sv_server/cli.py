@@ -321,12 +321,16 @@ def serve_main(argv: list[str]) -> int:
         drain_s=args.drain_seconds,
     )
     status = _run_until_stopped(server, listeners)
-    stop_trace(engine)  # the engine thread has stopped: nothing writes to the trace any more
-    stats = engine.stats
-    print(
-        f"sv serve: stopped; {stats.free_pages} of {stats.pool_pages} KV pages free",
-        file=sys.stderr,
-    )
+    try:
+        # The engine thread has stopped: nothing writes to the trace any more. (This raises
+        # the error of a trace write that failed mid-run, for `sv` to report: after the line.)
+        stop_trace(engine)
+    finally:
+        stats = engine.stats
+        print(
+            f"sv serve: stopped; {stats.free_pages} of {stats.pool_pages} KV pages free",
+            file=sys.stderr,
+        )
     return status
 
 
