@@ -116,6 +116,15 @@ def test_min_tokens_holds_stop_strings_back_until_after_it() -> None:
     assert [m.push(" Paris", 1), m.push(".", 2)] == [" Pari", ""] and m.stopped
 
 
+def test_min_tokens_text_held_over_two_pieces_stays_unsearched() -> None:
+    """The first min_tokens' text held back past a second piece (it could still begin the
+    longer stop string) is not where a stop string may end in the third piece either: the
+    '.' of token 1 ended the output at "Hi" once " Ne" had been searched."""
+    m = StopStringMatcher([".", ". Next"], min_tokens=1)
+    out = [m.push(p, t) for t, p in enumerate(["Hi.", " Ne", "w"], start=1)] + [m.flush()]
+    assert "".join(out) == "Hi. New" and not m.stopped
+
+
 def min_tokens_oracle(pieces: list[str], stops: list[str], min_tokens: int) -> tuple[str, bool]:
     """vLLM's rule on the whole text: generation ends at the first piece past min_tokens after
     which the text holds a stop string that ends past the first min_tokens pieces' text; the

@@ -49,11 +49,10 @@ class StopStringMatcher:
         pending = self._pending + text
         if tokens is not None and tokens <= self.min_tokens:
             starts = []
-            self._unsearched = len(pending)
+            ends_past = len(pending)  # all of it is the first min_tokens' text
         else:
             # A stop string must end past the first min_tokens' text.
             ends_past = self._unsearched
-            self._unsearched = 0
             starts = [
                 (i, len(s))
                 for i, s in (
@@ -67,9 +66,12 @@ class StopStringMatcher:
             start, length = min(starts)
             return pending[: start + length] if self.include_stop else pending[:start]
         held = self._held_back(pending)
-        self._pending = pending[len(pending) - held :]
-        self._unsearched = min(self._unsearched, held)
-        return pending[: len(pending) - held]
+        released = len(pending) - held
+        self._pending = pending[released:]
+        # The first min_tokens' text still held stays unsearchable for a stop string's end in
+        # every later push, not only the next one.
+        self._unsearched = max(0, ends_past - released)
+        return pending[:released]
 
     def flush(self) -> str:
         """The text held back, when generation ended without a stop string."""
