@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from sv_engine import Engine, EngineError, SamplingParams
+from sv_engine import Engine, EngineError, SamplingParams, StreamEvent
 from sv_kernels import reference
 from sv_scheduler import AdmissionError
 from sv_tokenizer import LeadingSpace, Message, TokenizerError
@@ -161,6 +161,34 @@ def test_a_stream_dropped_unread_cancels_its_requests(engine: Engine) -> None:
     finished = engine.stats.finished_requests
     engine.generate([PROMPTS[1]], SamplingParams(max_new_tokens=3, ignore_eos=True))
     assert engine.stats.finished_requests == finished + 1
+
+
+def test_a_stream_ends_when_one_of_its_requests_is_cancelled_by_id(engine: Engine) -> None:
+    """cancel(id) hands the request's final event to its caller, not to the stream that queued
+    it: the stream still ends once its other request has, rather than stepping an idle engine
+    forever waiting for that event."""
+    steps = 0
+    step = engine.step
+
+    def counted_step() -> list[StreamEvent]:
+        nonlocal steps
+        steps += 1
+        assert steps < 200, "the stream kept stepping an engine with nothing left to run"
+        return step()
+
+    engine.step = counted_step  # type: ignore[method-assign]
+    try:
+        stream = engine.stream(PROMPTS[:2], SamplingParams(max_new_tokens=8, ignore_eos=True))
+        first = next(stream)
+        cancelled = engine.cancel(first.request_id)
+        assert cancelled is not None and cancelled.finished == "cancelled"
+        rest = list(stream)
+    finally:
+        del engine.step
+    assert len({e.request_id for e in rest} - {first.request_id}) == 1
+    assert all(e.request_id != first.request_id for e in rest)
+    assert [e.finished for e in rest if e.finished] == ["length"]
+    assert_all_pages_free(engine)
 
 
 def test_cancel_returns_a_cancelled_completion(engine: Engine) -> None:

@@ -680,11 +680,19 @@ class Engine:
         try:
             yield None
             while pending:
+                ours = False
                 for event in self.step():
                     if event.request_id in pending:
+                        ours = True
                         if event.finished is not None:
                             pending.discard(event.request_id)
                         yield event
+                if not ours:
+                    # One of them may have ended outside this loop (`cancel(id)` gives its
+                    # final event to that caller): it sends nothing more, and waiting for it
+                    # stepped an idle engine forever. Looked for only in a step that sent
+                    # none of theirs, so a step of running requests pays nothing for it.
+                    pending = {r for r in pending if r in self._live}
         finally:
             for request_id in pending:
                 self.cancel(request_id)
