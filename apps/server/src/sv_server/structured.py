@@ -69,9 +69,8 @@ def parse_grammar(body: Mapping[str, Any]) -> Grammar | None:
         raise bad_request(f"give one output constraint, not {names}", param=given[1][1])
     name, param, value = given[0]
     try:
-        kind = name.rsplit(".", 1)[-1].removeprefix(
-            "guided_"
-        )  # "guided_json", "structured_outputs.json"
+        # "guided_json" and "structured_outputs.json" are both a "json"
+        kind = name.rsplit(".", 1)[-1].removeprefix("guided_")
         grammar = value if isinstance(value, Grammar) else _guided(kind, value)
         grammar.compile()
     except EngineError as e:
