@@ -306,3 +306,42 @@ def test_sv_serve_refuses_a_closed_stdout_while_it_logs_access_there(
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
     assert "Logging error" not in stderr and "Traceback" not in stderr, stderr
+
+
+def test_a_reader_of_the_access_log_that_goes_away_ends_the_log_not_the_server(
+    default_model: Path,
+) -> None:
+    """`sv serve | head -1`: once the pipe's reader was gone, every request's access line
+    printed a "Logging error" traceback to stderr. The log now ends with one warning; the
+    server answers on, and stops cleanly (no BrokenPipeError at exit)."""
+    port = _free_port()
+    command = "import sys; from sv_cli.main import main; sys.exit(main())"
+    process = subprocess.Popen(
+        [sys.executable, "-c", command, "serve", "--device", "cpu", "--kv-cache-mib", "32",
+         "--model", str(default_model), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read()  # type: ignore[union-attr]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "sv serve did not come up"
+            time.sleep(0.2)
+        assert "GET /health" in process.stdout.readline()  # type: ignore[union-attr]
+        process.stdout.close()  # type: ignore[union-attr]  # (as `head -1` exits)
+        body = {"model": default_model.resolve().name, "prompt": "Hi", "max_tokens": 2}
+        for _ in range(3):
+            assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "Logging error" not in stderr and "Traceback" not in stderr, stderr
+    assert "BrokenPipeError" not in stderr, stderr
+    assert stderr.count("the access log stops here") == 1, stderr

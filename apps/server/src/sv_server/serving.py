@@ -15,15 +15,24 @@ What uvicorn 0.54 gives and what is added here:
   first ends the requests itself (`sv_server.app.shut_down`: drain, then an error event and
   `[DONE]` in each stream, 503 for whole answers), so uvicorn only has finished ones to wait for.
   A second Ctrl-C (uvicorn's `force_exit`) ends the drain at once.
+- The access log goes to standard output, as uvicorn's does; when that stops taking writes
+  (`sv serve | head -1`: the reader is gone), `AccessLogHandler` ends the log with one warning
+  rather than print a "Logging error" traceback for every request after.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import logging
+import os
 import socket
+import sys
+from typing import Any
 
 import uvicorn
+import uvicorn.config
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
@@ -122,6 +131,37 @@ class _ConnectionBound:
         await self.app(scope, receive, send)
 
 
+class AccessLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """uvicorn's access log handler (a stream handler on standard output) that stops at the
+    first write that fails, saying so once (on the server's log, to stderr); requests go on."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is not None:  # (None: the log has stopped)
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):  # a bug in a record: logging's own report
+            super().handleError(record)
+            return
+        self.stream = None
+        # The interpreter's flush of standard output at exit would fail the same way (a
+        # BrokenPipeError "ignored" on stderr): what is left of it goes nowhere instead.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        log.warning(
+            "the access log stops here: standard output takes no more writes (%s)",
+            error.strerror or error,
+        )
+
+
+def _log_config() -> dict[str, Any]:
+    """uvicorn's logging setup, its access log written by `AccessLogHandler`."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["handlers"]["access"]["class"] = f"{__name__}.{AccessLogHandler.__name__}"
+    return config
+
+
 class GracefulServer(uvicorn.Server):
     """uvicorn's server, whose shutdown first stops accepting and ends the app's requests."""
 
@@ -159,6 +199,7 @@ def build_server(
         host=host,
         port=port,
         log_level=log_level,
+        log_config=_log_config(),
         http=_protocol_with_deadline(read_timeout_s),
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
