@@ -333,7 +333,9 @@ def test_a_responses_message_before_calls_has_its_texts_logprobs() -> None:
     tokens = [(1, 3), (2, 0), (3, 3), (4, 11)]
     shown = {1: b"Sur", 2: b"\xc3", 3: b"\xa9.\n", 4: b"<tool_call>", 5: b"<|im_end|>"}
 
-    class Shown:  # the tokenizer: the tokens' bytes
+    class Shown:  # the tokenizer: the tokens' bytes (byte-level: no <0xXX> tokens)
+        byte_fallback_ids: frozenset[int] = frozenset()
+
         def shown_bytes(self, token_id: int) -> bytes:
             return shown[token_id]
 
