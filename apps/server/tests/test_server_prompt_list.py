@@ -171,7 +171,7 @@ def test_stop_token_ids_and_include_stop_str(
         )
     )
     assert "".join(c.choices[0].text for c in streamed) == kept.text
-    for bad in ({"stop_token_ids": [-1]}, {"stop_token_ids": "x"}):
+    for bad in ({"stop_token_ids": [-1]}, {"stop_token_ids": "x"}, {"stop_token_ids": [10**6]}):
         with pytest.raises(openai.BadRequestError) as refused:
             greedy(**bad)
         assert refused.value.param == "stop_token_ids"

@@ -76,6 +76,17 @@ def test_ids_outside_the_vocabulary_are_refused_at_add(engine: Engine) -> None:
     assert not engine.has_unfinished()
 
 
+def test_stop_ids_outside_the_vocabulary_are_refused_at_add(engine: Engine) -> None:
+    """A stop id no row of the logits has can never be sampled: the request ran to its length
+    limit with no sign that its stop was ignored. Refused as the other id fields are."""
+    vocab_size = engine.runner.config.vocab_size
+    with pytest.raises(EngineError, match=f"stop_token_ids has token id {vocab_size}, outside"):
+        engine.add_request(PROMPTS[0], SamplingParams(stop_token_ids={5, vocab_size}))
+    assert not engine.has_unfinished()
+    last = engine.generate(PROMPTS[:1], SamplingParams(stop_token_ids={vocab_size - 1}))
+    assert last[0].finish_reason in ("stop", "length")  # the vocabulary's last id is one
+
+
 def _digit_ids(engine: Engine) -> frozenset[int]:
     ids = [engine.tokenizer.encode(str(d)) for d in range(10)]
     assert all(len(i) == 1 for i in ids)

@@ -278,11 +278,13 @@ class Engine:
             bad_words.word_ids(self.tokenizer.encode, params.bad_words) if params.bad_words else ()
         )
         # Found here, not when the step indexes the logits with them: a failed step ends
-        # every request in flight, not only this one.
+        # every request in flight, not only this one. (A stop id past the logits could never
+        # be sampled: it was a stop that silently never came.)
         for name, ids in (
             ("logit_bias", params.logit_bias),
             ("allowed_token_ids", params.allowed_token_ids or ()),
             ("bad_words", [t for word in bad_word_ids for t in word]),
+            ("stop_token_ids", params.stop_token_ids),
         ):
             outside = sorted(t for t in ids if t >= vocab_size)
             if outside:

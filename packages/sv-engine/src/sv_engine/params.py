@@ -39,7 +39,8 @@ class SamplingParams:
     ignore_eos:  never stop at the model's stop tokens (benchmarks: always generate max_new_tokens).
     stop_token_ids: more ids to stop at, beside the model's (kept under ignore_eos, as vLLM's);
                  like those, the stop token ends the output and its text is not shown. A
-                 list, tuple or set (vLLM takes a list) is kept as a frozenset.
+                 list, tuple or set (vLLM takes a list) is kept as a frozenset; an id past
+                 the model's vocabulary is refused at `add_request`, as logit_bias's are.
     n:           how many choices to generate for the prompt (`Engine.add_choices`): each is a
                  request of its own with its own seed stream; they share the prompt's full
                  pages through the prefix cache.
