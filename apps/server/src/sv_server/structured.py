@@ -33,6 +33,7 @@ from sv_engine.grammar import Grammar
 from sv_server.body import JsonTextError, json_value
 from sv_server.errors import bad_request
 from sv_server.fields import optional_bool
+from sv_server.json_schemas import each_schema
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 STRUCTURED_FIELDS = frozenset({"response_format", "structured_outputs", *GUIDED_FIELDS})
@@ -180,31 +181,16 @@ def _schema(value: Any) -> Any:
         raise EngineError(f"the schema's text {e}") from None
 
 
-# The keywords whose values are schemas: one, a list of them, or a map of names to them.
-_ONE_SCHEMA = ("additionalProperties", "items", "additionalItems", "contains", "not", "if",
-               "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems")  # fmt: skip
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")  # (draft 4's tuple items)
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-
-
 def _closed_objects(schema: Any) -> Any:
     """`schema` with `"additionalProperties": false` in every object schema that does not set
-    it (vLLM's disable_additional_properties): walked through the keywords that hold schemas
-    only, so a `const`, `enum` or `default` value that looks like a schema is left as it is."""
-    if not isinstance(schema, dict):
-        return schema
-    closed = dict(schema)
-    for key in _ONE_SCHEMA:
-        if isinstance(closed.get(key), dict):
-            closed[key] = _closed_objects(closed[key])
-    for key in _SCHEMA_LISTS:
-        if isinstance(closed.get(key), list):
-            closed[key] = [_closed_objects(s) for s in closed[key]]
-    for key in _SCHEMA_MAPS:
-        if isinstance(closed.get(key), dict):
-            closed[key] = {name: _closed_objects(s) for name, s in closed[key].items()}
-    kind = closed.get("type")
-    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
-    if (is_object or "properties" in closed) and "additionalProperties" not in closed:
-        closed["additionalProperties"] = False
-    return closed
+    it (vLLM's disable_additional_properties), never inside a `const`, `enum` or `default`
+    value that looks like a schema (`each_schema`)."""
+
+    def close(node: dict[str, Any]) -> dict[str, Any]:
+        kind = node.get("type")
+        is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
+        if (is_object or "properties" in node) and "additionalProperties" not in node:
+            return node | {"additionalProperties": False}
+        return node
+
+    return each_schema(schema, close)

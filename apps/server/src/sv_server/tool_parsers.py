@@ -34,6 +34,7 @@ from sv_engine.grammar import Grammar
 from sv_tokenizer import Tokenizer, ToolCall
 
 from sv_server.body import JsonTextError, json_value, json_value_at
+from sv_server.json_schemas import each_schema
 
 ToolCallParser = Literal["llama3_json", "hermes"]
 TOOL_CALL_PARSERS: tuple[ToolCallParser, ...] = ("llama3_json", "hermes")
@@ -237,32 +238,16 @@ def call_grammar(
     return Grammar.ebnf(f"start: call{more}\ncall: {start} body {end}\nbody: %json {body}\n")
 
 
-# Keywords whose values are JSON data, not schemas: a "$ref" in them is no reference; and
-# those whose values map names (a property's may be "const") to schemas.
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
-_NAMED_SCHEMAS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
-)
-
-
-def _rebased_refs(schema: Any, at: str, named: bool = False) -> Any:
+def _rebased_refs(schema: Any, at: str) -> Any:
     """`schema` with each local `$ref` but those into its `$defs`/`definitions` (which
-    `call_grammar` moves to the root) made relative to `at`, the pointer of the schema's root.
-    `named`: `schema` maps names to schemas (the value of "properties")."""
-    if isinstance(schema, list):
-        return [_rebased_refs(item, at) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    if named:
-        return {name: _rebased_refs(value, at) for name, value in schema.items()}
-    rebased: dict[str, Any] = {}
-    for name, value in schema.items():
-        if name == "$ref" and isinstance(value, str) and value.startswith("#"):
-            pointer = value[1:]
-            kept = pointer.startswith(("/$defs/", "/definitions/"))
-            rebased[name] = value if kept else at + pointer
-        elif name in _DATA_KEYWORDS:
-            rebased[name] = value
-        else:
-            rebased[name] = _rebased_refs(value, at, name in _NAMED_SCHEMAS)
-    return rebased
+    `call_grammar` moves to the root) made relative to `at`, the pointer of the schema's root."""
+
+    def rebase(node: dict[str, Any]) -> dict[str, Any]:
+        ref = node.get("$ref")
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return node
+        if ref[1:].startswith(("/$defs/", "/definitions/")):
+            return node
+        return node | {"$ref": at + ref[1:]}
+
+    return each_schema(schema, rebase)
