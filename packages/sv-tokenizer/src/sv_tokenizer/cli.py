@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from .errors import TokenizerError
+from .hf_json import MAX_ID_DIGITS
 from .tokenizer import Tokenizer, check_utf8
 
 if TYPE_CHECKING:
@@ -78,8 +79,7 @@ def _parse_ids(arguments: list[str]) -> list[int]:
         text = text[1:-1]
     ids = []
     for field in text.replace(",", " ").split():
-        # (more than 18 digits is no vocabulary's id, and int() refuses 4,301 and more)
-        if not (field.isascii() and field.isdigit()) or len(field) > 18:
+        if not (field.isascii() and field.isdigit()) or len(field) > MAX_ID_DIGITS:
             raise TokenizerError(f"--decode: {field[:40]!r} is not a token id")
         ids.append(int(field))
     return ids

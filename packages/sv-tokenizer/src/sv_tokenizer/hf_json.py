@@ -67,6 +67,9 @@ class HFTokenizerSpec:
 # Token ids index tables (each id's bytes), so they must be about as many as the tokens the
 # file defines: ids this far past their count are a damaged file, not a vocabulary.
 MAX_UNUSED_IDS = 65_536
+# A token id (or tiktoken rank) written as text: more digits than this is no vocabulary's,
+# only a damaged file or argument (and int() refuses 4,301 digits and more).
+MAX_ID_DIGITS = 18
 
 
 def id_table_size(ids: list[int], count: int, source: str) -> int:

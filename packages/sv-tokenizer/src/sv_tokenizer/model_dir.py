@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TokenizerError
-from .hf_json import AddedToken, parse_json_document
+from .hf_json import MAX_ID_DIGITS, AddedToken, parse_json_document
 
 TOKENIZER_FILE_NAMES = ("tokenizer.json", "tokenizer.model", "original/tokenizer.model")
 """Looked for in this order: HF's file first (it carries its own special tokens), then the
@@ -115,8 +115,7 @@ def _added_tokens_decoder(value: object, path: Path) -> list[AddedToken]:
         raise TokenizerError(f"{where} must be an object of id -> token")
     tokens = []
     for key, entry in value.items():
-        # (more than 18 digits is no vocabulary's id, and int() refuses 4,301 and more)
-        if not (key.isascii() and key.isdecimal()) or len(key) > 18:
+        if not (key.isascii() and key.isdecimal()) or len(key) > MAX_ID_DIGITS:
             raise TokenizerError(f"{where}: key {key[:40]!r} is not a token id")
         if (
             not isinstance(entry, dict)

@@ -10,11 +10,9 @@ import base64
 import binascii
 
 from .errors import TokenizerError
+from .hf_json import MAX_ID_DIGITS
 
 LLAMA3_NUM_SPECIAL_TOKENS = 256
-
-MAX_RANK_DIGITS = 18
-"""Ranks are dense from 0, so a longer one is a damaged line (not a billion-billion-line file)."""
 
 LLAMA3_NAMED_SPECIAL_TOKENS = (
     "<|begin_of_text|>",
@@ -84,7 +82,7 @@ def parse_tiktoken_bpe(data: bytes, source: str) -> dict[bytes, int]:
             raise TokenizerError(
                 f"{where}: rank {_shorten(rank_text)} is not a non-negative integer"
             )
-        if len(rank_text) > MAX_RANK_DIGITS:  # (int() refuses 4,301 digits and more)
+        if len(rank_text) > MAX_ID_DIGITS:  # (ranks are dense from 0: a damaged line)
             raise TokenizerError(f"{where}: rank {_shorten(rank_text)} is too large")
         rank = int(rank_text)
         if rank in line_of_rank:
