@@ -262,6 +262,19 @@ def test_shutdown_waits_out_a_long_engine_step(make_server: Any, monkeypatch: An
     assert engine.stats.free_pages == engine.stats.pool_pages
 
 
+def _serving(process: subprocess.Popen[str], port: int) -> str:
+    """The URL of the `sv serve` that `process` runs on `port`, once it answers /health."""
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None, process.stderr.read()  # type: ignore[union-attr]
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return url
+        assert time.monotonic() < deadline, "sv serve did not come up"
+        time.sleep(0.2)
+
+
 def test_sv_serve_refuses_a_closed_stdout_while_it_logs_access_there(
     default_model: Path,
 ) -> None:
@@ -291,15 +304,7 @@ def test_sv_serve_refuses_a_closed_stdout_while_it_logs_access_there(
         preexec_fn=lambda: os.close(1),
     )
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stderr.read()  # type: ignore[union-attr]
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "sv serve did not come up"
-            time.sleep(0.2)
+        url = _serving(process, port)
         body = {"model": default_model.resolve().name, "prompt": "Hi", "max_tokens": 2}
         assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
     finally:
@@ -324,15 +329,7 @@ def test_a_reader_of_the_access_log_that_goes_away_ends_the_log_not_the_server(
         text=True,
     )  # fmt: skip
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stderr.read()  # type: ignore[union-attr]
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "sv serve did not come up"
-            time.sleep(0.2)
+        url = _serving(process, port)
         assert "GET /health" in process.stdout.readline()  # type: ignore[union-attr]
         process.stdout.close()  # type: ignore[union-attr]  # (as `head -1` exits)
         body = {"model": default_model.resolve().name, "prompt": "Hi", "max_tokens": 2}

@@ -11,8 +11,8 @@ We write the 4.x spelling, which both versions of transformers read.
 
 Only what the engine implements is accepted: a config that asks for something else (an
 unknown family, biases its family does not have, another activation, another RoPE scaling,
-RoPE on part of each head, a sliding window on only some layers) fails here, loudly, instead of producing
-wrong text later.
+RoPE on part of each head, a sliding window on only some layers) fails here, loudly, instead
+of producing wrong text later.
 """
 
 from __future__ import annotations
